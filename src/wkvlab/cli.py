@@ -1,0 +1,92 @@
+"""The ``wkvlab`` command line: parse, call :mod:`wkvlab.api`, print. Errors are one line."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from wkvlab import api
+from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
+from wkvlab.errors import WkvlabError
+from wkvlab.io import write_json_atomic
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Measure, explain and plan the combined quantization of LLM weights and KV cache.",
+)
+
+DEMO_WEIGHTS = ("bf16", "int8", "int4-g128")
+DEMO_KV = ("fp16", "fp8_e4m3", "int8", "int4")
+
+
+def _split(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
+    """Accept both repeated options and comma-separated lists."""
+    out = [item.strip() for value in (values or []) for item in value.split(",") if item.strip()]
+    return out or list(default)
+
+
+def _run_and_print(model: str, data: str, ctx: int, tokens: int, weights: list[str], kv: list[str], score: str, title: str):
+    weight_specs, kv_specs = api.parse_weights(weights), api.parse_kv(kv)
+    with console.status(f"loading {model} and {data} text"):
+        work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score)
+    api.check_kv_specs(work.loaded.model, kv_specs)
+    total = api.grid_steps(work.windows, len(weight_specs), len(kv_specs))
+    with progress_bar(total, title) as advance:
+        results = api.evaluate_workload(work, weight_specs, kv_specs, advance)
+    console.print(results_table(results, describe_run(results)))
+    for note in dict.fromkeys(n for r in results for n in r.notes):
+        err_console.print(f"[yellow]note:[/] {note}")
+    return results
+
+
+@app.command("eval")
+def eval_command(
+    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
+    data: Annotated[str, typer.Option(help="'default' (pydoc prose), 'code' (stdlib source), a .txt/.jsonl file, or hf:<dataset>")] = "default",
+    ctx: Annotated[int, typer.Option(help="tokens per window (BOS included when the model wants one)")] = 1024,
+    tokens: Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")] = 8192,
+    weights: Annotated[Optional[list[str]], typer.Option(help="weight config(s): none, bf16, int8, int4-g128, fp8, ... (repeat or comma-separate)")] = None,
+    kv: Annotated[Optional[list[str]], typer.Option(help="KV config(s): fp16, fp8_e4m3, fp8_e5m2, int8, int4, int2, q8_0, q4_0, K/V pairs like q8_0/q4_0")] = None,
+    score: Annotated[str, typer.Option(help="'all' positions or 'second-half' of each window (llama.cpp)")] = "all",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON (a list when several configs run)")] = None,
+) -> None:
+    """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
+    results = _run_and_print(model, data, ctx, tokens, _split(weights, ("none",)), _split(kv, ("fp16",)), score, "eval")
+    if json_out is not None:
+        payload = [r.to_dict() for r in results]
+        write_json_atomic(json_out, payload[0] if len(payload) == 1 else payload)
+        err_console.print(f"wrote {json_out}")
+
+
+@app.command("demo")
+def demo_command(
+    model: Annotated[str, typer.Option(help="model to run the demo grid on")] = "default",
+    tokens: Annotated[int, typer.Option(help="tokens to evaluate")] = 4096,
+    ctx: Annotated[int, typer.Option(help="tokens per window")] = 512,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the grid as JSON")] = None,
+) -> None:
+    """The main job: weights {bf16, int8, int4-g128} × KV {fp16, fp8_e4m3, int8, int4} on the default model and text."""
+    results = _run_and_print(model, "default", ctx, tokens, list(DEMO_WEIGHTS), list(DEMO_KV), "all", "demo")
+    if json_out is not None:
+        write_json_atomic(json_out, [r.to_dict() for r in results])
+        err_console.print(f"wrote {json_out}")
+
+
+def main() -> None:
+    """Console entry point: user errors become one line on stderr and exit code 2."""
+    try:
+        app()
+    except WkvlabError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

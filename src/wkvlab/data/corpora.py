@@ -1,0 +1,106 @@
+"""Text sources: corpora that ship with Python itself, user files, and Hugging Face datasets.
+
+The embedded corpora need no download, so tests and the demo run offline on any machine:
+
+* ``prose`` (alias ``default``, ``pydoc``): the pydoc topic pages (``pydoc_data.topics``) — about
+  460 kB of English technical prose, the language reference in plain text.
+* ``code`` (alias ``stdlib``): the top-level ``*.py`` modules of the standard library (about 4.7 MB).
+
+Both are concatenated in sorted order so the text is byte-for-byte deterministic for a given Python
+version; every result records the text's SHA-256 so a change of Python version is visible.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from wkvlab.errors import DataError
+
+_ALIASES = {"default": "prose", "pydoc": "prose", "prose": "prose", "stdlib": "code", "code": "code"}
+EMBEDDED_CORPORA = ("prose", "code")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A named text with its fingerprint."""
+
+    name: str
+    text: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
+def _pydoc_topics() -> str:
+    import pydoc_data.topics as topics
+
+    return "\n\n".join(topics.topics[key].strip() for key in sorted(topics.topics))
+
+
+def _stdlib_source() -> str:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    parts = []
+    for path in sorted(stdlib.glob("*.py")):
+        # A header line per file keeps file boundaries visible to the model, like a code dump.
+        parts.append(f"# file: {path.name}\n{path.read_text(encoding='utf-8', errors='replace')}")
+    return "\n\n".join(parts)
+
+
+def _read_file(path: Path) -> str:
+    if not path.is_file():
+        raise DataError(f"data file not found: {path} (pass --data default, --data code, or an existing .txt/.jsonl file)")
+    raw = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        texts = []
+        for line_no, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise DataError(f"{path}:{line_no} is not valid JSON; each line of a .jsonl file must be an object with a 'text' field") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise DataError(f"{path}:{line_no} has no string 'text' field; each JSONL record needs one")
+            texts.append(record["text"])
+        raw = "\n\n".join(texts)
+    return raw
+
+
+def _hf_dataset(spec: str) -> str:
+    """``hf:<name>[:<config>][:<split>]`` — only when the hub is reachable."""
+    parts = spec.split(":")[1:]
+    if not parts or not parts[0]:
+        raise DataError("hf data needs a dataset name: --data hf:<name>[:<config>][:<split>]")
+    name, config, split = parts[0], (parts[1] if len(parts) > 1 and parts[1] else None), (parts[2] if len(parts) > 2 else "test")
+    try:
+        import datasets  # optional: not a dependency, the embedded corpora need nothing
+    except ImportError:
+        raise DataError("--data hf:... needs the 'datasets' package (pip install datasets); offline, use --data default, --data code or a text file") from None
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # the hub raises many types; all mean the same to the user
+        raise DataError(f"could not load Hugging Face dataset {name!r} ({type(exc).__name__}); offline, use --data default, --data code or a text file") from None
+    column = "text" if "text" in ds.column_names else ds.column_names[0]
+    return "\n\n".join(str(t) for t in ds[column])
+
+
+def load_corpus(spec: str) -> Corpus:
+    """Resolve ``spec`` (an embedded corpus name, a file path, or ``hf:...``) to its text."""
+    key = spec.strip()
+    if key.lower() in _ALIASES:
+        name = _ALIASES[key.lower()]
+        text = _pydoc_topics() if name == "prose" else _stdlib_source()
+        return Corpus(name=name, text=text)
+    if key.startswith("hf:"):
+        return Corpus(name=key, text=_hf_dataset(key))
+    path = Path(key).expanduser()
+    if not path.exists():
+        raise DataError(f"unknown data {spec!r}: use one of {', '.join(EMBEDDED_CORPORA)} (or 'default'), a .txt/.jsonl path, or hf:<dataset>")
+    text = _read_file(path)
+    if not text.strip():
+        raise DataError(f"{path} holds no text; give a file with at least a few thousand words")
+    return Corpus(name=str(path), text=text)

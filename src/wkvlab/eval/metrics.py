@@ -1,0 +1,103 @@
+"""Per-token comparison of a candidate's next-token distribution with the reference's.
+
+Definitions follow llama.cpp ``tools/perplexity`` and exllamav3 ``eval/model_diff.py``:
+
+* KLD per token = Σ_v p_ref(v) (log p_ref(v) − log p_cand(v)) over the full vocabulary.
+* top-1 agreement: argmax of the two distributions is the same token.
+* Δp = p_cand(correct token) − p_ref(correct token).
+* PPL = exp(mean NLL of the correct token), for reference and candidate on the same tokens.
+
+The reference side (log-probs, probs, argmax) is computed once per window and shared by every
+candidate; all sums run in float32 on the logits the model produced (float32 here), so the
+identity candidate gives a KLD of exactly 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class ReferenceTokens:
+    """What every candidate is compared against, for the scored positions of one window."""
+
+    logprobs: torch.Tensor  # [T, V] float32
+    probs: torch.Tensor  # [T, V]
+    targets: torch.Tensor  # [T] int64
+    nll: torch.Tensor  # [T]
+    argmax: torch.Tensor  # [T]
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor, targets: torch.Tensor) -> "ReferenceTokens":
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        nll = -logprobs.gather(-1, targets[:, None])[:, 0]
+        return cls(logprobs, logprobs.exp(), targets, nll, logits.argmax(-1))
+
+
+@dataclass
+class TokenMetrics:
+    """Per-token arrays for one window (numpy float64 / bool), the raw material of every summary."""
+
+    kld: np.ndarray
+    nll_ref: np.ndarray
+    nll: np.ndarray
+    top1_agree: np.ndarray
+    delta_p: np.ndarray
+
+
+def compare_tokens(ref: ReferenceTokens, logits: torch.Tensor) -> TokenMetrics:
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    kld = (ref.probs * (ref.logprobs - logprobs)).sum(-1)
+    nll = -logprobs.gather(-1, ref.targets[:, None])[:, 0]
+    delta_p = torch.exp(-nll) - torch.exp(-ref.nll)
+    agree = logits.argmax(-1) == ref.argmax
+    as_np = lambda t: t.double().numpy()  # noqa: E731 - float64 for the sums that follow
+    return TokenMetrics(as_np(kld), as_np(ref.nll), as_np(nll), agree.numpy(), as_np(delta_p))
+
+
+def kld_summary(kld: np.ndarray) -> dict[str, float]:
+    """Mean ± standard error (tokens treated as independent, as llama.cpp reports) and quantiles."""
+    n = kld.size
+    q = np.quantile(kld, [0.5, 0.9, 0.99, 0.999]) if n else [float("nan")] * 4
+    return {
+        "mean": float(kld.mean()) if n else float("nan"),
+        "se": float(kld.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan"),
+        "median": float(q[0]),
+        "p90": float(q[1]),
+        "p99": float(q[2]),
+        "p999": float(q[3]),
+        "max": float(kld.max()) if n else float("nan"),
+    }
+
+
+def perplexity(nll: np.ndarray) -> float:
+    return float(np.exp(nll.mean()))
+
+
+DEFAULT_POSITION_EDGES = (0, 64, 256, 1024, 4096, 8192)
+
+
+def position_buckets(ctx: int, edges: tuple[int, ...] = DEFAULT_POSITION_EDGES) -> list[tuple[int, int]]:
+    """Buckets of query positions, clipped to the window (the last position predicts nothing)."""
+    last = ctx - 1
+    cuts = sorted({min(e, last) for e in edges} | {last})
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def by_position(kld: np.ndarray, agree: np.ndarray, positions: np.ndarray, buckets: list[tuple[int, int]]) -> list[dict]:
+    rows = []
+    for start, end in buckets:
+        mask = (positions >= start) & (positions < end)
+        count = int(mask.sum())
+        if count == 0:
+            continue
+        rows.append({
+            "start": start,
+            "end": end,
+            "tokens": count,
+            "kld_mean": float(kld[mask].mean()),
+            "top1_agreement": float(agree[mask].mean()),
+        })
+    return rows

@@ -1,0 +1,114 @@
+"""One evaluated configuration: its numbers, what produced them, and JSON in and out."""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from importlib import metadata
+
+import numpy as np
+
+from wkvlab.eval.metrics import TokenMetrics, by_position, kld_summary, perplexity
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in ("wkvlab", "torch", "transformers", "gguf", "numpy"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+@dataclass
+class TokenArrays:
+    """Per scored token, in window order: what paired statistics need later."""
+
+    kld: np.ndarray
+    nll_ref: np.ndarray
+    nll: np.ndarray
+    top1_agree: np.ndarray
+    delta_p: np.ndarray
+    position: np.ndarray  # query position within its window
+    window: np.ndarray  # window index
+
+    @classmethod
+    def concat(cls, parts: list[TokenMetrics], positions: np.ndarray) -> "TokenArrays":
+        n_per = positions.size
+        return cls(
+            kld=np.concatenate([p.kld for p in parts]),
+            nll_ref=np.concatenate([p.nll_ref for p in parts]),
+            nll=np.concatenate([p.nll for p in parts]),
+            top1_agree=np.concatenate([p.top1_agree for p in parts]),
+            delta_p=np.concatenate([p.delta_p for p in parts]),
+            position=np.tile(positions, len(parts)),
+            window=np.repeat(np.arange(len(parts)), n_per),
+        )
+
+
+@dataclass
+class EvalResult:
+    model: str
+    data: str
+    ctx: int
+    weights: str
+    kv: str
+    weights_spec: dict
+    kv_spec: dict
+    weight_bytes: int
+    kv_bytes_per_token: float
+    seconds: float
+    arrays: TokenArrays
+    buckets: list[tuple[int, int]]
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=library_versions)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.arrays.kld.size)
+
+    @property
+    def ppl(self) -> float:
+        return perplexity(self.arrays.nll)
+
+    @property
+    def ppl_ref(self) -> float:
+        return perplexity(self.arrays.nll_ref)
+
+    @property
+    def kld(self) -> dict[str, float]:
+        return kld_summary(self.arrays.kld)
+
+    @property
+    def top1_agreement(self) -> float:
+        return float(self.arrays.top1_agree.mean())
+
+    @property
+    def delta_p(self) -> dict[str, float]:
+        dp = self.arrays.delta_p
+        return {"mean": float(dp.mean()), "rms": float(np.sqrt(np.mean(dp**2)))}
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "data": self.data,
+            "ctx": self.ctx,
+            "tokens": self.tokens,
+            "weights": self.weights,
+            "kv": self.kv,
+            "weights_spec": self.weights_spec,
+            "kv_spec": self.kv_spec,
+            "ppl": self.ppl,
+            "ppl_ref": self.ppl_ref,
+            "kld": self.kld,
+            "top1_agreement": self.top1_agreement,
+            "delta_p": self.delta_p,
+            "by_position": by_position(self.arrays.kld, self.arrays.top1_agree, self.arrays.position, self.buckets),
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "seconds": self.seconds,
+            "fingerprints": self.fingerprints,
+            "notes": self.notes,
+            "versions": self.versions,
+        }

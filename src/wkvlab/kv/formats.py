@@ -1,0 +1,102 @@
+"""KV-cache element formats: how one token's key or value vector of one head is stored.
+
+Every format here quantizes each (token, head) vector on its own — no statistics cross tokens —
+so a teacher-forced pass sees exactly what a streaming engine holds when it generates each token
+(the current token's own K/V included: engines write it to the cache before attending, so it is
+quantized too). Formats whose groups span tokens (KIVI's per-channel K) live elsewhere.
+
+| name      | storage per (token, head) of head_dim D          | as in |
+|-----------|--------------------------------------------------|-------|
+| fp16      | model precision, untouched (identity)            | vLLM ``auto``, llama.cpp ``f16`` |
+| fp8_e4m3  | D bytes, per-tensor scale 1.0 (clamp at ±448)    | vLLM ``fp8_e4m3`` without calibrated scales |
+| fp8_e5m2  | D bytes, per-tensor scale 1.0 (clamp at ±57344)  | vLLM ``fp8_e5m2`` |
+| int8      | D bytes + fp16 scale, symmetric absmax/127       | per-token-head INT8 |
+| int4      | D/2 bytes + fp16 scale + fp16 minimum (asym)     | HF QuantizedCache / KIVI's V path |
+| int2      | D/4 bytes + fp16 scale + fp16 minimum (asym)     | HF QuantizedCache / KIVI's V path |
+| q8_0      | blocks of 32 along D: 34 bytes each              | llama.cpp ``-ctk q8_0`` (no rotation) |
+| q4_0      | blocks of 32 along D: 18 bytes each              | llama.cpp ``-ctk q4_0`` (no rotation) |
+| int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ fp16 min) per group | exllamav3-like grouping, no rotation |
+
+Low-bit integers are asymmetric because symmetric 2-bit keeps only three useful levels.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from wkvlab.errors import ConfigError
+from wkvlab.formats import fake_quant_affine, fake_quant_fp8, fake_quant_ggml
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    name: str
+    description: str
+    quantize: Callable[[torch.Tensor], torch.Tensor] | None  # None: identity
+    bytes_per_vector: Callable[[int], float]  # head_dim -> bytes for one token of one head
+
+    @property
+    def is_identity(self) -> bool:
+        return self.quantize is None
+
+    block: int | None = None  # values per block/group along head_dim, when the format has one
+
+    def check_head_dim(self, head_dim: int) -> None:
+        if self.block is not None and head_dim % self.block:
+            raise ConfigError(
+                f"KV format {self.name} quantizes groups of {self.block} along head_dim, which does not divide head_dim {head_dim}; "
+                f"use a group size that divides {head_dim}"
+            )
+
+
+def _affine(bits: int, symmetric: bool, group: int | None = None):
+    zero_point = "int" if symmetric else "float"
+    return lambda x: fake_quant_affine(x, bits, group_size=group, symmetric=symmetric, zero_point=zero_point)
+
+
+def _affine_format(bits: int, group: int | None, symmetric: bool) -> KVFormat:
+    """``int<b>[-g<G>][-sym|-asym]``: per token and head, optionally in groups of G along head_dim."""
+    name = f"int{bits}" + (f"-g{group}" if group else "") + ("-sym" if symmetric else "-asym")
+    side = 2.0 if symmetric else 4.0  # fp16 scale (+ fp16 minimum when asymmetric) per group
+
+    def nbytes(d: int) -> float:
+        return d * bits / 8 + side * (d // group if group else 1)
+
+    kind = "symmetric" if symmetric else "asymmetric"
+    where = f"groups of {group} along head_dim" if group else "per token and head"
+    return KVFormat(name, f"INT{bits} {kind}, {where}", _affine(bits, symmetric, group), nbytes, group)
+
+
+KV_FORMATS: dict[str, KVFormat] = {
+    f.name: f
+    for f in (
+        KVFormat("fp16", "16-bit cache at model precision (no quantization)", None, lambda d: 2.0 * d),
+        KVFormat("fp8_e4m3", "FP8 E4M3, per-tensor scale 1.0", lambda x: fake_quant_fp8(x, "e4m3", 1.0), lambda d: 1.0 * d),
+        KVFormat("fp8_e5m2", "FP8 E5M2, per-tensor scale 1.0", lambda x: fake_quant_fp8(x, "e5m2", 1.0), lambda d: 1.0 * d),
+        KVFormat("int8", "INT8 symmetric per token and head", _affine(8, True), lambda d: d + 2.0),
+        KVFormat("int4", "INT4 asymmetric per token and head", _affine(4, False), lambda d: d / 2 + 4.0),
+        KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),
+
+        KVFormat("q8_0", "llama.cpp q8_0 blocks of 32", lambda x: fake_quant_ggml(x, "q8_0"), lambda d: d / 32 * 34, 32),
+        KVFormat("q4_0", "llama.cpp q4_0 blocks of 32", lambda x: fake_quant_ggml(x, "q4_0"), lambda d: d / 32 * 18, 32),
+    )
+}
+_ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}
+
+
+def get_kv_format(name: str) -> KVFormat:
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in KV_FORMATS:
+        return KV_FORMATS[key]
+    match = re.fullmatch(r"int([2-8])(?:-g(\d+))?(?:-(sym|asym))?", key)
+    if match:
+        bits, group = int(match.group(1)), int(match.group(2)) if match.group(2) else None
+        if group == 0:
+            raise ConfigError(f"group size must be positive in KV format {name!r}")
+        symmetric = match.group(3) == "sym" if match.group(3) else bits == 8
+        return _affine_format(bits, group, symmetric)
+    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)} or int<b>[-g<G>][-sym|-asym]")

@@ -1,0 +1,142 @@
+"""Load a causal LM and its tokenizer: a packaged name, a GGUF file or a Hugging Face folder.
+
+GGUF files are dequantized by transformers into float32 tensors, which takes seconds (and the
+tokenizer conversion more). We keep a safetensors copy of the dequantized model and the converted
+tokenizer in the cache folder, keyed by the GGUF's SHA-256, and reload from it in a fraction of a
+second. transformers 5.x refuses ``save_pretrained`` on a GGUF-loaded model (its GGUF quantizer is
+marked non-serializable) although the tensors are plain float32 by then; we detach the quantizer
+before saving. The reload is bit-identical (tested).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from wkvlab.errors import ModelError
+from wkvlab.models.packaged import canonical_name, packaged_gguf
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Root of wkvlab's on-disk cache (``$WKVLAB_CACHE`` or ``~/.cache/wkvlab``)."""
+    root = os.environ.get("WKVLAB_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "wkvlab"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to evaluate, with what identifies it."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    source: str  # the GGUF or folder it came from
+    fingerprint: str  # SHA-256 of the GGUF, or of the folder's config + weight file names/sizes
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def max_context(self) -> int:
+        cfg = self.model.config
+        return int(getattr(cfg, "max_position_embeddings", 0) or 0) or 1 << 30
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _folder_fingerprint(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            digest.update(f"{path.name}:{path.stat().st_size}".encode())
+            if path.suffix == ".json":
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _from_pretrained(folder: Path, dtype: torch.dtype, **kwargs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # transformers' own progress bars and notices would interleave with ours.
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
+    except Exception as exc:  # a corrupt GGUF raises struct/IO/Value errors alike: all mean "cannot load"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{folder} could not be loaded as a causal language model ({first[:160]})") from None
+    model.eval()
+    return model, tokenizer
+
+
+def _save_plain_copy(model, tokenizer, target: Path) -> None:
+    """Write a safetensors copy atomically: a half-written cache must never be read back."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "wkvlab-source.json").write_text(json.dumps({"complete": True}))
+        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True) -> LoadedModel:
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    torch_dtype = _DTYPES[dtype]
+    fingerprint = _sha256(path)
+    cached = cache_dir() / "models" / f"{fingerprint[:16]}-{dtype}"
+    if use_cache and (cached / "wkvlab-source.json").is_file():
+        model, tokenizer = _from_pretrained(cached, torch_dtype)
+    else:
+        model, tokenizer = _from_pretrained(path.parent, torch_dtype, gguf_file=path.name)
+        if use_cache:
+            _save_plain_copy(model, tokenizer, cached)
+    return LoadedModel(name=path.stem, model=model, tokenizer=tokenizer, source=str(path), fingerprint=fingerprint)
+
+
+def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True) -> LoadedModel:
+    """Load ``spec``: a packaged name (``default``, ``smollm2``, ``gemma3-270m``), a .gguf file, or an HF folder."""
+    if dtype not in _DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+    packaged = canonical_name(spec)
+    if packaged is not None:
+        loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache)
+        loaded.name = packaged
+        return loaded
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelError(f"model not found: {spec!r}; use 'default', 'gemma3-270m', a .gguf file or a Hugging Face model folder")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
+        return load_gguf(path, dtype=dtype, use_cache=use_cache)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path} has no config.json; pass a Hugging Face model folder or a .gguf file")
+    model, tokenizer = _from_pretrained(path, _DTYPES[dtype])
+    return LoadedModel(name=path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path))
