@@ -37,12 +37,12 @@ def prepare(
     score: str = "all",
     stride: int | None = None,
 ) -> Workload:
+    corpus = load_corpus(data)  # first: a typo in --data should not cost a model load
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     if ctx > loaded.max_context:
         raise ConfigError(f"--ctx {ctx} is longer than {loaded.name}'s maximum context {loaded.max_context}; use --ctx {loaded.max_context} or less")
     if tokens < ctx:
         raise ConfigError(f"--tokens {tokens} is less than one window of --ctx {ctx}; ask for at least {ctx} tokens")
-    corpus = load_corpus(data)
     ids = tokenize(loaded.tokenizer, corpus.text)
     bos = loaded.tokenizer.bos_token_id if tokenizer_wants_bos(loaded.tokenizer) else None
     windows = make_windows(ids, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]

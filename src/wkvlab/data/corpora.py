@@ -98,6 +98,8 @@ def load_corpus(spec: str) -> Corpus:
     if key.startswith("hf:"):
         return Corpus(name=key, text=_hf_dataset(key))
     path = Path(key).expanduser()
+    if not path.exists() and ("/" in key or path.suffix):
+        raise DataError(f"data file not found: {path} (pass --data default, --data code, or an existing .txt/.jsonl file)")
     if not path.exists():
         raise DataError(f"unknown data {spec!r}: use one of {', '.join(EMBEDDED_CORPORA)} (or 'default'), a .txt/.jsonl path, or hf:<dataset>")
     text = _read_file(path)

@@ -1,0 +1,50 @@
+"""The command line as a user runs it: one-line errors, exit status 2, no traceback."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+WKVLAB = [sys.executable, "-m", "wkvlab.cli"]
+
+
+def _run(*args, **kw):
+    return subprocess.run([*WKVLAB, *args], capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"}, **kw)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "--kv", "int9"], "unknown KV format"),
+        (["eval", "--weights", "int4-gx"], "unknown weight config"),
+        (["eval", "--model", "/no/such/model.gguf", "--kv", "q4_0"], "model not found"),
+        (["eval", "--data", "/no/such/file.txt"], "data file not found"),
+    ],
+)
+def test_bad_input_is_one_line(args, message):
+    proc = _run(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.slow
+def test_eval_writes_the_documented_json(tmp_path):
+    out = tmp_path / "out.json"
+    proc = _run("eval", "--ctx", "64", "--tokens", "128", "--weights", "int8", "--kv", "q8_0", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["weights"] == "int8" and data["kv"] == "q8_0" and data["tokens"] == 2 * 63
+    assert "KLD mean" in proc.stdout
+
+
+@pytest.mark.slow
+def test_short_text_and_group_errors(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("just a few words")
+    proc = _run("eval", "--data", str(short), "--ctx", "64", "--tokens", "64")
+    assert proc.returncode == 2 and "fewer than one window" in proc.stderr
+    proc = _run("eval", "--kv", "int4-g48", "--ctx", "64", "--tokens", "64")
+    assert proc.returncode == 2 and "does not divide head_dim 64" in proc.stderr and "Traceback" not in proc.stderr
