@@ -1,0 +1,53 @@
+"""Numeric formats core: pure tensor functions for fake quantization and storage cost.
+
+No modules, no global state, inputs are never modified in place. Three families:
+
+* :mod:`.affine` — integer affine (2..8 bits) per group / row / tensor, symmetric or asymmetric.
+* :mod:`.fp8` — FP8 E4M3/E5M2 casts with saturation and absmax scaling.
+* :mod:`.ggml` — llama.cpp block formats, bit-identical to ``gguf.quants``.
+
+User-caused errors (bad bits, group size, unknown name) raise
+:class:`wkvlab.errors.ConfigError`.
+"""
+from __future__ import annotations
+
+from wkvlab.formats.affine import (
+    ZeroPoint,
+    affine_dequantize,
+    affine_qparams,
+    affine_quantize,
+    bytes_per_element_affine,
+    fake_quant_affine,
+)
+from wkvlab.formats.fp8 import FP8Format, fake_quant_fp8, fp8_absmax_scale, fp8_dtype, fp8_max
+from wkvlab.formats.ggml import (
+    GGML_TYPES,
+    fake_quant_ggml,
+    ggml_block_shape,
+    ggml_bytes_per_element,
+    ggml_dequantize,
+    ggml_quantize,
+)
+from wkvlab.formats.rounding import Rounding, round_with
+
+__all__ = [
+    "Rounding",
+    "round_with",
+    "ZeroPoint",
+    "affine_qparams",
+    "affine_quantize",
+    "affine_dequantize",
+    "fake_quant_affine",
+    "bytes_per_element_affine",
+    "FP8Format",
+    "fp8_dtype",
+    "fp8_max",
+    "fake_quant_fp8",
+    "fp8_absmax_scale",
+    "GGML_TYPES",
+    "ggml_block_shape",
+    "ggml_bytes_per_element",
+    "ggml_quantize",
+    "ggml_dequantize",
+    "fake_quant_ggml",
+]
