@@ -11,6 +11,7 @@ from wkvlab import api
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
 from wkvlab.errors import WkvlabError
 from wkvlab.io import write_json_atomic
+from wkvlab.plan.cli import plan_command
 
 app = typer.Typer(
     add_completion=False,
@@ -74,6 +75,9 @@ def demo_command(
     if json_out is not None:
         write_json_atomic(json_out, [r.to_dict() for r in results])
         err_console.print(f"wrote {json_out}")
+
+
+app.command("plan", help="Will it fit, how fast, which combination: memory, roofline throughput and engine command lines.")(plan_command)
 
 
 def main() -> None:
