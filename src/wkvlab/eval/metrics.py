@@ -49,7 +49,8 @@ class TokenMetrics:
 
 def compare_tokens(ref: ReferenceTokens, logits: torch.Tensor) -> TokenMetrics:
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    kld = (ref.probs * (ref.logprobs - logprobs)).sum(-1)
+    # One [T, V] temporary instead of two: this runs once per window and candidate.
+    kld = torch.sub(ref.logprobs, logprobs).mul_(ref.probs).sum(-1)
     nll = -logprobs.gather(-1, ref.targets[:, None])[:, 0]
     delta_p = torch.exp(-nll) - torch.exp(-ref.nll)
     agree = logits.argmax(-1) == ref.argmax

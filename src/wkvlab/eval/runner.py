@@ -20,6 +20,7 @@ from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, p
 from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.kv.hook import kv_quantization, model_head_dim
 from wkvlab.kv.spec import KVSpec
+from wkvlab.runtime import keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
 from wkvlab.weights.spec import WeightSpec
 
@@ -70,6 +71,7 @@ def run_grid(
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination on the same windows; results in grid order."""
     tick = progress or (lambda _desc, _n: None)
+    keep_freed_memory()
     shape = ModelShape.of(model)
     check_kv_specs(model, kv_specs)
     built: list[QuantizedWeights] = []

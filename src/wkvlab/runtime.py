@@ -1,0 +1,34 @@
+"""Process-level settings that make long CPU evaluations cheaper; nothing here changes a number.
+
+An evaluation allocates several tensors of 100 MB or more per window (logits, log-probs, probs).
+glibc serves allocations that large with fresh ``mmap`` calls and unmaps them on free, so every
+window page-faults the same memory back in — measured at 10–20% of a SmolLM2 forward pass on two
+cores. Raising glibc's mmap and trim thresholds keeps freed blocks in the heap for reuse.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1  # glibc mallopt parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
+_REUSE_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to reuse freed large blocks instead of returning them to the OS (idempotent)."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune, numbers unaffected
+        log.debug("mallopt unavailable; large allocations keep the platform default")
+        return False
+    ok = mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(_REUSE_BYTES)) == 1
+    ok = mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(_REUSE_BYTES)) == 1 and ok
+    return ok
