@@ -11,6 +11,7 @@ from wkvlab import api
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
 from wkvlab.errors import WkvlabError
 from wkvlab.io import write_json_atomic
+from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
 
 app = typer.Typer(
@@ -27,6 +28,12 @@ DEMO_KV = ("fp16", "fp8_e4m3", "int8", "int4")
 def _split(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
     """Accept both repeated options and comma-separated lists."""
     out = [item.strip() for value in (values or []) for item in value.split(",") if item.strip()]
+    return out or list(default)
+
+
+def _split_kv(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
+    """Like :func:`_split`, but ``skip=0,1`` inside a KV spec keeps its commas."""
+    out = [item for value in (values or []) for item in split_kv_list(value)]
     return out or list(default)
 
 
@@ -51,12 +58,12 @@ def eval_command(
     ctx: Annotated[int, typer.Option(help="tokens per window (BOS included when the model wants one)")] = 1024,
     tokens: Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")] = 8192,
     weights: Annotated[Optional[list[str]], typer.Option(help="weight config(s): none, bf16, int8, int4-g128, fp8, ... (repeat or comma-separate)")] = None,
-    kv: Annotated[Optional[list[str]], typer.Option(help="KV config(s): fp16, fp8_e4m3, fp8_e5m2, int8, int4, int2, q8_0, q4_0, K/V pairs like q8_0/q4_0")] = None,
+    kv: Annotated[Optional[list[str]], typer.Option(help="KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ..., K/V pairs (q8_0/q4_0), presets (llamacpp:q4_0, vllm:fp8_e4m3, exl3:k4v4), options (+rot, +sinks=4, +residual=128, +skip=0,1, +q=q8_0), @spec.yaml")] = None,
     score: Annotated[str, typer.Option(help="'all' positions or 'second-half' of each window (llama.cpp)")] = "all",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON (a list when several configs run)")] = None,
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
-    results = _run_and_print(model, data, ctx, tokens, _split(weights, ("none",)), _split(kv, ("fp16",)), score, "eval")
+    results = _run_and_print(model, data, ctx, tokens, _split(weights, ("none",)), _split_kv(kv, ("fp16",)), score, "eval")
     if json_out is not None:
         payload = [r.to_dict() for r in results]
         write_json_atomic(json_out, payload[0] if len(payload) == 1 else payload)

@@ -18,7 +18,7 @@ import torch
 from wkvlab.data.windows import WindowSet
 from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, position_buckets
 from wkvlab.eval.result import EvalResult, TokenArrays
-from wkvlab.kv.hook import kv_quantization, model_head_dim
+from wkvlab.kv.hook import kv_quantization, model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.runtime import keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
@@ -32,11 +32,16 @@ class ModelShape:
     layers: int
     kv_heads: int
     head_dim: int
+    sliding: tuple[bool, ...]
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> "ModelShape":
         cfg = model.config
-        return cls(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, model_head_dim(model))
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        return cls(cfg.num_hidden_layers, kv_heads, model_head_dim(model), sliding_layers(model))
+
+    def kv_bytes_per_token(self, spec: KVSpec, context: int | None = None) -> float:
+        return spec.bytes_per_token(layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim, sliding=self.sliding, context=context)
 
 
 @torch.no_grad()
@@ -49,8 +54,7 @@ def check_kv_specs(model: torch.nn.Module, kv_specs: list[KVSpec]) -> None:
     """Fail before any work on a format the model's head_dim cannot hold."""
     head_dim = model_head_dim(model)
     for kv in kv_specs:
-        kv.k_format.check_head_dim(head_dim)
-        kv.v_format.check_head_dim(head_dim)
+        kv.check_model(head_dim, model.config.num_hidden_layers)
 
 
 def grid_steps(windows: WindowSet, n_weights: int, n_kv: int) -> int:
@@ -113,7 +117,8 @@ def run_grid(
             weights_spec=qw.spec.to_dict(),
             kv_spec=kv.to_dict(),
             weight_bytes=qw.weight_bytes,
-            kv_bytes_per_token=kv.bytes_per_token(layers=shape.layers, kv_heads=shape.kv_heads, head_dim=shape.head_dim),
+            # sinks and residual windows held at 16 bits are amortized over the evaluated context
+            kv_bytes_per_token=shape.kv_bytes_per_token(kv, context=windows.ctx),
             seconds=seconds[c] + build_seconds[wi] / len(kv_specs),
             arrays=TokenArrays.concat(parts[c], positions),
             buckets=buckets,

@@ -3,21 +3,22 @@
 Every format here quantizes each (token, head) vector on its own — no statistics cross tokens —
 so a teacher-forced pass sees exactly what a streaming engine holds when it generates each token
 (the current token's own K/V included: engines write it to the cache before attending, so it is
-quantized too). Formats whose groups span tokens (KIVI's per-channel K) live elsewhere.
+quantized too). Everything that depends on *which* tokens or layers are quantized (sinks, residual
+windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 
-| name      | storage per (token, head) of head_dim D          | as in |
-|-----------|--------------------------------------------------|-------|
-| fp16      | model precision, untouched (identity)            | vLLM ``auto``, llama.cpp ``f16`` |
-| fp8_e4m3  | D bytes, per-tensor scale 1.0 (clamp at ±448)    | vLLM ``fp8_e4m3`` without calibrated scales |
-| fp8_e5m2  | D bytes, per-tensor scale 1.0 (clamp at ±57344)  | vLLM ``fp8_e5m2`` |
-| int8      | D bytes + fp16 scale, symmetric absmax/127       | per-token-head INT8 |
-| int4      | D/2 bytes + fp16 scale + fp16 minimum (asym)     | HF QuantizedCache / KIVI's V path |
-| int2      | D/4 bytes + fp16 scale + fp16 minimum (asym)     | HF QuantizedCache / KIVI's V path |
-| q8_0      | blocks of 32 along D: 34 bytes each              | llama.cpp ``-ctk q8_0`` (no rotation) |
-| q4_0      | blocks of 32 along D: 18 bytes each              | llama.cpp ``-ctk q4_0`` (no rotation) |
-| int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ fp16 min) per group | exllamav3-like grouping, no rotation |
+| name        | storage per (token, head) of head_dim D          | as in |
+|-------------|--------------------------------------------------|-------|
+| fp16        | model precision, untouched (identity)            | vLLM ``auto``, llama.cpp ``f16`` |
+| fp8_e4m3    | D bytes, per-tensor scale 1.0 (clamp at ±448)    | vLLM ``fp8_e4m3`` without calibrated scales |
+| fp8_e5m2    | D bytes, per-tensor scale 1.0 (clamp at ±57344)  | vLLM ``fp8_e5m2`` |
+| int8        | D bytes + fp16 scale, symmetric absmax/127       | per-token-head INT8 |
+| int4, int2  | D·b/8 bytes + fp16 scale + fp16 minimum (asym)   | HF QuantizedCache / KIVI's V path |
+| int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ min) each | exllamav3-style grouping |
+| q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` |
+| int8_pth, fp8_pth | D bytes + fp32 scale per token and head (absmax/127, absmax/448) | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` |
+| int4_pth    | D/2 bytes + fp32 scale, asymmetric per token and head | vLLM ``int4_per_token_head`` (see docs: layout partly inferred) |
 
-Low-bit integers are asymmetric because symmetric 2-bit keeps only three useful levels.
+Low-bit integers default to asymmetric because symmetric 2-bit keeps only three useful levels.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import Callable
 import torch
 
 from wkvlab.errors import ConfigError
-from wkvlab.formats import fake_quant_affine, fake_quant_fp8, fake_quant_ggml
+from wkvlab.formats import GGML_TYPES, fake_quant_affine, fake_quant_fp8, fake_quant_ggml, fp8_absmax_scale, ggml_block_shape
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,11 @@ class KVFormat:
     description: str
     quantize: Callable[[torch.Tensor], torch.Tensor] | None  # None: identity
     bytes_per_vector: Callable[[int], float]  # head_dim -> bytes for one token of one head
+    block: int | None = None  # values per block/group along head_dim, when the format has one
 
     @property
     def is_identity(self) -> bool:
         return self.quantize is None
-
-    block: int | None = None  # values per block/group along head_dim, when the format has one
 
     def check_head_dim(self, head_dim: int) -> None:
         if self.block is not None and head_dim % self.block:
@@ -70,6 +70,20 @@ def _affine_format(bits: int, group: int | None, symmetric: bool) -> KVFormat:
     return KVFormat(name, f"INT{bits} {kind}, {where}", _affine(bits, symmetric, group), nbytes, group)
 
 
+def _fp8_per_token_head(x: torch.Tensor) -> torch.Tensor:
+    return fake_quant_fp8(x, "e4m3", fp8_absmax_scale(x.float(), "e4m3", dim=-1))
+
+
+def _ggml(type_name: str) -> KVFormat:
+    values, nbytes = ggml_block_shape(type_name)
+    # llama.cpp quantizes cache rows at runtime without iq4_nl's scale search (ntry = -1).
+    ntry = -1 if type_name == "iq4_nl" else 7
+    return KVFormat(
+        type_name, f"llama.cpp {type_name} blocks of {values} ({nbytes} bytes)",
+        lambda x: fake_quant_ggml(x, type_name, ntry=ntry), lambda d: d / values * nbytes, values,
+    )
+
+
 KV_FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
@@ -79,9 +93,10 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("int8", "INT8 symmetric per token and head", _affine(8, True), lambda d: d + 2.0),
         KVFormat("int4", "INT4 asymmetric per token and head", _affine(4, False), lambda d: d / 2 + 4.0),
         KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),
-
-        KVFormat("q8_0", "llama.cpp q8_0 blocks of 32", lambda x: fake_quant_ggml(x, "q8_0"), lambda d: d / 32 * 34, 32),
-        KVFormat("q4_0", "llama.cpp q4_0 blocks of 32", lambda x: fake_quant_ggml(x, "q4_0"), lambda d: d / 32 * 18, 32),
+        KVFormat("int8_pth", "vLLM int8_per_token_head: symmetric, fp32 scale", _affine(8, True), lambda d: d + 4.0),
+        KVFormat("fp8_pth", "vLLM fp8_per_token_head: E4M3 with absmax/448 fp32 scale", _fp8_per_token_head, lambda d: d + 4.0),
+        KVFormat("int4_pth", "vLLM int4_per_token_head: asymmetric, fp32 scale", _affine(4, False), lambda d: d / 2 + 4.0),
+        *(_ggml(t) for t in GGML_TYPES),
     )
 }
 _ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}

@@ -1,28 +1,85 @@
-"""The KV-cache configuration as data: K and V formats, round-tripping through JSON."""
+"""The KV-cache configuration as data: formats, which tokens and layers they apply to, rotation.
+
+String form (what ``--kv`` accepts)::
+
+    <K format>[/<V format>][+option]...      e.g.  int4   q8_0/q4_0   q4_0+rot   int4+sinks=4+skip=0,29
+    <preset>[+option]...                     e.g.  llamacpp:q4_0   vllm:fp8_e4m3   exl3:k4v4+sinks=1
+    @spec.yaml | @spec.json                  a file holding ``KVSpec.to_dict()``
+
+Options: ``rot`` / ``rot=<block>`` / ``rot=full`` (Hadamard rotation of Q/K/V along head_dim: in
+blocks of 64 when head_dim is a multiple of 64 and not at all otherwise — llama.cpp's rule —, in
+blocks of ``<block>``, or over the whole head_dim; see :attr:`KVSpec.rotate`), ``norot``, ``sinks=<N>`` (first N
+positions kept at model precision), ``residual=<R>`` (the R most recent tokens of every query kept at
+model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
+``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is).
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 
 from wkvlab.errors import ConfigError
 from wkvlab.kv.formats import KVFormat, get_kv_format
 
+Q_FORMATS = ("none", "fp8_e4m3", "q8_0")
+SLIDING = "sliding_window"
+
+
+def _format_name(name: str) -> str:
+    return get_kv_format(name).name
+
 
 @dataclass(frozen=True)
 class KVSpec:
-    """Formats for keys and values (same by default).
+    """How the cache stores keys and values, and where quantization applies.
 
-    String form: a single format (``int4``, ``q8_0``) or ``<K fmt>/<V fmt>`` for mixed pairs
-    (``q8_0/q4_0`` = keys in q8_0, values in q4_0). A slash, not a comma, so that lists of specs
-    can be comma-separated on the command line.
+    ``rotate``: 0 = no rotation; B > 0 = orthonormal Hadamard in blocks of B along head_dim applied
+    to Q and K (when K is quantized) and to V with its inverse on the output (when V is quantized);
+    scores and outputs are unchanged without quantization. ``-1`` = one block of head_dim;
+    ``-2`` = llama.cpp's rule, blocks of 64 when head_dim is a multiple of 64, otherwise none.
+    ``layers``: per-layer overrides as ``((layer, k, v), ...)`` — a tuple so the spec stays hashable.
     """
 
     k: str = "fp16"
     v: str = "fp16"
+    rotate: int = 0
+    sinks: int = 0
+    residual: int = 0
+    skip: tuple = ()
+    layers: tuple = ()
+    q: str = "none"
+    name: str = ""
 
     def __post_init__(self) -> None:
-        # Normalize aliases so equal configs compare (and hash, and fingerprint) equal.
-        object.__setattr__(self, "k", get_kv_format(self.k).name)
-        object.__setattr__(self, "v", get_kv_format(self.v).name)
+        object.__setattr__(self, "k", _format_name(self.k))
+        object.__setattr__(self, "v", _format_name(self.v))
+        skip = tuple(sorted({s for s in self.skip if s != SLIDING}) + ([SLIDING] if SLIDING in self.skip else []))
+        for item in skip:
+            if item != SLIDING and (not isinstance(item, int) or item < 0):
+                raise ConfigError(f"skip entries are layer indices or '{SLIDING}', got {item!r}")
+        object.__setattr__(self, "skip", skip)
+        layers = tuple(sorted((int(i), _format_name(k), _format_name(v)) for i, k, v in self.layers))
+        object.__setattr__(self, "layers", layers)
+        for value, what in ((self.sinks, "sinks"), (self.residual, "residual")):
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{what} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.rotate, int) or self.rotate < -2 or (self.rotate > 0 and self.rotate & (self.rotate - 1)):
+            raise ConfigError(f"rotate must be 0 (off), -1 (whole head_dim), -2 (llama.cpp rule) or a power-of-two block, got {self.rotate!r}")
+        if self.q not in Q_FORMATS:
+            raise ConfigError(f"unknown query format {self.q!r}; use one of {', '.join(Q_FORMATS)}")
+
+    # ---- what applies where -------------------------------------------------------------
+
+    def formats_for(self, layer: int, sliding: bool = False) -> tuple[KVFormat, KVFormat]:
+        """K and V formats of one layer (skipped layers stay at model precision)."""
+        if layer in self.skip or (sliding and SLIDING in self.skip):
+            return get_kv_format("fp16"), get_kv_format("fp16")
+        for index, k, v in self.layers:
+            if index == layer:
+                return get_kv_format(k), get_kv_format(v)
+        return get_kv_format(self.k), get_kv_format(self.v)
 
     @property
     def k_format(self) -> KVFormat:
@@ -34,33 +91,194 @@ class KVSpec:
 
     @property
     def is_identity(self) -> bool:
-        return self.k_format.is_identity and self.v_format.is_identity
+        formats = [(self.k, self.v)] + [(k, v) for _, k, v in self.layers]
+        return all(get_kv_format(k).is_identity and get_kv_format(v).is_identity for k, v in formats)
+
+    @property
+    def is_token_selective(self) -> bool:
+        """True when which keys a query sees quantized depends on the query (a residual window)."""
+        return self.residual > 0
+
+    def all_formats(self) -> list[KVFormat]:
+        names = {self.k, self.v} | {k for _, k, _ in self.layers} | {v for *_, v in self.layers}
+        return [get_kv_format(n) for n in sorted(names)]
+
+    def check_model(self, head_dim: int, n_layers: int) -> None:
+        """Fail before any work on a spec this model cannot hold."""
+        for fmt in self.all_formats():
+            fmt.check_head_dim(head_dim)
+        block = self.rotation_block(head_dim)
+        if block and (head_dim % block or block & (block - 1)):
+            raise ConfigError(f"rotation block {block} must be a power of two dividing head_dim {head_dim}; use rot=<a power of two dividing {head_dim}>")
+        for index in [i for i in self.skip if i != SLIDING] + [i for i, _, _ in self.layers]:
+            if index >= n_layers:
+                raise ConfigError(f"layer {index} does not exist: the model has layers 0..{n_layers - 1}")
+
+    def rotation_block(self, head_dim: int) -> int:
+        """The Hadamard block size this spec uses on a model with ``head_dim`` (0: none)."""
+        if self.rotate == -2:
+            return 64 if head_dim % 64 == 0 else 0
+        return head_dim if self.rotate == -1 else self.rotate
+
+    # ---- memory -------------------------------------------------------------------------
+
+    def bytes_per_token(self, *, layers: int, kv_heads: int, head_dim: int, sliding: tuple[bool, ...] = (), context: int | None = None) -> float:
+        """Average bytes one token occupies across all layers' K and V caches.
+
+        Skipped layers count at 16 bits. Sink tokens and the residual window are held at 16 bits
+        too; at a stated ``context`` their extra cost is amortized over it (without one they are
+        ignored, i.e. the long-context limit).
+        """
+        total = 0.0
+        full = 2 * 2.0 * head_dim
+        for layer in range(layers):
+            k, v = self.formats_for(layer, bool(sliding[layer]) if layer < len(sliding) else False)
+            packed = k.bytes_per_vector(head_dim) + v.bytes_per_vector(head_dim)
+            if context and (self.sinks or self.residual):
+                held = min(context, self.sinks + self.residual) / context
+                packed = held * full + (1 - held) * packed
+            total += packed
+        return total * kv_heads
+
+    # ---- text and JSON ------------------------------------------------------------------
 
     @property
     def label(self) -> str:
-        return self.k if self.k == self.v else f"{self.k}/{self.v}"
+        return self.name or self.canonical()
 
-    def bytes_per_token(self, *, layers: int, kv_heads: int, head_dim: int) -> float:
-        """Bytes one token occupies in the cache of every layer (K and V)."""
-        per_head = self.k_format.bytes_per_vector(head_dim) + self.v_format.bytes_per_vector(head_dim)
-        return layers * kv_heads * per_head
+    def canonical(self) -> str:
+        text = self.k if self.k == self.v else f"{self.k}/{self.v}"
+        if self.rotate:
+            text += {-2: "+rot", -1: "+rot=full"}.get(self.rotate, f"+rot={self.rotate}")
+        if self.sinks:
+            text += f"+sinks={self.sinks}"
+        if self.residual:
+            text += f"+residual={self.residual}"
+        if self.skip:
+            text += "+skip=" + ",".join(str(s) for s in self.skip)
+        if self.q != "none":
+            text += f"+q={self.q}"
+        if self.layers:
+            text += " (+per-layer map)"
+        return text
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["skip"] = list(self.skip)
+        data["layers"] = {str(i): (k if k == v else f"{k}/{v}") for i, k, v in self.layers}
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "KVSpec":
-        unknown = set(data) - {"k", "v"}
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
         if unknown:
-            raise ConfigError(f"unknown KV spec field(s) {sorted(unknown)}; a KV spec has 'k' and 'v'")
+            raise ConfigError(f"unknown KV spec field(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
+        data = dict(data)
+        layers = data.get("layers") or {}
+        if isinstance(layers, dict):
+            pairs = []
+            for index, text in layers.items():
+                k, _, v = str(text).partition("/")
+                pairs.append((int(index), k, v or k))
+            data["layers"] = tuple(pairs)
+        data["skip"] = tuple(data.get("skip") or ())
         return cls(**data)
 
     @classmethod
     def parse(cls, text: str) -> "KVSpec":
         text = text.strip()
-        if "/" in text:
-            k, _, v = text.partition("/")
-            if not k or not v or "/" in v:
-                raise ConfigError(f"bad KV pair {text!r}; write <K format>/<V format>, e.g. q8_0/q4_0")
-            return cls(k=k, v=v)
-        return cls(k=text, v=text)
+        if text.startswith("@"):
+            return cls.load(Path(text[1:]))
+        base, *options = text.split("+")
+        from wkvlab.kv.presets import lookup_preset  # presets build KVSpecs: import here, not at module load
+
+        spec = lookup_preset(base)
+        if spec is None:
+            if "/" in base:
+                k, _, v = base.partition("/")
+                if not k or not v or "/" in v:
+                    raise ConfigError(f"bad KV pair {base!r}; write <K format>/<V format>, e.g. q8_0/q4_0")
+                spec = cls(k=k, v=v)
+            else:
+                spec = cls(k=base, v=base)
+        for option in options:
+            spec = _apply_option(spec, option.strip())
+        return replace(spec, name=text) if (options and spec.name) else spec
+
+    @classmethod
+    def load(cls, path: Path) -> "KVSpec":
+        if not path.is_file():
+            raise ConfigError(f"KV spec file not found: {path}")
+        raw = path.read_text(encoding="utf-8")
+        try:
+            if path.suffix.lower() in (".yaml", ".yml"):
+                import yaml
+
+                data = yaml.safe_load(raw)
+            else:
+                data = json.loads(raw)
+        except Exception as exc:  # yaml and json raise different types; the fix is the same
+            raise ConfigError(f"{path} is not valid {path.suffix.lstrip('.').upper() or 'JSON'} ({type(exc).__name__}); write KVSpec fields as a mapping") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a mapping of KV spec fields (k, v, sinks, skip, layers, ...)")
+        return cls.from_dict(data)
+
+    def save(self, path: Path) -> None:
+        import yaml
+
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix.lower() in (".yaml", ".yml") else json.dumps(self.to_dict(), indent=2)
+        path.write_text(text, encoding="utf-8")
+
+
+def _int_option(key: str, value: str) -> int:
+    if not re.fullmatch(r"\d+", value):
+        raise ConfigError(f"KV option {key}= needs a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _apply_option(spec: KVSpec, option: str) -> KVSpec:
+    key, _, value = option.partition("=")
+    key = key.lower()
+    if key == "rot":
+        if value == "full":
+            return replace(spec, rotate=-1)
+        if not value:
+            return replace(spec, rotate=-2)
+        block = _int_option(key, value)
+        if block == 0 or block & (block - 1):
+            raise ConfigError(f"rot={value} is not a power-of-two block; use rot, rot=<32|64|128...>, rot=full or norot")
+        return replace(spec, rotate=block)
+    if key == "norot" and not value:
+        return replace(spec, rotate=0)
+    if key == "sinks":
+        return replace(spec, sinks=_int_option(key, value))
+    if key == "residual":
+        return replace(spec, residual=_int_option(key, value))
+    if key == "skip":
+        items: list = []
+        for part in filter(None, value.split(",")):
+            if part == SLIDING:
+                items.append(SLIDING)
+            elif re.fullmatch(r"\d+-\d+", part):
+                lo, hi = map(int, part.split("-"))
+                items.extend(range(lo, hi + 1))
+            else:
+                items.append(_int_option(key, part))
+        return replace(spec, skip=tuple(items))
+    if key == "q":
+        return replace(spec, q=value)
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B], norot, sinks=N, residual=R, skip=i,j|sliding_window, q=fp8_e4m3|q8_0")
+
+
+def split_kv_list(text: str) -> list[str]:
+    """Split a comma-separated list of KV specs, keeping the commas of a ``skip=`` list."""
+    parts: list[str] = []
+    for piece in text.split(","):
+        piece = piece.strip()
+        joins = parts and re.search(r"\+skip=[^+]*$", parts[-1]) and re.fullmatch(rf"\d+(-\d+)?|{SLIDING}", piece)
+        if joins:
+            parts[-1] += "," + piece
+        elif piece:
+            parts.append(piece)
+    return parts

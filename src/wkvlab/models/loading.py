@@ -114,7 +114,16 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True) -> 
     if use_cache and (cached / "wkvlab-source.json").is_file():
         model, tokenizer = _from_pretrained(cached, torch_dtype)
     else:
-        model, tokenizer = _from_pretrained(path.parent, torch_dtype, gguf_file=path.name)
+        # transformers' GGUF converter draws its own tqdm bar; ours (or the CLI status) says enough.
+        previous = os.environ.get("TQDM_DISABLE")
+        os.environ["TQDM_DISABLE"] = "1"
+        try:
+            model, tokenizer = _from_pretrained(path.parent, torch_dtype, gguf_file=path.name)
+        finally:
+            if previous is None:
+                os.environ.pop("TQDM_DISABLE", None)
+            else:
+                os.environ["TQDM_DISABLE"] = previous
         if use_cache:
             _save_plain_copy(model, tokenizer, cached)
     return LoadedModel(name=path.stem, model=model, tokenizer=tokenizer, source=str(path), fingerprint=fingerprint)

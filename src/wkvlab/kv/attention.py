@@ -1,0 +1,83 @@
+"""Attention where each query sees some keys quantized and others at full precision.
+
+A residual window (KIVI, HF's QuantizedCache, SKVQ) keeps the R most recent tokens at full
+precision: token j is still full precision when query t attends if ``t - j < R``, and quantized
+once it has aged out. Which version of a key a query sees therefore depends on the query, and no
+single quantized K tensor can express it. Here both versions enter the product and a per-(query,
+key) selection picks one:
+
+    scores[t, j] = q_t · (K_q[j] if quantized[t, j] else K[j]) * scaling (+ mask)
+    out[t]       = Σ_j softmax(scores)[t, j] · (V_q[j] if quantized[t, j] else V[j])
+
+Queries are processed in chunks so the [heads, chunk, keys] score blocks stay small at 8k context.
+This is an eager implementation (float32 softmax like transformers' eager path), so it is close
+to, not bit-identical with, sdpa; the fast path (no query-dependent selection) keeps the model's
+own backend.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Selection = Callable[[torch.Tensor, int], torch.Tensor]  # (query positions [Tc], n_keys) -> bool [Tc, S]
+
+
+def residual_selection(residual: int) -> Selection:
+    """Key j is quantized for query t once it is at least ``residual`` tokens old."""
+
+    def select(query_pos: torch.Tensor, n_keys: int) -> torch.Tensor:
+        key_pos = torch.arange(n_keys, device=query_pos.device)
+        return (query_pos[:, None] - key_pos[None, :]) >= residual
+
+    return select
+
+
+def _expand(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def _mask_chunk(attention_mask: torch.Tensor | None, rows: slice, query_pos: torch.Tensor, n_keys: int, dtype) -> torch.Tensor:
+    """Additive mask for a chunk of queries: transformers' mask (bool or float) or plain causal."""
+    if attention_mask is None:
+        key_pos = torch.arange(n_keys, device=query_pos.device)
+        allowed = key_pos[None, :] <= query_pos[:, None]
+        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    chunk = attention_mask[:, :, rows, :n_keys]
+    if chunk.dtype == torch.bool:
+        return torch.zeros(chunk.shape, dtype=dtype).masked_fill(~chunk, torch.finfo(dtype).min)
+    return chunk.to(dtype)
+
+
+def mixed_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    key_q: torch.Tensor,
+    value: torch.Tensor,
+    value_q: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float,
+    selection: Selection,
+    query_offset: int = 0,
+    softcap: float | None = None,
+    chunk: int = 512,
+) -> torch.Tensor:
+    """Returns the attention output as ``[batch, queries, heads, head_dim]`` (transformers' layout)."""
+    n_rep = query.shape[1] // key.shape[1]
+    k, kq, v, vq = (_expand(t.float(), n_rep) for t in (key, key_q, value, value_q))
+    n_queries, n_keys = query.shape[2], key.shape[2]
+    outputs = []
+    for start in range(0, n_queries, chunk):
+        rows = slice(start, min(start + chunk, n_queries))
+        q = query[:, :, rows].float()
+        query_pos = torch.arange(rows.start, rows.stop, device=query.device) + query_offset
+        use_q = selection(query_pos, n_keys)[None, None]  # [1, 1, Tc, S]
+        scores = torch.where(use_q, q @ kq.transpose(-1, -2), q @ k.transpose(-1, -2)) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores + _mask_chunk(attention_mask, rows, query_pos, n_keys, scores.dtype)
+        probs = torch.softmax(scores, dim=-1)
+        out = (probs * use_q) @ vq + (probs * ~use_q) @ v
+        outputs.append(out)
+    return torch.cat(outputs, dim=2).transpose(1, 2).to(query.dtype)

@@ -1,0 +1,87 @@
+"""Named KV configurations that reproduce how an engine or paper stores its cache.
+
+Each preset is a :class:`KVSpec` plus its source. Presets that need calibration, token-axis
+groups or outlier handling (KIVI, KVQuant, QServe, HF quanto with its residual window of 128) are
+added as the simulation grows; ``wkvlab eval --kv <preset>`` refuses names it does not know.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from wkvlab.kv.spec import KVSpec
+
+LLAMACPP_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+VLLM_DTYPES = {
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+    "int8_per_token_head": "int8_pth",
+    "fp8_per_token_head": "fp8_pth",
+    "int4_per_token_head": "int4_pth",
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    spec: KVSpec
+    source: str
+
+
+def _llamacpp(k: str, v: str) -> Preset:
+    """llama.cpp ``-ctk k -ctv v`` as of 2026.
+
+    * The cache stores blocks of 32 along head_dim (ggml types, bit-exact with ``gguf.quants``).
+    * PR #21038 rotates Q/K/V by a Hadamard transform before quantized caches (blocks of 64 along
+      head_dim, only when head_dim is a multiple of 64; ``LLAMA_ATTN_ROT_DISABLE=1`` turns it off:
+      append ``+norot``). K is rotated when
+      K is quantized, V (with the inverse on the output) when V is.
+    * A quantized V needs flash attention; ggml's CPU flash attention converts Q to K's dot
+      type — q8_0 for every quantized K here — before the Q·K products.
+    """
+    quantized_k = k != "f16"
+    spec = KVSpec(
+        k=k, v=v, rotate=-2 if (quantized_k or v != "f16") else 0, q="q8_0" if quantized_k else "none",
+        name=f"llamacpp:{k}" if k == v else f"llamacpp:{k}/{v}",
+    )
+    return Preset(spec, "llama.cpp -ctk/-ctv with PR #21038 rotation and CPU flash-attention Q conversion")
+
+
+def lookup_preset(text: str) -> KVSpec | None:
+    """The spec of a preset name, or None when ``text`` is not a preset (a plain format)."""
+    preset = describe_preset(text)
+    return preset.spec if preset else None
+
+
+def describe_preset(text: str) -> Preset | None:
+    key = text.strip().lower()
+    engine, sep, rest = key.partition(":")
+    if not sep:
+        return None
+    if engine == "llamacpp":
+        k, _, v = rest.partition("/")
+        v = v or k
+        if k in LLAMACPP_TYPES and v in LLAMACPP_TYPES:
+            return _llamacpp(k, v)
+    elif engine == "vllm" and rest in VLLM_DTYPES:
+        fmt = VLLM_DTYPES[rest]
+        source = "vLLM --kv-cache-dtype " + rest + (" (per-tensor scale 1.0: vLLM's default without calibrated scales)" if "pth" not in fmt else " (Triton backend, fp32 scale per token and head)")
+        return Preset(KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}"), source)
+    elif engine == "exl3":
+        match = re.fullmatch(r"k([2-8])v([2-8])", rest)
+        if match:
+            kb, vb = match.groups()
+            spec = KVSpec(k=f"int{kb}-g32-sym", v=f"int{vb}-g32-sym", rotate=-1, name=f"exl3:{rest}")
+            return Preset(spec, "exllamav3 cache: K and V bits separately, groups of 32 along head_dim, Hadamard rotation, fp16 absmax scale")
+    from wkvlab.errors import ConfigError
+
+    raise ConfigError(f"unknown KV preset {text!r}; known: {', '.join(preset_names())}")
+
+
+def preset_names() -> list[str]:
+    return (
+        [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
+        + ["llamacpp:<k>/<v>"]
+        + [f"vllm:{d}" for d in VLLM_DTYPES]
+        + ["exl3:k<b>v<b>"]
+    )
