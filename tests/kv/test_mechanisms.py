@@ -5,7 +5,7 @@ import torch
 from tests.conftest import tiny_gemma3, tiny_llama, tiny_qwen3
 from wkvlab.kv import KVSpec, kv_quantization
 from wkvlab.kv import formats as kv_formats
-from wkvlab.kv.attention import mixed_attention, residual_selection
+from wkvlab.kv.attention import mixed_attention, sliding_selection
 
 
 def _logits(model, ids):
@@ -88,19 +88,19 @@ def test_mixed_attention_matches_eager_at_both_extremes():
         s = s.masked_fill(torch.ones(20, 20, dtype=torch.bool).triu(1), float("-inf"))
         return (torch.softmax(s, -1) @ values).transpose(1, 2)
 
-    all_q = mixed_attention(q, k, kq, v, vq, None, scaling=0.25, selection=residual_selection(0), chunk=7)
-    none_q = mixed_attention(q, k, kq, v, vq, None, scaling=0.25, selection=residual_selection(100), chunk=7)
+    all_q = mixed_attention(q, k, kq, v, vq, None, scaling=0.25, selection=sliding_selection(0), chunk=7)
+    none_q = mixed_attention(q, k, kq, v, vq, None, scaling=0.25, selection=sliding_selection(100), chunk=7)
     torch.testing.assert_close(all_q, eager(kq, vq))
     torch.testing.assert_close(none_q, eager(k, v))
 
 
-def test_residual_window_keeps_recent_tokens_exact():
+def test_sliding_window_keeps_recent_tokens_exact():
     model = tiny_llama()
     ids = torch.randint(0, 128, (1, 30))
     ref = _logits(model, ids)
-    with kv_quantization(model, KVSpec.parse("int2+residual=30")):
+    with kv_quantization(model, KVSpec.parse("int2+window=30")):
         torch.testing.assert_close(_logits(model, ids), ref, rtol=1e-4, atol=1e-4)
-    with kv_quantization(model, KVSpec.parse("int2+residual=8")):
+    with kv_quantization(model, KVSpec.parse("int2+window=8")):
         windowed = _logits(model, ids)
     with kv_quantization(model, KVSpec.parse("int2")):
         full = _logits(model, ids)
@@ -113,6 +113,35 @@ def test_residual_window_keeps_recent_tokens_exact():
 def test_residual_window_respects_sliding_masks():
     model = tiny_gemma3()
     ids = torch.randint(0, 128, (1, 32))
-    with kv_quantization(model, KVSpec.parse("int4+residual=4")):
-        out = _logits(model, ids)
-    assert torch.isfinite(out).all()
+    for text in ("int4+window=4", "kivi2"):
+        with kv_quantization(model, KVSpec.parse(text)):
+            assert torch.isfinite(_logits(model, ids)).all()
+
+
+def test_flush_selection_follows_kivi_decoding():
+    from wkvlab.kv.attention import flush_selection
+
+    sel = flush_selection(4)(torch.arange(10), 10)
+    # query 3: nothing flushed yet; query 4..7: tokens 0..3 quantized; query 8, 9: tokens 0..7
+    assert sel[3].sum() == 0 and sel[4].tolist()[:5] == [True] * 4 + [False] and sel[9].sum() == 8
+
+
+def test_per_channel_groups_never_leak_future_tokens():
+    # Changing token 20's key must not change what queries < 20 see, even with per-channel groups
+    # whose statistics span tokens: groups are used only once closed.
+    model = tiny_llama(head_dim=32)
+    ids = torch.randint(0, 128, (1, 24))
+    other = ids.clone()
+    other[0, 20] = (ids[0, 20] + 1) % 128
+    spec = KVSpec.parse("int2-c4/int2+residual=8")
+    with kv_quantization(model, spec):
+        a, b = _logits(model, ids), _logits(model, other)
+    torch.testing.assert_close(a[0, :20], b[0, :20], rtol=0, atol=0)
+    assert not torch.equal(a[0, 20:], b[0, 20:])
+
+
+def test_kivi_preset_shape():
+    spec = KVSpec.parse("kivi2")
+    assert (spec.k, spec.v, spec.residual) == ("int2-c32-asym", "int2-g32-asym", 128)
+    with pytest.raises(Exception, match="multiple of the token group"):
+        KVSpec.parse("int2-c32+residual=48")

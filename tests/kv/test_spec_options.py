@@ -10,7 +10,7 @@ SMOL = dict(layers=30, kv_heads=3, head_dim=64)
 
 
 @pytest.mark.parametrize("text", [
-    "int4+sinks=4", "q4_0+rot", "q4_0+rot=32", "int4+rot=full", "int4+residual=128", "int4+skip=0,1,29",
+    "int4+sinks=4", "q4_0+rot", "q4_0+rot=32", "int4+rot=full", "int4+residual=128", "int4+window=64", "kivi4", "int2-c32/int2+residual=64", "int4+skip=0,1,29",
     "int4+skip=sliding_window", "q4_0+q=q8_0", "q8_0/q4_0+rot+sinks=1",
 ])
 def test_options_round_trip_through_text_and_json(text):

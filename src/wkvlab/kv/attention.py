@@ -23,12 +23,28 @@ import torch
 Selection = Callable[[torch.Tensor, int], torch.Tensor]  # (query positions [Tc], n_keys) -> bool [Tc, S]
 
 
-def residual_selection(residual: int) -> Selection:
-    """Key j is quantized for query t once it is at least ``residual`` tokens old."""
+def sliding_selection(window: int) -> Selection:
+    """Key j is quantized for query t once it is at least ``window`` tokens old (SKVQ's window)."""
 
     def select(query_pos: torch.Tensor, n_keys: int) -> torch.Tensor:
         key_pos = torch.arange(n_keys, device=query_pos.device)
-        return (query_pos[:, None] - key_pos[None, :]) >= residual
+        return (query_pos[:, None] - key_pos[None, :]) >= window
+
+    return select
+
+
+def flush_selection(residual: int) -> Selection:
+    """KIVI's and HF QuantizedCache's residual: full-precision tokens pile up and are quantized
+    all at once when ``residual`` of them have accumulated.
+
+    Token t is decoded with the cache holding 0..t-1 plus itself in the full-precision part; after
+    attending, a full residual is flushed. So query t sees keys below ``(t // residual) * residual``
+    quantized — between 0 and ``residual - 1`` recent tokens stay full precision, not a fixed window.
+    """
+
+    def select(query_pos: torch.Tensor, n_keys: int) -> torch.Tensor:
+        key_pos = torch.arange(n_keys, device=query_pos.device)
+        return key_pos[None, :] < (query_pos[:, None] // residual) * residual
 
     return select
 

@@ -17,6 +17,11 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` |
 | int8_pth, fp8_pth | D bytes + fp32 scale per token and head (absmax/127, absmax/448) | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` |
 | int4_pth    | D/2 bytes + fp32 scale, asymmetric per token and head | vLLM ``int4_per_token_head`` (see docs: layout partly inferred) |
+| int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
+
+Per-channel formats (``-c<G>``) are the exception to "each token on its own": a group's scale
+depends on all G tokens, so a query may only see a group quantized once the group is complete.
+:class:`~wkvlab.kv.spec.KVSpec` enforces that through its residual (flush) selection.
 
 Low-bit integers default to asymmetric because symmetric 2-bit keeps only three useful levels.
 """
@@ -39,6 +44,7 @@ class KVFormat:
     quantize: Callable[[torch.Tensor], torch.Tensor] | None  # None: identity
     bytes_per_vector: Callable[[int], float]  # head_dim -> bytes for one token of one head
     block: int | None = None  # values per block/group along head_dim, when the format has one
+    token_group: int | None = None  # per-channel formats: tokens per group along the token axis
 
     @property
     def is_identity(self) -> bool:
@@ -68,6 +74,35 @@ def _affine_format(bits: int, group: int | None, symmetric: bool) -> KVFormat:
     kind = "symmetric" if symmetric else "asymmetric"
     where = f"groups of {group} along head_dim" if group else "per token and head"
     return KVFormat(name, f"INT{bits} {kind}, {where}", _affine(bits, symmetric, group), nbytes, group)
+
+
+def _per_channel(bits: int, group: int, symmetric: bool):
+    """Quantize ``[..., tokens, head_dim]`` per channel over complete groups of ``group`` tokens.
+
+    The trailing incomplete group is left as is: a streaming cache still holds those tokens at full
+    precision, and the query selection never shows them quantized.
+    """
+    zero_point = "int" if symmetric else "float"
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        complete = x.shape[-2] // group * group
+        if complete == 0:
+            return x.clone()
+        head = x[..., :complete, :].transpose(-1, -2)
+        head = fake_quant_affine(head, bits, group_size=group, symmetric=symmetric, zero_point=zero_point).transpose(-1, -2)
+        return torch.cat([head.to(x.dtype), x[..., complete:, :]], dim=-2)
+
+    return quantize
+
+
+def _per_channel_format(bits: int, group: int, symmetric: bool) -> KVFormat:
+    name = f"int{bits}-c{group}" + ("-sym" if symmetric else "-asym")
+    side = 2.0 if symmetric else 4.0  # per channel and group of tokens: fp16 scale (+ fp16 min)
+    kind = "symmetric" if symmetric else "asymmetric"
+    return KVFormat(
+        name, f"INT{bits} {kind} per channel, groups of {group} tokens", _per_channel(bits, group, symmetric),
+        lambda d: d * bits / 8 + side * d / group, None, group,
+    )
 
 
 def _fp8_per_token_head(x: torch.Tensor) -> torch.Tensor:
@@ -107,6 +142,12 @@ def get_kv_format(name: str) -> KVFormat:
     key = _ALIASES.get(key, key)
     if key in KV_FORMATS:
         return KV_FORMATS[key]
+    match = re.fullmatch(r"int([2-8])-c(\d+)(?:-(sym|asym))?", key)
+    if match:
+        bits, group = int(match.group(1)), int(match.group(2))
+        if group == 0:
+            raise ConfigError(f"token group size must be positive in KV format {name!r}")
+        return _per_channel_format(bits, group, match.group(3) == "sym")
     match = re.fullmatch(r"int([2-8])(?:-g(\d+))?(?:-(sym|asym))?", key)
     if match:
         bits, group = int(match.group(1)), int(match.group(2)) if match.group(2) else None
@@ -114,4 +155,4 @@ def get_kv_format(name: str) -> KVFormat:
             raise ConfigError(f"group size must be positive in KV format {name!r}")
         symmetric = match.group(3) == "sym" if match.group(3) else bits == 8
         return _affine_format(bits, group, symmetric)
-    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)} or int<b>[-g<G>][-sym|-asym]")
+    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym] or int<b>-c<G> (per channel over G tokens)")

@@ -10,8 +10,9 @@ attend to everything.
 
 Per layer, in order: the layer's formats (skipped layers and per-layer overrides), the Hadamard
 rotation of Q/K (and V, un-rotated on the output), quantization, sink tokens restored to full
-precision, queries quantized where the spec says. A residual window makes the stored key depend
-on the query and routes the layer through :func:`wkvlab.kv.attention.mixed_attention`.
+precision, queries quantized where the spec says. A residual or sliding window, or per-channel
+groups of tokens, make the key a query sees depend on the query; such layers go through
+:func:`wkvlab.kv.attention.mixed_attention`.
 
 No module-level state: each ``kv_quantization`` context owns its registry entries and removes them.
 With an identity spec the wrapper only forwards to the backend, so logits are bit-identical to the
@@ -31,7 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 from wkvlab.errors import ModelError
 from wkvlab.formats import fake_quant_fp8, fake_quant_ggml
 from wkvlab.formats.hadamard import rotate
-from wkvlab.kv.attention import mixed_attention, residual_selection
+from wkvlab.kv.attention import mixed_attention
 from wkvlab.kv.formats import KVFormat
 from wkvlab.kv.spec import KVSpec
 
@@ -94,10 +95,23 @@ class _LayerStore:
             query = _quantize_query(query, self.q_format)
         return query, key, key_q, value, value_q
 
+    def query_side(self, query):
+        """The query as the attention sees it when K/V come from a quantize-on-write cache."""
+        if self.rot_k:
+            query = rotate(query, self.rot_k)
+        return _quantize_query(query, self.q_format) if self.q_format != "none" else query
+
 
 @contextmanager
-def kv_quantization(model: torch.nn.Module, spec: KVSpec) -> Iterator[None]:
-    """Within the block, every attention layer of ``model`` sees K and V as ``spec`` stores them."""
+def kv_quantization(model: torch.nn.Module, spec: KVSpec, storage: str = "simulate") -> Iterator[None]:
+    """Within the block, every attention layer of ``model`` sees K and V as ``spec`` stores them.
+
+    ``storage="simulate"``: teacher-forced, the hook quantizes K/V itself (no cache object).
+    ``storage="cache"``: a :class:`wkvlab.kv.cache.QuantizeOnWriteCache` already stored K/V (in the
+    rotated space); the hook only handles the query side and un-rotates V's output.
+    """
+    if storage not in ("simulate", "cache"):
+        raise ValueError(f"storage must be 'simulate' or 'cache', got {storage!r}")
     head_dim = model_head_dim(model)
     spec.check_model(head_dim, model.config.num_hidden_layers)
     sliding = sliding_layers(model)
@@ -105,13 +119,16 @@ def kv_quantization(model: torch.nn.Module, spec: KVSpec) -> Iterator[None]:
         layer: _LayerStore(spec, *spec.formats_for(layer, sliding[layer] if layer < len(sliding) else False), head_dim)
         for layer in range(model.config.num_hidden_layers)
     }
-    selection = residual_selection(spec.residual) if spec.is_token_selective else None
+    selection = spec.selection()
     original = model.config._attn_implementation or "eager"
     name = f"wkvlab_kv_{uuid.uuid4().hex[:12]}"
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         backend = ALL_ATTENTION_FUNCTIONS.get_interface(original, _eager_for(module))
         store = stores[module.layer_idx]
+        if storage == "cache":
+            out, weights = backend(module, store.query_side(query), key, value, attention_mask, **kwargs)
+            return (rotate(out, store.rot_v, inverse=True) if store.rot_v else out), weights
         query, key, key_q, value, value_q = store.apply(query, key, value)
         if selection is None or (store.k_fmt.is_identity and store.v_fmt.is_identity):
             out, weights = backend(module, query, key_q, value_q, attention_mask, **kwargs)

@@ -55,6 +55,13 @@ def lookup_preset(text: str) -> KVSpec | None:
 
 def describe_preset(text: str) -> Preset | None:
     key = text.strip().lower()
+    if key in ("kivi2", "kivi4"):
+        bits = key[-1]
+        # KIVI (Liu et al. 2024, github.com/jy-yuan/KIVI): keys per channel in groups of 32 tokens,
+        # values per token (groups of 32 along head_dim), both asymmetric with a float minimum;
+        # the newest tokens stay full precision until 128 of them have accumulated.
+        spec = KVSpec(k=f"int{bits}-c32", v=f"int{bits}-g32-asym", residual=128, name=key)
+        return Preset(spec, "KIVI: per-channel K (32-token groups), per-token V, residual 128 (flushed)")
     engine, sep, rest = key.partition(":")
     if not sep:
         return None
@@ -83,5 +90,5 @@ def preset_names() -> list[str]:
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
         + ["llamacpp:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
-        + ["exl3:k<b>v<b>"]
+        + ["exl3:k<b>v<b>", "kivi2", "kivi4"]
     )

@@ -9,8 +9,9 @@ String form (what ``--kv`` accepts)::
 Options: ``rot`` / ``rot=<block>`` / ``rot=full`` (Hadamard rotation of Q/K/V along head_dim: in
 blocks of 64 when head_dim is a multiple of 64 and not at all otherwise — llama.cpp's rule —, in
 blocks of ``<block>``, or over the whole head_dim; see :attr:`KVSpec.rotate`), ``norot``, ``sinks=<N>`` (first N
-positions kept at model precision), ``residual=<R>`` (the R most recent tokens of every query kept at
-model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
+positions kept at model precision), ``residual=<R>`` (KIVI/HF QuantizedCache: full-precision
+tokens accumulate and are quantized all at once when R have piled up), ``window=<W>`` (SKVQ: the W
+most recent tokens of every query kept at model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
 ``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is).
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ class KVSpec:
     rotate: int = 0
     sinks: int = 0
     residual: int = 0
+    window: int = 0
     skip: tuple = ()
     layers: tuple = ()
     q: str = "none"
@@ -62,11 +64,19 @@ class KVSpec:
         object.__setattr__(self, "skip", skip)
         layers = tuple(sorted((int(i), _format_name(k), _format_name(v)) for i, k, v in self.layers))
         object.__setattr__(self, "layers", layers)
-        for value, what in ((self.sinks, "sinks"), (self.residual, "residual")):
+        for value, what in ((self.sinks, "sinks"), (self.residual, "residual"), (self.window, "window")):
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{what} must be a non-negative integer, got {value!r}")
         if not isinstance(self.rotate, int) or self.rotate < -2 or (self.rotate > 0 and self.rotate & (self.rotate - 1)):
             raise ConfigError(f"rotate must be 0 (off), -1 (whole head_dim), -2 (llama.cpp rule) or a power-of-two block, got {self.rotate!r}")
+        if self.residual and self.window:
+            raise ConfigError("use either residual= (flushed in blocks, KIVI) or window= (sliding, SKVQ), not both")
+        groups = {f.token_group for f in self.all_formats() if f.token_group}
+        if groups and self.window:
+            raise ConfigError("per-channel formats (-c<G>) quantize closed groups of tokens; combine them with residual=, not window=")
+        for group in groups:
+            if self.residual % group:
+                raise ConfigError(f"residual {self.residual} must be a multiple of the token group {group} (KIVI flushes whole groups)")
         if self.q not in Q_FORMATS:
             raise ConfigError(f"unknown query format {self.q!r}; use one of {', '.join(Q_FORMATS)}")
 
@@ -94,10 +104,15 @@ class KVSpec:
         formats = [(self.k, self.v)] + [(k, v) for _, k, v in self.layers]
         return all(get_kv_format(k).is_identity and get_kv_format(v).is_identity for k, v in formats)
 
-    @property
-    def is_token_selective(self) -> bool:
-        """True when which keys a query sees quantized depends on the query (a residual window)."""
-        return self.residual > 0
+    def selection(self):
+        """The per-(query, key) selection when what a query sees depends on the query, else None."""
+        from wkvlab.kv.attention import flush_selection, sliding_selection
+
+        if self.window:
+            return sliding_selection(self.window)
+        groups = [f.token_group for f in self.all_formats() if f.token_group]
+        flush = self.residual or max(groups, default=0)  # a token group must close before it is used
+        return flush_selection(flush) if flush else None
 
     def all_formats(self) -> list[KVFormat]:
         names = {self.k, self.v} | {k for _, k, _ in self.layers} | {v for *_, v in self.layers}
@@ -134,8 +149,9 @@ class KVSpec:
         for layer in range(layers):
             k, v = self.formats_for(layer, bool(sliding[layer]) if layer < len(sliding) else False)
             packed = k.bytes_per_vector(head_dim) + v.bytes_per_vector(head_dim)
-            if context and (self.sinks or self.residual):
-                held = min(context, self.sinks + self.residual) / context
+            if context and (self.sinks or self.residual or self.window):
+                # a flushed residual is allocated at its full length R; a window at W
+                held = min(context, self.sinks + self.residual + self.window) / context
                 packed = held * full + (1 - held) * packed
             total += packed
         return total * kv_heads
@@ -154,6 +170,8 @@ class KVSpec:
             text += f"+sinks={self.sinks}"
         if self.residual:
             text += f"+residual={self.residual}"
+        if self.window:
+            text += f"+window={self.window}"
         if self.skip:
             text += "+skip=" + ",".join(str(s) for s in self.skip)
         if self.q != "none":
@@ -255,6 +273,8 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
         return replace(spec, sinks=_int_option(key, value))
     if key == "residual":
         return replace(spec, residual=_int_option(key, value))
+    if key == "window":
+        return replace(spec, window=_int_option(key, value))
     if key == "skip":
         items: list = []
         for part in filter(None, value.split(",")):
@@ -268,7 +288,7 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
         return replace(spec, skip=tuple(items))
     if key == "q":
         return replace(spec, q=value)
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B], norot, sinks=N, residual=R, skip=i,j|sliding_window, q=fp8_e4m3|q8_0")
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0")
 
 
 def split_kv_list(text: str) -> list[str]:

@@ -1,0 +1,47 @@
+"""Measure every KV preset on a model and print the Markdown table used in docs/kv.md.
+
+Usage: python scripts/kv_preset_table.py [--model default] [--ctx 512] [--tokens 4096] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from wkvlab import api
+from wkvlab.kv import KVSpec
+from wkvlab.weights.spec import WeightSpec
+
+SPECS = [
+    "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
+    "llamacpp:q8_0", "llamacpp:q5_1", "llamacpp:q5_0", "llamacpp:q4_1", "llamacpp:q4_0", "llamacpp:iq4_nl",
+    "llamacpp:q8_0/q4_0", "llamacpp:q4_0+norot",
+    "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head", "vllm:fp8_per_token_head", "vllm:int4_per_token_head",
+    "exl3:k8v8", "exl3:k6v6", "exl3:k4v4", "exl3:k4v2", "exl3:k3v3", "exl3:k2v2",
+    "int4+rot", "int4+sinks=4", "int4+residual=128", "int4+skip=0,29", "int2+residual=128",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--ctx", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    work = api.prepare(args.model, "default", ctx=args.ctx, tokens=args.tokens)
+    specs = [KVSpec.parse(s) for s in SPECS]
+    results = api.evaluate_workload(work, [WeightSpec()], specs)
+    fp16 = results[0].kv_bytes_per_token
+    print(f"{work.loaded.name}, {results[0].tokens} scored tokens of prose, ctx {args.ctx}; float32 weights\n")
+    print("| KV config | bytes/token | vs fp16 | KLD mean ± se | KLD p99 | top-1 | ΔPPL |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        k = r.kld
+        print(f"| `{r.kv}` | {r.kv_bytes_per_token:,.0f} | {r.kv_bytes_per_token / fp16:.3f} | {k['mean']:.5f} ± {k['se']:.5f} | {k['p99']:.4f} | {100 * r.top1_agreement:.2f}% | {r.ppl - r.ppl_ref:+.3f} |")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump([r.to_dict() for r in results], handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

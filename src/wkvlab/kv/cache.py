@@ -1,0 +1,112 @@
+"""A quantize-on-write KV cache for ``model.generate`` and step-by-step streaming.
+
+The teacher-forced hook (:mod:`wkvlab.kv.hook`) decides, for every (query, key) pair, which
+version of the key the query sees. This cache reaches the same state the way an engine does: each
+layer keeps its tokens, and quantizes a token once the spec's rule says it is stored quantized —
+
+* plain formats: on write, the new token included (llama.cpp, vLLM);
+* ``residual=R`` (KIVI, HF QuantizedCache): when R full-precision tokens have piled up they are
+  quantized together (per-channel formats quantize whole groups of tokens);
+* ``window=W`` (SKVQ): a token is quantized when it is W tokens old;
+* sinks are never quantized.
+
+Storage holds dequantized values in the rotated space (when the spec rotates), which is what the
+attention reads; the query side (rotation, query quantization, un-rotating V's output) stays in
+the hook, used with ``storage="cache"``. Streaming one token at a time reproduces the teacher-forced
+logits on every causal format (tested). A multi-token update on a spec whose view depends on the
+query (residual, window, per-channel groups) follows the engines' prefill: the chunk attends to
+itself at full precision, and the state after it is what streaming would have reached.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from wkvlab.formats.hadamard import rotate
+from wkvlab.kv.formats import KVFormat
+from wkvlab.kv.hook import _LayerStore, model_head_dim, sliding_layers
+from wkvlab.kv.spec import KVSpec
+
+
+class QuantizeOnWriteLayer(DynamicLayer):
+    """One layer's cache: full-precision copies plus the quantized prefix the rule allows."""
+
+    def __init__(self, spec: KVSpec, store: _LayerStore) -> None:
+        super().__init__()
+        self.spec, self.store = spec, store
+        self.raw_keys = self.raw_values = None
+        self.n_quantized = 0
+        self.quant_keys = self.quant_values = None
+
+    def _target(self, position: int, n_new: int) -> int:
+        """How many leading tokens are stored quantized when the query at ``position`` attends."""
+        spec = self.spec
+        if spec.window:
+            return max(0, position - spec.window + 1)
+        groups = [f.token_group for f in (self.store.k_fmt, self.store.v_fmt) if f.token_group]
+        flush = spec.residual or max(groups, default=0)
+        if flush:
+            return (position // flush) * flush
+        return position + n_new  # quantized on write, the new tokens included
+
+    def _quantize(self, x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+        return x if fmt.is_identity else fmt.quantize(x).to(x.dtype)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.raw_keys, self.raw_values = key_states[..., :0, :], value_states[..., :0, :]
+            self.quant_keys, self.quant_values = self.raw_keys, self.raw_values
+        store = self.store
+        if store.rot_k:
+            key_states = rotate(key_states, store.rot_k)
+        if store.rot_v:
+            value_states = rotate(value_states, store.rot_v)
+        position = self.raw_keys.shape[-2]
+        self.raw_keys = torch.cat([self.raw_keys, key_states], dim=-2)
+        self.raw_values = torch.cat([self.raw_values, value_states], dim=-2)
+        target = self._target(position, key_states.shape[-2])
+        if target > self.n_quantized:
+            # Newly quantized tokens start where the previous flush ended, so per-channel groups stay aligned.
+            lo = self.n_quantized
+            new_k = self._quantize(self.raw_keys[..., lo:target, :], store.k_fmt)
+            new_v = self._quantize(self.raw_values[..., lo:target, :], store.v_fmt)
+            self.quant_keys = torch.cat([self.quant_keys, new_k], dim=-2)
+            self.quant_values = torch.cat([self.quant_values, new_v], dim=-2)
+            self.n_quantized = target
+        keys = torch.cat([self.quant_keys, self.raw_keys[..., self.n_quantized :, :]], dim=-2)
+        values = torch.cat([self.quant_values, self.raw_values[..., self.n_quantized :, :]], dim=-2)
+        if self.spec.sinks:
+            n = min(self.spec.sinks, keys.shape[-2])
+            keys = torch.cat([self.raw_keys[..., :n, :], keys[..., n:, :]], dim=-2)
+            values = torch.cat([self.raw_values[..., :n, :], values[..., n:, :]], dim=-2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+class QuantizeOnWriteCache(Cache):
+    """The ``cache`` (formerly ``past_key_values``) for a model running under ``kv_quantization(model, spec, storage="cache")``."""
+
+    def __init__(self, model: torch.nn.Module, spec: KVSpec) -> None:
+        head_dim = model_head_dim(model)
+        spec.check_model(head_dim, model.config.num_hidden_layers)
+        sliding = sliding_layers(model)
+        layers = [
+            QuantizeOnWriteLayer(spec, _LayerStore(spec, *spec.formats_for(i, sliding[i] if i < len(sliding) else False), head_dim))
+            for i in range(model.config.num_hidden_layers)
+        ]
+        super().__init__(layers=layers)
+
+
+@torch.no_grad()
+def stream_logits(model: torch.nn.Module, spec: KVSpec, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits ``[T, vocab]`` of ``tokens`` fed one at a time through the quantize-on-write cache."""
+    from wkvlab.kv.hook import kv_quantization
+
+    cache = QuantizeOnWriteCache(model, spec)
+    rows = []
+    with kv_quantization(model, spec, storage="cache"):
+        for position in range(tokens.shape[0]):
+            out = model(input_ids=tokens[None, position : position + 1], cache=cache, use_cache=True)
+            rows.append(out.logits[0, -1])
+    return torch.stack(rows)
