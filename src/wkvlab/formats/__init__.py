@@ -4,6 +4,7 @@ No modules, no global state, inputs are never modified in place. Three families:
 
 * :mod:`.affine` — integer affine (2..8 bits) per group / row / tensor, symmetric or asymmetric.
 * :mod:`.fp8` — FP8 E4M3/E5M2 casts with saturation and absmax scaling.
+* :mod:`.fp4` — NVFP4 and MXFP4 (E2M1 values with block scales).
 * :mod:`.ggml` — llama.cpp block formats, bit-identical to ``gguf.quants``.
 
 User-caused errors (bad bits, group size, unknown name) raise
@@ -19,6 +20,7 @@ from wkvlab.formats.affine import (
     bytes_per_element_affine,
     fake_quant_affine,
 )
+from wkvlab.formats.fp4 import E2M1_MAX, FP4_BLOCK, FP4Format, fake_quant_fp4, fp4_bytes, nvfp4_global_scale, round_e2m1
 from wkvlab.formats.fp8 import FP8Format, fake_quant_fp8, fp8_absmax_scale, fp8_dtype, fp8_max
 from wkvlab.formats.ggml import (
     GGML_TYPES,
@@ -44,6 +46,13 @@ __all__ = [
     "fp8_max",
     "fake_quant_fp8",
     "fp8_absmax_scale",
+    "FP4Format",
+    "FP4_BLOCK",
+    "E2M1_MAX",
+    "round_e2m1",
+    "nvfp4_global_scale",
+    "fake_quant_fp4",
+    "fp4_bytes",
     "GGML_TYPES",
     "ggml_block_shape",
     "ggml_bytes_per_element",

@@ -1,23 +1,36 @@
 """Apply a weight spec to a model: a quantized copy plus a report of what changed.
 
 The reference model is never modified: each weight config gets its own deep copy, built once and
-reused for every KV config it is evaluated with. Activation quantization (W8A8) is a forward
-pre-hook on each quantized linear of that copy, so it dies with the copy.
+reused for every KV config it is evaluated with. The steps, in order:
+
+1. resolve which spec each linear gets (16-bit skips, overrides; :func:`resolve_linears`);
+2. SmoothQuant and AWQ fold their per-channel scales (and AWQ clips) on the unquantized weights;
+3. round-to-nearest for every linear whose method ends in RTN (rtn, awq, smoothquant, llm-int8);
+4. GPTQ layer by layer on the model quantized so far;
+5. static activation scales from calibration on the quantized model, then one forward pre-hook per
+   activation-quantized linear (:mod:`wkvlab.weights.activations`), so they die with the copy.
 """
 from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from wkvlab.formats import fake_quant_fp8, fp8_absmax_scale
+from wkvlab.errors import ConfigError
+from wkvlab.weights.activations import ActivationQuant, attach_activation_quantizers
+from wkvlab.weights.arch import architecture_of, decoder_layers
+from wkvlab.weights.awq import awq_layer
+from wkvlab.weights.calibration import CalibrationSet
+from wkvlab.weights.capture import capture_layer_inputs
+from wkvlab.weights.gptq import gptq_layers
 from wkvlab.weights.rtn import quantize_weight, ragged_group_note, weight_storage_bytes
-from wkvlab.weights.spec import WeightSpec
+from wkvlab.weights.smoothquant import observe_model, smooth_model
+from wkvlab.weights.spec import STATIC_ACTIVATIONS, WeightSpec
 
 # Linear layers inside decoder blocks; embeddings and lm_head stay at 16 bits, as engines keep them.
-DECODER_LINEAR = re.compile(r"(^|\.)layers\.\d+\.")
+DECODER_LINEAR = re.compile(r"(^|\.)layers\.(\d+)\.")
 
 
 def decoder_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
@@ -33,22 +46,67 @@ class QuantizedWeights:
     weight_bytes: int
     lossless: bool  # every quantized weight came back unchanged: the checkpoint already sits on this grid
     notes: list[str] = field(default_factory=list)
+    activations: dict[str, ActivationQuant] = field(default_factory=dict)
+    calibration: str | None = None  # CalibrationSet.key it was built with
+    cached: bool = False  # loaded from the on-disk cache
 
 
-def _fp8_token_activations(module: torch.nn.Module, args: tuple) -> tuple:
-    """Dynamic per-token FP8 E4M3 activation scales, as vLLM's FP8 W8A8 path computes them."""
-    (x, *rest) = args
-    scale = fp8_absmax_scale(x.float(), "e4m3", dim=-1)
-    return (fake_quant_fp8(x.float(), "e4m3", scale).to(x.dtype), *rest)
+def _layer_spec(spec: WeightSpec, name: str, layer: int, n_layers: int) -> WeightSpec | None:
+    for pattern, text in spec.overrides:
+        if re.search(pattern, name):
+            sub = spec.override_spec(text)
+            return None if sub.method == "none" else sub
+    if spec.method == "none":
+        return None
+    if layer in spec.skip_layers or layer < spec.skip_first or layer >= n_layers - spec.skip_last:
+        return None
+    if spec.skip_regex and re.search(spec.skip_regex, name):
+        return None
+    return spec
+
+
+def resolve_linears(model: torch.nn.Module, spec: WeightSpec) -> dict[str, tuple[torch.nn.Linear, WeightSpec]]:
+    """Each decoder linear that ``spec`` quantizes, with the spec that applies to it."""
+    if spec.is_identity:
+        return {}
+    linears = decoder_linears(model)
+    n_layers = 1 + max((int(DECODER_LINEAR.search(n).group(2)) for n, _ in linears), default=-1)
+    bad = [i for i in spec.skip_layers if i >= n_layers]
+    if bad:
+        raise ConfigError(f"skip layers {bad} do not exist: the model has layers 0..{n_layers - 1}")
+    out = {}
+    for name, module in linears:
+        sub = _layer_spec(spec, name, int(DECODER_LINEAR.search(name).group(2)), n_layers)
+        if sub is not None:
+            out[name] = (module, sub)
+    return out
+
+
+def _rtn_variant(spec: WeightSpec) -> WeightSpec:
+    return replace(spec, method="rtn" if spec.method not in ("none", "cast") else spec.method, activations="none", overrides=())
+
+
+def _ends(model: torch.nn.Module, spec: WeightSpec) -> list[tuple[str, torch.nn.Module]]:
+    """Embedding and lm_head modules ``spec`` quantizes (untied first when only one of a tied pair is)."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    chosen = [("embeddings", emb)] if spec.quantize_embeddings else []
+    if spec.quantize_lm_head and head is not None:
+        chosen.append(("lm_head", head))
+    return chosen
 
 
 def model_weight_bytes(model: torch.nn.Module, spec: WeightSpec) -> int:
     """Bytes of all weights as an engine would hold them under ``spec``.
 
-    Quantized linears count their codes, scales and zero points; every other parameter counts at
-    16 bits (4 for the untouched float32 reference); tied tensors count once.
+    Quantized linears count their codes, scales and zero points (plus a fp32 static input scale);
+    every other parameter counts at 16 bits (4 for the untouched float32 reference); tied tensors count once.
     """
-    linear_ids = {id(m.weight): m for _, m in decoder_linears(model)} if not spec.is_identity else {}
+    costs: dict[int, float] = {}
+    for _, (module, sub) in resolve_linears(model, spec).items():
+        static = 4.0 if sub.activations in ("int8-tensor", "fp8-tensor") else 0.0
+        costs[id(module.weight)] = weight_storage_bytes(tuple(module.weight.shape), sub) + static
+    for _, module in _ends(model, spec):
+        costs[id(module.weight)] = weight_storage_bytes(tuple(module.weight.shape), _rtn_variant(spec))
     other = 4.0 if spec.is_identity else 2.0
     seen: set[int] = set()
     total = 0.0
@@ -56,32 +114,100 @@ def model_weight_bytes(model: torch.nn.Module, spec: WeightSpec) -> int:
         if id(param) in seen:
             continue
         seen.add(id(param))
-        module = linear_ids.get(id(param))
-        total += weight_storage_bytes(tuple(param.shape), spec) if module is not None else param.numel() * other
+        total += costs.get(id(param), param.numel() * other)
     return int(round(total))
 
 
+def _untie_if_needed(model: torch.nn.Module, spec: WeightSpec, notes: list[str]) -> None:
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is not None and head.weight is emb.weight and spec.quantize_embeddings != spec.quantize_lm_head:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+        notes.append("tied embeddings were untied so that only one of embeddings / lm_head is quantized; both are counted")
+
+
 @torch.no_grad()
-def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec) -> QuantizedWeights:
-    """Return a quantized copy of ``model`` (the identity spec returns the model itself)."""
-    if spec.is_identity:
-        return QuantizedWeights(spec, model, model_weight_bytes(model, spec), lossless=True)
+def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[str]) -> None:
+    tokens = calibration.tokens
+    layers = decoder_layers(model)
+    by_method = {m: {n: s for n, (_, s) in targets.items() if s.method == m} for m in ("smoothquant", "awq", "gptq")}
+    if by_method["smoothquant"]:
+        smooth_model(model, layers, tokens, {n: s.alpha for n, s in by_method["smoothquant"].items()}, architecture_of(model))
+    if by_method["awq"]:
+        arch = architecture_of(model)
+        calls = capture_layer_inputs(model, tokens, all_layers=True)
+        found: set[str] = set()
+        for index, (name, layer) in enumerate(layers):
+            awq_layer(layer, name, calls.hidden[index], calls.kwargs[index], by_method["awq"], arch, found)
+        notes.extend(sorted(found))
+        del calls
+    for name, (module, sub) in targets.items():
+        if sub.method != "gptq":
+            module.weight.data = quantize_weight(module.weight.data, sub)
+    if by_method["gptq"]:
+        gptq_layers(model, layers, capture_layer_inputs(model, tokens, all_layers=False), by_method["gptq"])
+
+
+def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict[str, ActivationQuant]:
+    plan = {}
+    static = {n: m for n, (m, s) in targets.items() if s.activations in STATIC_ACTIVATIONS}
+    amax = observe_model(model, calibration.tokens, static) if static and calibration is not None else {}
+    for name, (_, sub) in targets.items():
+        if sub.activations == "none":
+            continue
+        kind = "llm-int8" if sub.method == "llm-int8" else sub.activations
+        value = float(amax[name].abs_max.max()) if name in amax else None
+        plan[name] = ActivationQuant(kind=kind, amax=value, threshold=sub.threshold)
+    return plan
+
+
+@torch.no_grad()
+def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None) -> QuantizedWeights:
+    """Quantize a deep copy of ``model`` (no cache); see the module docstring for the steps."""
+    notes: list[str] = []
     quantized = copy.deepcopy(model)
-    linears = decoder_linears(quantized)
-    unchanged = True
-    for _, module in linears:
-        new = quantize_weight(module.weight.data, spec)
-        unchanged = unchanged and torch.equal(new, module.weight.data)
-        module.weight.data.copy_(new)
-        if spec.activations == "fp8-token":
-            module.register_forward_pre_hook(_fp8_token_activations)
-    notes = []
-    ragged = ragged_group_note([tuple(m.weight.shape) for _, m in linears], spec)
+    _untie_if_needed(quantized, spec, notes)
+    targets = resolve_linears(quantized, spec)
+    if any(s.needs_calibration for _, s in targets.values()) and calibration is None:
+        raise ConfigError(f"{spec.label} needs calibration data; pass --calib prose (or code, math, a file)")
+    originals = {n: m.weight.detach().clone() for n, (m, _) in targets.items()}
+    if calibration is not None and any(s.method in ("smoothquant", "awq", "gptq") for _, s in targets.values()):
+        _calibrated_steps(quantized, targets, calibration, notes)
+    else:
+        for _, (module, sub) in targets.items():
+            module.weight.data = quantize_weight(module.weight.data, sub)
+    for _, module in _ends(quantized, spec):
+        module.weight.data = quantize_weight(module.weight.data, _rtn_variant(spec))
+    if _ends(quantized, spec):
+        notes.append("embeddings / lm_head quantized with round-to-nearest in the same format; their inputs stay at 16 bits")
+    unchanged = all(torch.equal(originals[n], m.weight.data) for n, (m, _) in targets.items())
+    plan = _activation_plan(quantized, targets, calibration)
+    attach_activation_quantizers(quantized, plan)
+    ragged = ragged_group_note([tuple(m.weight.shape) for m, s in targets.values() if s.format == "int"], spec)
     if ragged:
         notes.append(ragged)
-    if unchanged and spec.activations == "none":
+    if any(s.method == "llm-int8" for _, s in targets.values()):
+        notes.append("llm-int8: outlier columns' activations stay at 16 bits; their weights come from the int8 rows, as bitsandbytes' inference path reconstructs them")
+    if unchanged and targets and not plan:
         notes.append(
             f"{spec.label} is lossless on this model: every linear weight already lies on its grid "
             "(the checkpoint was dequantized from this format), so its KLD is 0 by construction"
         )
-    return QuantizedWeights(spec, quantized, model_weight_bytes(quantized, spec), lossless=unchanged, notes=notes)
+    return QuantizedWeights(spec, quantized, model_weight_bytes(quantized, spec), lossless=unchanged, notes=notes,
+                            activations=plan, calibration=calibration.key if calibration is not None and spec.needs_calibration else None)
+
+
+@torch.no_grad()
+def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
+                           *, model_key: str | None = None) -> QuantizedWeights:
+    """Return a quantized copy of ``model`` (the identity spec returns the model itself).
+
+    With ``model_key`` (the model's fingerprint), configs that read calibration data are cached on
+    disk by (model, spec, calibration) and reloaded bit-identically (:mod:`wkvlab.weights.cache`).
+    """
+    if spec.is_identity:
+        return QuantizedWeights(spec, model, model_weight_bytes(model, spec), lossless=True)
+    if model_key is None or not spec.needs_calibration or calibration is None:
+        return build_quantized(model, spec, calibration)
+    from wkvlab.weights.cache import cached_quantize
+
+    return cached_quantize(model, spec, calibration, model_key, build_quantized)

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import torch
 
-from wkvlab.formats import fake_quant_affine, fake_quant_fp8, fp8_absmax_scale
+from wkvlab.formats import fake_quant_affine, fake_quant_fp4, fake_quant_fp8, fp4_bytes, fp8_absmax_scale
 from wkvlab.weights.spec import WeightSpec
 
 
 def _affine_rows(w: torch.Tensor, spec: WeightSpec, group: int | None) -> torch.Tensor:
     return fake_quant_affine(w, spec.bits, group_size=group, symmetric=spec.symmetric, zero_point=spec.zero_point)
+
+
+def group_spans(columns: int, group: int | None) -> list[tuple[int, int]]:
+    """Column ranges sharing a scale: every ``group`` columns, the last one possibly shorter."""
+    step = columns if group is None or group >= columns else group
+    return [(start, min(start + step, columns)) for start in range(0, columns, step)]
 
 
 def quantize_weight(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
@@ -25,8 +31,12 @@ def quantize_weight(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
         dtype = torch.bfloat16 if spec.format == "bf16" else torch.float16
         return w.to(dtype).to(w.dtype)
     if spec.format == "fp8_e4m3":
-        scale = fp8_absmax_scale(w.float(), "e4m3", dim=1)  # per output channel
+        scale = fp8_absmax_scale(w.float(), "e4m3", dim=None if spec.per_tensor else 1)  # per tensor or output channel
         return fake_quant_fp8(w.float(), "e4m3", scale).to(w.dtype)
+    if spec.format in ("nvfp4", "mxfp4"):
+        return fake_quant_fp4(w.float(), spec.format).to(w.dtype)  # type: ignore[arg-type]
+    if spec.per_tensor:
+        return fake_quant_affine(w.float(), spec.bits, symmetric=spec.symmetric, zero_point=spec.zero_point, per_tensor=True).to(w.dtype)
     columns = w.shape[1]
     group = spec.group_size
     if group is None or group >= columns or columns % group == 0:
@@ -46,18 +56,27 @@ def weight_storage_bytes(shape: tuple[int, int], spec: WeightSpec) -> float:
     if spec.method == "cast":
         return rows * columns * 2.0
     if spec.format == "fp8_e4m3":
-        return rows * columns * 1.0 + rows * 4.0  # fp32 per-channel scales, as compressed-tensors stores them
+        # fp32 scales per channel (or one per tensor), as compressed-tensors stores FP8 checkpoints
+        return rows * columns * 1.0 + (1 if spec.per_tensor else rows) * 4.0
+    if spec.format in ("nvfp4", "mxfp4"):
+        return float(fp4_bytes(rows, columns, spec.format))  # type: ignore[arg-type]
+    if spec.method == "llm-int8":
+        return rows * columns + rows * 4.0  # bitsandbytes keeps one fp32 absmax (SCB) per row
+    if spec.per_tensor:
+        return rows * columns * spec.bits / 8 + 2.0 + (0.0 if spec.symmetric else (2.0 if spec.zero_point == "float" else 1.0))
+    # GPTQ checkpoints store g_idx, one int32 per input column, with or without act-order.
+    g_idx = columns * 4.0 if spec.method == "gptq" else 0.0
     group = spec.group_size or columns
     groups_per_row = -(-columns // group)
     per_group = 2.0  # fp16 scale
     if not spec.symmetric:
         per_group += 2.0 if spec.zero_point == "float" else spec.bits / 8
-    return rows * columns * spec.bits / 8 + rows * groups_per_row * per_group
+    return rows * columns * spec.bits / 8 + rows * groups_per_row * per_group + g_idx
 
 
 def ragged_group_note(shapes: list[tuple[int, int]], spec: WeightSpec) -> str | None:
     """A one-line note when some layers' columns are not a multiple of the group size."""
-    if spec.group_size is None:
+    if spec.group_size is None or spec.format != "int":
         return None
     ragged = sorted({cols for _, cols in shapes if cols % spec.group_size})
     if not ragged:

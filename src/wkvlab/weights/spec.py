@@ -1,30 +1,33 @@
-"""The weight configuration as data, with the short string form the CLI accepts.
+"""The weight (and activation) configuration as data.
 
-String forms (case-insensitive):
-
-* ``none`` / ``fp32`` — the reference weights untouched (identity).
-* ``bf16`` / ``fp16`` — linear weights rounded to 16 bits (what an engine serves unquantized).
-* ``int<b>[-g<G>][-sym|-asym][-fmin]`` — round-to-nearest integer weights, ``b`` in 2..8, groups
-  of ``G`` input columns (default: one group per output row, i.e. per channel). Defaults: 8-bit is
-  symmetric, fewer bits asymmetric with an integer zero point (AWQ/GPTQ checkpoints); ``-fmin``
-  stores a float minimum instead of an integer zero point (llama.cpp Q4_1 style).
-  ``int8`` = per-channel symmetric INT8; ``int4-g128`` = W4A16 with group 128.
-* ``fp8`` — FP8 E4M3 W8A8: per-channel weight scales, dynamic per-token activation scales.
-  ``fp8-wo`` — the same weights executed weight-only (activations stay at model precision).
-
-Only the linear layers inside decoder blocks are quantized; embeddings and ``lm_head`` stay at
-16 bits, as engines do.
+A :class:`WeightSpec` says *which method* produces the weights (``rtn``, ``gptq``, ``awq``,
+``smoothquant``, ``llm-int8``), *which format* stores them (integer affine, FP8 E4M3, NVFP4,
+MXFP4, a 16-bit cast), *how activations run* at inference (not quantized, INT8 or FP8 per token,
+a static per-tensor scale, FP4 blocks), *which layers stay at 16 bits* (embeddings and lm_head by
+default, as engines do; layer indices, first/last N layers, a module-name regex) and *per-layer
+overrides* (a module-name regex → another config, e.g. NVIDIA's NVFP4 checkpoints run attention
+in FP8). It is frozen, compares by value and round-trips through JSON and YAML
+(:meth:`to_dict`/:meth:`from_dict`, :meth:`from_file`). The short string form the CLI accepts is
+parsed in :mod:`wkvlab.weights.parse` (``WeightSpec.parse``).
 """
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 
 from wkvlab.errors import ConfigError
 
-METHODS = ("none", "cast", "rtn")
-FORMATS = ("fp32", "bf16", "fp16", "int", "fp8_e4m3")
-ACTIVATIONS = ("none", "fp8-token")
+METHODS = ("none", "cast", "rtn", "gptq", "awq", "smoothquant", "llm-int8")
+FORMATS = ("fp32", "bf16", "fp16", "int", "fp8_e4m3", "nvfp4", "mxfp4")
+# Activation quantization at inference. "-token" scales are dynamic per token (vLLM's W8A8 INT8
+# and FP8 paths); "-tensor" scales are static per tensor, calibrated (absmax over calibration
+# data, as llm-compressor's static observers and TensorRT-LLM's SmoothQuant "per-tensor" mode);
+# nvfp4/mxfp4 quantize activations in the same blocks as the weights.
+ACTIVATIONS = ("none", "int8-token", "int8-tensor", "fp8-token", "fp8-tensor", "nvfp4", "mxfp4")
+STATIC_ACTIVATIONS = ("int8-tensor", "fp8-tensor", "nvfp4")  # need calibration data for their scale
+CALIBRATED_METHODS = ("gptq", "awq", "smoothquant")
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,31 @@ class WeightSpec:
     zero_point: str = "int"  # "int" (engine checkpoints) or "float" (llama.cpp q4_1 style minimum)
     activations: str = "none"
     label: str = "none"
+    per_tensor: bool = False  # one weight scale per matrix (int / fp8) instead of per channel/group
+    # Layers left at 16 bits.
+    quantize_embeddings: bool = False
+    quantize_lm_head: bool = False
+    skip_layers: tuple[int, ...] = ()
+    skip_first: int = 0
+    skip_last: int = 0
+    skip_regex: str | None = None
+    # (module-name regex, weight config string): the first match decides; "none" keeps it at 16 bits.
+    overrides: tuple[tuple[str, str], ...] = ()
+    # Method parameters (ignored by methods that do not use them).
+    damp: float = 0.01  # GPTQ: dampening, fraction of mean(diag H) (IST-DASLab/gptq percdamp)
+    block_size: int = 128  # GPTQ: columns per lazy-update block (IST-DASLab/gptq blocksize)
+    act_order: bool = False  # GPTQ: columns in order of decreasing Hessian diagonal (desc_act)
+    alpha: float = 0.5  # SmoothQuant migration strength (Xiao et al. 2023; 0.5 for most models)
+    grid: int = 20  # AWQ: scale-search grid points (AutoAWQ n_grid)
+    clip: bool = True  # AWQ: weight clipping search (AutoAWQ apply_clip)
+    threshold: float = 6.0  # LLM.int8(): outlier magnitude (Dettmers et al. 2022; bitsandbytes default)
 
     def __post_init__(self) -> None:
+        for name in ("skip_layers", "overrides"):
+            value = getattr(self, name)
+            if isinstance(value, list):  # JSON/YAML give lists; keep the dataclass hashable
+                value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+                object.__setattr__(self, name, value)
         if self.method not in METHODS:
             raise ConfigError(f"unknown weight method {self.method!r}; use one of {', '.join(METHODS)}")
         if self.format not in FORMATS:
@@ -51,13 +77,53 @@ class WeightSpec:
             raise ConfigError(f"unknown activation quantization {self.activations!r}; use one of {', '.join(ACTIVATIONS)}")
         if self.zero_point not in ("int", "float"):
             raise ConfigError(f"zero_point must be 'int' or 'float', got {self.zero_point!r}")
+        self._check_method()
+        if any(i < 0 for i in self.skip_layers) or self.skip_first < 0 or self.skip_last < 0:
+            raise ConfigError("layer indices and counts to skip must be >= 0; layers count from 0")
+        for pattern in [self.skip_regex or ""] + [p for p, _ in self.overrides]:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"bad module-name regex {pattern!r} ({exc}); escape special characters") from None
+        for _, text in self.overrides:
+            if ";" in text:
+                raise ConfigError(f"override config {text!r} cannot carry options; give a plain config such as fp8 or int8")
+
+    def _check_method(self) -> None:
+        if self.method in ("gptq", "awq") and self.format != "int":
+            raise ConfigError(f"{self.method} produces integer weights; use e.g. {self.method}-int4-g128")
+        if self.method in ("smoothquant", "llm-int8") and (self.format, self.bits) != ("int", 8):
+            raise ConfigError(f"{self.method} is INT8 W8A8; use the preset w8a8-int8 or llm-int8")
+        if self.format in ("nvfp4", "mxfp4") and self.group_size not in (None, 16 if self.format == "nvfp4" else 32):
+            raise ConfigError(f"{self.format} has a fixed block size; drop the group size")
+        if self.activations in ("nvfp4", "mxfp4") and self.activations != self.format:
+            raise ConfigError(f"{self.activations} activations go with {self.activations} weights; use the preset {self.activations}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"SmoothQuant alpha must be in [0, 1], got {self.alpha}")
+        if not 0.0 <= self.damp < 1.0 or self.block_size < 1 or self.grid < 1 or self.threshold <= 0:
+            raise ConfigError("GPTQ damp must be in [0, 1), block size and AWQ grid positive, LLM.int8() threshold positive")
 
     @property
     def is_identity(self) -> bool:
-        return self.method == "none"
+        return self.method == "none" and not self.overrides
+
+    @property
+    def needs_calibration(self) -> bool:
+        """True when building these weights reads calibration text (the method or a static scale)."""
+        if self.method in CALIBRATED_METHODS or self.activations in STATIC_ACTIVATIONS:
+            return True
+        return any(self.override_spec(text).needs_calibration for _, text in self.overrides)
+
+    def override_spec(self, text: str) -> "WeightSpec":
+        from wkvlab.weights.parse import parse_weight_spec
+
+        return parse_weight_spec(text)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["skip_layers"] = list(self.skip_layers)
+        data["overrides"] = [list(pair) for pair in self.overrides]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "WeightSpec":
@@ -68,30 +134,36 @@ class WeightSpec:
         return cls(**data)
 
     @classmethod
+    def from_file(cls, path: str | Path) -> "WeightSpec":
+        """Read a spec from a .json or .yaml/.yml file holding the fields of :meth:`to_dict`."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"weight spec file not found: {path}")
+        text = path.read_text(encoding="utf-8")
+        try:
+            if path.suffix.lower() == ".json":
+                data = json.loads(text)
+            else:
+                import yaml
+
+                data = yaml.safe_load(text)
+        except Exception as exc:  # json and yaml raise different types; both mean "not readable"
+            raise ConfigError(f"{path} is not valid {path.suffix[1:].upper()} ({type(exc).__name__}); write the fields of WeightSpec.to_dict()") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a mapping of WeightSpec fields")
+        data.setdefault("label", path.stem)
+        return cls.from_dict(data)
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def with_label(self, label: str) -> "WeightSpec":
+        return replace(self, label=label)
+
+    @classmethod
     def parse(cls, text: str) -> "WeightSpec":
-        key = text.strip().lower()
-        if key in ("none", "fp32", "ref", "reference"):
-            return cls(label="none")
-        if key in ("bf16", "fp16"):
-            return cls(method="cast", format=key, bits=16, label=key)
-        if key in ("fp8", "fp8-wo"):
-            return cls(method="rtn", format="fp8_e4m3", bits=8, activations="none" if key == "fp8-wo" else "fp8-token", label=key)
-        match = re.fullmatch(r"int([2-8])(?:-g(\d+))?((?:-(?:sym|asym|fmin))*)", key)
-        if not match:
-            raise ConfigError(
-                f"unknown weight config {text!r}; use none, bf16, fp16, int8, int4-g128, int<b>[-g<G>][-sym|-asym][-fmin], fp8 or fp8-wo"
-            )
-        bits = int(match.group(1))
-        group = int(match.group(2)) if match.group(2) else None
-        if group is not None and group < 1:
-            raise ConfigError(f"group size must be positive in {text!r}")
-        flags = set(filter(None, match.group(3).split("-")))
-        if {"sym", "asym"} <= flags:
-            raise ConfigError(f"{text!r} asks for both -sym and -asym; pick one")
-        symmetric = "sym" in flags or (bits == 8 and "asym" not in flags and "fmin" not in flags)
-        if "fmin" in flags and symmetric:
-            raise ConfigError(f"{text!r}: -fmin (float minimum) only applies to asymmetric weights")
-        return cls(
-            method="rtn", format="int", bits=bits, group_size=group, symmetric=symmetric,
-            zero_point="float" if "fmin" in flags else "int", label=key,
-        )
+        from wkvlab.weights.parse import parse_weight_spec
+
+        return parse_weight_spec(text)

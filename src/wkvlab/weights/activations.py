@@ -1,0 +1,88 @@
+"""Activation quantization at a linear layer's input: pure functions plus the hooks that apply them.
+
+Engines quantize the *input* of a W8A8/W4A4 GEMM just before the matmul, so a forward pre-hook on
+each quantized linear of the model copy is a faithful simulation. Scales:
+
+* ``int8-token`` / ``fp8-token`` — dynamic, one per token (absmax over the input features), as
+  vLLM's W8A8 INT8 (``scaled_int8_quant``) and FP8 (``scaled_fp8_quant(..., use_per_token_if_dynamic)``) do.
+* ``int8-tensor`` / ``fp8-tensor`` — static, one per tensor, the calibration absmax mapped onto the
+  format's largest value (llm-compressor's static minmax observer; TensorRT-LLM's per-tensor mode).
+* ``nvfp4`` — blocks of 16 with an E4M3 scale each and a static fp32 global scale from the
+  calibration absmax (modelopt's ``input_scale``); ``mxfp4`` — blocks of 32, E8M0 scales, no
+  global scale.
+* ``llm-int8`` — LLM.int8()'s decomposition (Dettmers et al. 2022, bitsandbytes
+  ``MatMul8bitLt``): input columns where any token exceeds ``threshold`` in magnitude stay at 16
+  bits, the rest are INT8 per token. Outlier columns are chosen over the whole batch — in a
+  teacher-forced window, the window, as in a prefill.
+
+Each spec is a small frozen record so a quantized model can be cached and rebuilt exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+from wkvlab.formats import fake_quant_affine, fake_quant_fp4, fake_quant_fp8, fp8_absmax_scale, fp8_max, nvfp4_global_scale
+
+_INT8_MAX = 127.0
+
+
+@dataclass(frozen=True)
+class ActivationQuant:
+    """How one linear's input is quantized; ``amax`` is the calibrated absmax of static kinds."""
+
+    kind: str
+    amax: float | None = None
+    threshold: float = 6.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _int8_static(x: Tensor, amax: float) -> Tensor:
+    scale = amax / _INT8_MAX if amax > 0 else 1.0
+    return (torch.round(x / scale).clamp_(-128, 127) * scale).to(x.dtype)
+
+
+def _llm_int8(x: Tensor, threshold: float) -> Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    outliers = flat.abs().amax(dim=0) > threshold  # bitsandbytes: any row of the batch above threshold
+    inliers = torch.where(outliers, torch.zeros_like(x), x)
+    quantized = fake_quant_affine(inliers, 8, symmetric=True)  # per token over the inlier columns
+    return torch.where(outliers, x, quantized)
+
+
+def fake_quant_activation(x: Tensor, quant: ActivationQuant) -> Tensor:
+    """The input a quantized GEMM sees for ``x`` (``[..., features]``); same shape and dtype."""
+    kind = quant.kind
+    if kind == "int8-token":
+        return fake_quant_affine(x, 8, symmetric=True)
+    if kind == "fp8-token":
+        return fake_quant_fp8(x, "e4m3", fp8_absmax_scale(x, "e4m3", dim=-1))
+    if kind == "fp8-tensor":
+        amax = quant.amax or 0.0
+        return fake_quant_fp8(x, "e4m3", amax / fp8_max("e4m3") if amax > 0 else 1.0)
+    if kind == "int8-tensor":
+        return _int8_static(x, quant.amax or 0.0)
+    if kind == "nvfp4":
+        return fake_quant_fp4(x, "nvfp4", nvfp4_global_scale(quant.amax or 0.0))
+    if kind == "mxfp4":
+        return fake_quant_fp4(x, "mxfp4")
+    if kind == "llm-int8":
+        return _llm_int8(x, quant.threshold)
+    raise ValueError(f"unknown activation quantization {kind!r}")  # specs are validated before this
+
+
+def attach_activation_quantizers(model: torch.nn.Module, plan: dict[str, ActivationQuant]) -> list:
+    """Register a forward pre-hook per planned linear; returns the handles (removed with ``.remove()``)."""
+    modules = dict(model.named_modules())
+    handles = []
+    for name, quant in plan.items():
+        def hook(_module, args, quant=quant):
+            (x, *rest) = args
+            return (fake_quant_activation(x, quant), *rest)
+
+        handles.append(modules[name].register_forward_pre_hook(hook))
+    return handles

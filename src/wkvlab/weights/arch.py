@@ -1,0 +1,100 @@
+"""Architecture knowledge as data: which op feeds which linears, and how to move a scale across.
+
+AWQ and SmoothQuant divide a linear's input channels by a per-channel factor ``s`` and multiply
+the linear's weight columns by ``s``; the division is folded into the op that *produces* that
+input (a norm's weight, or the rows of a preceding linear), so the unquantized model computes the
+same function. A :class:`Balance` names the producing op, the linears it feeds (regexes relative
+to a decoder layer, as llm-compressor's AWQ/SmoothQuant mappings do) and the module whose output
+AWQ's search compares. Gemma's RMSNorm multiplies by ``1 + weight`` (HF ``Gemma3RMSNorm``), so
+its fold differs: ``norm_offset`` says which.
+
+GQA: ``v_proj → o_proj`` can only carry a scale when both have the same width; with grouped
+KV heads they do not, and the pair is skipped, as AutoAWQ does (``v_proj.weight.shape ==
+o_proj.weight.shape``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from wkvlab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Balance:
+    prev: str  # regex: the op whose output is the linears' input
+    linears: str  # regex: the linears it feeds
+    inspect: str  # the module whose output AWQ's scale search compares
+    smooth: bool  # SmoothQuant uses it (its reference code smooths the norm → linear pairs only)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    model_types: tuple[str, ...]
+    balances: tuple[Balance, ...]
+    norm_offset: float  # RMSNorm output is x̂ · (norm_offset + weight)
+
+
+_ATTN = Balance(r"input_layernorm", r"self_attn\.[qkv]_proj", "self_attn", True)
+_VO = Balance(r"self_attn\.v_proj", r"self_attn\.o_proj", "self_attn.o_proj", False)
+_UPDOWN = Balance(r"mlp\.up_proj", r"mlp\.down_proj", "mlp.down_proj", False)
+ARCHITECTURES: tuple[Architecture, ...] = (
+    Architecture("llama", ("llama", "mistral", "qwen2", "qwen3"),
+                 (_ATTN, _VO, Balance(r"post_attention_layernorm", r"mlp\.(gate|up)_proj", "mlp", True), _UPDOWN), 0.0),
+    # Gemma 3: post_attention_layernorm normalizes the attention *output*; the MLP's input comes
+    # from pre_feedforward_layernorm.
+    Architecture("gemma3", ("gemma3_text", "gemma3"),
+                 (_ATTN, _VO, Balance(r"pre_feedforward_layernorm", r"mlp\.(gate|up)_proj", "mlp", True), _UPDOWN), 1.0),
+)
+
+LAYER_LIST = re.compile(r"(^|\.)layers$")
+
+
+def architecture_of(model: torch.nn.Module) -> Architecture:
+    model_type = getattr(model.config, "model_type", "")
+    for arch in ARCHITECTURES:
+        if model_type in arch.model_types:
+            return arch
+    known = ", ".join(t for a in ARCHITECTURES for t in a.model_types)
+    raise ConfigError(f"AWQ and SmoothQuant need an architecture mapping and {model_type!r} has none (known: {known}); use RTN or GPTQ")
+
+
+def decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The decoder blocks in order, with their module names (``model.layers.0`` ...)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and LAYER_LIST.search(name):
+            return [(f"{name}.{i}", layer) for i, layer in enumerate(module)]
+    raise ConfigError("found no decoder layers (a ModuleList named 'layers'); this model layout is not supported")
+
+
+def resolve(layer: torch.nn.Module, balance: Balance) -> tuple[str, torch.nn.Module, list[tuple[str, torch.nn.Linear]]] | None:
+    """The producing op and the linears of ``balance`` inside ``layer``; None when it does not apply."""
+    modules = dict(layer.named_modules())
+    prev = [(n, m) for n, m in modules.items() if re.fullmatch(balance.prev, n)]
+    linears = [(n, m) for n, m in modules.items() if isinstance(m, torch.nn.Linear) and re.fullmatch(balance.linears, n)]
+    if len(prev) != 1 or not linears:
+        return None
+    width = prev[0][1].weight.shape[0]
+    if any(m.in_features != width for _, m in linears):
+        return None  # GQA v_proj → o_proj: no shared channel axis
+    return prev[0][0], prev[0][1], linears
+
+
+@torch.no_grad()
+def fold_scales(prev: torch.nn.Module, linears: list[torch.nn.Linear], scales: torch.Tensor, norm_offset: float) -> None:
+    """Divide ``prev``'s output channels by ``scales`` and multiply the linears' columns by them (in place)."""
+    s = scales.to(torch.float32)
+    if isinstance(prev, torch.nn.Linear):
+        prev.weight.data = (prev.weight.data.float() / s[:, None]).to(prev.weight.dtype)
+        if prev.bias is not None:
+            prev.bias.data = (prev.bias.data.float() / s).to(prev.bias.dtype)
+    else:
+        w = prev.weight.data.float()
+        prev.weight.data = ((norm_offset + w) / s - norm_offset).to(prev.weight.dtype)
+        if getattr(prev, "bias", None) is not None:
+            prev.bias.data = (prev.bias.data.float() / s).to(prev.bias.dtype)
+    for linear in linears:
+        linear.weight.data = (linear.weight.data.float() * s[None, :]).to(linear.weight.dtype)

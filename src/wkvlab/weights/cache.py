@@ -1,0 +1,94 @@
+"""On-disk cache of calibrated quantized models, keyed by (model, spec, calibration).
+
+GPTQ, AWQ and SmoothQuant take minutes on a CPU; a sweep that evaluates the same weights on
+other text, contexts or KV configs must not redo them. The key hashes the model's fingerprint,
+the full spec (:meth:`WeightSpec.to_dict`), the calibration tokens' key and a format version.
+Only tensors that differ from the reference model are stored (safetensors, exact float32 bytes),
+plus a JSON file with the activation plan, notes and byte count; reloading copies the reference,
+writes those tensors back and re-attaches the activation hooks, so the result is bit-identical
+(tested). Files are written to a temporary folder and renamed, so a half-written entry is never read.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from wkvlab.models.loading import cache_dir
+from wkvlab.weights.activations import ActivationQuant, attach_activation_quantizers
+from wkvlab.weights.calibration import CalibrationSet
+from wkvlab.weights.spec import WeightSpec
+
+CACHE_VERSION = 1
+
+
+def cache_key(model_key: str, spec: WeightSpec, calibration: CalibrationSet) -> str:
+    payload = {"version": CACHE_VERSION, "model": model_key, "spec": {**spec.to_dict(), "label": None}, "calibration": calibration.key}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def entry_dir(key: str) -> Path:
+    return cache_dir() / "quantized" / key[:24]
+
+
+def _changed_tensors(reference: torch.nn.Module, quantized: torch.nn.Module) -> dict[str, torch.Tensor]:
+    ref = reference.state_dict()
+    return {k: v.detach().contiguous() for k, v in quantized.state_dict().items() if k not in ref or not torch.equal(ref[k], v)}
+
+
+def save_entry(target: Path, reference: torch.nn.Module, built) -> None:
+    from safetensors.torch import save_file
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        emb, head = built.model.get_input_embeddings(), built.model.get_output_embeddings()
+        save_file(_changed_tensors(reference, built.model), str(tmp / "tensors.safetensors"))
+        meta = {"weight_bytes": built.weight_bytes, "lossless": built.lossless, "notes": built.notes,
+                "activations": {k: v.to_dict() for k, v in built.activations.items()}, "calibration": built.calibration,
+                "untied": head is not None and head.weight is not emb.weight and reference.get_output_embeddings().weight is reference.get_input_embeddings().weight}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        if target.exists():
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_entry(target: Path, reference: torch.nn.Module, spec: WeightSpec):
+    from safetensors.torch import load_file
+
+    from wkvlab.weights.apply import QuantizedWeights
+
+    meta = json.loads((target / "meta.json").read_text())
+    tensors = load_file(str(target / "tensors.safetensors"))
+    model = copy.deepcopy(reference)
+    if meta["untied"]:
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in tensors.items():
+            state[name].copy_(value)
+    plan = {k: ActivationQuant(**v) for k, v in meta["activations"].items()}
+    attach_activation_quantizers(model, plan)
+    return QuantizedWeights(spec, model, meta["weight_bytes"], meta["lossless"], list(meta["notes"]), plan, meta["calibration"], cached=True)
+
+
+def cached_quantize(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet, model_key: str, build: Callable):
+    """Load the entry for (model, spec, calibration) or build it and store it."""
+    target = entry_dir(cache_key(model_key, spec, calibration))
+    if (target / "meta.json").is_file():
+        return load_entry(target, model, spec)
+    built = build(model, spec, calibration)
+    save_entry(target, model, built)
+    return built
