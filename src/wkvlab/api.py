@@ -16,6 +16,7 @@ from wkvlab.eval.result import EvalResult
 from wkvlab.eval.runner import Progress, check_kv_specs, grid_steps, run_grid
 from wkvlab.kv.spec import KVSpec
 from wkvlab.models.loading import LoadedModel, load_model
+from wkvlab.weights.calibration import CalibrationSet, CalibrationSpec, calibration_corpus, calibration_set
 from wkvlab.weights.spec import WeightSpec
 
 
@@ -63,7 +64,22 @@ def parse_kv(values: Iterable[str]) -> list[KVSpec]:
     return specs
 
 
-def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], progress: Progress | None = None) -> list[EvalResult]:
+def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: CalibrationSpec | None = None) -> CalibrationSet | None:
+    """Calibration tokens for the weight configs that need them (None when none does).
+
+    Samples come from the end of the calibration text; when it is the evaluation text, the tokens
+    evaluation uses at its start are reserved, so the two never overlap.
+    """
+    if not any(w.needs_calibration for w in weights):
+        return None
+    spec = calibration or CalibrationSpec()
+    corpus = calibration_corpus(spec.data)
+    reserved = work.windows.n_windows * work.windows.ctx if corpus.sha256 == work.corpus.sha256 else 0
+    return calibration_set(spec, work.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved)
+
+
+def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], progress: Progress | None = None,
+                      calibration: CalibrationSpec | None = None) -> list[EvalResult]:
     return run_grid(
         work.loaded.model,
         work.windows,
@@ -73,6 +89,7 @@ def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec
         data_name=work.corpus.name,
         fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
         progress=progress,
+        calibration=prepare_calibration(work, weights, calibration),
     )
 
 
@@ -87,11 +104,16 @@ def evaluate(
     score: str = "all",
     stride: int | None = None,
     progress: Progress | None = None,
+    calibration: CalibrationSpec | None = None,
 ) -> list[EvalResult]:
-    """Evaluate every weights × KV combination against the unquantized reference."""
+    """Evaluate every weights × KV combination against the unquantized reference.
+
+    ``calibration`` (default: 16 × 512 tokens of prose) is used by GPTQ, AWQ, SmoothQuant and
+    static activation scales only.
+    """
     weight_specs, kv_specs = parse_weights(weights), parse_kv(kv)
     work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride)
-    return evaluate_workload(work, weight_specs, kv_specs, progress)
+    return evaluate_workload(work, weight_specs, kv_specs, progress, calibration)
 
 
-__all__ = ["Workload", "prepare", "parse_weights", "parse_kv", "evaluate", "evaluate_workload", "grid_steps", "check_kv_specs"]
+__all__ = ["Workload", "prepare", "prepare_calibration", "CalibrationSpec", "parse_weights", "parse_kv", "evaluate", "evaluate_workload", "grid_steps", "check_kv_specs"]

@@ -13,6 +13,7 @@ from wkvlab.errors import WkvlabError
 from wkvlab.io import write_json_atomic
 from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
+from wkvlab.weights.parse import split_weight_list
 
 app = typer.Typer(
     add_completion=False,
@@ -37,14 +38,15 @@ def _split_kv(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
     return out or list(default)
 
 
-def _run_and_print(model: str, data: str, ctx: int, tokens: int, weights: list[str], kv: list[str], score: str, title: str):
+def _run_and_print(model: str, data: str, ctx: int, tokens: int, weights: list[str], kv: list[str], score: str, title: str,
+                   calibration: api.CalibrationSpec | None = None):
     weight_specs, kv_specs = api.parse_weights(weights), api.parse_kv(kv)
     with console.status(f"loading {model} and {data} text"):
         work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score)
     api.check_kv_specs(work.loaded.model, kv_specs)
     total = api.grid_steps(work.windows, len(weight_specs), len(kv_specs))
     with progress_bar(total, title) as advance:
-        results = api.evaluate_workload(work, weight_specs, kv_specs, advance)
+        results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration)
     console.print(results_table(results, describe_run(results)))
     for note in dict.fromkeys(n for r in results for n in r.notes):
         err_console.print(f"[yellow]note:[/] {note}")
@@ -57,13 +59,17 @@ def eval_command(
     data: Annotated[str, typer.Option(help="'default' (pydoc prose), 'code' (stdlib source), a .txt/.jsonl file, or hf:<dataset>")] = "default",
     ctx: Annotated[int, typer.Option(help="tokens per window (BOS included when the model wants one)")] = 1024,
     tokens: Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")] = 8192,
-    weights: Annotated[Optional[list[str]], typer.Option(help="weight config(s): none, bf16, int8, int4-g128, fp8, ... (repeat or comma-separate)")] = None,
+    weights: Annotated[Optional[list[str]], typer.Option(help="weight config(s): none, bf16, int8, int4-g128, gptq-int4-g128, awq-int4-g128, w8a8-int8, llm-int8, fp8, fp8-wo, nvfp4, nvfp4-mlp, mxfp4, options after ';' (repeat or comma-separate)")] = None,
     kv: Annotated[Optional[list[str]], typer.Option(help="KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ..., K/V pairs (q8_0/q4_0), presets (llamacpp:q4_0, vllm:fp8_e4m3, exl3:k4v4), options (+rot, +sinks=4, +residual=128, +skip=0,1, +q=q8_0), @spec.yaml")] = None,
     score: Annotated[str, typer.Option(help="'all' positions or 'second-half' of each window (llama.cpp)")] = "all",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON (a list when several configs run)")] = None,
+    calib: Annotated[str, typer.Option(help="calibration text for gptq/awq/w8a8-int8/static scales: prose, code, math, or a file (samples come from its end)")] = "prose",
+    calib_samples: Annotated[int, typer.Option(help="calibration samples")] = 16,
+    calib_len: Annotated[int, typer.Option(help="tokens per calibration sample")] = 512,
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
-    results = _run_and_print(model, data, ctx, tokens, _split(weights, ("none",)), _split_kv(kv, ("fp16",)), score, "eval")
+    calibration = api.CalibrationSpec(calib, calib_samples, calib_len)
+    results = _run_and_print(model, data, ctx, tokens, [w for v in (weights or ["none"]) for w in split_weight_list(v)], _split_kv(kv, ("fp16",)), score, "eval", calibration)
     if json_out is not None:
         payload = [r.to_dict() for r in results]
         write_json_atomic(json_out, payload[0] if len(payload) == 1 else payload)

@@ -22,6 +22,7 @@ from wkvlab.kv.hook import kv_quantization, model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.runtime import keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
+from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.spec import WeightSpec
 
 Progress = Callable[[str, int], None]  # (description of the step just done, steps advanced)
@@ -72,8 +73,13 @@ def run_grid(
     data_name: str,
     fingerprints: dict[str, str] | None = None,
     progress: Progress | None = None,
+    calibration: CalibrationSet | None = None,
 ) -> list[EvalResult]:
-    """Evaluate every weights × KV combination on the same windows; results in grid order."""
+    """Evaluate every weights × KV combination on the same windows; results in grid order.
+
+    ``calibration`` feeds the weight configs that need it (GPTQ, AWQ, SmoothQuant, static
+    activation scales); each is calibrated once here and shared by all its KV configs.
+    """
     tick = progress or (lambda _desc, _n: None)
     keep_freed_memory()
     shape = ModelShape.of(model)
@@ -82,7 +88,7 @@ def run_grid(
     build_seconds: list[float] = []
     for spec in weight_specs:
         start = time.perf_counter()
-        built.append(quantize_model_weights(model, spec))
+        built.append(quantize_model_weights(model, spec, calibration, model_key=(fingerprints or {}).get("model_sha256")))
         build_seconds.append(time.perf_counter() - start)
         tick(f"quantized weights {spec.label}", 1)
 
