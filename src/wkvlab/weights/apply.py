@@ -52,17 +52,16 @@ class QuantizedWeights:
 
 
 def _layer_spec(spec: WeightSpec, name: str, layer: int, n_layers: int) -> WeightSpec | None:
-    for pattern, text in spec.overrides:
-        if re.search(pattern, name):
-            sub = spec.override_spec(text)
-            return None if sub.method == "none" else sub
-    if spec.method == "none":
-        return None
+    """Skips first (a skipped layer stays at 16 bits whatever overrides say), then overrides."""
     if layer in spec.skip_layers or layer < spec.skip_first or layer >= n_layers - spec.skip_last:
         return None
     if spec.skip_regex and re.search(spec.skip_regex, name):
         return None
-    return spec
+    for pattern, text in spec.overrides:
+        if re.search(pattern, name):
+            sub = spec.override_spec(text)
+            return None if sub.method == "none" else sub
+    return None if spec.method == "none" else spec
 
 
 def resolve_linears(model: torch.nn.Module, spec: WeightSpec) -> dict[str, tuple[torch.nn.Linear, WeightSpec]]:
