@@ -64,13 +64,14 @@ def parse_kv(values: Iterable[str]) -> list[KVSpec]:
     return specs
 
 
-def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: CalibrationSpec | None = None) -> CalibrationSet | None:
-    """Calibration tokens for the weight configs that need them (None when none does).
+def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: CalibrationSpec | None = None,
+                        kv: Iterable[KVSpec] = ()) -> CalibrationSet | None:
+    """Calibration tokens for the weight and KV configs that need them (None when none does).
 
     Samples come from the end of the calibration text; when it is the evaluation text, the tokens
     evaluation uses at its start are reserved, so the two never overlap.
     """
-    if not any(w.needs_calibration for w in weights):
+    if not any(w.needs_calibration for w in weights) and not any(k.needs_calibration for k in kv):
         return None
     spec = calibration or CalibrationSpec()
     corpus = calibration_corpus(spec.data)
@@ -89,7 +90,7 @@ def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec
         data_name=work.corpus.name,
         fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
         progress=progress,
-        calibration=prepare_calibration(work, weights, calibration),
+        calibration=prepare_calibration(work, weights, calibration, kv),
     )
 
 

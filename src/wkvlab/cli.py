@@ -44,7 +44,7 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weights: list[s
     with console.status(f"loading {model} and {data} text"):
         work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score)
     api.check_kv_specs(work.loaded.model, kv_specs)
-    total = api.grid_steps(work.windows, len(weight_specs), len(kv_specs))
+    total = api.grid_steps(work.windows, len(weight_specs), len(kv_specs), any(k.needs_calibration for k in kv_specs))
     with progress_bar(total, title) as advance:
         results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration)
     console.print(results_table(results, describe_run(results)))

@@ -145,3 +145,55 @@ def test_kivi_preset_shape():
     assert (spec.k, spec.v, spec.residual) == ("int2-c32-asym", "int2-g32-asym", 128)
     with pytest.raises(Exception, match="multiple of the token group"):
         KVSpec.parse("int2-c32+residual=48")
+
+
+def _stats(model):
+    from wkvlab.kv.calibrate import collect_kv_stats
+
+    return collect_kv_stats(model, torch.randint(0, 128, (4, 32)))
+
+
+def test_smooth_attention_without_quantization_leaves_logits_unchanged(lossless_format):
+    for build in (tiny_llama, tiny_qwen3, tiny_gemma3):
+        model = build()
+        stats = _stats(model)
+        ids = torch.randint(0, 128, (1, 40))
+        ref = _logits(model, ids)
+        with kv_quantization(model, KVSpec.parse(lossless_format + "+smooth=0.5"), stats=stats):
+            torch.testing.assert_close(_logits(model, ids), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_smooth_attention_and_calibrated_fp8_need_stats_and_stream_exactly(tmp_path):
+    from wkvlab.errors import ConfigError
+    from wkvlab.kv.calibrate import KVStats
+    from wkvlab.kv.cache import stream_logits
+
+    model = tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=1, hidden_size=128)
+    stats = _stats(model)
+    stats.save(tmp_path / "s.safetensors")
+    again = KVStats.load(tmp_path / "s.safetensors")
+    assert all(torch.equal(getattr(stats, n), getattr(again, n)) for n in ("k_absmax", "v_absmax", "k_pair_absmax"))
+    ids = torch.randint(0, 128, (16,))
+    for text in ("qserve:kv4", "vllm:fp8_e4m3+scales=tensor", "fp8_e5m2+scales=head"):
+        spec = KVSpec.parse(text)
+        with pytest.raises(ConfigError, match="calibration"):
+            with kv_quantization(model, spec):
+                pass
+        with torch.no_grad(), kv_quantization(model, spec, stats=again):
+            forced = model(input_ids=ids[None], use_cache=False).logits[0]
+        torch.testing.assert_close(stream_logits(model, spec, ids, stats=again), forced, rtol=1e-4, atol=1e-4)
+
+
+def test_calibrated_fp8_scale_avoids_clipping():
+    model = tiny_llama()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.weight.mul_(2000)  # keys far beyond e4m3's 448: scale 1.0 clips them
+    stats = _stats(model)
+    ids = torch.randint(0, 128, (1, 24))
+    ref = _logits(model, ids)
+    with kv_quantization(model, KVSpec.parse("fp8_e4m3")):
+        static = (_logits(model, ids) - ref).abs().mean()
+    with kv_quantization(model, KVSpec.parse("fp8_e4m3+scales=tensor"), stats=stats):
+        calibrated = (_logits(model, ids) - ref).abs().mean()
+    assert calibrated < static / 2

@@ -8,6 +8,7 @@ once and shared by all its KV configs.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -18,7 +19,10 @@ import torch
 from wkvlab.data.windows import WindowSet
 from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, position_buckets
 from wkvlab.eval.result import EvalResult, TokenArrays
-from wkvlab.kv.hook import kv_quantization, model_head_dim, sliding_layers
+from wkvlab.errors import ConfigError
+from wkvlab.kv.calibrate import KVStats, cached_kv_stats
+from wkvlab.kv.hook import kv_quantization
+from wkvlab.kv.override import model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.runtime import keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
@@ -58,8 +62,8 @@ def check_kv_specs(model: torch.nn.Module, kv_specs: list[KVSpec]) -> None:
         kv.check_model(head_dim, model.config.num_hidden_layers)
 
 
-def grid_steps(windows: WindowSet, n_weights: int, n_kv: int) -> int:
-    return n_weights + windows.n_windows * (1 + n_weights * n_kv)
+def grid_steps(windows: WindowSet, n_weights: int, n_kv: int, kv_calibration: bool = False) -> int:
+    return n_weights * (2 if kv_calibration else 1) + windows.n_windows * (1 + n_weights * n_kv)
 
 
 @torch.no_grad()
@@ -92,6 +96,16 @@ def run_grid(
         build_seconds.append(time.perf_counter() - start)
         tick(f"quantized weights {spec.label}", 1)
 
+    kv_stats: list[KVStats | None] = [None] * len(built)
+    if any(kv.needs_calibration for kv in kv_specs):
+        if calibration is None:
+            raise ConfigError("a KV config needs calibration but no calibration text was prepared; pass calibration= (wkvlab eval does)")
+        for wi, qw in enumerate(built):
+            # K/V statistics under this weight config: quantized weights change the keys they produce
+            key = f"{(fingerprints or {}).get('model_sha256', model_name)}|{json.dumps(qw.spec.to_dict(), sort_keys=True)}|{calibration.key}"
+            kv_stats[wi] = cached_kv_stats(qw.model, calibration.tokens, key, {"calibration": calibration.spec.label})
+            tick(f"calibrated KV statistics under {qw.spec.label}", 1)
+
     cells = [(wi, kv) for wi in range(len(built)) for kv in kv_specs]
     parts: list[list[TokenMetrics]] = [[] for _ in cells]
     seconds = [0.0] * len(cells)
@@ -102,7 +116,7 @@ def run_grid(
         tick("reference", 1)
         for c, (wi, kv) in enumerate(cells):
             start = time.perf_counter()
-            with kv_quantization(built[wi].model, kv):
+            with kv_quantization(built[wi].model, kv, stats=kv_stats[wi] if kv.needs_calibration else None):
                 logits = forward_logits(built[wi].model, tokens)[lo:hi]
             parts[c].append(compare_tokens(ref, logits))
             seconds[c] += time.perf_counter() - start

@@ -22,16 +22,16 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from wkvlab.formats.hadamard import rotate
-from wkvlab.kv.formats import KVFormat
-from wkvlab.kv.hook import _LayerStore, model_head_dim, sliding_layers
+from wkvlab.kv.calibrate import KVStats
+from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.spec import KVSpec
+from wkvlab.kv.store import LayerStore
 
 
 class QuantizeOnWriteLayer(DynamicLayer):
     """One layer's cache: full-precision copies plus the quantized prefix the rule allows."""
 
-    def __init__(self, spec: KVSpec, store: _LayerStore) -> None:
+    def __init__(self, spec: KVSpec, store: LayerStore) -> None:
         super().__init__()
         self.spec, self.store = spec, store
         self.raw_keys = self.raw_values = None
@@ -49,8 +49,9 @@ class QuantizeOnWriteLayer(DynamicLayer):
             return (position // flush) * flush
         return position + n_new  # quantized on write, the new tokens included
 
-    def _quantize(self, x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-        return x if fmt.is_identity else fmt.quantize(x).to(x.dtype)
+    @staticmethod
+    def _quantize(x: torch.Tensor, quantize) -> torch.Tensor:
+        return x if quantize is None else quantize(x).to(x.dtype)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -58,10 +59,7 @@ class QuantizeOnWriteLayer(DynamicLayer):
             self.raw_keys, self.raw_values = key_states[..., :0, :], value_states[..., :0, :]
             self.quant_keys, self.quant_values = self.raw_keys, self.raw_values
         store = self.store
-        if store.rot_k:
-            key_states = rotate(key_states, store.rot_k)
-        if store.rot_v:
-            value_states = rotate(value_states, store.rot_v)
+        key_states, value_states = store.key_value_side(key_states, value_states)
         position = self.raw_keys.shape[-2]
         self.raw_keys = torch.cat([self.raw_keys, key_states], dim=-2)
         self.raw_values = torch.cat([self.raw_values, value_states], dim=-2)
@@ -69,8 +67,8 @@ class QuantizeOnWriteLayer(DynamicLayer):
         if target > self.n_quantized:
             # Newly quantized tokens start where the previous flush ended, so per-channel groups stay aligned.
             lo = self.n_quantized
-            new_k = self._quantize(self.raw_keys[..., lo:target, :], store.k_fmt)
-            new_v = self._quantize(self.raw_values[..., lo:target, :], store.v_fmt)
+            new_k = self._quantize(self.raw_keys[..., lo:target, :], store.k_quant)
+            new_v = self._quantize(self.raw_values[..., lo:target, :], store.v_quant)
             self.quant_keys = torch.cat([self.quant_keys, new_k], dim=-2)
             self.quant_values = torch.cat([self.quant_values, new_v], dim=-2)
             self.n_quantized = target
@@ -87,25 +85,18 @@ class QuantizeOnWriteLayer(DynamicLayer):
 class QuantizeOnWriteCache(Cache):
     """The ``cache`` (formerly ``past_key_values``) for a model running under ``kv_quantization(model, spec, storage="cache")``."""
 
-    def __init__(self, model: torch.nn.Module, spec: KVSpec) -> None:
-        head_dim = model_head_dim(model)
-        spec.check_model(head_dim, model.config.num_hidden_layers)
-        sliding = sliding_layers(model)
-        layers = [
-            QuantizeOnWriteLayer(spec, _LayerStore(spec, *spec.formats_for(i, sliding[i] if i < len(sliding) else False), head_dim))
-            for i in range(model.config.num_hidden_layers)
-        ]
-        super().__init__(layers=layers)
+    def __init__(self, model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = None) -> None:
+        super().__init__(layers=[QuantizeOnWriteLayer(spec, store) for store in layer_stores(model, spec, stats)])
 
 
 @torch.no_grad()
-def stream_logits(model: torch.nn.Module, spec: KVSpec, tokens: torch.Tensor) -> torch.Tensor:
+def stream_logits(model: torch.nn.Module, spec: KVSpec, tokens: torch.Tensor, stats: KVStats | None = None) -> torch.Tensor:
     """Logits ``[T, vocab]`` of ``tokens`` fed one at a time through the quantize-on-write cache."""
     from wkvlab.kv.hook import kv_quantization
 
-    cache = QuantizeOnWriteCache(model, spec)
+    cache = QuantizeOnWriteCache(model, spec, stats)
     rows = []
-    with kv_quantization(model, spec, storage="cache"):
+    with kv_quantization(model, spec, storage="cache", stats=stats):
         for position in range(tokens.shape[0]):
             out = model(input_ids=tokens[None, position : position + 1], cache=cache, use_cache=True)
             rows.append(out.logits[0, -1])

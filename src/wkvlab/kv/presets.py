@@ -74,6 +74,10 @@ def describe_preset(text: str) -> Preset | None:
         fmt = VLLM_DTYPES[rest]
         source = "vLLM --kv-cache-dtype " + rest + (" (per-tensor scale 1.0: vLLM's default without calibrated scales)" if "pth" not in fmt else " (Triton backend, fp32 scale per token and head)")
         return Preset(KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}"), source)
+    elif engine == "qserve" and rest == "kv4":
+        # QServe/QoQ (Lin et al. 2024): SmoothAttention with α = 0.5, then per-head asymmetric 4-bit.
+        spec = KVSpec(k="int4", v="int4", smooth=0.5, name="qserve:kv4")
+        return Preset(spec, "QServe KV4: SmoothAttention (λ = max|K|^0.5, RoPE pairs shared) + per-head asymmetric INT4")
     elif engine == "exl3":
         match = re.fullmatch(r"k([2-8])v([2-8])", rest)
         if match:
@@ -90,5 +94,5 @@ def preset_names() -> list[str]:
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
         + ["llamacpp:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
-        + ["exl3:k<b>v<b>", "kivi2", "kivi4"]
+        + ["vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head", "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4"]
     )

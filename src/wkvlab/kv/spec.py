@@ -12,7 +12,9 @@ blocks of ``<block>``, or over the whole head_dim; see :attr:`KVSpec.rotate`), `
 positions kept at model precision), ``residual=<R>`` (KIVI/HF QuantizedCache: full-precision
 tokens accumulate and are quantized all at once when R have piled up), ``window=<W>`` (SKVQ: the W
 most recent tokens of every query kept at model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
-``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is).
+``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is),
+``smooth[=α]`` (QServe's SmoothAttention, α = 0.5 by default; calibrated), ``scales=tensor|head``
+(calibrated FP8 scales per layer or per KV head instead of vLLM's default 1.0).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from wkvlab.errors import ConfigError
 from wkvlab.kv.formats import KVFormat, get_kv_format
 
 Q_FORMATS = ("none", "fp8_e4m3", "q8_0")
+SCALES = ("static", "tensor", "head")  # FP8 KV scales: 1.0, calibrated per layer, per layer and KV head
 SLIDING = "sliding_window"
 
 
@@ -52,6 +55,8 @@ class KVSpec:
     skip: tuple = ()
     layers: tuple = ()
     q: str = "none"
+    smooth: float = 0.0
+    scales: str = "static"
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -77,6 +82,11 @@ class KVSpec:
         for group in groups:
             if self.residual % group:
                 raise ConfigError(f"residual {self.residual} must be a multiple of the token group {group} (KIVI flushes whole groups)")
+        if not isinstance(self.smooth, (int, float)) or not 0 <= self.smooth <= 1:
+            raise ConfigError(f"smooth (SmoothAttention's α) must lie in [0, 1], got {self.smooth!r}")
+        object.__setattr__(self, "smooth", float(self.smooth))
+        if self.scales not in SCALES:
+            raise ConfigError(f"unknown FP8 scale mode {self.scales!r}; use one of {', '.join(SCALES)}")
         if self.q not in Q_FORMATS:
             raise ConfigError(f"unknown query format {self.q!r}; use one of {', '.join(Q_FORMATS)}")
 
@@ -103,6 +113,10 @@ class KVSpec:
     def is_identity(self) -> bool:
         formats = [(self.k, self.v)] + [(k, v) for _, k, v in self.layers]
         return all(get_kv_format(k).is_identity and get_kv_format(v).is_identity for k, v in formats)
+
+    @property
+    def needs_calibration(self) -> bool:
+        return bool(self.smooth) or self.scales != "static"
 
     def selection(self):
         """The per-(query, key) selection when what a query sees depends on the query, else None."""
@@ -176,6 +190,10 @@ class KVSpec:
             text += "+skip=" + ",".join(str(s) for s in self.skip)
         if self.q != "none":
             text += f"+q={self.q}"
+        if self.smooth:
+            text += f"+smooth={self.smooth:g}"
+        if self.scales != "static":
+            text += f"+scales={self.scales}"
         if self.layers:
             text += " (+per-layer map)"
         return text
@@ -288,7 +306,14 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
         return replace(spec, skip=tuple(items))
     if key == "q":
         return replace(spec, q=value)
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0")
+    if key == "smooth":
+        try:
+            return replace(spec, smooth=float(value) if value else 0.5)
+        except ValueError:
+            raise ConfigError(f"smooth= needs a number in [0, 1] (QServe uses 0.5), got {value!r}") from None
+    if key == "scales":
+        return replace(spec, scales=value)
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=tensor|head")
 
 
 def split_kv_list(text: str) -> list[str]:

@@ -1,0 +1,102 @@
+"""KV statistics from calibration text, for formats and transforms that need them.
+
+Collected post-RoPE from the model's own attention calls on calibration windows (cut from the end
+of a corpus, never overlapping evaluation text — see :mod:`wkvlab.weights.calibration`):
+
+* ``k_absmax``/``v_absmax`` ``[layers, kv_heads, head_dim]``: per-channel maxima of |K| and |V|,
+  for calibrated FP8 scales (vLLM's ``calculate_kv_scales``: one scale per layer, or per head).
+* ``k_pair_absmax`` ``[layers, kv_heads, head_dim/2]``: the maximum norm of each RoPE channel pair
+  (i, i + head_dim/2). RoPE rotates within these pairs, so this maximum is the same before and after
+  RoPE; SmoothAttention (QServe) needs a λ shared by both channels of a pair so that it can be
+  folded into q_proj/k_proj before RoPE, and this statistic gives exactly such a λ.
+
+Stats are saved as safetensors with the calibration's description in the metadata, and reloaded
+bit-identically, so a calibrated config can be re-run or shipped.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from wkvlab.errors import ConfigError
+from wkvlab.kv.override import attention_override
+
+_NAMES = ("k_absmax", "v_absmax", "k_pair_absmax")
+
+
+@dataclass
+class KVStats:
+    k_absmax: torch.Tensor
+    v_absmax: torch.Tensor
+    k_pair_absmax: torch.Tensor
+    source: dict = field(default_factory=dict)
+
+    def save(self, path: Path) -> None:
+        save_file({n: getattr(self, n).contiguous() for n in _NAMES}, str(path), metadata={"source": json.dumps(self.source)})
+
+    @classmethod
+    def load(cls, path: Path) -> "KVStats":
+        if not Path(path).is_file():
+            raise ConfigError(f"KV stats file not found: {path}; create it with wkvlab.kv.calibrate.collect_kv_stats or drop stats=")
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as handle:
+            meta = handle.metadata() or {}
+        tensors = load_file(str(path))
+        missing = [n for n in _NAMES if n not in tensors]
+        if missing:
+            raise ConfigError(f"{path} is not a wkvlab KV stats file (missing {', '.join(missing)})")
+        return cls(**{n: tensors[n] for n in _NAMES}, source=json.loads(meta.get("source", "{}")))
+
+
+def _pair_norm(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.sqrt(x[..., :half] ** 2 + x[..., half:] ** 2)
+
+
+@torch.no_grad()
+def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict | None = None) -> KVStats:
+    """Run ``tokens`` ``[samples, length]`` through ``model`` and record per-channel K/V maxima."""
+    n_layers = model.config.num_hidden_layers
+    seen: dict[int, list[torch.Tensor]] = {}
+
+    def record(backend, module, query, key, value, attention_mask, **kwargs):
+        k, v = key.float().abs(), value.float().abs()
+        stats = [k.amax(dim=(0, 2)), v.amax(dim=(0, 2)), _pair_norm(key.float()).amax(dim=(0, 2))]
+        old = seen.get(module.layer_idx)
+        seen[module.layer_idx] = stats if old is None else [torch.maximum(a, b) for a, b in zip(old, stats)]
+        return backend(module, query, key, value, attention_mask, **kwargs)
+
+    with attention_override(model, record):
+        for row in tokens:
+            model(input_ids=row[None], use_cache=False)
+    if len(seen) != n_layers:
+        raise ConfigError(f"calibration saw {len(seen)} of {n_layers} attention layers; this architecture is not supported for KV calibration")
+    stacked = [torch.stack([seen[i][j] for i in range(n_layers)]) for j in range(3)]
+    info = dict(source or {}, tokens=int(tokens.numel()))
+    return KVStats(*stacked, source=info)
+
+
+def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, source: dict | None = None) -> KVStats:
+    """:func:`collect_kv_stats`, saved under the wkvlab cache by ``key`` and reloaded when present.
+
+    ``key`` must identify the model weights (reference fingerprint and weight config) and the
+    calibration tokens: the statistics of a weight-quantized model differ from the reference's.
+    """
+    import hashlib
+
+    from wkvlab.models.loading import cache_dir
+
+    path = cache_dir() / "kv-stats" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".safetensors")
+    if path.is_file():
+        return KVStats.load(path)
+    stats = collect_kv_stats(model, tokens, dict(source or {}, key=key))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    stats.save(tmp)
+    tmp.replace(path)  # atomic: a half-written stats file is never read back
+    return stats

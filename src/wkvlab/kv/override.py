@@ -1,0 +1,70 @@
+"""The one place wkvlab reaches into transformers' attention dispatch.
+
+transformers 5.x routes every attention layer through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``
+with the post-RoPE key/value states of shape ``[batch, kv_heads, tokens, head_dim]`` (before GQA
+expansion). :func:`attention_override` registers a uniquely named wrapper around the model's own
+backend (sdpa, or the modeling file's eager function), points the config at it, and undoes both on
+exit — also on error. The mask registry gets the same name pointing at the original mask builder;
+without it transformers would build no mask and sliding-window layers (Gemma 3) would silently
+attend to everything. No module-level state: each context owns its registry entries.
+"""
+from __future__ import annotations
+
+import sys
+import uuid
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+from wkvlab.errors import ModelError
+
+# wrapper(backend, module, query, key, value, attention_mask, **kwargs) -> (output, weights)
+AttentionWrapper = Callable[..., tuple]
+
+
+def _eager_for(module: torch.nn.Module) -> Callable:
+    """The eager attention of the module's own modeling file (Gemma's adds softcapping, etc.)."""
+    return getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+
+
+def model_head_dim(model: torch.nn.Module) -> int:
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None)
+    return int(head_dim) if head_dim else cfg.hidden_size // cfg.num_attention_heads
+
+
+def sliding_layers(model: torch.nn.Module) -> tuple[bool, ...]:
+    """Which decoder layers use sliding-window attention (Gemma 2/3, Mistral with a window)."""
+    cfg = model.config
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return tuple(t == "sliding_attention" for t in types)
+    window = getattr(cfg, "sliding_window", None)
+    return tuple(bool(window) for _ in range(cfg.num_hidden_layers))
+
+
+@contextmanager
+def attention_override(model: torch.nn.Module, wrapper: AttentionWrapper) -> Iterator[None]:
+    """Within the block every attention call of ``model`` goes through ``wrapper``."""
+    original = model.config._attn_implementation or "eager"
+    mask_builder = AttentionMaskInterface._global_mapping.get(original)
+    if mask_builder is None:
+        raise ModelError(f"attention implementation {original!r} is not supported for KV simulation; load the model with 'sdpa' or 'eager'")
+    name = f"wkvlab_kv_{uuid.uuid4().hex[:12]}"
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        backend = ALL_ATTENTION_FUNCTIONS.get_interface(original, _eager_for(module))
+        return wrapper(backend, module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, mask_builder)
+    model.config._attn_implementation = name
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = original
+        AttentionInterface._global_mapping.pop(name, None)
+        AttentionMaskInterface._global_mapping.pop(name, None)

@@ -1,0 +1,109 @@
+"""What a KV spec does to one layer's queries, keys and values (pure tensor code, no hooks).
+
+Order of operations, each optional, mirroring the engines:
+
+1. SmoothAttention (QServe): K / λ and Q · λ per channel, λ = (max pair norm of K)^α from
+   calibration, shared by the two channels of each RoPE pair — equivalent to folding it into
+   k_proj/q_proj before RoPE. Scores are unchanged without quantization.
+2. Hadamard rotation of Q and K (when K is quantized) and of V (when V is; the output is rotated
+   back by the caller). Scores and outputs are unchanged without quantization.
+3. Quantization of K and V by their formats; calibrated FP8 formats use per-layer or per-head
+   scales instead of 1.0.
+4. Sink tokens restored to full precision.
+5. Queries quantized where the spec says (FlashAttention-3 FP8, llama.cpp's Q conversion).
+"""
+from __future__ import annotations
+
+import torch
+
+from wkvlab.errors import ConfigError
+from wkvlab.formats import fake_quant_fp8, fake_quant_ggml
+from wkvlab.formats.hadamard import rotate
+from wkvlab.kv.calibrate import KVStats
+from wkvlab.kv.formats import KVFormat
+from wkvlab.kv.spec import KVSpec
+
+_FP8 = {"fp8_e4m3": ("e4m3", 448.0), "fp8_e5m2": ("e5m2", 57344.0)}
+
+
+def _quantize_query(query: torch.Tensor, q_format: str) -> torch.Tensor:
+    if q_format == "q8_0":
+        return fake_quant_ggml(query, "q8_0").to(query.dtype)
+    return fake_quant_fp8(query, "e4m3", 1.0).to(query.dtype)
+
+
+def _fp8_scale(absmax: torch.Tensor, granularity: str, fmax: float) -> torch.Tensor:
+    """vLLM-style calibrated scale: amax / fp8 max over the layer (tensor) or per KV head."""
+    amax = absmax.amax() if granularity == "tensor" else absmax.amax(dim=-1)[None, :, None, None]
+    return torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+
+
+class LayerStore:
+    """Built once per layer and spec; applied on every forward."""
+
+    def __init__(self, spec: KVSpec, layer: int, k_fmt: KVFormat, v_fmt: KVFormat, head_dim: int, stats: KVStats | None) -> None:
+        self.k_fmt, self.v_fmt = k_fmt, v_fmt
+        block = spec.rotation_block(head_dim)
+        self.rot_k = block if (block and not k_fmt.is_identity) else 0
+        self.rot_v = block if (block and not v_fmt.is_identity) else 0
+        self.sinks = spec.sinks
+        self.q_format = spec.q if not k_fmt.is_identity else "none"
+        if spec.needs_calibration and stats is None:
+            raise ConfigError(f"KV config {spec.label} needs calibration statistics; run it through wkvlab eval, which calibrates on held-out text")
+        self.smooth = None
+        if spec.smooth and not k_fmt.is_identity:
+            lam = stats.k_pair_absmax[layer].clamp_min(1e-5) ** spec.smooth  # [kv_heads, head_dim/2]
+            self.smooth = torch.cat([lam, lam], dim=-1)[None, :, None, :]
+        self.k_quant = self._quantizer(k_fmt, spec.scales, stats.k_absmax[layer] if stats is not None else None)
+        self.v_quant = self._quantizer(v_fmt, spec.scales, stats.v_absmax[layer] if stats is not None else None)
+
+    @staticmethod
+    def _quantizer(fmt: KVFormat, scales: str, absmax: torch.Tensor | None):
+        if fmt.is_identity:
+            return None
+        if scales != "static" and fmt.name in _FP8:
+            kind, fmax = _FP8[fmt.name]
+            scale = _fp8_scale(absmax, scales, fmax)
+            return lambda x: fake_quant_fp8(x, kind, scale)
+        return fmt.quantize
+
+    def _store(self, x: torch.Tensor, quantize) -> torch.Tensor:
+        if quantize is None:
+            return x
+        stored = quantize(x).to(x.dtype)
+        if self.sinks:
+            n = min(self.sinks, x.shape[-2])
+            stored = torch.cat([x[..., :n, :], stored[..., n:, :]], dim=-2)
+        return stored
+
+    def _smooth(self, query: torch.Tensor, key: torch.Tensor):
+        if self.smooth is None:
+            return query, key
+        lam = self.smooth.to(key.dtype)
+        n_rep = query.shape[1] // key.shape[1]
+        return query * lam.repeat_interleave(n_rep, dim=1), key / lam
+
+    def query_side(self, query: torch.Tensor) -> torch.Tensor:
+        """The query as the attention sees it when K/V come from a quantize-on-write cache."""
+        if self.smooth is not None:
+            n_rep = query.shape[1] // self.smooth.shape[1]
+            query = query * self.smooth.to(query.dtype).repeat_interleave(n_rep, dim=1)
+        if self.rot_k:
+            query = rotate(query, self.rot_k)
+        return _quantize_query(query, self.q_format) if self.q_format != "none" else query
+
+    def key_value_side(self, key: torch.Tensor, value: torch.Tensor):
+        """Keys and values in the space the cache stores them (smoothed, rotated), not yet quantized."""
+        if self.smooth is not None:
+            key = key / self.smooth.to(key.dtype)
+        if self.rot_k:
+            key = rotate(key, self.rot_k)
+        if self.rot_v:
+            value = rotate(value, self.rot_v)
+        return key, value
+
+    def apply(self, query, key, value):
+        """Transformed Q, K, V and their stored versions (for the teacher-forced simulation)."""
+        query = self.query_side(query)
+        key, value = self.key_value_side(key, value)
+        return query, key, self._store(key, self.k_quant), value, self._store(value, self.v_quant)
