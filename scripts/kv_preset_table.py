@@ -17,7 +17,8 @@ SPECS = [
     "llamacpp:q8_0/q4_0", "llamacpp:q4_0+norot",
     "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head", "vllm:fp8_per_token_head", "vllm:int4_per_token_head",
     "exl3:k8v8", "exl3:k6v6", "exl3:k4v4", "exl3:k4v2", "exl3:k3v3", "exl3:k2v2",
-    "int4+rot", "int4+sinks=4", "int4+residual=128", "int4+skip=0,29", "int2+residual=128",
+    "kivi4", "kivi2", "qserve:kv4", "vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head",
+    "int4+rot", "int4+sinks=4", "int4+residual=128", "int4+window=128", "int4+skip=0,29", "int2+residual=128",
 ]
 
 
@@ -32,7 +33,8 @@ def main() -> None:
     specs = [KVSpec.parse(s) for s in SPECS]
     results = api.evaluate_workload(work, [WeightSpec()], specs)
     fp16 = results[0].kv_bytes_per_token
-    print(f"{work.loaded.name}, {results[0].tokens} scored tokens of prose, ctx {args.ctx}; float32 weights\n")
+    print(f"{work.loaded.name}, {results[0].tokens} scored tokens of prose, ctx {args.ctx}; float32 weights; "
+          f"calibrated configs use 16 x 512 tokens from the end of the same corpus\n")
     print("| KV config | bytes/token | vs fp16 | KLD mean ± se | KLD p99 | top-1 | ΔPPL |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
