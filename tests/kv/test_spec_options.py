@@ -94,3 +94,17 @@ def test_model_checks():
         KVSpec.parse("int4+skip=30").check_model(64, 30)
     with pytest.raises(ConfigError, match="rotation block"):
         KVSpec.parse("int4+rot=128").check_model(64, 30)
+
+
+def test_sglang_fp4_hand_values():
+    import torch
+
+    from wkvlab.kv import get_kv_format
+
+    fmt = get_kv_format("fp4_e2m1")
+    # block amax 12 -> scale 2^ceil(log2(12/6)) = 2; 12/2 = 6, 1.1/2 = 0.55 -> 0.5, 0.5/2 = 0.25 (tie) -> 0
+    x = torch.tensor([12.0, 1.1, -0.5, 3.0] + [0.0] * 12)
+    out = fmt.quantize(x[None])[0]
+    assert out[:4].tolist() == [12.0, 1.0, -0.0, 3.0]
+    assert fmt.bytes_per_vector(64) == 32 + 4
+    assert KVSpec.parse("hf-quanto:int4").residual == 128

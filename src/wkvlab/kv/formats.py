@@ -18,6 +18,7 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int8_pth, fp8_pth | D bytes + fp32 scale per token and head (absmax/127, absmax/448) | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` |
 | int4_pth    | D/2 bytes + fp32 scale, asymmetric per token and head | vLLM ``int4_per_token_head`` (see docs: layout partly inferred) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
+| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up | SGLang ``--kv-cache-dtype fp4_e2m1`` |
 
 Per-channel formats (``-c<G>``) are the exception to "each token on its own": a group's scale
 depends on all G tokens, so a query may only see a group quantized once the group is complete.
@@ -105,6 +106,22 @@ def _per_channel_format(bits: int, group: int, symmetric: bool) -> KVFormat:
     )
 
 
+_E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+_E2M1_BOUNDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+
+
+def _sglang_fp4(x: torch.Tensor) -> torch.Tensor:
+    """SGLang's KVFP4 (MX-style): blocks of 16, scale 2^ceil(log2(amax/6)) so nothing saturates,
+    magnitudes snapped to E2M1 by ``bucketize`` over the midpoints (a tie goes to the lower value),
+    as ``KVFP4QuantizeUtil.batched_quantize`` does."""
+    blocks = x.float().reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / 6.0, min=1e-10))))
+    scaled = blocks / scale
+    values = _E2M1_VALUES[torch.bucketize(scaled.abs(), _E2M1_BOUNDS)]
+    return (torch.sign(scaled) * values * scale).reshape(x.shape)
+
+
 def _fp8_per_token_head(x: torch.Tensor) -> torch.Tensor:
     return fake_quant_fp8(x, "e4m3", fp8_absmax_scale(x.float(), "e4m3", dim=-1))
 
@@ -132,6 +149,7 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("fp8_pth", "vLLM fp8_per_token_head: E4M3 with absmax/448 fp32 scale", _fp8_per_token_head, lambda d: d + 4.0),
         KVFormat("int4_pth", "vLLM int4_per_token_head: asymmetric, fp32 scale", _affine(4, False), lambda d: d / 2 + 4.0),
         *(_ggml(t) for t in GGML_TYPES),
+        KVFormat("fp4_e2m1", "SGLang FP4: E2M1, UE8M0 scale per 16", _sglang_fp4, lambda d: d / 2 + d / 16, 16),
     )
 }
 _ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}

@@ -74,6 +74,17 @@ def describe_preset(text: str) -> Preset | None:
         fmt = VLLM_DTYPES[rest]
         source = "vLLM --kv-cache-dtype " + rest + (" (per-tensor scale 1.0: vLLM's default without calibrated scales)" if "pth" not in fmt else " (Triton backend, fp32 scale per token and head)")
         return Preset(KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}"), source)
+    elif engine == "sglang" and rest in ("fp4_e2m1", "fp8_e4m3", "fp8_e5m2"):
+        spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
+        return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales; FP4 per KVFP4QuantizeUtil)")
+    elif engine == "hf-quanto" and rest in ("int2", "int4"):
+        # transformers' QuantizedCache with the quanto backend: nbits, q_group_size 64 (consecutive
+        # values of a token, i.e. along head_dim), affine with a float offset, residual_length 128
+        # flushed all at once. At each flush quanto re-quantizes the dequantized old tokens too; with
+        # groups inside one token that reproduces the same codes, so it is not simulated separately.
+        bits = rest[-1]
+        spec = KVSpec(k=f"int{bits}-g64-asym", v=f"int{bits}-g64-asym", residual=128, name=f"hf-quanto:{rest}")
+        return Preset(spec, "transformers QuantizedCache(backend='quanto'): groups of 64 per token, residual 128")
     elif engine == "qserve" and rest == "kv4":
         # QServe/QoQ (Lin et al. 2024): SmoothAttention with α = 0.5, then per-head asymmetric 4-bit.
         spec = KVSpec(k="int4", v="int4", smooth=0.5, name="qserve:kv4")
@@ -94,5 +105,6 @@ def preset_names() -> list[str]:
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
         + ["llamacpp:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
-        + ["vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head", "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4"]
+        + ["vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head", "sglang:fp4_e2m1", "sglang:fp8_e4m3",
+           "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4"]
     )
