@@ -24,6 +24,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.hook import layer_stores
+from wkvlab.kv.override import attention_inputs
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
 
@@ -31,9 +32,10 @@ from wkvlab.kv.store import LayerStore
 class QuantizeOnWriteLayer(DynamicLayer):
     """One layer's cache: full-precision copies plus the quantized prefix the rule allows."""
 
-    def __init__(self, spec: KVSpec, store: LayerStore) -> None:
+    def __init__(self, spec: KVSpec, store: LayerStore, layer: int, inputs: dict | None) -> None:
         super().__init__()
-        self.spec, self.store = spec, store
+        self.spec, self.store, self.layer, self.inputs = spec, store, layer, inputs
+        self.cos = self.sin = None  # rotary angles of every token so far, for pre-RoPE storage
         self.raw_keys = self.raw_values = None
         self.n_quantized = 0
         self.quant_keys = self.quant_values = None
@@ -61,13 +63,20 @@ class QuantizeOnWriteLayer(DynamicLayer):
         store = self.store
         key_states, value_states = store.key_value_side(key_states, value_states)
         position = self.raw_keys.shape[-2]
+        if store.prerope:
+            cos, sin = self.inputs[self.layer]["position_embeddings"]
+            self.cos = cos if self.cos is None else torch.cat([self.cos, cos], dim=-2)
+            self.sin = sin if self.sin is None else torch.cat([self.sin, sin], dim=-2)
         self.raw_keys = torch.cat([self.raw_keys, key_states], dim=-2)
         self.raw_values = torch.cat([self.raw_values, value_states], dim=-2)
         target = self._target(position, key_states.shape[-2])
         if target > self.n_quantized:
             # Newly quantized tokens start where the previous flush ended, so per-channel groups stay aligned.
             lo = self.n_quantized
-            new_k = self._quantize(self.raw_keys[..., lo:target, :], store.k_quant)
+            if store.prerope:  # sinks are restored below, for the whole sequence at once
+                new_k = store.quantize_prerope(self.raw_keys[..., lo:target, :], (self.cos[:, lo:target], self.sin[:, lo:target]))
+            else:
+                new_k = self._quantize(self.raw_keys[..., lo:target, :], store.k_quant)
             new_v = self._quantize(self.raw_values[..., lo:target, :], store.v_quant)
             self.quant_keys = torch.cat([self.quant_keys, new_k], dim=-2)
             self.quant_values = torch.cat([self.quant_values, new_v], dim=-2)
@@ -85,8 +94,12 @@ class QuantizeOnWriteLayer(DynamicLayer):
 class QuantizeOnWriteCache(Cache):
     """The ``cache`` (formerly ``past_key_values``) for a model running under ``kv_quantization(model, spec, storage="cache")``."""
 
-    def __init__(self, model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = None) -> None:
-        super().__init__(layers=[QuantizeOnWriteLayer(spec, store) for store in layer_stores(model, spec, stats)])
+    def __init__(self, model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = None, inputs: dict | None = None) -> None:
+        """``inputs``: the dict of :func:`wkvlab.kv.override.attention_inputs`, needed with ``prerope``."""
+        if spec.prerope and inputs is None:
+            raise ValueError("a prerope spec needs the attention inputs (rotary angles); use quantized_generate or stream_logits")
+        stores = layer_stores(model, spec, stats)
+        super().__init__(layers=[QuantizeOnWriteLayer(spec, store, i, inputs) for i, store in enumerate(stores)])
 
 
 @torch.no_grad()
@@ -94,10 +107,20 @@ def stream_logits(model: torch.nn.Module, spec: KVSpec, tokens: torch.Tensor, st
     """Logits ``[T, vocab]`` of ``tokens`` fed one at a time through the quantize-on-write cache."""
     from wkvlab.kv.hook import kv_quantization
 
-    cache = QuantizeOnWriteCache(model, spec, stats)
     rows = []
-    with kv_quantization(model, spec, storage="cache", stats=stats):
+    with attention_inputs(model) as inputs, kv_quantization(model, spec, storage="cache", stats=stats):
+        cache = QuantizeOnWriteCache(model, spec, stats, inputs)
         for position in range(tokens.shape[0]):
             out = model(input_ids=tokens[None, position : position + 1], cache=cache, use_cache=True)
             rows.append(out.logits[0, -1])
     return torch.stack(rows)
+
+
+@torch.no_grad()
+def quantized_generate(model: torch.nn.Module, spec: KVSpec, input_ids: torch.Tensor, stats: KVStats | None = None, **generate_kwargs):
+    """``model.generate`` with the KV cache stored as ``spec`` says (greedy unless told otherwise)."""
+    from wkvlab.kv.hook import kv_quantization
+
+    generate_kwargs.setdefault("do_sample", False)
+    with attention_inputs(model) as inputs, kv_quantization(model, spec, storage="cache", stats=stats):
+        return model.generate(input_ids, cache=QuantizeOnWriteCache(model, spec, stats, inputs), **generate_kwargs)

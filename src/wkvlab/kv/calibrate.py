@@ -23,9 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from wkvlab.errors import ConfigError
-from wkvlab.kv.override import attention_override
+from wkvlab.kv.override import attention_inputs, attention_override, undo_rope
 
-_NAMES = ("k_absmax", "v_absmax", "k_pair_absmax")
+_NAMES = ("k_absmax", "v_absmax", "k_pair_absmax", "k_pre_samples", "v_samples", "hidden_peak_median")
+SAMPLE_TOKENS = 1024  # calibration tokens kept per layer for codebook fitting (evenly spaced)
 
 
 @dataclass
@@ -33,6 +34,9 @@ class KVStats:
     k_absmax: torch.Tensor
     v_absmax: torch.Tensor
     k_pair_absmax: torch.Tensor
+    k_pre_samples: torch.Tensor  # [layers, kv_heads, SAMPLE_TOKENS, head_dim], keys before RoPE
+    v_samples: torch.Tensor  # [layers, kv_heads, SAMPLE_TOKENS, head_dim]
+    hidden_peak_median: torch.Tensor  # [layers]: median over tokens of max |attention input|
     source: dict = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
@@ -63,22 +67,35 @@ def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict 
     """Run ``tokens`` ``[samples, length]`` through ``model`` and record per-channel K/V maxima."""
     n_layers = model.config.num_hidden_layers
     seen: dict[int, list[torch.Tensor]] = {}
+    samples: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    peaks: dict[int, list[torch.Tensor]] = {}
+    per_row = max(1, SAMPLE_TOKENS // tokens.shape[0])
 
-    def record(backend, module, query, key, value, attention_mask, **kwargs):
-        k, v = key.float().abs(), value.float().abs()
-        stats = [k.amax(dim=(0, 2)), v.amax(dim=(0, 2)), _pair_norm(key.float()).amax(dim=(0, 2))]
-        old = seen.get(module.layer_idx)
-        seen[module.layer_idx] = stats if old is None else [torch.maximum(a, b) for a, b in zip(old, stats)]
-        return backend(module, query, key, value, attention_mask, **kwargs)
+    with attention_inputs(model) as inputs:
 
-    with attention_override(model, record):
-        for row in tokens:
-            model(input_ids=row[None], use_cache=False)
+        def record(backend, module, query, key, value, attention_mask, **kwargs):
+            layer = module.layer_idx
+            k, v = key.float().abs(), value.float().abs()
+            stats = [k.amax(dim=(0, 2)), v.amax(dim=(0, 2)), _pair_norm(key.float()).amax(dim=(0, 2))]
+            old = seen.get(layer)
+            seen[layer] = stats if old is None else [torch.maximum(a, b) for a, b in zip(old, stats)]
+            cos, sin = inputs[layer]["position_embeddings"]
+            pick = torch.linspace(0, key.shape[2] - 1, min(per_row, key.shape[2])).long()
+            samples.setdefault(layer, []).append((undo_rope(key.float(), cos, sin)[0][:, pick], value.float()[0][:, pick]))
+            peaks.setdefault(layer, []).append(inputs[layer]["hidden_states"].float().abs().amax(-1).flatten())
+            return backend(module, query, key, value, attention_mask, **kwargs)
+
+        with attention_override(model, record):
+            for row in tokens:
+                model(input_ids=row[None], use_cache=False)
     if len(seen) != n_layers:
         raise ConfigError(f"calibration saw {len(seen)} of {n_layers} attention layers; this architecture is not supported for KV calibration")
     stacked = [torch.stack([seen[i][j] for i in range(n_layers)]) for j in range(3)]
+    k_pre = torch.stack([torch.cat([k for k, _ in samples[i]], dim=1) for i in range(n_layers)])
+    v_all = torch.stack([torch.cat([v for _, v in samples[i]], dim=1) for i in range(n_layers)])
+    peak = torch.stack([torch.cat(peaks[i]).median() for i in range(n_layers)])
     info = dict(source or {}, tokens=int(tokens.numel()))
-    return KVStats(*stacked, source=info)
+    return KVStats(*stacked, k_pre_samples=k_pre, v_samples=v_all, hidden_peak_median=peak, source=info)
 
 
 def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, source: dict | None = None) -> KVStats:
@@ -91,7 +108,8 @@ def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, sour
 
     from wkvlab.models.loading import cache_dir
 
-    path = cache_dir() / "kv-stats" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".safetensors")
+    versioned = f"kv-stats-v2|{key}"  # bump when KVStats gains fields: old files are then never read
+    path = cache_dir() / "kv-stats" / (hashlib.sha256(versioned.encode()).hexdigest()[:24] + ".safetensors")
     if path.is_file():
         return KVStats.load(path)
     stats = collect_kv_stats(model, tokens, dict(source or {}, key=key))

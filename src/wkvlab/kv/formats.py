@@ -19,6 +19,7 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int4_pth    | D/2 bytes + fp32 scale, asymmetric per token and head | vLLM ``int4_per_token_head`` (see docs: layout partly inferred) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
 | fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up | SGLang ``--kv-cache-dtype fp4_e2m1`` |
+| nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
 
 Per-channel formats (``-c<G>``) are the exception to "each token on its own": a group's scale
 depends on all G tokens, so a query may only see a group quantized once the group is complete.
@@ -46,6 +47,7 @@ class KVFormat:
     bytes_per_vector: Callable[[int], float]  # head_dim -> bytes for one token of one head
     block: int | None = None  # values per block/group along head_dim, when the format has one
     token_group: int | None = None  # per-channel formats: tokens per group along the token axis
+    calibrated: bool = False  # the quantizer is built from calibration statistics (KVQuant codebooks)
 
     @property
     def is_identity(self) -> bool:
@@ -122,6 +124,20 @@ def _sglang_fp4(x: torch.Tensor) -> torch.Tensor:
     return (torch.sign(scaled) * values * scale).reshape(x.shape)
 
 
+def _needs_calibration(x: torch.Tensor) -> torch.Tensor:
+    raise ConfigError("non-uniform (nuq) KV formats are fitted on calibration text; run them through wkvlab eval")
+
+
+def _nuq_format(bits: int, per_channel: bool) -> KVFormat:
+    """KVQuant's non-uniform codebooks (see :mod:`wkvlab.kv.kvquant`): ``nuq<b>-c`` for keys
+    (per channel, static calibrated ranges, pre-RoPE), ``nuq<b>`` for values (per token)."""
+    if per_channel:
+        return KVFormat(f"nuq{bits}-c", f"{bits}-bit non-uniform codebook, per channel (KVQuant keys)", _needs_calibration,
+                        lambda d: d * bits / 8, calibrated=True)
+    return KVFormat(f"nuq{bits}", f"{bits}-bit non-uniform codebook, per token (KVQuant values)", _needs_calibration,
+                    lambda d: d * bits / 8 + 4.0, calibrated=True)
+
+
 def _fp8_per_token_head(x: torch.Tensor) -> torch.Tensor:
     return fake_quant_fp8(x, "e4m3", fp8_absmax_scale(x.float(), "e4m3", dim=-1))
 
@@ -160,6 +176,9 @@ def get_kv_format(name: str) -> KVFormat:
     key = _ALIASES.get(key, key)
     if key in KV_FORMATS:
         return KV_FORMATS[key]
+    match = re.fullmatch(r"nuq([2-4])(-c)?", key)
+    if match:
+        return _nuq_format(int(match.group(1)), bool(match.group(2)))
     match = re.fullmatch(r"int([2-8])-c(\d+)(?:-(sym|asym))?", key)
     if match:
         bits, group = int(match.group(1)), int(match.group(2))

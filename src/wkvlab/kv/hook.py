@@ -19,7 +19,7 @@ import torch
 from wkvlab.formats.hadamard import rotate
 from wkvlab.kv.attention import mixed_attention
 from wkvlab.kv.calibrate import KVStats
-from wkvlab.kv.override import attention_override, model_head_dim, sliding_layers
+from wkvlab.kv.override import attention_inputs, attention_override, model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
 
@@ -47,24 +47,26 @@ def kv_quantization(model: torch.nn.Module, spec: KVSpec, storage: str = "simula
         raise ValueError(f"storage must be 'simulate' or 'cache', got {storage!r}")
     stores = layer_stores(model, spec, stats)
     selection = spec.selection()
+    with attention_inputs(model) as inputs:
 
-    def attention(backend, module, query, key, value, attention_mask, **kwargs):
-        store = stores[module.layer_idx]
-        if storage == "cache":
-            out, weights = backend(module, store.query_side(query), key, value, attention_mask, **kwargs)
-        else:
-            query, key, key_q, value, value_q = store.apply(query, key, value)
-            if selection is None or (store.k_quant is None and store.v_quant is None):
-                out, weights = backend(module, query, key_q, value_q, attention_mask, **kwargs)
+        def attention(backend, module, query, key, value, attention_mask, **kwargs):
+            store = stores[module.layer_idx]
+            if storage == "cache":
+                out, weights = backend(module, store.query_side(query), key, value, attention_mask, **kwargs)
             else:
-                out = mixed_attention(
-                    query, key, key_q, value, value_q, attention_mask,
-                    scaling=kwargs.get("scaling") or module.scaling, selection=selection, softcap=kwargs.get("softcap"),
-                )
-                weights = None
-        if store.rot_v:
-            out = rotate(out, store.rot_v, inverse=True)
-        return out, weights
+                rope = inputs.get(module.layer_idx, {}).get("position_embeddings")
+                query, key, key_q, value, value_q = store.apply(query, key, value, rope)
+                if selection is None or (store.k_quant is None and store.v_quant is None):
+                    out, weights = backend(module, query, key_q, value_q, attention_mask, **kwargs)
+                else:
+                    out = mixed_attention(
+                        query, key, key_q, value, value_q, attention_mask,
+                        scaling=kwargs.get("scaling") or module.scaling, selection=selection, softcap=kwargs.get("softcap"),
+                    )
+                    weights = None
+            if store.rot_v:
+                out = rotate(out, store.rot_v, inverse=True)
+            return out, weights
 
-    with attention_override(model, attention):
-        yield
+        with attention_override(model, attention):
+            yield

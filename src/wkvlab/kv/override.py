@@ -68,3 +68,46 @@ def attention_override(model: torch.nn.Module, wrapper: AttentionWrapper) -> Ite
         model.config._attn_implementation = original
         AttentionInterface._global_mapping.pop(name, None)
         AttentionMaskInterface._global_mapping.pop(name, None)
+
+
+@contextmanager
+def attention_inputs(model: torch.nn.Module) -> Iterator[dict[int, dict]]:
+    """Within the block, ``seen[layer]`` holds the latest ``hidden_states`` and ``position_embeddings``
+    (cos, sin) each attention module was called with.
+
+    Pre-RoPE quantization (KVQuant) needs the rotary angles to undo RoPE on the keys it receives,
+    and sink detection needs the token's own activations; both are the attention module's inputs.
+    Forward pre-hooks, removed on exit.
+    """
+    seen: dict[int, dict] = {}
+
+    def record(module, args, kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        seen[module.layer_idx] = {"hidden_states": hidden, "position_embeddings": kwargs.get("position_embeddings")}
+
+    handles = [
+        module.register_forward_pre_hook(record, with_kwargs=True)
+        for name, module in model.named_modules()
+        if name.endswith("self_attn") and hasattr(module, "layer_idx")
+    ]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def undo_rope(key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Pre-RoPE keys from post-RoPE ones (``k·cos + rotate_half(k)·sin`` rotated back by −θ)."""
+    cos, sin = cos[:, None], sin[:, None]  # [batch, 1, tokens, head_dim] against [batch, heads, tokens, head_dim]
+    return key * cos - rotate_half(key) * sin
+
+
+def apply_rope(key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos[:, None], sin[:, None]
+    return key * cos + rotate_half(key) * sin

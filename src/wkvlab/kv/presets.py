@@ -63,6 +63,12 @@ def describe_preset(text: str) -> Preset | None:
         spec = KVSpec(k=f"int{bits}-c32", v=f"int{bits}-g32-asym", residual=128, name=key)
         return Preset(spec, "KIVI: per-channel K (32-token groups), per-token V, residual 128 (flushed)")
     engine, sep, rest = key.partition(":")
+    if engine == "kvquant":
+        match = re.fullmatch(r"([2-4])(-1%)?", rest)
+        if match:
+            bits, sparse = int(match.group(1)), bool(match.group(2))
+            spec = KVSpec(k=f"nuq{bits}-c", v=f"nuq{bits}", prerope=True, sinks=1, outliers=0.01 if sparse else 0.0, name=f"kvquant:{rest}")
+            return Preset(spec, "KVQuant: pre-RoPE per-channel keys, per-token values, non-uniform codebooks, first token fp16, optional 1% outliers")
     if not sep:
         return None
     if engine == "llamacpp":
@@ -106,5 +112,6 @@ def preset_names() -> list[str]:
         + ["llamacpp:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head", "sglang:fp4_e2m1", "sglang:fp8_e4m3",
-           "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4"]
+           "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
+           "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%"]
     )

@@ -14,7 +14,9 @@ tokens accumulate and are quantized all at once when R have piled up), ``window=
 most recent tokens of every query kept at model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
 ``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is),
 ``smooth[=α]`` (QServe's SmoothAttention, α = 0.5 by default; calibrated), ``scales=tensor|head``
-(calibrated FP8 scales per layer or per KV head instead of vLLM's default 1.0).
+(calibrated FP8 scales per layer or per KV head instead of vLLM's default 1.0), ``prerope``
+(keys quantized before RoPE, RoPE re-applied after dequantization), ``outliers=<f>`` (a fraction
+of values kept in fp16, KVQuant's dense-and-sparse).
 """
 from __future__ import annotations
 
@@ -57,6 +59,8 @@ class KVSpec:
     q: str = "none"
     smooth: float = 0.0
     scales: str = "static"
+    prerope: bool = False
+    outliers: float = 0.0
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -85,6 +89,16 @@ class KVSpec:
         if not isinstance(self.smooth, (int, float)) or not 0 <= self.smooth <= 1:
             raise ConfigError(f"smooth (SmoothAttention's α) must lie in [0, 1], got {self.smooth!r}")
         object.__setattr__(self, "smooth", float(self.smooth))
+        if not isinstance(self.outliers, (int, float)) or not 0 <= self.outliers < 0.5:
+            raise ConfigError(f"outliers is the fraction kept in fp16, in [0, 0.5); got {self.outliers!r}")
+        object.__setattr__(self, "outliers", float(self.outliers))
+        if self.outliers and not any(f.calibrated for f in self.all_formats()):
+            raise ConfigError("outliers= applies to KVQuant's non-uniform formats (nuq<b>); use k=nuq<b>-c / v=nuq<b>")
+        if self.prerope and self.rotate:
+            raise ConfigError("prerope and rot cannot be combined: a Hadamard rotation acts on post-RoPE keys; drop one")
+        if any(get_kv_format(k).calibrated for _, k, _ in self.layers) or get_kv_format(self.k).calibrated:
+            if not self.prerope:
+                raise ConfigError("nuq keys are calibrated before RoPE (KVQuant); add +prerope")
         if self.scales not in SCALES:
             raise ConfigError(f"unknown FP8 scale mode {self.scales!r}; use one of {', '.join(SCALES)}")
         if self.q not in Q_FORMATS:
@@ -116,7 +130,7 @@ class KVSpec:
 
     @property
     def needs_calibration(self) -> bool:
-        return bool(self.smooth) or self.scales != "static"
+        return bool(self.smooth) or self.scales != "static" or any(f.calibrated for f in self.all_formats())
 
     def selection(self):
         """The per-(query, key) selection when what a query sees depends on the query, else None."""
@@ -163,6 +177,8 @@ class KVSpec:
         for layer in range(layers):
             k, v = self.formats_for(layer, bool(sliding[layer]) if layer < len(sliding) else False)
             packed = k.bytes_per_vector(head_dim) + v.bytes_per_vector(head_dim)
+            # dense-and-sparse outliers: an fp16 value and a 16-bit position each, on quantized sides
+            packed += self.outliers * head_dim * 4 * ((not k.is_identity) + (not v.is_identity))
             if context and (self.sinks or self.residual or self.window):
                 # a flushed residual is allocated at its full length R; a window at W
                 held = min(context, self.sinks + self.residual + self.window) / context
@@ -194,6 +210,10 @@ class KVSpec:
             text += f"+smooth={self.smooth:g}"
         if self.scales != "static":
             text += f"+scales={self.scales}"
+        if self.prerope:
+            text += "+prerope"
+        if self.outliers:
+            text += f"+outliers={self.outliers:g}"
         if self.layers:
             text += " (+per-layer map)"
         return text
@@ -313,7 +333,14 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
             raise ConfigError(f"smooth= needs a number in [0, 1] (QServe uses 0.5), got {value!r}") from None
     if key == "scales":
         return replace(spec, scales=value)
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=tensor|head")
+    if key == "prerope" and not value:
+        return replace(spec, prerope=True)
+    if key == "outliers":
+        try:
+            return replace(spec, outliers=float(value.rstrip("%")) / (100 if value.endswith("%") else 1))
+        except ValueError:
+            raise ConfigError(f"outliers= needs a fraction such as 0.01 or 1%, got {value!r}") from None
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=tensor|head, prerope, outliers=1%")
 
 
 def split_kv_list(text: str) -> list[str]:

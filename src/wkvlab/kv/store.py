@@ -7,8 +7,9 @@ Order of operations, each optional, mirroring the engines:
    k_proj/q_proj before RoPE. Scores are unchanged without quantization.
 2. Hadamard rotation of Q and K (when K is quantized) and of V (when V is; the output is rotated
    back by the caller). Scores and outputs are unchanged without quantization.
-3. Quantization of K and V by their formats; calibrated FP8 formats use per-layer or per-head
-   scales instead of 1.0.
+3. Quantization of K and V by their formats — keys before RoPE when the spec says ``prerope``
+   (RoPE re-applied after dequantization); calibrated FP8 formats use per-layer or per-head scales
+   instead of 1.0; KVQuant's ``nuq`` formats use codebooks fitted on calibration samples.
 4. Sink tokens restored to full precision.
 5. Queries quantized where the spec says (FlashAttention-3 FP8, llama.cpp's Q conversion).
 """
@@ -21,6 +22,8 @@ from wkvlab.formats import fake_quant_fp8, fake_quant_ggml
 from wkvlab.formats.hadamard import rotate
 from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.formats import KVFormat
+from wkvlab.kv.kvquant import fit_layer
+from wkvlab.kv.override import apply_rope, undo_rope
 from wkvlab.kv.spec import KVSpec
 
 _FP8 = {"fp8_e4m3": ("e4m3", 448.0), "fp8_e5m2": ("e5m2", 57344.0)}
@@ -54,8 +57,15 @@ class LayerStore:
         if spec.smooth and not k_fmt.is_identity:
             lam = stats.k_pair_absmax[layer].clamp_min(1e-5) ** spec.smooth  # [kv_heads, head_dim/2]
             self.smooth = torch.cat([lam, lam], dim=-1)[None, :, None, :]
+        self.prerope = spec.prerope and not k_fmt.is_identity
         self.k_quant = self._quantizer(k_fmt, spec.scales, stats.k_absmax[layer] if stats is not None else None)
         self.v_quant = self._quantizer(v_fmt, spec.scales, stats.v_absmax[layer] if stats is not None else None)
+        if k_fmt.calibrated or v_fmt.calibrated:
+            bits = lambda f: int(f.name[3])  # noqa: E731 - nuq<b>[-c]
+            fitted = fit_layer(stats.k_pre_samples[layer], stats.v_samples[layer],
+                               bits(k_fmt) if k_fmt.calibrated else 4, bits(v_fmt) if v_fmt.calibrated else 4, spec.outliers)
+            self.k_quant = fitted.quantize_keys if k_fmt.calibrated else self.k_quant
+            self.v_quant = fitted.quantize_values if v_fmt.calibrated else self.v_quant
 
     @staticmethod
     def _quantizer(fmt: KVFormat, scales: str, absmax: torch.Tensor | None):
@@ -66,6 +76,25 @@ class LayerStore:
             scale = _fp8_scale(absmax, scales, fmax)
             return lambda x: fake_quant_fp8(x, kind, scale)
         return fmt.quantize
+
+    def quantize_prerope(self, key: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Post-RoPE keys quantized before RoPE: undo RoPE, quantize, re-apply (no sinks)."""
+        if rope is None:
+            raise ConfigError("prerope needs the layer's rotary angles; this architecture does not pass position_embeddings")
+        cos, sin = rope
+        return apply_rope(self.k_quant(undo_rope(key.float(), cos, sin)), cos, sin).to(key.dtype)
+
+    def store_keys(self, key: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Keys as stored; with ``prerope`` they are quantized before RoPE and RoPE is re-applied."""
+        if not self.prerope:
+            return self._store(key, self.k_quant)
+        return self._restore_sinks(key, self.quantize_prerope(key, rope))
+
+    def _restore_sinks(self, x: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
+        if self.sinks:
+            n = min(self.sinks, x.shape[-2])
+            stored = torch.cat([x[..., :n, :], stored[..., n:, :]], dim=-2)
+        return stored
 
     def _store(self, x: torch.Tensor, quantize) -> torch.Tensor:
         if quantize is None:
@@ -102,8 +131,8 @@ class LayerStore:
             value = rotate(value, self.rot_v)
         return key, value
 
-    def apply(self, query, key, value):
+    def apply(self, query, key, value, rope=None):
         """Transformed Q, K, V and their stored versions (for the teacher-forced simulation)."""
         query = self.query_side(query)
         key, value = self.key_value_side(key, value)
-        return query, key, self._store(key, self.k_quant), value, self._store(value, self.v_quant)
+        return query, key, self.store_keys(key, rope), value, self._store(value, self.v_quant)
