@@ -238,3 +238,26 @@ def test_kvquant_codebook_and_outliers():
     out = quantize_per_token(v, fit_codebook(torch.rand(1000) * 2 - 1, 3), 0.01)
     assert out[0, 0, 1, 5] == 50.0
     assert KVSpec.parse("kvquant:3-1%").bytes_per_token(layers=1, kv_heads=1, head_dim=64) == 64 * 3 / 8 * 2 + 4 + 0.01 * 64 * 4 * 2
+
+
+def test_detected_sinks_stay_exact_and_stream():
+    from wkvlab.kv.cache import stream_logits
+    from wkvlab.kv.store import LayerStore
+
+    model = tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=1, hidden_size=128)
+    stats = _stats(model)
+    # every token far above 0.01x the median peak: all detected, so the cache equals fp16
+    ids = torch.randint(0, 128, (12,))
+    ref = _logits(model, ids[None])[0]
+    everything = KVSpec.parse("int2+sinkratio=0.01")
+    with torch.no_grad(), kv_quantization(model, everything, stats=stats):
+        torch.testing.assert_close(model(input_ids=ids[None], use_cache=False).logits[0], ref, rtol=0, atol=0)
+    spec = KVSpec.parse("int4+sinks=auto")
+    assert spec.sink_ratio == 8.0 and KVSpec.parse(spec.label) == spec
+    with torch.no_grad(), kv_quantization(model, spec, stats=stats):
+        forced = model(input_ids=ids[None], use_cache=False).logits[0]
+    torch.testing.assert_close(stream_logits(model, spec, ids, stats=stats), forced, rtol=1e-4, atol=1e-4)
+    store = LayerStore(spec, 0, *spec.formats_for(0), 64, stats)
+    residual = torch.zeros(1, 3, 128)
+    residual[0, 1, 7] = 1e6
+    assert store.kept_tokens(3, residual).tolist() == [[False, True, False]]

@@ -8,7 +8,7 @@ layer keeps its tokens, and quantizes a token once the spec's rule says it is st
 * ``residual=R`` (KIVI, HF QuantizedCache): when R full-precision tokens have piled up they are
   quantized together (per-channel formats quantize whole groups of tokens);
 * ``window=W`` (SKVQ): a token is quantized when it is W tokens old;
-* sinks are never quantized.
+* sinks (the first N, or tokens detected by their activation peak) are never quantized.
 
 Storage holds dequantized values in the rotated space (when the spec rotates), which is what the
 attention reads; the query side (rotation, query quantization, un-rotating V's output) stays in
@@ -36,6 +36,7 @@ class QuantizeOnWriteLayer(DynamicLayer):
         super().__init__()
         self.spec, self.store, self.layer, self.inputs = spec, store, layer, inputs
         self.cos = self.sin = None  # rotary angles of every token so far, for pre-RoPE storage
+        self.keep = None  # [batch, tokens] kept at model precision (first N, detected sinks)
         self.raw_keys = self.raw_values = None
         self.n_quantized = 0
         self.quant_keys = self.quant_values = None
@@ -67,6 +68,11 @@ class QuantizeOnWriteLayer(DynamicLayer):
             cos, sin = self.inputs[self.layer]["position_embeddings"]
             self.cos = cos if self.cos is None else torch.cat([self.cos, cos], dim=-2)
             self.sin = sin if self.sin is None else torch.cat([self.sin, sin], dim=-2)
+        residual = (self.inputs or {}).get(self.layer, {}).get("residual") if store.sink_peak else None
+        keep = store.kept_tokens(key_states.shape[-2], residual, offset=position)
+        if keep is not None:
+            keep = keep.expand(key_states.shape[0], -1)
+            self.keep = keep if self.keep is None else torch.cat([self.keep, keep], dim=-1)
         self.raw_keys = torch.cat([self.raw_keys, key_states], dim=-2)
         self.raw_values = torch.cat([self.raw_values, value_states], dim=-2)
         target = self._target(position, key_states.shape[-2])
@@ -83,10 +89,7 @@ class QuantizeOnWriteLayer(DynamicLayer):
             self.n_quantized = target
         keys = torch.cat([self.quant_keys, self.raw_keys[..., self.n_quantized :, :]], dim=-2)
         values = torch.cat([self.quant_values, self.raw_values[..., self.n_quantized :, :]], dim=-2)
-        if self.spec.sinks:
-            n = min(self.spec.sinks, keys.shape[-2])
-            keys = torch.cat([self.raw_keys[..., :n, :], keys[..., n:, :]], dim=-2)
-            values = torch.cat([self.raw_values[..., :n, :], values[..., n:, :]], dim=-2)
+        keys, values = store.restore(self.raw_keys, keys, self.keep), store.restore(self.raw_values, values, self.keep)
         self.keys, self.values = keys, values
         return keys, values
 
@@ -96,7 +99,7 @@ class QuantizeOnWriteCache(Cache):
 
     def __init__(self, model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = None, inputs: dict | None = None) -> None:
         """``inputs``: the dict of :func:`wkvlab.kv.override.attention_inputs`, needed with ``prerope``."""
-        if spec.prerope and inputs is None:
+        if (spec.prerope or spec.sink_ratio) and inputs is None:
             raise ValueError("a prerope spec needs the attention inputs (rotary angles); use quantized_generate or stream_logits")
         stores = layer_stores(model, spec, stats)
         super().__init__(layers=[QuantizeOnWriteLayer(spec, store, i, inputs) for i, store in enumerate(stores)])

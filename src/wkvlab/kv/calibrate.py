@@ -36,7 +36,7 @@ class KVStats:
     k_pair_absmax: torch.Tensor
     k_pre_samples: torch.Tensor  # [layers, kv_heads, SAMPLE_TOKENS, head_dim], keys before RoPE
     v_samples: torch.Tensor  # [layers, kv_heads, SAMPLE_TOKENS, head_dim]
-    hidden_peak_median: torch.Tensor  # [layers]: median over tokens of max |attention input|
+    hidden_peak_median: torch.Tensor  # [layers]: median over tokens of max |residual stream| at the layer input
     source: dict = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
@@ -82,7 +82,7 @@ def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict 
             cos, sin = inputs[layer]["position_embeddings"]
             pick = torch.linspace(0, key.shape[2] - 1, min(per_row, key.shape[2])).long()
             samples.setdefault(layer, []).append((undo_rope(key.float(), cos, sin)[0][:, pick], value.float()[0][:, pick]))
-            peaks.setdefault(layer, []).append(inputs[layer]["hidden_states"].float().abs().amax(-1).flatten())
+            peaks.setdefault(layer, []).append(inputs[layer]["residual"].float().abs().amax(-1).flatten())
             return backend(module, query, key, value, attention_mask, **kwargs)
 
         with attention_override(model, record):
@@ -108,7 +108,7 @@ def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, sour
 
     from wkvlab.models.loading import cache_dir
 
-    versioned = f"kv-stats-v2|{key}"  # bump when KVStats gains fields: old files are then never read
+    versioned = f"kv-stats-v3|{key}"  # bump when KVStats gains fields: old files are then never read
     path = cache_dir() / "kv-stats" / (hashlib.sha256(versioned.encode()).hexdigest()[:24] + ".safetensors")
     if path.is_file():
         return KVStats.load(path)

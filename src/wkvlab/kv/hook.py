@@ -54,8 +54,8 @@ def kv_quantization(model: torch.nn.Module, spec: KVSpec, storage: str = "simula
             if storage == "cache":
                 out, weights = backend(module, store.query_side(query), key, value, attention_mask, **kwargs)
             else:
-                rope = inputs.get(module.layer_idx, {}).get("position_embeddings")
-                query, key, key_q, value, value_q = store.apply(query, key, value, rope)
+                seen = inputs.get(module.layer_idx, {})
+                query, key, key_q, value, value_q = store.apply(query, key, value, seen.get("position_embeddings"), seen.get("residual"))
                 if selection is None or (store.k_quant is None and store.v_quant is None):
                     out, weights = backend(module, query, key_q, value_q, attention_mask, **kwargs)
                 else:

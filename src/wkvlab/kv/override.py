@@ -10,6 +10,7 @@ attend to everything. No module-level state: each context owns its registry entr
 """
 from __future__ import annotations
 
+import re
 import sys
 import uuid
 from contextlib import contextmanager
@@ -72,24 +73,37 @@ def attention_override(model: torch.nn.Module, wrapper: AttentionWrapper) -> Ite
 
 @contextmanager
 def attention_inputs(model: torch.nn.Module) -> Iterator[dict[int, dict]]:
-    """Within the block, ``seen[layer]`` holds the latest ``hidden_states`` and ``position_embeddings``
-    (cos, sin) each attention module was called with.
+    """Within the block, ``seen[layer]`` holds the latest inputs of each layer's attention:
+    ``hidden_states`` (normalized, as attention gets them), ``position_embeddings`` (cos, sin) and
+    ``residual`` (the decoder layer's input, i.e. the residual stream before its norm).
 
-    Pre-RoPE quantization (KVQuant) needs the rotary angles to undo RoPE on the keys it receives,
-    and sink detection needs the token's own activations; both are the attention module's inputs.
-    Forward pre-hooks, removed on exit.
+    Pre-RoPE quantization (KVQuant) needs the rotary angles to undo RoPE on the keys it receives;
+    sink detection (KVSink) needs the token's own residual-stream activations, where attention sinks
+    carry their massive outliers (the norm in front of attention hides them). Forward pre-hooks,
+    removed on exit.
     """
     seen: dict[int, dict] = {}
 
-    def record(module, args, kwargs):
+    def record_attention(module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
-        seen[module.layer_idx] = {"hidden_states": hidden, "position_embeddings": kwargs.get("position_embeddings")}
+        entry = seen.setdefault(module.layer_idx, {})
+        entry.update(hidden_states=hidden, position_embeddings=kwargs.get("position_embeddings"))
+
+    def record_layer(index):
+        def hook(module, args, kwargs):
+            seen.setdefault(index, {})["residual"] = kwargs.get("hidden_states", args[0] if args else None)
+
+        return hook
 
     handles = [
-        module.register_forward_pre_hook(record, with_kwargs=True)
+        module.register_forward_pre_hook(record_attention, with_kwargs=True)
         for name, module in model.named_modules()
         if name.endswith("self_attn") and hasattr(module, "layer_idx")
     ]
+    for name, module in model.named_modules():
+        match = re.search(r"(?:^|\.)layers\.(\d+)$", name)
+        if match:
+            handles.append(module.register_forward_pre_hook(record_layer(int(match.group(1))), with_kwargs=True))
     try:
         yield seen
     finally:

@@ -13,6 +13,8 @@ positions kept at model precision), ``residual=<R>`` (KIVI/HF QuantizedCache: fu
 tokens accumulate and are quantized all at once when R have piled up), ``window=<W>`` (SKVQ: the W
 most recent tokens of every query kept at model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
 ``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is),
+``sinks=auto`` / ``sinkratio=<τ>`` (KVSink: tokens whose residual-stream activation peak exceeds τ
+times the layer's calibrated median — 8 for ``auto`` — stay at model precision, wherever they are),
 ``smooth[=α]`` (QServe's SmoothAttention, α = 0.5 by default; calibrated), ``scales=tensor|head``
 (calibrated FP8 scales per layer or per KV head instead of vLLM's default 1.0), ``prerope``
 (keys quantized before RoPE, RoPE re-applied after dequantization), ``outliers=<f>`` (a fraction
@@ -31,6 +33,10 @@ from wkvlab.kv.formats import KVFormat, get_kv_format
 Q_FORMATS = ("none", "fp8_e4m3", "q8_0")
 SCALES = ("static", "tensor", "head")  # FP8 KV scales: 1.0, calibrated per layer, per layer and KV head
 SLIDING = "sliding_window"
+# KVSink-style detection: a token whose residual-stream peak exceeds this many times the calibrated
+# median peak of its layer is a sink. Measured on the packaged models (docs/kv.md): sinks stand at
+# 10-40x the median, ordinary tokens below 3x.
+AUTO_SINK_RATIO = 8.0
 
 
 def _format_name(name: str) -> str:
@@ -61,6 +67,7 @@ class KVSpec:
     scales: str = "static"
     prerope: bool = False
     outliers: float = 0.0
+    sink_ratio: float = 0.0
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -92,6 +99,9 @@ class KVSpec:
         if not isinstance(self.outliers, (int, float)) or not 0 <= self.outliers < 0.5:
             raise ConfigError(f"outliers is the fraction kept in fp16, in [0, 0.5); got {self.outliers!r}")
         object.__setattr__(self, "outliers", float(self.outliers))
+        if not isinstance(self.sink_ratio, (int, float)) or self.sink_ratio < 0:
+            raise ConfigError(f"sink_ratio must be >= 0 (0 = no detected sinks), got {self.sink_ratio!r}")
+        object.__setattr__(self, "sink_ratio", float(self.sink_ratio))
         if self.outliers and not any(f.calibrated for f in self.all_formats()):
             raise ConfigError("outliers= applies to KVQuant's non-uniform formats (nuq<b>); use k=nuq<b>-c / v=nuq<b>")
         if self.prerope and self.rotate:
@@ -130,7 +140,7 @@ class KVSpec:
 
     @property
     def needs_calibration(self) -> bool:
-        return bool(self.smooth) or self.scales != "static" or any(f.calibrated for f in self.all_formats())
+        return bool(self.smooth) or self.scales != "static" or bool(self.sink_ratio) or any(f.calibrated for f in self.all_formats())
 
     def selection(self):
         """The per-(query, key) selection when what a query sees depends on the query, else None."""
@@ -198,6 +208,8 @@ class KVSpec:
             text += {-2: "+rot", -1: "+rot=full"}.get(self.rotate, f"+rot={self.rotate}")
         if self.sinks:
             text += f"+sinks={self.sinks}"
+        if self.sink_ratio:
+            text += "+sinks=auto" if self.sink_ratio == AUTO_SINK_RATIO else f"+sinkratio={self.sink_ratio:g}"
         if self.residual:
             text += f"+residual={self.residual}"
         if self.window:
@@ -308,7 +320,14 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
     if key == "norot" and not value:
         return replace(spec, rotate=0)
     if key == "sinks":
+        if value == "auto":
+            return replace(spec, sink_ratio=AUTO_SINK_RATIO)
         return replace(spec, sinks=_int_option(key, value))
+    if key == "sinkratio":
+        try:
+            return replace(spec, sink_ratio=float(value))
+        except ValueError:
+            raise ConfigError(f"sinkratio= needs a number (how many times the typical activation peak), got {value!r}") from None
     if key == "residual":
         return replace(spec, residual=_int_option(key, value))
     if key == "window":
@@ -340,7 +359,7 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
             return replace(spec, outliers=float(value.rstrip("%")) / (100 if value.endswith("%") else 1))
         except ValueError:
             raise ConfigError(f"outliers= needs a fraction such as 0.01 or 1%, got {value!r}") from None
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=tensor|head, prerope, outliers=1%")
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=tensor|head, prerope, outliers=1%, sinks=auto, sinkratio=τ")
 
 
 def split_kv_list(text: str) -> list[str]:

@@ -10,7 +10,8 @@ Order of operations, each optional, mirroring the engines:
 3. Quantization of K and V by their formats — keys before RoPE when the spec says ``prerope``
    (RoPE re-applied after dequantization); calibrated FP8 formats use per-layer or per-head scales
    instead of 1.0; KVQuant's ``nuq`` formats use codebooks fitted on calibration samples.
-4. Sink tokens restored to full precision.
+4. Sink tokens restored to full precision: the first N, and with ``sinks=auto`` any token whose
+   residual-stream peak marks it as an attention sink (KVSink).
 5. Queries quantized where the spec says (FlashAttention-3 FP8, llama.cpp's Q conversion).
 """
 from __future__ import annotations
@@ -50,6 +51,7 @@ class LayerStore:
         self.rot_k = block if (block and not k_fmt.is_identity) else 0
         self.rot_v = block if (block and not v_fmt.is_identity) else 0
         self.sinks = spec.sinks
+        self.sink_peak = spec.sink_ratio * float(stats.hidden_peak_median[layer]) if spec.sink_ratio and stats is not None else 0.0
         self.q_format = spec.q if not k_fmt.is_identity else "none"
         if spec.needs_calibration and stats is None:
             raise ConfigError(f"KV config {spec.label} needs calibration statistics; run it through wkvlab eval, which calibrates on held-out text")
@@ -84,26 +86,30 @@ class LayerStore:
         cos, sin = rope
         return apply_rope(self.k_quant(undo_rope(key.float(), cos, sin)), cos, sin).to(key.dtype)
 
-    def store_keys(self, key: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def store_keys(self, key: torch.Tensor, rope, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Keys as stored; with ``prerope`` they are quantized before RoPE and RoPE is re-applied."""
         if not self.prerope:
-            return self._store(key, self.k_quant)
-        return self._restore_sinks(key, self.quantize_prerope(key, rope))
+            return self._store(key, self.k_quant, keep)
+        return self.restore(key, self.quantize_prerope(key, rope), keep)
 
-    def _restore_sinks(self, x: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
+    def kept_tokens(self, n_tokens: int, residual: torch.Tensor | None, offset: int = 0) -> torch.Tensor | None:
+        """Bool ``[batch or 1, tokens]``: positions kept at model precision (first N, detected sinks)."""
+        keep = None
         if self.sinks:
-            n = min(self.sinks, x.shape[-2])
-            stored = torch.cat([x[..., :n, :], stored[..., n:, :]], dim=-2)
-        return stored
+            keep = (torch.arange(offset, offset + n_tokens) < self.sinks)[None]
+        if self.sink_peak:
+            if residual is None:
+                raise ConfigError("sinks=auto needs the decoder layers' inputs; this architecture does not expose them")
+            detected = residual.float().abs().amax(-1) > self.sink_peak  # [batch, tokens]
+            keep = detected if keep is None else keep | detected
+        return keep
 
-    def _store(self, x: torch.Tensor, quantize) -> torch.Tensor:
-        if quantize is None:
-            return x
-        stored = quantize(x).to(x.dtype)
-        if self.sinks:
-            n = min(self.sinks, x.shape[-2])
-            stored = torch.cat([x[..., :n, :], stored[..., n:, :]], dim=-2)
-        return stored
+    @staticmethod
+    def restore(x: torch.Tensor, stored: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        return stored if keep is None else torch.where(keep[:, None, :, None], x, stored)
+
+    def _store(self, x: torch.Tensor, quantize, keep: torch.Tensor | None = None) -> torch.Tensor:
+        return x if quantize is None else self.restore(x, quantize(x).to(x.dtype), keep)
 
     def _smooth(self, query: torch.Tensor, key: torch.Tensor):
         if self.smooth is None:
@@ -131,8 +137,9 @@ class LayerStore:
             value = rotate(value, self.rot_v)
         return key, value
 
-    def apply(self, query, key, value, rope=None):
+    def apply(self, query, key, value, rope=None, residual=None):
         """Transformed Q, K, V and their stored versions (for the teacher-forced simulation)."""
         query = self.query_side(query)
         key, value = self.key_value_side(key, value)
-        return query, key, self.store_keys(key, rope), value, self._store(value, self.v_quant)
+        keep = self.kept_tokens(key.shape[-2], residual)
+        return query, key, self.store_keys(key, rope, keep), value, self._store(value, self.v_quant, keep)
