@@ -51,3 +51,12 @@ def default_model():
     from wkvlab.models.loading import load_model
 
     return load_model("default")
+
+
+def tiny_mistral(seed: int = 0):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=1, head_dim=32, vocab_size=128, max_position_embeddings=256, sliding_window=16)
+    return MistralForCausalLM(cfg).eval()

@@ -4,10 +4,10 @@ import torch
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import AttentionInterface
 
-from tests.conftest import tiny_gemma3, tiny_llama, tiny_qwen3
+from tests.conftest import tiny_gemma3, tiny_llama, tiny_mistral, tiny_qwen3
 from wkvlab.kv import KVSpec, kv_quantization
 
-BUILDERS = {"llama": tiny_llama, "gemma3": tiny_gemma3, "qwen3": tiny_qwen3}
+BUILDERS = {"llama": tiny_llama, "gemma3": tiny_gemma3, "qwen3": tiny_qwen3, "mistral": tiny_mistral}
 
 
 def _logits(model, ids):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from tests.conftest import tiny_gemma3, tiny_llama, tiny_qwen3
+from tests.conftest import tiny_gemma3, tiny_llama, tiny_mistral, tiny_qwen3
 from wkvlab.kv import KVSpec, kv_quantization
 from wkvlab.kv.cache import QuantizeOnWriteCache, stream_logits
 
@@ -25,12 +25,12 @@ def test_streaming_equals_teacher_forced_llama(text):
     torch.testing.assert_close(stream_logits(model, spec, ids), _teacher_forced(model, spec, ids), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("build", [tiny_qwen3, tiny_gemma3])
+@pytest.mark.parametrize("build", [tiny_qwen3, tiny_gemma3, tiny_mistral])
 @pytest.mark.parametrize("text", ["q4_0", "kivi2", "int4+window=5+sinks=2"])
 def test_streaming_equals_teacher_forced_other_layouts(build, text):
     model = build()
     ids = torch.randint(0, 128, (40,))  # longer than Gemma's sliding window of 8
-    spec = KVSpec.parse(text.replace("kivi2", "int2-c4/int2-g32+residual=8") if build is tiny_qwen3 else text)
+    spec = KVSpec.parse(text.replace("kivi2", "int2-c4/int2-g32+residual=8") if build in (tiny_qwen3, tiny_mistral) else text)
     torch.testing.assert_close(stream_logits(model, spec, ids), _teacher_forced(model, spec, ids), rtol=1e-4, atol=1e-4)
 
 
