@@ -17,8 +17,10 @@ SPECS = [
     "llamacpp:q8_0/q4_0", "llamacpp:q4_0+norot",
     "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head", "vllm:fp8_per_token_head", "vllm:int4_per_token_head",
     "exl3:k8v8", "exl3:k6v6", "exl3:k4v4", "exl3:k4v2", "exl3:k3v3", "exl3:k2v2",
-    "kivi4", "kivi2", "qserve:kv4", "vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head",
-    "int4+rot", "int4+sinks=4", "int4+residual=128", "int4+window=128", "int4+skip=0,29", "int2+residual=128",
+    "vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head", "sglang:fp4_e2m1",
+    "kivi4", "kivi2", "kvquant:4", "kvquant:4-1%", "kvquant:3", "kvquant:3-1%", "kvquant:2-1%",
+    "qserve:kv4", "hf-quanto:int4", "hf-quanto:int2",
+    "int4+rot", "int4+sinks=4", "int4+sinks=auto", "int4+residual=128", "int4+window=128", "int4+skip=0,29",
 ]
 
 
@@ -26,11 +28,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="default")
     parser.add_argument("--ctx", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--json")
     args = parser.parse_args()
     work = api.prepare(args.model, "default", ctx=args.ctx, tokens=args.tokens)
-    specs = [KVSpec.parse(s) for s in SPECS]
+    last = work.loaded.model.config.num_hidden_layers - 1
+    specs = [KVSpec.parse(s.replace("skip=0,29", f"skip=0,{last}")) for s in SPECS]  # first and last layer
     results = api.evaluate_workload(work, [WeightSpec()], specs)
     fp16 = results[0].kv_bytes_per_token
     print(f"{work.loaded.name}, {results[0].tokens} scored tokens of prose, ctx {args.ctx}; float32 weights; "
