@@ -39,7 +39,7 @@ def fit_codebook(samples: torch.Tensor, bits: int, iters: int = 30) -> torch.Ten
 
 def snap_index(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     mids = (codebook[1:] + codebook[:-1]) / 2
-    return torch.bucketize(x, mids)
+    return torch.bucketize(x.contiguous(), mids)
 
 
 def snap(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
