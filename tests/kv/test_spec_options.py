@@ -108,3 +108,8 @@ def test_sglang_fp4_hand_values():
     assert out[:4].tolist() == [12.0, 1.0, -0.0, 3.0]
     assert fmt.bytes_per_vector(64) == 32 + 4
     assert KVSpec.parse("hf-quanto:int4").residual == 128
+
+
+def test_semicolon_separates_options_like_weight_configs():
+    assert KVSpec.parse("int4;sinks=4;skip=0,1") == KVSpec.parse("int4+sinks=4+skip=0,1")
+    assert split_kv_list("int4;skip=0,1,q4_0") == ["int4;skip=0,1", "q4_0"]

@@ -258,7 +258,8 @@ class KVSpec:
         text = text.strip()
         if text.startswith("@"):
             return cls.load(Path(text[1:]))
-        base, *options = text.split("+")
+        # "+" separates options; ";" too, the separator weight configs use (one grammar for both flags)
+        base, *options = re.split(r"[+;]", text)
         from wkvlab.kv.presets import lookup_preset  # presets build KVSpecs: import here, not at module load
 
         spec = lookup_preset(base)
@@ -367,7 +368,7 @@ def split_kv_list(text: str) -> list[str]:
     parts: list[str] = []
     for piece in text.split(","):
         piece = piece.strip()
-        joins = parts and re.search(r"\+skip=[^+]*$", parts[-1]) and re.fullmatch(rf"\d+(-\d+)?|{SLIDING}", piece)
+        joins = parts and re.search(r"[+;]skip=[^+;]*$", parts[-1]) and re.fullmatch(rf"\d+(-\d+)?|{SLIDING}", piece)
         if joins:
             parts[-1] += "," + piece
         elif piece:
