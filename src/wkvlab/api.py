@@ -117,4 +117,24 @@ def evaluate(
     return evaluate_workload(work, weight_specs, kv_specs, progress, calibration)
 
 
-__all__ = ["Workload", "prepare", "prepare_calibration", "CalibrationSpec", "parse_weights", "parse_kv", "evaluate", "evaluate_workload", "grid_steps", "check_kv_specs"]
+def sweep(spec, store="results.db", *, dry_run: bool = False, executor=None, progress: Progress | None = None):
+    """Run a sweep spec (a YAML path or a :class:`wkvlab.sweep.SweepSpec`) into a results store.
+
+    Returns a :class:`wkvlab.sweep.SweepReport`; with ``dry_run``, the :class:`wkvlab.sweep.SweepPlan`
+    instead (nothing runs, and a store that does not exist is not created). Stored results read back
+    with ``wkvlab.store.open_store(store).results()``. See docs/sweeps.md.
+    """
+    from pathlib import Path
+
+    from wkvlab.store import open_store
+    from wkvlab.sweep import plan_sweep, run_sweep  # here, not at the top: wkvlab.sweep imports this module
+
+    if dry_run:
+        if not Path(store).exists():
+            return plan_sweep(spec, None)
+        with open_store(store, create=False) as db:
+            return plan_sweep(spec, db)
+    return run_sweep(spec, store, executor=executor, progress=progress)
+
+
+__all__ = ["Workload", "sweep", "prepare", "prepare_calibration", "CalibrationSpec", "parse_weights", "parse_kv", "evaluate", "evaluate_workload", "grid_steps", "check_kv_specs"]

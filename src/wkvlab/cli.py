@@ -13,6 +13,7 @@ from wkvlab.errors import WkvlabError
 from wkvlab.io import write_json_atomic
 from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
+from wkvlab.sweep.cli import results_command, sweep_command
 from wkvlab.weights.parse import split_weight_list
 
 app = typer.Typer(
@@ -91,6 +92,9 @@ def demo_command(
 
 
 app.command("plan", help="Will it fit, how fast, which combination: memory, roofline throughput and engine command lines.")(plan_command)
+# Sweeps into a results store, resumable after a crash (docs/sweeps.md); the commands live in wkvlab.sweep.cli.
+app.command("sweep")(sweep_command)
+app.command("results")(results_command)
 
 
 def main() -> None:

@@ -1,0 +1,87 @@
+"""``wkvlab sweep`` and ``wkvlab results``: thin commands over :mod:`wkvlab.sweep` and the store.
+
+The main CLI registers both; user errors raise :class:`wkvlab.errors.WkvlabError`, which it prints
+as one line (exit 2).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from wkvlab.display import console, err_console, progress_bar
+from wkvlab.io import write_json_atomic
+from wkvlab.store import StoredRow, open_store
+from wkvlab.sweep.run import SweepPlan, plan_sweep, run_sweep
+from wkvlab.sweep.spec import load_spec
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def plan_table(plan: SweepPlan) -> Table:
+    table = Table(title=f"sweep {plan.spec.name}: {len(plan.configs)} configs, {len(plan.done)} done, "
+                        f"{len(plan.missing)} to run in {len(plan.tasks)} grid(s), about {_duration(plan.seconds)}", title_justify="left")
+    for name in ("id", "model", "data", "ctx", "tokens", "weights", "KV", "status"):
+        table.add_column(name, no_wrap=True)
+    for c in plan.configs:
+        status = "[green]done[/]" if c.config_id in plan.done else "to run"
+        table.add_row(c.config_id[:12], c.model, c.data, str(c.ctx), str(c.tokens), c.weight_spec.label, c.kv_spec.label, status)
+    return table
+
+
+def rows_table(rows: list[StoredRow], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("model", "data", "ctx", "tokens", "weights", "KV", "KLD mean ± se", "top-1", "PPL", "weights MB", "KV B/token"):
+        table.add_column(name, justify="left" if name in ("model", "data", "weights", "KV") else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(r.model, r.data, str(r.ctx), str(r.tokens), r.weights, r.kv, f"{r.kld_mean:.5f} ± {r.kld_se:.5f}",
+                      f"{100 * r.top1:.2f}%", f"{r.ppl:.3f}", f"{r.weight_bytes / 1e6:,.1f}", f"{r.kv_bytes_per_token:,.0f}")
+    return table
+
+
+def sweep_command(
+    spec: Annotated[Path, typer.Argument(help="sweep spec (YAML): models, data, ctx, tokens, weights, kv, ... (docs/sweeps.md)")],
+    store: Annotated[Path, typer.Option(help="results store (SQLite); created if missing, shared by concurrent sweeps")] = Path("results.db"),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (configs, which are done, estimated time) and run nothing")] = False,
+) -> None:
+    """Run every weights × KV config of a spec that the store lacks; resumes after a crash without redoing finished configs."""
+    sweep_spec = load_spec(spec)
+    if dry_run:  # never creates the store: a dry run against a new path plans everything
+        with console.status("planning (hashing models and data)"):
+            if store.exists():
+                with open_store(store, create=False) as db:
+                    plan = plan_sweep(sweep_spec, db)
+            else:
+                plan = plan_sweep(sweep_spec, None)
+        console.print(plan_table(plan))
+        return
+    with open_store(store) as db:
+        with console.status("planning (hashing models and data)"):
+            plan = plan_sweep(sweep_spec, db)
+        err_console.print(f"sweep {sweep_spec.name}: {len(plan.configs)} configs, {len(plan.done)} already in {store}, "
+                          f"{len(plan.missing)} to run (about {_duration(plan.seconds)})")
+        with progress_bar(plan.steps, "sweep") as advance:
+            report = run_sweep(sweep_spec, db, progress=advance, plan=plan)
+        err_console.print(f"wrote {report.written} result(s) to {store}" + (f"; {report.raced} were written first by another sweep" if report.raced else ""))
+        ids = set(report.config_ids)
+        console.print(rows_table([r for r in db.rows() if r.config_id in ids], f"sweep {sweep_spec.name} ({store})"))
+
+
+def results_command(
+    store: Annotated[Path, typer.Option(help="results store written by 'wkvlab sweep'")] = Path("results.db"),
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write every stored result (summaries, configs, by-position) as JSON")] = None,
+) -> None:
+    """List the results in a store: model, data, weights, KV, KLD mean ± se, top-1, PPL, bytes."""
+    with open_store(store, create=False) as db:
+        rows = db.rows()
+        console.print(rows_table(rows, f"{len(rows)} result(s) in {store}"))
+        if json_out is not None:
+            payload = [{"config_id": r.config_id, "config": db.config(r.config_id), **db.get(r.config_id).to_dict()} for r in rows]
+            write_json_atomic(json_out, payload)
+            err_console.print(f"wrote {json_out}")

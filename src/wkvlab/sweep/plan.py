@@ -1,0 +1,201 @@
+"""From a spec to configs with stable ids, and from the configs still missing to grid tasks.
+
+**Config ids.** A config's id is the SHA-256 of the canonical JSON (sorted keys, no spaces) of
+everything that determines its numbers: the model's fingerprint (the GGUF's SHA-256 or the HF
+folder's, as :func:`wkvlab.models.load_model` computes it), the text's SHA-256, ctx, tokens,
+score, stride, the weight and KV spec dicts without their display labels, and the calibration
+spec when (and only when) the config reads calibration text. Names do not enter: ``default`` and
+``smollm2`` are the same model, ``int4-g128`` and a spec file holding the same fields are the same
+config. Library versions do not enter either (an upgrade would orphan every stored result); each
+stored result records them instead.
+
+**Tasks.** Configs that share (model, data, ctx, tokens, score, stride) share windows and the
+reference pass. ``grid: group`` runs each such group as one grid per distinct set of missing KV
+configs — normally one grid, so the reference runs once and each weight config is built once;
+``grid: weight`` runs one grid per weight config, which repeats the reference (one forward per
+window) but loses at most one weight config's work to a crash.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from wkvlab.data import load_corpus
+from wkvlab.errors import ConfigError, ModelError
+from wkvlab.eval.runner import grid_steps
+from wkvlab.kv.spec import KVSpec
+from wkvlab.sweep.spec import SweepSpec
+from wkvlab.weights.spec import WeightSpec
+
+ID_VERSION = 1  # bump when the same config would produce different numbers (a metric's definition changed)
+# Fallback for --dry-run estimates before anything of this model is stored: seconds per scored
+# token and config, measured for SmolLM2-135M on 2 CPU cores (weight build amortized over 4 KV configs).
+DEFAULT_SECONDS_PER_TOKEN = 0.002
+
+
+def canonical_json(data) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def model_fingerprint(model: str) -> str:
+    """The fingerprint :func:`load_model` will report, without loading the model."""
+    # The private helpers are load_model's own, so an id computed here always equals the one
+    # computed from the loaded model (the executor checks that they agree).
+    from wkvlab.models.loading import _folder_fingerprint, _sha256
+    from wkvlab.models.packaged import canonical_name, packaged_gguf
+
+    packaged = canonical_name(model)
+    if packaged is not None:
+        return _sha256(packaged_gguf(packaged))
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _sha256(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return _folder_fingerprint(path)
+    raise ModelError(f"model not found: {model!r}; use 'default', 'gemma3-270m', a .gguf file or a Hugging Face model folder")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One point of a sweep: enough to run it anywhere and to recognise it in a store."""
+
+    model: str
+    model_sha256: str
+    data: str
+    data_sha256: str
+    ctx: int
+    tokens: int
+    score: str
+    stride: int | None
+    weights: dict
+    kv: dict
+    calibration: dict | None  # None unless the weight or KV config reads calibration text
+    config_id: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config_id", hashlib.sha256(canonical_json(self.identity()).encode()).hexdigest())
+
+    def identity(self) -> dict:
+        """What the id hashes: the inputs of the numbers, not their names."""
+        return {
+            "id_version": ID_VERSION, "dtype": "float32", "model_sha256": self.model_sha256, "data_sha256": self.data_sha256,
+            "ctx": self.ctx, "tokens": self.tokens, "score": self.score, "stride": self.stride,
+            "weights": {**self.weights, "label": None}, "kv": {**self.kv, "name": None}, "calibration": self.calibration,
+        }
+
+    @property
+    def group(self) -> tuple:
+        """Configs with the same group share windows and the reference pass."""
+        return (self.model, self.model_sha256, self.data, self.data_sha256, self.ctx, self.tokens, self.score, self.stride)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.data} ctx {self.ctx} × {self.tokens}: {self.weight_spec.label} × {self.kv_spec.label}"
+
+    @property
+    def weight_spec(self) -> WeightSpec:
+        return WeightSpec.from_dict(self.weights)
+
+    @property
+    def kv_spec(self) -> KVSpec:
+        return KVSpec.from_dict(self.kv)
+
+    def to_dict(self) -> dict:
+        return {**{k: v for k, v in self.__dict__.items()}, "identity": self.identity()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SweepConfig":
+        data = {k: v for k, v in data.items() if k not in ("identity", "config_id")}
+        return cls(**data)
+
+
+def expand(spec: SweepSpec) -> list[SweepConfig]:
+    """Every config of the spec, in axis order (model, data, ctx, tokens, score, weights, kv), without duplicates."""
+    for ctx in spec.ctx:
+        for tokens in spec.tokens:
+            if tokens < ctx:
+                raise ConfigError(f"sweep spec: tokens {tokens} is less than one window of ctx {ctx}; ask for at least {ctx} tokens")
+    models = {m: model_fingerprint(m) for m in spec.models}
+    texts = {d: load_corpus(d).sha256 for d in spec.data}
+    configs: dict[str, SweepConfig] = {}
+    for model in spec.models:
+        for data in spec.data:
+            for ctx in spec.ctx:
+                for tokens in spec.tokens:
+                    for score in spec.score:
+                        for w in spec.weights:
+                            for kv in spec.kv:
+                                calib = spec.calibration.to_dict() if (w.needs_calibration or kv.needs_calibration) else None
+                                config = SweepConfig(model, models[model], data, texts[data], ctx, tokens, score, spec.stride,
+                                                     w.to_dict(), kv.to_dict(), calib)
+                                configs.setdefault(config.config_id, config)
+    return list(configs.values())
+
+
+@dataclass(frozen=True)
+class GridTask:
+    """One grid: weight configs × KV configs on one group's windows. Configs in grid order
+    (weight-major, as :func:`wkvlab.eval.runner.run_grid` returns its results). JSON-able, so an
+    executor can ship it to another process or machine."""
+
+    configs: tuple[SweepConfig, ...]
+
+    @property
+    def first(self) -> SweepConfig:
+        return self.configs[0]
+
+    @property
+    def weights(self) -> list[dict]:
+        return list({canonical_json(c.weights): c.weights for c in self.configs}.values())
+
+    @property
+    def kv(self) -> list[dict]:
+        return list({canonical_json(c.kv): c.kv for c in self.configs}.values())
+
+    @property
+    def calibration(self) -> dict | None:
+        return next((c.calibration for c in self.configs if c.calibration is not None), None)
+
+    @property
+    def n_windows(self) -> int:
+        return max(1, self.first.tokens // self.first.ctx)  # what make_windows cuts when the text is long enough
+
+    @property
+    def steps(self) -> int:
+        """Progress steps the runner will report for this grid."""
+        kv_calibrated = any(KVSpec.from_dict(k).needs_calibration for k in self.kv)
+        return grid_steps(SimpleNamespace(n_windows=self.n_windows), len(self.weights), len(self.kv), kv_calibrated)
+
+    def to_dict(self) -> dict:
+        return {"configs": [c.to_dict() for c in self.configs]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GridTask":
+        return cls(tuple(SweepConfig.from_dict(c) for c in data["configs"]))
+
+
+def make_tasks(configs: list[SweepConfig], done: set[str] | frozenset[str] = frozenset(), grid: str = "group") -> list[GridTask]:
+    """Grids covering exactly the configs not in ``done``; each grid a full weights × KV rectangle."""
+    groups: dict[tuple, dict[str, list[SweepConfig]]] = {}
+    for c in configs:
+        if c.config_id not in done:
+            groups.setdefault(c.group, {}).setdefault(canonical_json(c.weights), []).append(c)
+    tasks = []
+    for by_weight in groups.values():
+        if grid == "weight":
+            tasks.extend(GridTask(tuple(cells)) for cells in by_weight.values())
+            continue
+        # weights whose missing KV configs are the same set form one rectangle
+        rectangles: dict[tuple[str, ...], list[SweepConfig]] = {}
+        for cells in by_weight.values():
+            rectangles.setdefault(tuple(canonical_json(c.kv) for c in cells), []).extend(cells)
+        tasks.extend(GridTask(tuple(cells)) for cells in rectangles.values())
+    return tasks
+
+
+def estimate_seconds(configs: list[SweepConfig], seconds_per_token: dict[str, float | None]) -> float:
+    """A rough wall time: measured seconds per token of this model in the store, else the default."""
+    return sum(c.tokens * (seconds_per_token.get(c.model_sha256) or DEFAULT_SECONDS_PER_TOKEN) for c in configs)
