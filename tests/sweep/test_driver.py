@@ -1,0 +1,74 @@
+"""The sweep driver with a stand-in executor: what runs, what is skipped, what an interruption keeps."""
+from __future__ import annotations
+
+import pytest
+
+from tests.store.helpers import fake_result
+from wkvlab import api
+from wkvlab.store import open_store
+from wkvlab.sweep import SweepSpec, TaskOutcome, plan_sweep, run_sweep
+
+SPEC = SweepSpec.from_dict({"ctx": 64, "tokens": 128, "weights": ["none", "int8", "int4-g128"], "kv": ["fp16", "fp8_e4m3", "int8", "int4"]})
+
+
+class FakeExecutor:
+    """Deterministic results per config id; records what it was asked to run; can stop midway."""
+
+    def __init__(self, stop_after: int | None = None, on_task=None):
+        self.ran: list[str] = []
+        self.stop_after, self.on_task = stop_after, on_task
+
+    def run(self, tasks, progress=None):
+        for n, task in enumerate(tasks):
+            if n == self.stop_after:
+                raise KeyboardInterrupt  # what a crash looks like to the driver: the generator stops
+            if self.on_task:
+                self.on_task(n, task)
+            self.ran += [c.config_id for c in task.configs]
+            yield TaskOutcome(task, tuple(fake_result(int(c.config_id[:6], 16), windows=2) for c in task.configs))
+
+
+def _snapshot(path):
+    with open_store(path, create=False) as store:
+        return {r.config_id: store.get(r.config_id).to_dict() for r in store.rows()}
+
+
+@pytest.mark.parametrize("grid, ctx, kept, total", [("weight", (64,), 4, 12), ("group", (32, 64), 12, 24)])
+def test_interrupted_sweep_resumes_to_the_uninterrupted_result(tmp_path, grid, ctx, kept, total):
+    spec = SweepSpec(**{**SPEC.__dict__, "grid": grid, "ctx": ctx})
+    full = FakeExecutor()
+    run_sweep(spec, tmp_path / "full.db", executor=full)
+    first = FakeExecutor(stop_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path / "resumed.db", executor=first)
+    assert len(first.ran) == kept  # the first grid was stored before the interruption
+    second = FakeExecutor()
+    report = run_sweep(spec, tmp_path / "resumed.db", executor=second)
+    assert not set(first.ran) & set(second.ran) and report.skipped == kept and report.written == total - kept
+    assert _snapshot(tmp_path / "resumed.db") == _snapshot(tmp_path / "full.db")
+
+
+def test_configs_finished_by_another_sweep_meanwhile_are_not_run(tmp_path):
+    spec = SweepSpec(**{**SPEC.__dict__, "grid": "weight"})
+    path = tmp_path / "r.db"
+
+    def other_sweep_writes(n, task):  # before our second grid, "another sweep" stores half of the third
+        if n == 1:
+            with open_store(path) as other:
+                for c in plan.tasks[2].configs[:2]:
+                    other.put(c.config_id, c.to_dict(), fake_result(0))
+
+    with open_store(path) as store:
+        plan = plan_sweep(spec, store)
+        executor = FakeExecutor(on_task=other_sweep_writes)
+        report = run_sweep(spec, store, executor=executor, plan=plan)
+    assert report.written == 10 and len(executor.ran) == 10 and report.raced == 0
+
+
+def test_dry_run_plans_without_creating_the_store(tmp_path):
+    plan = api.sweep(SPEC, tmp_path / "new.db", dry_run=True)
+    assert len(plan.missing) == 12 and len(plan.tasks) == 1 and plan.seconds > 0
+    assert not (tmp_path / "new.db").exists()
+    run_sweep(SPEC, tmp_path / "new.db", executor=FakeExecutor())
+    again = api.sweep(SPEC, tmp_path / "new.db", dry_run=True)
+    assert len(again.done) == 12 and again.tasks == () and again.seconds == 0
