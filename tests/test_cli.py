@@ -48,3 +48,10 @@ def test_short_text_and_group_errors(tmp_path):
     assert proc.returncode == 2 and "fewer than one window" in proc.stderr
     proc = _run("eval", "--kv", "int4-g48", "--ctx", "64", "--tokens", "64")
     assert proc.returncode == 2 and "does not divide head_dim 64" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_presets_lists_weights_and_kv():
+    proc = _run("presets")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("gptq-int4-g128", "llamacpp:q4_0", "kvquant:3-1%", "qserve:kv4", "q5_1"):
+        assert name in proc.stdout

@@ -91,6 +91,44 @@ def demo_command(
         err_console.print(f"wrote {json_out}")
 
 
+@app.command("presets")
+def presets_command() -> None:
+    """List the weight and KV-cache presets, KV element formats, and where each comes from."""
+    from rich.table import Table
+
+    from wkvlab.kv import KV_FORMATS, KVSpec
+    from wkvlab.kv.presets import describe_preset, preset_names as kv_preset_names
+    from wkvlab.weights import PRESETS
+
+    weights = Table(title="weight presets (--weights)", title_justify="left")
+    for column in ("name", "method", "format", "bits", "group", "activations"):
+        weights.add_column(column)
+    for name, spec in PRESETS.items():
+        weights.add_row(name, spec.method, spec.format, str(spec.bits), str(spec.group_size or "-"), spec.activations)
+    console.print(weights)
+    kv = Table(title="KV presets (--kv)", title_justify="left")
+    kv.add_column("name")
+    kv.add_column("spec")
+    kv.add_column("source")
+    for name in kv_preset_names():
+        if "<" in name:
+            kv.add_row(name, "", "any bit widths / pair of the types above")
+            continue
+        source = describe_preset(name.split("+")[0]).source
+        if "+scales=" in name:
+            source = "vLLM FP8 KV with calibrated k_scale/v_scale (calculate_kv_scales or checkpoint scales)"
+        kv.add_row(name, KVSpec.parse(name).canonical(), source)
+    console.print(kv)
+    formats = Table(title="KV element formats", title_justify="left")
+    formats.add_column("name")
+    formats.add_column("what")
+    formats.add_column("bytes per head vector (head_dim 64)", justify="right")
+    for fmt in KV_FORMATS.values():
+        formats.add_row(fmt.name, fmt.description, f"{fmt.bytes_per_vector(64):g}")
+    console.print(formats)
+    console.print("also: int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), nuq<b>[-c] (KVQuant); see docs/kv.md")
+
+
 app.command("plan", help="Will it fit, how fast, which combination: memory, roofline throughput and engine command lines.")(plan_command)
 # Sweeps into a results store, resumable after a crash (docs/sweeps.md); the commands live in wkvlab.sweep.cli.
 app.command("sweep")(sweep_command)
