@@ -21,7 +21,7 @@ from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, p
 from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.errors import ConfigError
 from wkvlab.kv.calibrate import KVStats, cached_kv_stats
-from wkvlab.kv.hook import kv_quantization
+from wkvlab.kv.hook import kv_quantization, layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.runtime import keep_freed_memory
@@ -107,6 +107,8 @@ def run_grid(
             tick(f"calibrated KV statistics under {qw.spec.label}", 1)
 
     cells = [(wi, kv) for wi in range(len(built)) for kv in kv_specs]
+    # per-layer stores built once per cell and reused by every window
+    cell_stores = [layer_stores(built[wi].model, kv, kv_stats[wi] if kv.needs_calibration else None) for wi, kv in cells]
     parts: list[list[TokenMetrics]] = [[] for _ in cells]
     seconds = [0.0] * len(cells)
     lo, hi = windows.score_from, windows.ctx - 1
@@ -116,7 +118,7 @@ def run_grid(
         tick("reference", 1)
         for c, (wi, kv) in enumerate(cells):
             start = time.perf_counter()
-            with kv_quantization(built[wi].model, kv, stats=kv_stats[wi] if kv.needs_calibration else None):
+            with kv_quantization(built[wi].model, kv, stores=cell_stores[c]):
                 logits = forward_logits(built[wi].model, tokens)[lo:hi]
             parts[c].append(compare_tokens(ref, logits))
             seconds[c] += time.perf_counter() - start

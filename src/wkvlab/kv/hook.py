@@ -35,17 +35,25 @@ def layer_stores(model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = N
 
 
 @contextmanager
-def kv_quantization(model: torch.nn.Module, spec: KVSpec, storage: str = "simulate", stats: KVStats | None = None) -> Iterator[None]:
+def kv_quantization(
+    model: torch.nn.Module,
+    spec: KVSpec,
+    storage: str = "simulate",
+    stats: KVStats | None = None,
+    stores: list[LayerStore] | None = None,
+) -> Iterator[None]:
     """Within the block, every attention layer of ``model`` sees K and V as ``spec`` stores them.
 
     ``storage="simulate"``: teacher-forced, the hook quantizes K/V itself (no cache object).
     ``storage="cache"``: a :class:`wkvlab.kv.cache.QuantizeOnWriteCache` already stored K/V (in the
     smoothed/rotated space); the hook only handles the query side and un-rotates V's output.
     ``stats``: calibration statistics, required by specs with ``smooth`` or calibrated ``scales``.
+    ``stores``: :func:`layer_stores` built once and reused across windows (fitting KVQuant
+    codebooks per window would repeat the same work on every pass).
     """
     if storage not in ("simulate", "cache"):
         raise ValueError(f"storage must be 'simulate' or 'cache', got {storage!r}")
-    stores = layer_stores(model, spec, stats)
+    stores = stores if stores is not None else layer_stores(model, spec, stats)
     selection = spec.selection()
     with attention_inputs(model) as inputs:
 
