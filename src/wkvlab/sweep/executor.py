@@ -51,6 +51,10 @@ def run_task(task: GridTask, progress: Progress | None = None, *, workload=None)
     calibration = CalibrationSpec.from_dict(task.calibration) if task.calibration else None
     results = api.evaluate_workload(work, [WeightSpec.from_dict(w) for w in task.weights], [KVSpec.from_dict(k) for k in task.kv],
                                     progress, calibration)
+    # A result stored under the wrong id would be silently wrong forever: check the pairing.
+    for config, result in zip(task.configs, results, strict=True):
+        if (result.weights_spec, result.kv_spec) != (config.weights, config.kv):
+            raise RuntimeError(f"grid order mismatch: {config.label} got the result of {result.weights} × {result.kv}")
     return TaskOutcome(task, tuple(results))
 
 
