@@ -71,10 +71,19 @@ def check_file(path: Path, create: bool) -> None:
 
 def identify(conn: sqlite3.Connection, path: Path) -> tuple[int, int, int]:
     """(application_id, user_version, number of tables); a corrupt file raises DataError."""
+    # One read transaction, so the three values are one snapshot: read one by one, they could
+    # straddle another process's schema creation (id 0 but tables present: "foreign").
+    own = not conn.in_transaction
     try:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if own:
+            conn.execute("BEGIN")
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        finally:
+            if own and conn.in_transaction:
+                conn.execute("COMMIT")
     except sqlite3.DatabaseError as exc:
         raise DataError(f"{path} is corrupt or not a database ({exc}); restore it from a backup or pass a new file to --store") from None
     return app_id, version, tables
