@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from wkvlab.errors import ConfigError
+from wkvlab.specio import reject_unknown_fields
 from wkvlab.kv.formats import KVFormat, get_kv_format
 
 Q_FORMATS = ("none", "fp8_e4m3", "q8_0")
@@ -238,10 +239,7 @@ class KVSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> "KVSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"unknown KV spec field(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
+        reject_unknown_fields(cls, data, "KV spec")
         data = dict(data)
         layers = data.get("layers") or {}
         if isinstance(layers, dict):

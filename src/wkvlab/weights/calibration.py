@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 
 from wkvlab.data import Corpus, load_corpus, tokenize, tokenizer_wants_bos
 from wkvlab.errors import ConfigError, DataError
+from wkvlab.specio import reject_unknown_fields
 
 DOMAINS = ("prose", "code", "math")
 
@@ -48,9 +49,7 @@ class CalibrationSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> "CalibrationSpec":
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"unknown calibration field(s) {sorted(unknown)}; known: data, samples, length")
+        reject_unknown_fields(cls, data, "calibration")
         return cls(**data)
 
 

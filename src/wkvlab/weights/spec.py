@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from wkvlab.errors import ConfigError
+from wkvlab.specio import reject_unknown_fields
 
 METHODS = ("none", "cast", "rtn", "gptq", "awq", "smoothquant", "llm-int8")
 FORMATS = ("fp32", "bf16", "fp16", "int", "fp8_e4m3", "nvfp4", "mxfp4")
@@ -127,10 +128,7 @@ class WeightSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> "WeightSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"unknown weight spec field(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
+        reject_unknown_fields(cls, data, "weight spec")
         return cls(**data)
 
     @classmethod
