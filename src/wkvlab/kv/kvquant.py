@@ -79,25 +79,26 @@ def _keep_largest(x: torch.Tensor, count: int) -> torch.Tensor:
     return torch.zeros_like(x, dtype=torch.bool).scatter_(-1, index, True)
 
 
-def quantize_per_token(x: torch.Tensor, codebook: torch.Tensor, outliers: float) -> torch.Tensor:
-    """Per (token, head): sparse outliers kept, the rest normalized by its range and snapped."""
+def _token_range(x: torch.Tensor, outliers: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per (token, head): the sparse-outlier mask and the centre and half-width of the other values."""
     keep = _keep_largest(x, math.ceil(outliers * x.shape[-1]) if outliers else 0)
     inner = x.masked_fill(keep, float("nan"))
     lo = torch.nan_to_num(inner, nan=float("inf")).amin(-1, keepdim=True)
     hi = torch.nan_to_num(inner, nan=float("-inf")).amax(-1, keepdim=True)
-    centre, half = (hi + lo) / 2, ((hi - lo) / 2).clamp_min(1e-8)
+    return keep, (hi + lo) / 2, ((hi - lo) / 2).clamp_min(1e-8)
+
+
+def quantize_per_token(x: torch.Tensor, codebook: torch.Tensor, outliers: float) -> torch.Tensor:
+    """Per (token, head): sparse outliers kept, the rest normalized by its range and snapped."""
+    keep, centre, half = _token_range(x, outliers)
     stored = snap(((x - centre) / half).clamp(-1, 1), codebook) * half + centre
     return torch.where(keep, x, stored)
 
 
 def normalized_per_token(x: torch.Tensor, outliers: float) -> torch.Tensor:
     """Calibration view of values: each token's non-outlier entries mapped to [-1, 1]."""
-    keep = _keep_largest(x, math.ceil(outliers * x.shape[-1]) if outliers else 0)
-    inner = x.masked_fill(keep, float("nan"))
-    lo = torch.nan_to_num(inner, nan=float("inf")).amin(-1, keepdim=True)
-    hi = torch.nan_to_num(inner, nan=float("-inf")).amax(-1, keepdim=True)
-    normalized = (x - (hi + lo) / 2) / ((hi - lo) / 2).clamp_min(1e-8)
-    return normalized[~keep]
+    keep, centre, half = _token_range(x, outliers)
+    return ((x - centre) / half)[~keep]
 
 
 def fit_layer(k_pre: torch.Tensor, v: torch.Tensor, k_bits: int, v_bits: int, outliers: float) -> KVQuantLayer:
