@@ -1,0 +1,1 @@
+"""Explain where combined weight × KV-cache quantization error comes from (issue #5)."""

@@ -1,0 +1,321 @@
+"""Where the weight error and the KV error meet: the attention-score error, term by term.
+
+With the candidate's query ``Q + ε_q`` (weight error propagated through every earlier layer, plus
+query quantization where the KV spec has it) and the key the candidate's attention really reads
+``K + ε_k`` (the dequantized cache: weight error and KV quantization together), the score error is
+
+    (Q + ε_q)(K + ε_k)ᵀ − QKᵀ = Q·ε_kᵀ + ε_q·Kᵀ + ε_q·ε_kᵀ
+
+exactly, each scaled like the scores themselves (1/√d, or the model's own ``scaling``, e.g. Gemma's
+``query_pre_attn_scalar``). Per layer and query head (GQA: each key head repeated for its query
+group) we accumulate the sum of squares of every term over the causal (query, key) pairs the layer
+really attends to (the model's own mask, so sliding windows count only their window), split into
+keys 0..3 (attention sinks) and the rest, and the KL between the reference's and the candidate's
+attention rows (softcapping applied where the model has it). Statistics are accumulated per window,
+never the [heads, T, T] scores themselves, so memory stays at one layer's scores.
+
+Two passes per window, through the hook machinery wkvlab already has: the reference pass records
+each layer's post-RoPE Q and K from the attention dispatch (:func:`attention_override`); the
+candidate pass runs under :func:`kv_quantization` and, one level inside it, recomputes what the
+layer's :class:`LayerStore` hands to attention (deterministic, so identical to what the hook uses).
+When the spec smooths or rotates Q/K, the reference's Q and K are carried into the same space
+(score-preserving transforms) so ε_q and ε_k are differences of like with like.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from wkvlab.formats.hadamard import rotate
+from wkvlab.kv.calibrate import KVStats
+from wkvlab.kv.hook import kv_quantization, layer_stores
+from wkvlab.kv.override import attention_inputs, attention_override
+from wkvlab.kv.spec import KVSpec
+from wkvlab.kv.store import LayerStore
+
+TERMS = ("kv", "weight", "cross", "total")  # Q·ε_kᵀ, ε_q·Kᵀ, ε_q·ε_kᵀ, candidate − reference scores
+TERM_LABELS = {"kv": "Q·ε_kᵀ", "weight": "ε_q·Kᵀ", "cross": "ε_q·ε_kᵀ", "total": "score error"}
+SINK_TOKENS = 4
+Progress = Callable[[str, int], None]
+
+
+def score_error_terms(q_ref: torch.Tensor, k_ref: torch.Tensor, q_cand: torch.Tensor, k_cand: torch.Tensor,
+                      scaling: float) -> dict[str, torch.Tensor]:
+    """The three terms of the score error and the total, ``[..., queries, keys]`` each.
+
+    Inputs ``[..., tokens, head_dim]`` with the same number of heads (GQA already expanded).
+    """
+    eps_q, eps_k = q_cand - q_ref, k_cand - k_ref
+    t = lambda x: x.transpose(-1, -2)  # noqa: E731
+    return {
+        "kv": (q_ref @ t(eps_k)) * scaling,
+        "weight": (eps_q @ t(k_ref)) * scaling,
+        "cross": (eps_q @ t(eps_k)) * scaling,
+        "total": (q_cand @ t(k_cand) - q_ref @ t(k_ref)) * scaling,
+    }
+
+
+def allowed_pairs(attention_mask: torch.Tensor | None, n_queries: int, n_keys: int) -> torch.Tensor:
+    """Bool ``[queries, keys]``: the pairs the layer attends to (the model's mask, else causal)."""
+    if attention_mask is None:
+        return torch.ones(n_queries, n_keys, dtype=torch.bool).tril(n_keys - n_queries)
+    mask = attention_mask[0, 0, -n_queries:, :n_keys]
+    return mask if mask.dtype == torch.bool else mask == 0
+
+
+def attention_kl(scores_ref: torch.Tensor, scores_cand: torch.Tensor, allowed: torch.Tensor,
+                 softcap: float | None = None) -> torch.Tensor:
+    """KL(reference row ‖ candidate row) per ``[..., query]``, over the allowed keys."""
+    def logp(scores):
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        return torch.log_softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+
+    lp_ref, lp_cand = logp(scores_ref), logp(scores_cand)
+    diff = (lp_ref - lp_cand).masked_fill(~allowed, 0.0)
+    return (lp_ref.exp() * diff).sum(-1)
+
+
+def _expand(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return x.repeat_interleave(n_heads // x.shape[1], dim=1)
+
+
+def _reference_space(store: LayerStore, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """The reference's Q/K carried into the candidate store's space: smoothing (Q·λ, K/λ) and
+    Hadamard rotation leave QKᵀ unchanged, and no quantization is applied."""
+    key, _ = store.key_value_side(key, value)
+    if store.smooth is not None:
+        query = query * _expand(store.smooth.to(query.dtype), query.shape[1])
+    if store.rot_k:
+        query = rotate(query, store.rot_k)
+    return query, key
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionDecomposition:
+    """Accumulated score-error statistics of one (weights, KV) candidate against the reference.
+
+    ``sumsq[term]``: ``[layers, heads, 2]`` sums of squares over (query, key) pairs whose key is a
+    sink (index 0) or not (index 1); ``pairs``: ``[layers, 2]`` how many pairs each head summed;
+    ``kl_sum`` / ``kl_rows``: attention-row KL summed per ``[layers, heads]`` and the row count.
+    """
+
+    weights: str
+    kv: str
+    ctx: int
+    n_windows: int
+    sink_tokens: int
+    sumsq: dict[str, np.ndarray]
+    pairs: np.ndarray
+    kl_sum: np.ndarray
+    kl_rows: np.ndarray
+    ref_sumsq: np.ndarray = field(default=None)  # [layers, heads]: reference scores, for scale
+
+    @property
+    def layers(self) -> int:
+        return int(self.pairs.shape[0])
+
+    @property
+    def heads(self) -> int:
+        return int(self.kl_sum.shape[1])
+
+    def rms(self, term: str, keys: str = "all") -> np.ndarray:
+        """``[layers, heads]`` root mean square of a term over keys ``all``, ``sinks`` or ``rest``."""
+        ss, n = self.sumsq[term], self.pairs[:, None, :]
+        sel = {"sinks": slice(0, 1), "rest": slice(1, 2), "all": slice(0, 2)}[keys]
+        count = n[..., sel].sum(-1)
+        return np.sqrt(np.divide(ss[..., sel].sum(-1), count, out=np.zeros(ss.shape[:2]), where=count > 0))
+
+    def kl(self) -> np.ndarray:
+        """``[layers, heads]`` mean KL between reference and candidate attention rows (nats)."""
+        return np.divide(self.kl_sum, self.kl_rows, out=np.zeros_like(self.kl_sum), where=self.kl_rows > 0)
+
+    def _energy(self, term: str) -> np.ndarray:
+        return self.sumsq[term].sum(-1)
+
+    def cross_share(self) -> np.ndarray:
+        """``[layers, heads]``: the cross term's part of that head's term energy, ss_cross / Σ ss_terms."""
+        parts = sum(self._energy(t) for t in ("kv", "weight", "cross"))
+        return np.divide(self._energy("cross"), parts, out=np.zeros_like(parts), where=parts > 0)
+
+    def cross_mass(self) -> np.ndarray:
+        """``[layers, heads]``: the fraction of the whole network's cross-term energy in that head."""
+        energy = self._energy("cross")
+        total = energy.sum()
+        return energy / total if total > 0 else np.zeros_like(energy)
+
+    def top_heads(self, n: int = 5) -> list[tuple[int, int, float]]:
+        """(layer, head, share of the network's cross-term energy), largest first."""
+        mass = self.cross_mass()
+        order = np.argsort(mass, axis=None)[::-1][:n]
+        return [(int(i // self.heads), int(i % self.heads), float(mass.flat[i])) for i in order]
+
+    def top_layers(self, n: int = 5) -> list[tuple[int, float]]:
+        """(layer, share of the network's cross-term energy), largest first."""
+        mass = self.cross_mass().sum(1)
+        order = np.argsort(mass)[::-1][:n]
+        return [(int(i), float(mass[i])) for i in order]
+
+    def network_shares(self) -> dict[str, float]:
+        """Each term's part of the summed term energy over the whole network."""
+        energies = {t: float(self._energy(t).sum()) for t in ("kv", "weight", "cross")}
+        total = sum(energies.values())
+        return {t: (e / total if total > 0 else 0.0) for t, e in energies.items()}
+
+    def sink_ratio(self, term: str = "total") -> float:
+        """RMS of the term on sink keys over its RMS on the other keys (network-wide)."""
+        ss, n = self.sumsq[term].sum(1), self.pairs * self.heads
+        sinks = np.sqrt(ss[:, 0].sum() / max(n[:, 0].sum(), 1))
+        rest = np.sqrt(ss[:, 1].sum() / max(n[:, 1].sum(), 1))
+        return float(sinks / rest) if rest > 0 else float("nan")
+
+    def per_layer(self) -> list[dict]:
+        rows = []
+        for layer in range(self.layers):
+            row = {"layer": layer}
+            for term in TERMS:
+                for keys in ("all", "sinks", "rest"):
+                    row[f"rms_{term}_{keys}"] = float(np.sqrt(np.mean(self.rms(term, keys)[layer] ** 2)))
+            row["attention_kl"] = float(self.kl()[layer].mean())
+            row["cross_share"] = float(self.cross_share()[layer].mean())
+            row["cross_mass"] = float(self.cross_mass()[layer].sum())
+            rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict:
+        return {
+            "weights": self.weights,
+            "kv": self.kv,
+            "ctx": self.ctx,
+            "windows": self.n_windows,
+            "sink_tokens": self.sink_tokens,
+            "terms": dict(TERM_LABELS),
+            "network_shares": self.network_shares(),
+            "sink_ratio_total": self.sink_ratio(),
+            "top_layers": [{"layer": l, "cross_mass": s} for l, s in self.top_layers()],
+            "top_heads": [{"layer": l, "head": h, "cross_mass": s} for l, h, s in self.top_heads()],
+            "per_layer": self.per_layer(),
+            "per_head": {
+                **{f"rms_{t}": self.rms(t).round(6).tolist() for t in TERMS},
+                "attention_kl": self.kl().round(8).tolist(),
+                "cross_share": self.cross_share().round(6).tolist(),
+            },
+        }
+
+    def lines(self) -> list[str]:
+        shares = self.network_shares()
+        kl = self.kl()
+        if not any(self.sumsq[t].any() for t in TERMS):
+            return [f"attention scores under {self.weights} × {self.kv} equal the reference's (no score error)"]
+        worst = np.unravel_index(np.argmax(kl), kl.shape) if kl.size else (0, 0)
+        top = ", ".join(f"L{l} ({s:.0%})" for l, s in self.top_layers(3))
+        return [
+            f"attention score error energy: KV term Q·ε_kᵀ {shares['kv']:.1%}, weight term ε_q·Kᵀ {shares['weight']:.1%}, "
+            f"cross term ε_q·ε_kᵀ {shares['cross']:.1%}",
+            f"the cross term sits mostly in layers {top}",
+            f"score error on the first {self.sink_tokens} keys is {self.sink_ratio():.2f}× its RMS on the other keys",
+            f"attention KL: mean {kl.mean():.2e} nats per row, largest at layer {worst[0]} head {worst[1]} ({kl.max():.2e})",
+        ]
+
+
+class _Accumulator:
+    def __init__(self, layers: int, heads: int) -> None:
+        self.sumsq = {t: np.zeros((layers, heads, 2)) for t in TERMS}
+        self.ref_sumsq = np.zeros((layers, heads))
+        self.pairs = np.zeros((layers, 2))
+        self.kl_sum = np.zeros((layers, heads))
+        self.kl_rows = np.zeros((layers, heads))
+
+    def add(self, layer: int, terms: dict[str, torch.Tensor], scores_ref: torch.Tensor, allowed: torch.Tensor,
+            kl: torch.Tensor, sink_tokens: int) -> None:
+        is_sink = torch.zeros(allowed.shape[-1], dtype=torch.bool)
+        is_sink[:sink_tokens] = True
+        groups = (allowed & is_sink, allowed & ~is_sink)
+        for term, x in terms.items():
+            sq = x.square()
+            for g, sel in enumerate(groups):
+                self.sumsq[term][layer, :, g] += (sq * sel).sum((-1, -2)).numpy()
+        self.ref_sumsq[layer] += (scores_ref.square() * allowed).sum((-1, -2)).numpy()
+        for g, sel in enumerate(groups):
+            self.pairs[layer, g] += float(sel.sum())
+        self.kl_sum[layer] += kl.sum(-1).numpy()
+        self.kl_rows[layer] += kl.shape[-1]
+
+
+def _layer_statistics(store: LayerStore, selection, ref_qk, query, key, value, attention_mask, rope, residual,
+                      scaling: float, softcap: float | None):
+    """Terms, reference scores, allowed pairs and attention KL for one layer of one window (float64)."""
+    q_cand, k_full, k_stored, _, _ = store.apply(query, key, value, rope, residual)
+    q_ref, k_ref = _reference_space(store, *ref_qk, value)
+    heads = q_cand.shape[1]
+    as64 = lambda x, expand=True: (_expand(x, heads) if expand else x)[0].double()  # noqa: E731
+    q_ref, k_ref, q_cand, k_full, k_stored = as64(q_ref), as64(k_ref), as64(q_cand), as64(k_full), as64(k_stored)
+    allowed = allowed_pairs(attention_mask, q_cand.shape[-2], k_stored.shape[-2])
+    terms = score_error_terms(q_ref, k_ref, q_cand, k_stored, scaling)
+    if selection is not None and not (store.k_quant is None and store.v_quant is None):
+        # residual / window specs: a query sees the full-precision key until the rule quantizes it
+        use_q = selection(torch.arange(q_cand.shape[-2]), k_stored.shape[-2])
+        fresh = score_error_terms(q_ref, k_ref, q_cand, k_full, scaling)
+        terms = {t: torch.where(use_q, terms[t], fresh[t]) for t in TERMS}
+    scores_ref = (q_ref @ k_ref.transpose(-1, -2)) * scaling
+    kl = attention_kl(scores_ref, scores_ref + terms["total"], allowed, softcap)
+    return terms, scores_ref, allowed, kl
+
+
+@torch.no_grad()
+def attention_decomposition(
+    reference: torch.nn.Module,
+    candidate: torch.nn.Module,
+    kv: KVSpec,
+    tokens: torch.Tensor,
+    *,
+    weights_label: str = "none",
+    stats: KVStats | None = None,
+    stores: list[LayerStore] | None = None,
+    sink_tokens: int = SINK_TOKENS,
+    progress: Progress | None = None,
+) -> AttentionDecomposition:
+    """Decompose the score error of ``candidate`` (weight-quantized model, or the reference itself)
+    under ``kv`` against ``reference``, over token windows ``tokens`` ``[n_windows, ctx]``.
+
+    ``stats``: KV calibration statistics for specs that need them; ``stores``: prebuilt layer stores.
+    """
+    tick = progress or (lambda _d, _n: None)
+    stores = stores if stores is not None else layer_stores(candidate, kv, stats)
+    selection = kv.selection()
+    cfg = candidate.config
+    acc = _Accumulator(cfg.num_hidden_layers, cfg.num_attention_heads)
+    for w in range(tokens.shape[0]):
+        ids = tokens[w : w + 1]
+        captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def record(backend, module, query, key, value, attention_mask, **kwargs):
+            captured[module.layer_idx] = (query, key)
+            return backend(module, query, key, value, attention_mask, **kwargs)
+
+        with attention_override(reference, record):
+            reference(input_ids=ids, use_cache=False)
+
+        with attention_inputs(candidate) as inputs, kv_quantization(candidate, kv, stores=stores):
+
+            def compare(backend, module, query, key, value, attention_mask, **kwargs):
+                layer = module.layer_idx
+                seen = inputs.get(layer, {})
+                scaling = kwargs.get("scaling") or module.scaling
+                terms, scores_ref, allowed, kl = _layer_statistics(
+                    stores[layer], selection, captured.pop(layer), query, key, value, attention_mask,
+                    seen.get("position_embeddings"), seen.get("residual"), scaling, kwargs.get("softcap"))
+                acc.add(layer, terms, scores_ref, allowed, kl, sink_tokens)
+                return backend(module, query, key, value, attention_mask, **kwargs)
+
+            with attention_override(candidate, compare):
+                candidate(input_ids=ids, use_cache=False)
+        tick("attention decomposition", 1)
+    return AttentionDecomposition(
+        weights=weights_label, kv=kv.label, ctx=int(tokens.shape[1]), n_windows=int(tokens.shape[0]),
+        sink_tokens=sink_tokens, sumsq=acc.sumsq, pairs=acc.pairs, kl_sum=acc.kl_sum, kl_rows=acc.kl_rows,
+        ref_sumsq=acc.ref_sumsq,
+    )
