@@ -13,6 +13,8 @@ from wkvlab.errors import WkvlabError
 from wkvlab.io import write_json_atomic
 from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
+from wkvlab.report import check_folder as check_report_folder, write_report
+from wkvlab.report.cli import print_written as print_report_written, report_command
 from wkvlab.sweep.cli import results_command, sweep_command
 from wkvlab.weights.parse import split_weight_list
 
@@ -83,9 +85,14 @@ def demo_command(
     tokens: Annotated[int, typer.Option(help="tokens to evaluate")] = 4096,
     ctx: Annotated[int, typer.Option(help="tokens per window")] = 512,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the grid as JSON")] = None,
+    report: Annotated[Optional[Path], typer.Option(help="also write the grid's HTML report, PNGs and tables into this folder (docs/report.md)")] = None,
 ) -> None:
     """The main job: weights {bf16, int8, int4-g128} × KV {fp16, fp8_e4m3, int8, int4} on the default model and text."""
+    if report is not None:
+        check_report_folder(report)  # before the grid: a refused folder must not cost the whole run
     results = _run_and_print(model, "default", ctx, tokens, list(DEMO_WEIGHTS), list(DEMO_KV), "all", "demo")
+    if report is not None:
+        print_report_written(write_report(results, report, source=f"wkvlab demo ({model}, {tokens} tokens, ctx {ctx})"))
     if json_out is not None:
         write_json_atomic(json_out, [r.to_dict() for r in results])
         err_console.print(f"wrote {json_out}")
@@ -133,6 +140,8 @@ app.command("plan", help="Will it fit, how fast, which combination: memory, roof
 # Sweeps into a results store, resumable after a crash (docs/sweeps.md); the commands live in wkvlab.sweep.cli.
 app.command("sweep")(sweep_command)
 app.command("results")(results_command)
+# The HTML/PNG/Markdown report of a store (docs/report.md); the command lives in wkvlab.report.cli.
+app.command("report")(report_command)
 
 
 def main() -> None:

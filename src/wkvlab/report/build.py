@@ -1,0 +1,62 @@
+"""Results → a report folder: the page, PNGs, Markdown, CSVs and the data as JSON.
+
+Everything is rendered in memory first and written only when all of it succeeded, so a failing
+chart never leaves half a report behind.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from wkvlab.eval.result import EvalResult
+from wkvlab.report.charts import group_charts, sensitivity_heatmap
+from wkvlab.report.data import ReportData, build_report_data
+from wkvlab.report.html import render_page, script_json
+from wkvlab.report.output import write_folder
+from wkvlab.report.png import render_png
+from wkvlab.report.profiles import Profile
+from wkvlab.report.tables import markdown_document, report_tables, to_csv
+from wkvlab.store import open_store
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    folder: Path
+    files: tuple[Path, ...]
+    data: ReportData
+
+    @property
+    def page(self) -> Path:
+        return self.folder / "index.html"
+
+
+def render_report(data: ReportData, profiles: Sequence[Profile] = ()) -> dict[str, bytes]:
+    """Every file of the report, by name."""
+    charts = {g.index: group_charts(data, g.index) for g in data.groups}
+    heatmaps = [sensitivity_heatmap(p, i) for i, p in enumerate(profiles)]
+    tables = report_tables(data)
+    files = {"index.html": render_page(data, charts, heatmaps, tables).encode("utf-8"),
+             "report.md": markdown_document(data, tables).encode("utf-8"),
+             "report.json": script_json({**data.to_dict(), "profiles": [p.to_dict() for p in profiles]}).encode("utf-8")}
+    files.update({f"{t.name}.csv": to_csv(t).encode("utf-8") for t in tables})
+    files.update({f"{c.id}.png": render_png(c) for cs in charts.values() for c in cs})
+    files.update({f"{h.id}.png": render_png(h) for h in heatmaps})
+    return files
+
+
+def write_report(results: Sequence[EvalResult], out: str | Path, *, source: str, context: int = 8192, batch: int = 1,
+                 profiles: Sequence[Profile] = (), n_resamples: int = 2000) -> ReportFiles:
+    """Build the report of ``results`` into folder ``out`` (created; a foreign non-empty folder is refused)."""
+    data = build_report_data(results, source=source, context=context, batch=batch, n_resamples=n_resamples)
+    written = write_folder(Path(out), render_report(data, profiles))
+    return ReportFiles(Path(out), tuple(written), data)
+
+
+def report_from_store(store: str | Path, out: str | Path, *, context: int = 8192, batch: int = 1,
+                      profiles: Sequence[Profile] = (), n_resamples: int = 2000) -> ReportFiles:
+    """The report of every result in a results store (opened read-only: a missing store is an error)."""
+    with open_store(store, create=False) as db:
+        results = db.results()
+    return write_report(results, out, source=str(store), context=context, batch=batch, profiles=profiles, n_resamples=n_resamples)

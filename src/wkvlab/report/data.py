@@ -1,0 +1,323 @@
+"""Stored results → the tidy tables the report draws: configs, KV penalties, cross-terms, position curves.
+
+Everything here is a pure function of EvalResults (no I/O, no plotting), so the numbers in the HTML,
+the PNGs and the Markdown/CSV tables are the same numbers, computed once.
+
+Results are compared only inside a *group*: the same model file, text, window length and token count
+(fingerprints included), because paired statistics need the same tokens. A store may hold several
+groups (two models, two contexts); the report draws each on its own.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+from wkvlab.errors import ConfigError, DataError
+from wkvlab.eval.result import EvalResult
+from wkvlab.kv.spec import KVSpec
+from wkvlab.stats.bootstrap import Interval, paired_interval
+
+# Weight methods that leave the linear weights at 16 bits or more: 'none' is the checkpoint itself,
+# 'cast' rounds it to bf16/fp16. 'none' is preferred as the baseline because its KLD is zero.
+SIXTEEN_BIT_WEIGHT_METHODS = ("none", "cast")
+KV_BIT_CLASSES = (16, 8, 4, 2)  # marker classes; a config's class is the nearest one from above
+NOMINAL_HEAD_DIM = 128  # for bits per element of formats whose scale overhead depends on head_dim
+
+
+def memory_bytes(weight_bytes: float, kv_bytes_per_token: float, context: int, batch: int = 1) -> float:
+    """What serving one config occupies: the weights once, plus the KV cache of ``batch`` sequences of
+    ``context`` tokens (the planner's ``kv_cache_bytes`` without engine block rounding)."""
+    if context < 0 or batch < 1:
+        raise ConfigError(f"--context must be >= 0 and --batch >= 1, got {context} and {batch}")
+    return float(weight_bytes) + float(kv_bytes_per_token) * context * batch
+
+
+def pareto_front(xs: Sequence[float], ys: Sequence[float]) -> list[int]:
+    """Indices of the points no other point beats on both axes (lower is better on both), by x.
+
+    A point is dropped when another has x <= and y <= with one strictly smaller; of identical
+    points the first is kept, so the front has no duplicates.
+    """
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i], i))
+    front: list[int] = []
+    best_y = float("inf")
+    for i in order:
+        if ys[i] < best_y:
+            front.append(i)
+            best_y = ys[i]
+    return front
+
+
+def kv_bits(kv_spec: dict) -> float:
+    """Average stored bits per K/V element of a config's main formats (16 for model precision)."""
+    spec = KVSpec.from_dict(kv_spec)
+    if spec.is_identity:
+        return 16.0
+    per_format = [f.bytes_per_vector(NOMINAL_HEAD_DIM) * 8 / NOMINAL_HEAD_DIM for f in (spec.k_format, spec.v_format)]
+    return float(np.mean(per_format))
+
+
+def kv_bit_class(bits: float) -> int:
+    """16, 8, 4 or 2: the smallest class at or above ``bits`` minus its scale overhead (q8_0's 8.5 → 8)."""
+    for cls in sorted(KV_BIT_CLASSES):
+        if bits < cls * 1.5:
+            return cls
+    return 16
+
+
+@dataclass(frozen=True)
+class Group:
+    """Results evaluated on the same tokens of the same model (comparable, pairable)."""
+
+    index: int
+    model: str
+    data: str
+    ctx: int
+    tokens: int
+    results: tuple[EvalResult, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} · {self.data} · ctx {self.ctx} · {self.tokens} tokens"
+
+
+def group_results(results: Sequence[EvalResult]) -> list[Group]:
+    keys: dict[tuple, list[EvalResult]] = {}
+    for r in results:
+        fp = r.fingerprints or {}
+        key = (r.model, fp.get("model_sha256"), r.data, fp.get("data_sha256"), r.ctx, r.tokens)
+        keys.setdefault(key, []).append(r)
+    return [Group(i, k[0], k[2], k[4], k[5], tuple(rs)) for i, (k, rs) in enumerate(keys.items())]
+
+
+@dataclass(frozen=True)
+class ConfigRow:
+    group: int
+    model: str
+    data: str
+    ctx: int
+    tokens: int
+    weights: str
+    kv: str
+    weights_16bit: bool
+    kv_bits: float
+    kv_class: int
+    weight_bytes: int
+    kv_bytes_per_token: float
+    memory_bytes: float
+    kld_mean: float
+    kld_se: float
+    kld_p99: float
+    top1: float
+    ppl: float
+    ppl_ref: float
+    pareto: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def config_rows(group: Group, context: int, batch: int) -> list[ConfigRow]:
+    """One row per config of the group, with memory at ``context`` × ``batch`` and the Pareto flag."""
+    memory = [memory_bytes(r.weight_bytes, r.kv_bytes_per_token, context, batch) for r in group.results]
+    kld = [r.kld for r in group.results]
+    front = set(pareto_front(memory, [k["mean"] for k in kld]))
+    rows = []
+    for i, r in enumerate(group.results):
+        bits = kv_bits(r.kv_spec)
+        rows.append(ConfigRow(group.index, r.model, r.data, r.ctx, r.tokens, r.weights, r.kv,
+                              r.weights_spec.get("method") in SIXTEEN_BIT_WEIGHT_METHODS, bits, kv_bit_class(bits),
+                              int(r.weight_bytes), float(r.kv_bytes_per_token), memory[i], kld[i]["mean"], kld[i]["se"],
+                              kld[i]["p99"], r.top1_agreement, r.ppl, r.ppl_ref, i in front))
+    return rows
+
+
+def same_tokens(a: EvalResult, b: EvalResult) -> bool:
+    return np.array_equal(a.arrays.window, b.arrays.window) and np.array_equal(a.arrays.position, b.arrays.position)
+
+
+def _baseline_weights(group: Group) -> str | None:
+    """The 16-bit weight config the cross-terms start from: 'none' (KLD 0) when stored, else a cast."""
+    for method in SIXTEEN_BIT_WEIGHT_METHODS:
+        for r in group.results:
+            if r.weights_spec.get("method") == method:
+                return r.weights
+    return None
+
+
+def _cells(group: Group) -> dict[tuple[str, str], EvalResult]:
+    return {(r.weights, r.kv): r for r in group.results}
+
+
+def _kv_baseline(group: Group, weights: str) -> EvalResult | None:
+    """(weights, 16-bit KV) of the group, or None."""
+    for r in group.results:
+        if r.weights == weights and KVSpec.from_dict(r.kv_spec).is_identity:
+            return r
+    return None
+
+
+@dataclass(frozen=True)
+class PenaltyRow:
+    """What a KV config adds to one weight config's KLD: KLD(W, C) − KLD(W, 16-bit KV), paired by window."""
+
+    group: int
+    weights: str
+    kv: str
+    kv_class: int
+    weight_bytes: int
+    kld_16bit_kv: float
+    kld: float
+    penalty: Interval
+
+    def to_dict(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "penalty"}, "penalty": self.penalty.to_dict()}
+
+
+def penalty_rows(group: Group, n_resamples: int) -> list[PenaltyRow]:
+    rows = []
+    for r in group.results:
+        if KVSpec.from_dict(r.kv_spec).is_identity:
+            continue
+        base = _kv_baseline(group, r.weights)
+        if base is None or not same_tokens(base, r):
+            continue
+        interval = paired_interval(lambda m: m["wc"] - m["w"], {"wc": r.arrays.kld, "w": base.arrays.kld}, r.arrays.window,
+                                   n_resamples=n_resamples)
+        rows.append(PenaltyRow(group.index, r.weights, r.kv, kv_bit_class(kv_bits(r.kv_spec)), int(r.weight_bytes),
+                               base.kld["mean"], r.kld["mean"], interval))
+    return rows
+
+
+@dataclass(frozen=True)
+class CrossTermRow:
+    """The 2×2 factorial interaction of one weight config W and one KV config C.
+
+    interaction = KLD(W, C) − KLD(W, C₀) − KLD(W₀, C) + KLD(W₀, C₀), with W₀ the 16-bit weights and C₀
+    the 16-bit cache. With W₀ = 'none' the last term is 0 and this is KLD(W+C) − KLD(W) − KLD(C):
+    positive means the two quantizations hurt more together than their separate costs add up to.
+    """
+
+    group: int
+    weights: str
+    kv: str
+    baseline_weights: str
+    kld_both: float
+    kld_weights: float
+    kld_kv: float
+    kld_baseline: float
+    interaction: Interval
+
+    @property
+    def additive(self) -> float:
+        """What KLD(W, C) would be if the two costs simply added."""
+        return self.kld_weights + self.kld_kv - self.kld_baseline
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k != "interaction"}
+        return {**out, "additive": self.additive, "interaction": self.interaction.to_dict()}
+
+
+def cross_term_rows(group: Group, n_resamples: int) -> list[CrossTermRow]:
+    w0 = _baseline_weights(group)
+    if w0 is None:
+        return []
+    base00 = _kv_baseline(group, w0)
+    if base00 is None:
+        return []
+    cells = _cells(group)
+    rows = []
+    for (w, c), both in cells.items():
+        if w == w0 or KVSpec.from_dict(both.kv_spec).is_identity:
+            continue
+        only_w, only_c = cells.get((w, base00.kv)), cells.get((w0, c))
+        if only_w is None or only_c is None or not all(same_tokens(both, x) for x in (only_w, only_c, base00)):
+            continue
+        arrays = {"wc": both.arrays.kld, "w": only_w.arrays.kld, "c": only_c.arrays.kld, "0": base00.arrays.kld}
+        interval = paired_interval(lambda m: m["wc"] - m["w"] - m["c"] + m["0"], arrays, both.arrays.window,
+                                   n_resamples=n_resamples)
+        rows.append(CrossTermRow(group.index, w, c, w0, both.kld["mean"], only_w.kld["mean"], only_c.kld["mean"],
+                                 base00.kld["mean"], interval))
+    return rows
+
+
+def position_edges(ctx: int, first: int = 16) -> list[int]:
+    """Bucket edges doubling from ``first``: the start of a window changes fastest."""
+    edges = [0]
+    edge = first
+    while edge < ctx:
+        edges.append(edge)
+        edge *= 2
+    return edges + [ctx]
+
+
+@dataclass(frozen=True)
+class PositionCurve:
+    group: int
+    weights: str
+    kv: str
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]  # exclusive
+    kld_mean: tuple[float, ...]
+    tokens: tuple[int, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def position_curve(group: int, result: EvalResult) -> PositionCurve:
+    """Mean KLD per position bucket (empty buckets, e.g. unscored first halves, are left out)."""
+    edges = position_edges(result.ctx)
+    pos, kld = result.arrays.position, result.arrays.kld
+    bucket = np.searchsorted(edges, pos, side="right") - 1
+    counts = np.bincount(bucket, minlength=len(edges))
+    sums = np.bincount(bucket, weights=kld.astype(np.float64), minlength=len(edges))
+    keep = [b for b in range(len(edges) - 1) if counts[b]]
+    return PositionCurve(group, result.weights, result.kv, tuple(edges[b] for b in keep), tuple(edges[b + 1] for b in keep),
+                         tuple(float(sums[b] / counts[b]) for b in keep), tuple(int(counts[b]) for b in keep))
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the report shows, for every group."""
+
+    source: str
+    context: int
+    batch: int
+    groups: tuple[Group, ...]
+    configs: tuple[ConfigRow, ...]
+    penalties: tuple[PenaltyRow, ...]
+    cross_terms: tuple[CrossTermRow, ...]
+    positions: tuple[PositionCurve, ...]
+
+    def in_group(self, rows, group: int) -> list:
+        return [r for r in rows if r.group == group]
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source, "context": self.context, "batch": self.batch,
+            "groups": [{"index": g.index, "label": g.label, "model": g.model, "data": g.data, "ctx": g.ctx, "tokens": g.tokens}
+                       for g in self.groups],
+            "configs": [r.to_dict() for r in self.configs],
+            "kv_penalties": [r.to_dict() for r in self.penalties],
+            "cross_terms": [r.to_dict() for r in self.cross_terms],
+            "positions": [r.to_dict() for r in self.positions],
+        }
+
+
+def build_report_data(results: Sequence[EvalResult], *, source: str, context: int = 8192, batch: int = 1,
+                      n_resamples: int = 2000) -> ReportData:
+    if not results:
+        raise DataError(f"{source} holds no results; run 'wkvlab sweep <spec.yaml> --store <file>' or 'wkvlab demo --report <dir>' first")
+    if context < 0 or batch < 1:
+        raise ConfigError(f"--context must be >= 0 and --batch >= 1, got {context} and {batch}")
+    groups = group_results(results)
+    return ReportData(
+        source, context, batch, tuple(groups),
+        tuple(row for g in groups for row in config_rows(g, context, batch)),
+        tuple(row for g in groups for row in penalty_rows(g, n_resamples)),
+        tuple(row for g in groups for row in cross_term_rows(g, n_resamples)),
+        tuple(position_curve(g.index, r) for g in groups for r in g.results),
+    )

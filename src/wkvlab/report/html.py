@@ -1,0 +1,165 @@
+"""The report page: one self-contained HTML file with plotly.js inline, so it opens offline.
+
+Safety: text from the store (model names, data names, config labels) is HTML-escaped wherever it
+enters markup; chart data travels as JSON inside ``<script type="application/json">`` with ``<``,
+``>`` and ``&`` written as ``\\u003c`` etc., so no string can close the script element; and plotly's
+own pseudo-HTML in labels gets entity-escaped text, so ``<b>`` in a model name is shown, not applied.
+A Content-Security-Policy forbids every network request: the page cannot fetch anything even if
+a future plotly.js tried to.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from functools import lru_cache
+from importlib import resources
+
+from wkvlab.errors import ConfigError
+from wkvlab.report.charts import Chart, Heatmap, Series
+from wkvlab.report.data import ReportData
+from wkvlab.report.tables import EMPTY, Table, to_html
+
+CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:"
+PLOTLY_CONFIG = {"responsive": True, "displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+NO_PROFILE = ("No per-layer sensitivity profile was given. Make one with 'wkvlab profile --model <model> --json profile.json' "
+              "and pass it with 'wkvlab report --profile profile.json'.")
+
+
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    """plotly.min.js as shipped in the pinned ``plotly`` wheel (no CDN: the page must work offline)."""
+    try:
+        text = resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        raise ConfigError("the HTML report needs plotly; install it with: pip install 'wkvlab[report]'") from None
+    return re.sub(r"</(script)", r"<\\/\1", text, flags=re.IGNORECASE)
+
+
+def plotly_text(text: str) -> str:
+    """Plain text → plotly label markup: entities for its tag syntax, <br> for line breaks."""
+    return html.escape(str(text), quote=False).replace("\n", "<br>")
+
+
+def _finite(value):
+    """JSON.parse rejects NaN/Infinity; a missing number becomes null (a gap in the chart)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def script_json(payload) -> str:
+    """JSON safe to place inside a <script> element: nothing in it can end the element or open a comment."""
+    text = json.dumps(_finite(payload), allow_nan=False, ensure_ascii=False)
+    for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(raw, escaped)
+    return text
+
+
+def _trace(s: Series) -> dict:
+    symbol = s.symbol if s.filled or s.symbol.endswith("-open") else f"{s.symbol}-open"
+    trace = {
+        "type": "scatter", "mode": s.mode, "name": plotly_text(s.name), "x": list(s.x), "y": list(s.y),
+        "marker": {"symbol": symbol, "color": s.color, "size": 10, "line": {"width": 2, "color": s.color}},
+        "line": {"color": s.color, "width": 2, "dash": s.dash},
+        "hovertemplate": "%{text}<extra></extra>", "text": [plotly_text(h) for h in s.hover] or None,
+    }
+    if s.x and isinstance(s.x[0], str):
+        trace["x"] = [plotly_text(x) for x in s.x]
+    if s.error_low is not None:
+        trace["error_y"] = {"type": "data", "symmetric": False, "array": list(s.error_high), "arrayminus": list(s.error_low),
+                            "color": s.color, "thickness": 1.2, "width": 4}
+    return trace
+
+
+def _axis(title: str, **extra) -> dict:
+    return {"title": {"text": plotly_text(title)}, "zeroline": False, "automargin": True, **extra}
+
+
+def plotly_figure(chart: Chart | Heatmap) -> dict:
+    layout = {"title": {"text": plotly_text(chart.title)}, "margin": {"t": 50, "r": 20}, "hovermode": "closest",
+              "legend": {"orientation": "v"}, "paper_bgcolor": "#ffffff", "plot_bgcolor": "#f7f7f7"}
+    if isinstance(chart, Heatmap):
+        data = [{"type": "heatmap", "x": [plotly_text(x) for x in chart.x_labels], "y": [plotly_text(y) for y in chart.y_labels],
+                 "z": [list(row) for row in chart.z], "colorscale": "Viridis", "reversescale": True,
+                 "colorbar": {"title": {"text": plotly_text(chart.colorbar)}},
+                 "hovertemplate": "layer %{y}<br>%{x}: %{z:.5f}<extra></extra>"}]
+        layout["xaxis"] = _axis(chart.x_title, type="category")
+        layout["yaxis"] = _axis(chart.y_title, type="category", autorange="reversed")
+        return {"id": chart.id, "data": data, "layout": layout}
+    layout["xaxis"] = _axis(chart.x_title, type="log" if chart.x_log else ("category" if chart.x_categories else "linear"))
+    if chart.x_categories:
+        layout["xaxis"]["categoryorder"] = "array"
+        layout["xaxis"]["categoryarray"] = [plotly_text(c) for c in chart.x_categories]
+    layout["yaxis"] = _axis(chart.y_title, zeroline=chart.zero_line, zerolinecolor="#444", zerolinewidth=1)
+    return {"id": chart.id, "data": [_trace(s) for s in chart.series], "layout": layout}
+
+
+def _figure_block(chart: Chart | Heatmap) -> str:
+    caption = f"<figcaption>{html.escape(chart.caption)}</figcaption>" if chart.caption else ""
+    return f"<figure><div class=\"chart\" id=\"{html.escape(chart.id)}\"></div>{caption}</figure>"
+
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; } h3 { margin-top: 1.5em; }
+.chart { width: 100%; height: 480px; }
+figure { margin: 1em 0 2em 0; } figcaption { color: #555; font-size: 0.9em; }
+table.data { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1.5em 0; display: block; overflow-x: auto; }
+table.data th, table.data td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; white-space: nowrap; }
+table.data th { background: #f3f3f3; }
+p.empty, p.meta { color: #555; }
+code { background: #f3f3f3; padding: 1px 4px; }
+"""
+
+BOOT = """
+(function () {
+  var figures = JSON.parse(document.getElementById('wkvlab-figures').textContent);
+  var config = JSON.parse(document.getElementById('wkvlab-plotly-config').textContent);
+  Promise.all(figures.map(function (f) { return Plotly.newPlot(f.id, f.data, f.layout, config); }))
+    .then(function () { document.body.setAttribute('data-charts-rendered', String(figures.length)); });
+})();
+"""
+
+
+def render_page(data: ReportData, charts: dict[int, list[Chart]], heatmaps: list[Heatmap], tables: list[Table],
+                title: str = "wkvlab report") -> str:
+    """The whole page as one string; every chart's div is filled by the inline script on load."""
+    by_name = {t.name: t for t in tables}
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<p class=\"meta\">Source: <code>{html.escape(data.source)}</code> · memory at {data.context:,} tokens of context"
+             + (f" × batch {data.batch}" if data.batch > 1 else "") + " · KLD vs the unquantized model, nats per token.</p>"]
+    figures = []
+    for group in data.groups:
+        parts.append(f"<h2>{html.escape(group.label)}</h2>")
+        for chart in charts.get(group.index, []):
+            parts.append(_figure_block(chart))
+            figures.append(plotly_figure(chart))
+    parts.append("<h2>Per-layer sensitivity</h2>")
+    if heatmaps:
+        for heatmap in heatmaps:
+            parts.append(_figure_block(heatmap))
+            figures.append(plotly_figure(heatmap))
+    else:
+        parts.append(f"<p class=\"empty\" id=\"no-profile\">{html.escape(NO_PROFILE)}</p>")
+    for name in ("cross_terms", "kv_penalty", "configs"):
+        table = by_name[name]
+        parts.append(f"<h2>{html.escape(table.title)}</h2>")
+        parts.append(to_html(table, EMPTY[name]))
+    body = "\n".join(parts)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{html.escape(title)}: {html.escape(data.source)}</title>\n<style>{STYLE}</style>\n"
+        f"<script>{plotly_js()}</script>\n</head>\n<body>\n{body}\n"
+        f"<script type=\"application/json\" id=\"wkvlab-data\">{script_json(data.to_dict())}</script>\n"
+        f"<script type=\"application/json\" id=\"wkvlab-figures\">{script_json(figures)}</script>\n"
+        f"<script type=\"application/json\" id=\"wkvlab-plotly-config\">{script_json(PLOTLY_CONFIG)}</script>\n"
+        f"<script>{BOOT}</script>\n</body>\n</html>\n"
+    )

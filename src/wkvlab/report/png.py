@@ -1,0 +1,77 @@
+"""The same chart specs as static PNGs (matplotlib, Agg): for docs, slides and places without a browser.
+
+Figures are built with ``matplotlib.figure.Figure`` and the Agg canvas directly, never pyplot, so
+nothing depends on a display or on global pyplot state.
+"""
+from __future__ import annotations
+
+import io
+
+from wkvlab.errors import ConfigError
+from wkvlab.report.charts import Chart, Heatmap
+
+MARKERS = {"circle": "o", "diamond": "D", "triangle-up": "^", "square": "s"}
+LINESTYLES = {"solid": "-", "dash": "--", "dot": ":", "dashdot": "-."}
+DPI = 110
+
+
+def _figure(width: float, height: float):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ModuleNotFoundError:
+        raise ConfigError("PNG charts need matplotlib; install it with: pip install 'wkvlab[report]'") from None
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _draw_chart(ax, chart: Chart) -> None:
+    categories = list(chart.x_categories or ())
+    for s in chart.series:
+        x = [categories.index(v) for v in s.x] if categories else list(s.x)
+        marker = MARKERS.get(s.symbol.removesuffix("-open"), "o") if "markers" in s.mode else None
+        face = s.color if s.filled and not s.symbol.endswith("-open") else "none"
+        linestyle = LINESTYLES.get(s.dash, "-") if "lines" in s.mode else "none"
+        kwargs = dict(color=s.color, marker=marker, markerfacecolor=face, markeredgecolor=s.color, markersize=7,
+                      linestyle=linestyle, linewidth=1.6, label=s.name)
+        if s.error_low is not None:
+            ax.errorbar(x, s.y, yerr=[s.error_low, s.error_high], elinewidth=1, capsize=3, **kwargs)
+        else:
+            ax.plot(x, s.y, **kwargs)
+    if categories:
+        ax.set_xticks(range(len(categories)), categories, rotation=15, ha="right")
+        ax.set_xlim(-0.5, len(categories) - 0.5)
+    if chart.x_log:
+        ax.set_xscale("log")
+    if chart.zero_line:
+        ax.axhline(0.0, color="#444", linewidth=0.8, linestyle="--")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+
+
+def _draw_heatmap(fig, ax, chart: Heatmap) -> None:
+    import numpy as np
+
+    z = np.array([[np.nan if v is None else v for v in row] for row in chart.z], dtype=float)
+    image = ax.imshow(z, aspect="auto", cmap="viridis_r", interpolation="nearest")
+    ax.set_xticks(range(len(chart.x_labels)), chart.x_labels, rotation=30, ha="right", fontsize=8)
+    step = max(1, len(chart.y_labels) // 30)  # a label per row up to 30 rows, then every n-th
+    ax.set_yticks(range(0, len(chart.y_labels), step), chart.y_labels[::step], fontsize=8)
+    fig.colorbar(image, ax=ax, label=chart.colorbar)
+
+
+def render_png(chart: Chart | Heatmap) -> bytes:
+    """One chart as PNG bytes."""
+    fig = _figure(8.5, 5.0)
+    ax = fig.add_subplot()
+    if isinstance(chart, Heatmap):
+        _draw_heatmap(fig, ax, chart)
+    else:
+        _draw_chart(ax, chart)
+    ax.set_title(chart.title)
+    ax.set_xlabel(chart.x_title)
+    ax.set_ylabel(chart.y_title)
+    out = io.BytesIO()
+    fig.savefig(out, format="png", metadata={"Software": "wkvlab"})  # no matplotlib version/date: same chart, same bytes
+    return out.getvalue()

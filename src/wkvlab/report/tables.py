@@ -1,0 +1,149 @@
+"""The report's tables: one definition per table, written as CSV (raw numbers), Markdown and HTML (formatted).
+
+A column is (header, raw value, formatted text), so the CSV keeps full precision for other tools
+while Markdown and the page show readable numbers, and all three list the same rows.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import io
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from wkvlab.report.data import ReportData
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    raw: Callable[[Any], Any]
+    text: Callable[[Any], str] | None = None  # None: str(raw)
+
+    def format(self, row) -> str:
+        return self.text(row) if self.text is not None else str(self.raw(row))
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str  # file stem: <name>.csv
+    title: str
+    columns: tuple[Column, ...]
+    rows: tuple
+
+    def raw_rows(self) -> list[list]:
+        return [[c.raw(r) for c in self.columns] for r in self.rows]
+
+    def text_rows(self) -> list[list[str]]:
+        return [[c.format(r) for c in self.columns] for r in self.rows]
+
+
+def _signed(x: float) -> str:
+    return f"{round(x, 5) + 0.0:+.5f}"  # + 0.0: rounding noise such as -1e-18 prints as +0.00000, not -0.00000
+
+
+def _interval_text(i) -> str:
+    return f"{_signed(i.estimate)} [{_signed(i.low)}, {_signed(i.high)}]"
+
+
+def configs_table(data: ReportData) -> Table:
+    ctx = f"{data.context:,}" + (f"×{data.batch}" if data.batch > 1 else "")
+    columns = (
+        Column("group", lambda r: r.group), Column("model", lambda r: r.model), Column("data", lambda r: r.data),
+        Column("ctx", lambda r: r.ctx), Column("tokens", lambda r: r.tokens),
+        Column("weights", lambda r: r.weights), Column("kv", lambda r: r.kv),
+        Column("kv_bits", lambda r: r.kv_bits, lambda r: f"{r.kv_bits:.2f}"),
+        Column("weight_bytes", lambda r: r.weight_bytes, lambda r: f"{r.weight_bytes / MIB:,.1f} MiB"),
+        Column("kv_bytes_per_token", lambda r: r.kv_bytes_per_token, lambda r: f"{r.kv_bytes_per_token:,.0f} B"),
+        Column(f"memory_at_{data.context}", lambda r: r.memory_bytes, lambda r: f"{r.memory_bytes / MIB:,.1f} MiB"),
+        Column("kld_mean", lambda r: r.kld_mean, lambda r: f"{r.kld_mean:.5f}"),
+        Column("kld_se", lambda r: r.kld_se, lambda r: f"{r.kld_se:.5f}"),
+        Column("kld_p99", lambda r: r.kld_p99, lambda r: f"{r.kld_p99:.4f}"),
+        Column("top1", lambda r: r.top1, lambda r: f"{100 * r.top1:.2f}%"),
+        Column("ppl", lambda r: r.ppl, lambda r: f"{r.ppl:.3f}"),
+        Column("ppl_ref", lambda r: r.ppl_ref, lambda r: f"{r.ppl_ref:.3f}"),
+        Column("pareto", lambda r: int(r.pareto), lambda r: "yes" if r.pareto else ""),
+    )
+    return Table("configs", f"Configs (memory: weights + KV cache at {ctx} tokens)", columns, data.configs)
+
+
+def penalty_table(data: ReportData) -> Table:
+    columns = (
+        Column("group", lambda r: r.group), Column("weights", lambda r: r.weights), Column("kv", lambda r: r.kv),
+        Column("kv_class_bits", lambda r: r.kv_class),
+        Column("kld_16bit_kv", lambda r: r.kld_16bit_kv, lambda r: f"{r.kld_16bit_kv:.5f}"),
+        Column("kld", lambda r: r.kld, lambda r: f"{r.kld:.5f}"),
+        Column("kv_penalty", lambda r: r.penalty.estimate, lambda r: _interval_text(r.penalty)),
+        Column("kv_penalty_low", lambda r: r.penalty.low, lambda r: _signed(r.penalty.low)),
+        Column("kv_penalty_high", lambda r: r.penalty.high, lambda r: _signed(r.penalty.high)),
+    )
+    return Table("kv_penalty", "KV-cache penalty: KLD(W, C) − KLD(W, 16-bit KV), 95% paired bootstrap interval", columns, data.penalties)
+
+
+def cross_term_table(data: ReportData) -> Table:
+    columns = (
+        Column("group", lambda r: r.group), Column("weights", lambda r: r.weights), Column("kv", lambda r: r.kv),
+        Column("baseline_weights", lambda r: r.baseline_weights),
+        Column("kld_both", lambda r: r.kld_both, lambda r: f"{r.kld_both:.5f}"),
+        Column("kld_weights_only", lambda r: r.kld_weights, lambda r: f"{r.kld_weights:.5f}"),
+        Column("kld_kv_only", lambda r: r.kld_kv, lambda r: f"{r.kld_kv:.5f}"),
+        Column("kld_baseline", lambda r: r.kld_baseline, lambda r: f"{r.kld_baseline:.5f}"),
+        Column("additive", lambda r: r.additive, lambda r: f"{r.additive:.5f}"),
+        Column("interaction", lambda r: r.interaction.estimate, lambda r: _interval_text(r.interaction)),
+        Column("interaction_low", lambda r: r.interaction.low, lambda r: _signed(r.interaction.low)),
+        Column("interaction_high", lambda r: r.interaction.high, lambda r: _signed(r.interaction.high)),
+        Column("significant", lambda r: int(r.interaction.excludes_zero), lambda r: "yes" if r.interaction.excludes_zero else "no"),
+    )
+    return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% paired bootstrap interval",
+                 columns, data.cross_terms)
+
+
+def report_tables(data: ReportData) -> list[Table]:
+    return [configs_table(data), penalty_table(data), cross_term_table(data)]
+
+
+def to_csv(table: Table) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([c.header for c in table.columns])
+    writer.writerows(table.raw_rows())
+    return out.getvalue()
+
+
+def _markdown_cell(text: str) -> str:
+    # A '|' would split the cell and a newline would end the table; HTML entities keep both visible.
+    return html.escape(text, quote=False).replace("|", "&#124;").replace("\n", " ")
+
+
+def to_markdown(table: Table, empty: str) -> str:
+    lines = [f"## {table.title}", ""]
+    if not table.rows:
+        return "\n".join(lines + [empty, ""])
+    lines.append("| " + " | ".join(c.header for c in table.columns) + " |")
+    lines.append("|" + "|".join("---" for _ in table.columns) + "|")
+    lines += ["| " + " | ".join(_markdown_cell(t) for t in row) + " |" for row in table.text_rows()]
+    return "\n".join(lines + [""])
+
+
+def to_html(table: Table, empty: str) -> str:
+    if not table.rows:
+        return f"<p class=\"empty\">{html.escape(empty)}</p>"
+    head = "".join(f"<th>{html.escape(c.header)}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(t)}</td>" for t in row) + "</tr>" for row in table.text_rows())
+    return f"<table class=\"data\" id=\"table-{html.escape(table.name)}\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+EMPTY = {
+    "configs": "No results.",
+    "kv_penalty": "No KV penalty: the store holds no weight config with both a 16-bit and a quantized KV cache on the same tokens.",
+    "cross_terms": "No cross-terms: they need (W, 16-bit KV), (16-bit weights, C), (16-bit weights, 16-bit KV) and (W, C) on the same tokens; "
+                   "a grid such as 'wkvlab demo' has them.",
+}
+
+
+def markdown_document(data: ReportData, tables: list[Table]) -> str:
+    head = [f"# wkvlab report: {_markdown_cell(data.source)}", ""]
+    head += [f"- group {g.index}: {_markdown_cell(g.label)}" for g in data.groups] + [""]
+    return "\n".join(head) + "\n".join(to_markdown(t, EMPTY[t.name]) for t in tables)

@@ -1,0 +1,50 @@
+"""Synthetic EvalResults for the report tests: the report is under test here, not the numbers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wkvlab.eval.result import EvalResult, TokenArrays
+from wkvlab.kv.spec import KVSpec
+
+WEIGHT_SPECS = {
+    "none": {"method": "none", "bits": 32, "format": "fp32"},
+    "bf16": {"method": "cast", "bits": 16, "format": "bf16"},
+    "int8": {"method": "rtn", "bits": 8, "format": "int"},
+    "int4-g128": {"method": "rtn", "bits": 4, "format": "int"},
+}
+WEIGHT_BYTES = {"none": 400_000_000, "bf16": 200_000_000, "int8": 100_000_000, "int4-g128": 60_000_000}
+KV_BYTES = {"fp16": 1000.0, "fp8_e4m3": 500.0, "int8": 520.0, "int4": 280.0}
+
+
+def make_result(weights: str, kv: str, kld, *, model: str = "tiny", windows: int = 4, ctx: int = 64,
+                weight_bytes: int | None = None, kv_bytes: float | None = None) -> EvalResult:
+    """A result whose per-token KLD is ``kld`` (a scalar, or one value per window) on windows × ctx tokens."""
+    n = windows * ctx
+    per_window = np.broadcast_to(np.asarray(kld, dtype=np.float64), (windows,))
+    kld_tokens = np.repeat(per_window, ctx) * (1 + np.tile(np.arange(ctx), windows) / ctx)  # grows with position
+    kld_tokens *= per_window.mean() / max(kld_tokens.mean(), 1e-300) if per_window.mean() else 1.0
+    arrays = TokenArrays(kld=kld_tokens, nll_ref=np.full(n, 2.0), nll=np.full(n, 2.0) + kld_tokens,
+                         top1_agree=(np.arange(n) % 10 != 0).astype(np.float64), delta_p=np.zeros(n),
+                         position=np.tile(np.arange(ctx), windows), window=np.repeat(np.arange(windows), ctx))
+    return EvalResult(model=model, data="default", ctx=ctx, weights=weights, kv=kv, weights_spec=dict(WEIGHT_SPECS[weights]),
+                      kv_spec=KVSpec.parse(kv).to_dict(), weight_bytes=WEIGHT_BYTES[weights] if weight_bytes is None else weight_bytes,
+                      kv_bytes_per_token=KV_BYTES[kv] if kv_bytes is None else kv_bytes, seconds=1.0, arrays=arrays,
+                      buckets=[(0, 16), (16, 63)], fingerprints={"model_sha256": "m" + model, "data_sha256": "d"})
+
+
+def demo_like_grid(model: str = "tiny") -> list[EvalResult]:
+    """bf16/int8/int4 × fp16/fp8/int8/int4 with KLDs that add up plus a known interaction."""
+    w = {"bf16": 0.001, "int8": 0.004, "int4-g128": 0.03}
+    c = {"fp16": 0.0, "fp8_e4m3": 0.002, "int8": 0.0015, "int4": 0.01}
+    out = []
+    for wn, wk in w.items():
+        for cn, ck in c.items():
+            extra = 0.003 if (wn == "int4-g128" and cn == "int4") else 0.0
+            out.append(make_result(wn, cn, wk + ck + extra, model=model))
+    return out
+
+
+@pytest.fixture
+def grid() -> list[EvalResult]:
+    return demo_like_grid()
