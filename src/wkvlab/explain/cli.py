@@ -1,0 +1,181 @@
+"""``wkvlab explain`` and ``wkvlab compare``: parse, call the API, print rich tables. No computation here."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from wkvlab.display import console, err_console, progress_bar
+from wkvlab.errors import ConfigError, DataError
+from wkvlab.explain.compare import Comparison, compare_results
+from wkvlab.explain.context import ContextCurve
+from wkvlab.explain.factorial import METRIC_LABELS, METRICS, Factorial
+from wkvlab.explain.mitigations import Mitigations
+from wkvlab.explain.run import STEPS, ExplainReport, explain, planned_steps
+from wkvlab.io import write_json_atomic
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def _table(title: str, columns: list[str], left: int = 1) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i < left else "right", no_wrap=True)
+    return table
+
+
+def _mark(excludes_zero: bool) -> str:
+    return "[bold]yes[/]" if excludes_zero else "no"
+
+
+def factorial_table(f: Factorial, ppl_ref: float) -> Table:
+    table = _table(f"2×2 factorial: {f.weights} × {f.kv} on {f.model}/{f.data}, {f.tokens} tokens in {f.windows} windows of {f.ctx} "
+                   f"(effects vs the unquantized reference, PPL {ppl_ref:.3f}; 95% paired bootstrap over windows)",
+                   ["metric", "W", "C", "W+C", "interaction W+C−W−C", "≠ 0?", "W+C / (W+C alone)"])
+    for name in METRICS:
+        e = f.metric(name)
+        fmt = ".2%" if name == "top1" else ".4f"
+        table.add_row(METRIC_LABELS[name], *(f"{getattr(e, k):{fmt}}" for k in ("w", "c", "wc", "interaction")),
+                      _mark(e.interaction.excludes_zero), f"{e.ratio:.2f}")
+    return table
+
+
+def noise_table(report: ExplainReport) -> Table:
+    table = _table("noise floor (difference b − a, 95% paired bootstrap)", ["a", "b", "ΔKLD", "ΔPPL", "Δ top-1 agreement", "max |ΔKLD| per token"], left=2)
+    for c in (report.noise.repeat, report.noise.backend):
+        if c is not None:
+            table.add_row(c.a, c.b, f"{c.kld:.2e}", f"{c.ppl:.2e}", f"{c.top1:.3%}", f"{c.max_abs_kld_diff:.2e}")
+    return table
+
+
+def cross_term_table(attention) -> Table:
+    table = _table(f"where the cross term ε_q·ε_kᵀ sits ({attention.n_windows} window(s) of {attention.ctx}): share of the network's cross-term energy",
+                   ["layer", "head", "cross-term share", "cross / all terms", "attention KL"], left=0)
+    per_head_share, kl = attention.cross_share(), attention.kl()
+    for layer, share in attention.top_layers(5):
+        table.add_row(str(layer), "all", f"{share:.1%}", f"{per_head_share[layer].mean():.1%}", f"{kl[layer].mean():.2e}")
+    for layer, head, share in attention.top_heads(5):
+        table.add_row(str(layer), str(head), f"{share:.1%}", f"{per_head_share[layer, head]:.1%}", f"{kl[layer, head]:.2e}")
+    return table
+
+
+def sparkline(values: list[float]) -> str:
+    top = max(values, default=0.0)
+    if top <= 0:
+        return SPARK[0] * len(values)
+    return "".join(SPARK[min(len(SPARK) - 1, int(max(v, 0.0) / top * (len(SPARK) - 1) + 0.5))] for v in values)
+
+
+def context_table(c: ContextCurve) -> Table:
+    excess = [r.kv_excess.estimate for r in c.rows]
+    table = _table(f"KLD by query position: {c.documents} documents of {c.max_ctx} tokens; cache excess {sparkline(excess)} "
+                   f"(change last vs first bucket after the sinks: {c.growth_wc:.4f})",
+                   ["positions", "tokens", "KLD W", "KLD C", "KLD W+C", "W+C − W (cache excess)", "top-1 W+C", "Δ top-1 from cache"])
+    for r in c.rows:
+        table.add_row(f"{r.start}-{r.end - 1}", str(r.tokens), *(f"{r.kld[k].estimate:.4f}" for k in ("w", "c", "wc")),
+                      f"{r.kv_excess:.4f}", f"{r.top1['wc'].estimate:.2%}", f"{r.kv_top1:.2%}")
+    return table
+
+
+def mitigations_table(m: Mitigations) -> Table:
+    table = _table(f"mitigations of {m.weights} × {m.kv} (cache excess KLD(W+C) − KLD(W) = {m.excess:.4f} at {m.kv_bytes_per_token:,.0f} B/token), best first",
+                   ["mitigation", "KV spec", "B/token", "KLD", "excess recovered", "Δ top-1 vs W+C", "why"], left=2)
+    for r in m.results:
+        table.add_row(r.name, r.kv, f"{r.kv_bytes_per_token:,.0f}", f"{r.kld.estimate:.4f}", f"{r.recovered:.0%}", f"{r.top1:.2%}", r.why)
+    return table
+
+
+def print_report(report: ExplainReport) -> None:
+    console.print(factorial_table(report.factorial, report.ppl_ref))
+    if report.noise is not None:
+        console.print(noise_table(report))
+    if report.attention is not None:
+        console.print(cross_term_table(report.attention))
+    if report.context is not None:
+        console.print(context_table(report.context))
+    if report.mitigations is not None:
+        console.print(mitigations_table(report.mitigations))
+    console.print("[bold]verdict[/]")
+    for line in report.verdict:
+        console.print(f"• {line}", highlight=False)
+
+
+def explain_command(
+    weights: Annotated[str, typer.Option(help="the weight config W, e.g. int4-g128 (one config)")],
+    kv: Annotated[str, typer.Option(help="the KV-cache config C, e.g. int4, q8_0, fp8_e4m3 (one config)")],
+    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
+    data: Annotated[str, typer.Option(help="'default' (pydoc prose), 'code' (stdlib source), a .txt/.jsonl file")] = "default",
+    ctx: Annotated[int, typer.Option(help="tokens per evaluation window (factorial, noise floor, mitigations)")] = 512,
+    tokens: Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows (more windows: tighter intervals)")] = 2048,
+    max_ctx: Annotated[int, typer.Option(help="length of the long documents for the position curve (up to the model's maximum, 8192 for the default model)")] = 1024,
+    context_docs: Annotated[int, typer.Option(help="long documents for the position curve")] = 4,
+    diag_windows: Annotated[int, typer.Option(help="windows for the attention decomposition and per-layer diagnostics")] = 1,
+    skip: Annotated[Optional[str], typer.Option(help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")] = None,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples per interval")] = 2000,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
+) -> None:
+    """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
+    skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
+    from wkvlab.explain.run import ExplainOptions
+
+    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples)
+    if "," in weights:
+        raise ConfigError("explain takes one weight config; to evaluate a grid use 'wkvlab eval'")
+    total = planned_steps(options, max(1, tokens // ctx))
+    with progress_bar(total, "explain") as advance:
+        done = [0]
+
+        def counted(description: str, steps: int) -> None:
+            done[0] += steps
+            advance(description, steps)
+
+        report = explain(weights, kv, model=model, data=data, ctx=ctx, tokens=tokens, max_ctx=max_ctx, context_docs=context_docs,
+                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, progress=counted)
+        advance("done", max(0, total - done[0]))  # the mitigation count was an upper bound
+    print_report(report)
+    if json_out is not None:
+        write_json_atomic(json_out, report.to_dict())
+        err_console.print(f"wrote {json_out}")
+
+
+def _resolve(db, ident: str) -> str:
+    """A full config id from an id or a unique prefix of one (listings show 12 characters)."""
+    matches = [r.config_id for r in db.rows() if r.config_id.startswith(ident)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise DataError(f"no result {ident!r} in {db.path}; 'wkvlab results --store {db.path}' lists them")
+    raise DataError(f"{ident!r} matches {len(matches)} results in {db.path}; give more characters of the id")
+
+
+def comparison_table(c: Comparison) -> Table:
+    table = _table(f"{c.b} − {c.a}: {c.tokens} tokens in {c.windows} windows (95% paired bootstrap over windows)",
+                   ["metric", "difference [interval]", "distinguishable from 0"])
+    table.add_row("KLD", f"{c.kld:.5f}", _mark(c.kld.excludes_zero))
+    table.add_row("PPL", f"{c.ppl:.4f}", _mark(c.ppl.excludes_zero))
+    table.add_row("top-1 agreement", f"{c.top1:.3%}", _mark(c.top1.excludes_zero))
+    table.add_row("max |ΔKLD| per token", f"{c.max_abs_kld_diff:.3g}", "")
+    return table
+
+
+def compare_command(
+    a: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the first result")],
+    b: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the second result")],
+    store: Annotated[Path, typer.Option(help="results store written by 'wkvlab sweep' (it keeps the per-token arrays pairing needs)")] = Path("results.db"),
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 2000,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the comparison as JSON")] = None,
+) -> None:
+    """Compare two stored results scored on the same tokens: b − a for KLD, PPL and top-1, with paired intervals."""
+    from wkvlab.store import open_store
+
+    if not store.exists():
+        raise DataError(f"results store {store} does not exist; run 'wkvlab sweep spec.yaml --store {store}' first")
+    with open_store(store, create=False) as db:
+        first, second = db.get(_resolve(db, a)), db.get(_resolve(db, b))
+    comparison = compare_results(first, second, n_resamples=resamples)
+    console.print(comparison_table(comparison))
+    if json_out is not None:
+        write_json_atomic(json_out, comparison.to_dict())
+        err_console.print(f"wrote {json_out}")

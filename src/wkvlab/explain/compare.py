@@ -1,0 +1,171 @@
+"""Paired comparison of two results on the same tokens, and the noise floor such comparisons sit on.
+
+Two configs evaluated on the same windows differ by ``metric(b) − metric(a)``; its interval comes
+from the paired bootstrap over windows, so window-to-window variation both share cancels. Results
+from different tokens cannot be paired and are refused with one line.
+
+The noise floor says how big a difference must be before it means anything:
+
+* **repeat**: the identical config evaluated a second time (fresh quantized copy and stores).
+  On a CPU with deterministic kernels this is expected to be exactly zero; anything else is
+  nondeterminism a reader must know about.
+* **backend**: the unquantized reference against itself under another attention implementation
+  (``eager`` instead of ``sdpa``), both float32 — pure floating-point reordering. A quantization
+  effect smaller than this is indistinguishable from the arithmetic's own noise.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+import torch
+
+from wkvlab.data.windows import WindowSet
+from wkvlab.errors import DataError, ModelError
+from wkvlab.eval.metrics import ReferenceTokens, compare_tokens, position_buckets
+from wkvlab.eval.result import EvalResult, TokenArrays
+from wkvlab.eval.runner import Progress, forward_logits
+from wkvlab.explain.factorial import metric_arrays, metric_value
+from wkvlab.stats import Interval, paired_interval
+
+
+def check_same_tokens(a: EvalResult, b: EvalResult) -> None:
+    """Raise DataError unless ``a`` and ``b`` were scored on the same tokens against the same reference."""
+    what = f"{a.weights} × {a.kv} and {b.weights} × {b.kv}"
+    for key in ("model_sha256", "data_sha256"):
+        fa, fb = a.fingerprints.get(key), b.fingerprints.get(key)
+        if fa and fb and fa != fb:
+            raise DataError(f"{what} come from different {key.split('_')[0]}s; compare only results of one model on one text")
+    if a.ctx != b.ctx or a.tokens != b.tokens:
+        raise DataError(f"{what} were scored on different windows (ctx {a.ctx} vs {b.ctx}, {a.tokens} vs {b.tokens} tokens); "
+                        "evaluate both with the same --ctx and --tokens")
+    same = (np.array_equal(a.arrays.window, b.arrays.window) and np.array_equal(a.arrays.position, b.arrays.position)
+            and np.array_equal(a.arrays.nll_ref, b.arrays.nll_ref))
+    if not same:
+        raise DataError(f"{what} were not scored on the same tokens (their reference losses differ); "
+                        "evaluate both with the same --model, --data, --ctx, --tokens and --score")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``b − a`` for KLD, PPL and top-1 agreement, with paired intervals over windows."""
+
+    a: str
+    b: str
+    tokens: int
+    windows: int
+    kld: Interval
+    ppl: Interval
+    top1: Interval  # difference of top-1 *agreement* (positive: b agrees more often)
+    max_abs_kld_diff: float  # largest per-token |KLD(b) − KLD(a)|: 0.0 means bit-identical scores
+
+    @property
+    def identical(self) -> bool:
+        return self.max_abs_kld_diff == 0.0
+
+    def to_dict(self) -> dict:
+        return {"a": self.a, "b": self.b, "tokens": self.tokens, "windows": self.windows,
+                "kld": self.kld.to_dict(), "ppl": self.ppl.to_dict(), "top1": self.top1.to_dict(),
+                "max_abs_kld_diff": self.max_abs_kld_diff}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Comparison":
+        return cls(data["a"], data["b"], data["tokens"], data["windows"], Interval.from_dict(data["kld"]),
+                   Interval.from_dict(data["ppl"]), Interval.from_dict(data["top1"]), data["max_abs_kld_diff"])
+
+
+def label(result: EvalResult) -> str:
+    return f"{result.weights} × {result.kv}"
+
+
+def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None, b_label: str | None = None,
+                    n_resamples: int = 2000, seed: int = 0) -> Comparison:
+    """The paired difference ``b − a`` of two results scored on the same tokens."""
+    check_same_tokens(a, b)
+    cells = {"a": a, "b": b}
+
+    def difference(metric: str) -> Interval:
+        f = metric_value(metric)
+        sign = -1.0 if metric == "top1" else 1.0  # metric_arrays holds top-1 *loss*; report agreement
+        statistic: Callable = lambda m: sign * (f(m["b"]) - f(m["a"]))  # noqa: E731
+        return paired_interval(statistic, metric_arrays(cells, metric), a.arrays.window, n_resamples=n_resamples, seed=seed)
+
+    diff = np.abs(b.arrays.kld - a.arrays.kld)
+    return Comparison(
+        a=a_label or label(a), b=b_label or label(b), tokens=a.tokens, windows=int(np.unique(a.arrays.window).size),
+        kld=difference("kld"), ppl=difference("ppl"), top1=difference("top1"),
+        max_abs_kld_diff=float(diff.max()) if diff.size else 0.0,
+    )
+
+
+# ---- the attention-backend noise floor -----------------------------------------------------------
+
+OTHER_BACKEND = {"sdpa": "eager", "eager": "sdpa"}
+
+
+def other_backend(model: torch.nn.Module) -> str:
+    """The attention implementation the backend noise floor compares the model's own with."""
+    current = model.config._attn_implementation or "eager"
+    if current not in OTHER_BACKEND:
+        raise ModelError(f"the model runs attention with {current!r}; the backend noise floor compares sdpa with eager, so load it with one of them")
+    return OTHER_BACKEND[current]
+
+
+@torch.no_grad()
+def backend_result(model: torch.nn.Module, windows: WindowSet, reference: EvalResult, backend: str, *,
+                   progress: Progress | None = None) -> EvalResult:
+    """The unquantized model under another attention backend, scored against its usual self.
+
+    ``reference`` is the identity cell (weights none, cache fp16) of the same windows: it supplies
+    the labels and metadata, and the returned result pairs with it.
+    """
+    tick = progress or (lambda _desc, _n: None)
+    current, other = model.config._attn_implementation or "eager", backend
+    lo, hi = windows.score_from, windows.ctx - 1
+    parts = []
+    start = time.perf_counter()
+    for w in range(windows.n_windows):
+        tokens = windows.tokens[w]
+        ref = ReferenceTokens.from_logits(forward_logits(model, tokens)[lo:hi], tokens[lo + 1 : hi + 1])
+        model.set_attn_implementation(other)
+        try:
+            logits = forward_logits(model, tokens)[lo:hi]
+        finally:
+            model.set_attn_implementation(current)
+        parts.append(compare_tokens(ref, logits))
+        tick(f"reference with {other} attention", 1)
+    return EvalResult(
+        model=reference.model, data=reference.data, ctx=windows.ctx, weights=f"none ({other})", kv="fp16",
+        weights_spec=reference.weights_spec, kv_spec=reference.kv_spec, weight_bytes=reference.weight_bytes,
+        kv_bytes_per_token=reference.kv_bytes_per_token, seconds=time.perf_counter() - start,
+        arrays=TokenArrays.concat(parts, np.arange(lo, hi)), buckets=position_buckets(windows.ctx),
+        fingerprints=dict(reference.fingerprints), notes=[f"reference pass with {current} attention, candidate with {other}"],
+    )
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """How large a difference must be to mean anything: rerun and other-backend comparisons."""
+
+    repeat: Comparison | None  # the identical config run twice
+    backend: Comparison | None  # the reference under another attention backend vs itself
+
+    def to_dict(self) -> dict:
+        return {"repeat": self.repeat.to_dict() if self.repeat else None, "backend": self.backend.to_dict() if self.backend else None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "NoiseFloor":
+        return cls(*(Comparison.from_dict(data[k]) if data.get(k) else None for k in ("repeat", "backend")))
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.repeat is not None:
+            r = self.repeat
+            out.append(f"{r.a} run twice: " + ("bit-identical per-token KLD (difference exactly 0)" if r.identical
+                       else f"ΔKLD {r.kld:.2e}, largest per-token difference {r.max_abs_kld_diff:.2e}"))
+        if self.backend is not None:
+            b = self.backend
+            out.append(f"{b.b} vs {b.a}: KLD {b.kld:.2e}, top-1 agreement {1 + b.top1.estimate:.4%}")
+        return out

@@ -1,0 +1,254 @@
+"""``wkvlab explain``: every diagnosis of one weights × KV combination, in one run, with a verdict.
+
+Order and what each step costs (passes of the model over one window):
+
+1. factorial: weights [none, W] × KV [fp16, C] on the evaluation windows (1 reference + 4 cells);
+2. noise floor: W+C evaluated a second time (1 + 1), and the reference under the other attention
+   backend (2 per window);
+3. attention decomposition and per-layer diagnostics (part B's modules) on the first
+   ``diag_windows`` windows;
+4. context: the factorial again on ``context_docs`` documents of ``max_ctx`` tokens (reused from
+   step 1 when ``max_ctx`` ≤ ``ctx``);
+5. mitigations: W × [C', ...] on the evaluation windows (1 + one per mitigation), chosen from
+   step 3's per-layer cross-term mass;
+6. generation, retrieval and self-generated text (part B's modules);
+7. the verdict, from all of the above.
+
+Any step but the factorial can be skipped (``skip``); the verdict then says less.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+from wkvlab import api
+from wkvlab.errors import ConfigError
+from wkvlab.eval.result import EvalResult
+from wkvlab.eval.runner import Progress, run_grid
+from wkvlab.explain.compare import NoiseFloor, backend_result, compare_results, other_backend
+from wkvlab.explain.context import ContextCurve, context_curve, long_windows
+from wkvlab.explain.factorial import Factorial, cells_from_grid, factorial, factorial_specs
+from wkvlab.explain.mitigations import Mitigations, candidates, measure
+from wkvlab.explain.verdict import verdict
+from wkvlab.kv.spec import KVSpec
+from wkvlab.specio import reject_unknown_fields
+from wkvlab.weights.spec import WeightSpec
+
+STEPS = ("noise", "attention", "hidden", "context", "mitigations", "generation", "retrieval", "selfgen")
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    """Everything that determines an explain run (round-trips through JSON)."""
+
+    weights: str
+    kv: str
+    model: str = "default"
+    data: str = "default"
+    ctx: int = 512
+    tokens: int = 2048
+    max_ctx: int = 1024
+    context_docs: int = 4
+    diag_windows: int = 1
+    skip: tuple = ()
+    n_resamples: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        skip = tuple(sorted({s.strip() for s in self.skip if s.strip()}))
+        unknown = [s for s in skip if s not in STEPS]
+        if unknown:
+            raise ConfigError(f"unknown step(s) to skip: {', '.join(unknown)}; use any of {', '.join(STEPS)}")
+        object.__setattr__(self, "skip", skip)
+        for name in ("ctx", "tokens", "max_ctx", "context_docs", "diag_windows", "n_resamples"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+
+    def runs(self, step: str) -> bool:
+        return step not in self.skip
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["skip"] = list(self.skip)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ExplainOptions":
+        reject_unknown_fields(cls, dict(data), "explain options")
+        return cls(**{**data, "skip": tuple(data.get("skip") or ())})
+
+
+@dataclass(frozen=True, eq=False)
+class ExplainReport:
+    """What ``wkvlab explain`` found; part B's results keep their own classes (``to_dict``, ``lines``)."""
+
+    options: ExplainOptions
+    model: str
+    data: str
+    ppl_ref: float
+    factorial: Factorial
+    noise: NoiseFloor | None = None
+    attention: Any = None  # explain.attention.AttentionDecomposition
+    hidden: Any = None  # explain.hidden.LayerDiagnostics
+    context: ContextCurve | None = None
+    mitigations: Mitigations | None = None
+    extras: dict = field(default_factory=dict)  # generation / retrieval / selfgen results (part B)
+    verdict: tuple = ()
+    seconds: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        part = lambda x: x.to_dict() if x is not None else None  # noqa: E731
+        return {
+            "options": self.options.to_dict(), "model": self.model, "data": self.data, "ppl_ref": self.ppl_ref,
+            "factorial": self.factorial.to_dict(), "noise": part(self.noise), "attention": part(self.attention),
+            "hidden": part(self.hidden), "context": part(self.context), "mitigations": part(self.mitigations),
+            **{name: part(value) for name, value in self.extras.items()},
+            "verdict": list(self.verdict), "seconds": self.seconds,
+        }
+
+
+def _noop(_desc: str, _n: int) -> None:
+    pass
+
+
+def planned_steps(options: ExplainOptions, n_windows: int, n_layers_known: bool = True) -> int:
+    """Progress-bar units (window passes) the run will take; an upper bound for mitigations."""
+    grid = lambda windows, n_w, n_kv: windows * (1 + n_w * n_kv) + n_w  # noqa: E731 - as runner.grid_steps
+    steps = grid(n_windows, 2, 2)
+    if options.runs("noise"):
+        steps += grid(n_windows, 1, 1) + n_windows
+    diag = min(options.diag_windows, n_windows)
+    steps += diag * (options.runs("attention") + options.runs("hidden"))
+    if options.runs("context") and options.max_ctx > options.ctx:
+        steps += grid(options.context_docs, 2, 2)
+    if options.runs("mitigations"):
+        steps += grid(n_windows, 1, 5)
+    return steps
+
+
+def _kv_stats(quantized, kv: KVSpec, calibration, fingerprint: str):
+    """KV calibration statistics under these weights, from the same cache run_grid uses."""
+    if not kv.needs_calibration:
+        return None
+    from wkvlab.kv.calibrate import cached_kv_stats
+
+    key = f"{fingerprint}|{json.dumps(quantized.spec.to_dict(), sort_keys=True)}|{calibration.key}"
+    return cached_kv_stats(quantized.model, calibration.tokens, key, {"calibration": calibration.spec.label})
+
+
+def explain(
+    weights: str,
+    kv: str,
+    *,
+    model: str = "default",
+    data: str = "default",
+    ctx: int = 512,
+    tokens: int = 2048,
+    max_ctx: int = 1024,
+    context_docs: int = 4,
+    diag_windows: int = 1,
+    skip: tuple | list = (),
+    n_resamples: int = 2000,
+    seed: int = 0,
+    progress: Progress | None = None,
+    loaded=None,
+) -> ExplainReport:
+    """Run every diagnosis of ``weights`` × ``kv`` (see the module docstring) and return the report.
+
+    ``loaded``: an already loaded :class:`wkvlab.models.loading.LoadedModel` to use instead of ``model``.
+    """
+    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), n_resamples, seed)
+    w_spec, c_spec = WeightSpec.parse(weights), KVSpec.parse(kv)
+    work = api.prepare(loaded or model, data, ctx=ctx, tokens=tokens)
+    net = work.loaded.model
+    api.check_kv_specs(net, [c_spec])
+    if options.runs("context") and max_ctx > work.loaded.max_context:
+        raise ConfigError(f"--max-ctx {max_ctx} is longer than {work.loaded.name}'s maximum context {work.loaded.max_context}; use --max-ctx {work.loaded.max_context} or less")
+    tick = progress or _noop
+    seconds: dict[str, float] = {}
+    calibration = api.prepare_calibration(work, [w_spec], None, [c_spec])
+    fingerprint = work.loaded.fingerprint
+    boot = dict(n_resamples=n_resamples, seed=seed)
+
+    def grid(windows, w_list, kv_list) -> list[EvalResult]:
+        return run_grid(net, windows, w_list, kv_list, model_name=work.loaded.name, data_name=work.corpus.name,
+                        fingerprints={"model_sha256": fingerprint, "data_sha256": work.corpus.sha256},
+                        progress=tick, calibration=calibration)
+
+    def timed(name: str, fn: Callable):
+        start = time.perf_counter()
+        value = fn()
+        seconds[name] = round(time.perf_counter() - start, 2)
+        return value
+
+    cells = timed("factorial", lambda: cells_from_grid(grid(work.windows, *factorial_specs(w_spec, c_spec))))
+    fact = factorial(cells, **boot)
+
+    noise = None
+    if options.runs("noise"):
+        def noise_floor() -> NoiseFloor:
+            again = grid(work.windows, [w_spec], [c_spec])[0]
+            current, other = net.config._attn_implementation, other_backend(net)
+            backend = backend_result(net, work.windows, cells["ref"], other, progress=tick)
+            return NoiseFloor(
+                repeat=compare_results(cells["wc"], again, b_label="the same, run again", **boot),
+                backend=compare_results(cells["ref"], backend, a_label=f"reference ({current})", b_label=f"reference ({other})", **boot),
+            )
+        noise = timed("noise", noise_floor)
+
+    attention = hidden = None
+    diag_tokens = work.windows.tokens[: min(diag_windows, work.windows.n_windows)]
+    if options.runs("attention") or options.runs("hidden"):
+        from wkvlab.weights.apply import quantize_model_weights
+
+        quantized = quantize_model_weights(net, w_spec, calibration, model_key=fingerprint)
+        stats = _kv_stats(quantized, c_spec, calibration, fingerprint)
+        common = dict(weights_label=w_spec.label, stats=stats, progress=tick)
+        if options.runs("attention"):
+            from wkvlab.explain.attention import attention_decomposition
+
+            attention = timed("attention", lambda: attention_decomposition(net, quantized.model, c_spec, diag_tokens, **common))
+        if options.runs("hidden"):
+            from wkvlab.explain.hidden import layer_diagnostics
+
+            hidden = timed("hidden", lambda: layer_diagnostics(net, quantized.model, c_spec, diag_tokens, **common))
+        del quantized
+
+    context = None
+    if options.runs("context"):
+        def run_context() -> ContextCurve:
+            if max_ctx <= ctx:  # the evaluation windows are already the longest asked for
+                return context_curve(cells, **boot)
+            docs = long_windows(work.corpus, work.loaded.tokenizer, max_ctx, context_docs, work.loaded.max_context)
+            return context_curve(cells_from_grid(grid(docs, *factorial_specs(w_spec, c_spec))), **boot)
+        context = timed("context", run_context)
+
+    mitigations = None
+    if options.runs("mitigations"):
+        def run_mitigations() -> Mitigations:
+            shares = attention.cross_mass().sum(1) if attention is not None else None
+            from wkvlab.kv.override import model_head_dim
+
+            chosen = candidates(c_spec, net.config.num_hidden_layers, model_head_dim(net), shares)
+            results = grid(work.windows, [w_spec], [c.kv for c in chosen])
+            return measure(cells, results, chosen, **boot)
+        mitigations = timed("mitigations", run_mitigations)
+
+    extras = _part_b_extras(options, work, w_spec, c_spec, calibration, tick, timed)
+    tick("done", 0)
+    report = ExplainReport(options, work.loaded.name, work.corpus.name, cells["ref"].ppl_ref, fact, noise, attention, hidden,
+                           context, mitigations, extras, seconds=seconds)
+    return _with_verdict(report)
+
+
+def _with_verdict(report: ExplainReport) -> ExplainReport:
+    from dataclasses import replace
+
+    return replace(report, verdict=tuple(verdict(report)))
+
+
+def _part_b_extras(options, work, w_spec, c_spec, calibration, tick, timed) -> dict:
+    """Generation agreement, planted-fact retrieval and self-generated text (part B's modules)."""
+    return {}

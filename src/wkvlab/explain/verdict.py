@@ -1,0 +1,57 @@
+"""The plain-language verdict: a few sentences, each carrying the measured number it rests on.
+
+Words follow the intervals, never the point estimates alone: "not additive" only when the
+interaction's 95% interval excludes zero, "grows with context" only when the growth's interval
+lies above zero, a mitigation "recovers" only when its share's interval excludes zero.
+"""
+from __future__ import annotations
+
+from wkvlab.explain.factorial import Effects, Factorial
+
+
+def additivity(f: Factorial) -> list[str]:
+    k = f.kld
+    parts = (f"KLD(W) {k.w.estimate:.4f}, KLD(C) {k.c.estimate:.4f}, KLD(W+C) {k.wc.estimate:.4f}; "
+             f"interaction {k.interaction:.4f}")
+    if k.additive:
+        head = f"Additive: {f.weights} and {f.kv} cost their sum; the interaction is not distinguishable from zero ({parts})."
+    elif k.interaction.estimate > 0:
+        head = (f"Not additive: {f.weights} with {f.kv} costs {k.ratio.estimate:.2f}× the sum of the two alone "
+                f"(ratio {k.ratio:.2f}; {parts}).")
+    else:
+        head = (f"Sub-additive: together {f.weights} and {f.kv} cost less than their sum, {k.ratio.estimate:.2f}× "
+                f"(ratio {k.ratio:.2f}; {parts}).")
+    return [head, _others(f.ppl, "PPL", f.tokens, f.windows), _others(f.top1, "top-1 loss", f.tokens, f.windows)]
+
+
+def _others(e: Effects, name: str, tokens: int, windows: int) -> str:
+    what = "additive" if e.additive else ("super-additive" if e.interaction.estimate > 0 else "sub-additive")
+    fmt = ".4f" if name == "PPL" else ".2%"
+    return (f"{name}: W {e.w.estimate:+{fmt}}, C {e.c.estimate:+{fmt}}, W+C {e.wc.estimate:+{fmt}}, interaction "
+            f"{e.interaction:{fmt}} ({what}; {tokens} tokens, {windows} windows, 95% paired bootstrap)")
+
+
+def noise_floor(report) -> list[str]:
+    noise = report.noise
+    if noise is None:
+        return []
+    lines = list(noise.lines())
+    if noise.backend is not None:
+        floor = abs(noise.backend.kld.estimate)
+        inter = abs(report.factorial.kld.interaction.estimate)
+        if inter and floor >= inter:
+            lines.append(f"the interaction ({inter:.2e}) is below the attention-backend noise ({floor:.2e}): it is arithmetic noise")
+    return lines
+
+
+def verdict(report) -> list[str]:
+    """The verdict lines for an :class:`~wkvlab.explain.run.ExplainReport`."""
+    lines = additivity(report.factorial)
+    for part in (report.attention, report.hidden, report.context, report.mitigations):
+        if part is not None:
+            lines.extend(part.lines())
+    for part in report.extras.values():
+        if part is not None:
+            lines.extend(part.lines())
+    lines.extend(noise_floor(report))
+    return [line for line in lines if line]
