@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.kv.spec import KVSpec
@@ -43,8 +42,3 @@ def demo_like_grid(model: str = "tiny") -> list[EvalResult]:
             extra = 0.003 if (wn == "int4-g128" and cn == "int4") else 0.0
             out.append(make_result(wn, cn, wk + ck + extra, model=model))
     return out
-
-
-@pytest.fixture
-def grid() -> list[EvalResult]:
-    return demo_like_grid()
