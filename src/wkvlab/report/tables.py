@@ -48,6 +48,13 @@ def _interval_text(i) -> str:
     return f"{_signed(i.estimate)} [{_signed(i.low)}, {_signed(i.high)}]"
 
 
+def _interval_columns(name: str, interval: Callable) -> tuple[Column, ...]:
+    """Estimate (shown with its interval), low and high: three CSV columns, readable in Markdown."""
+    return (Column(name, lambda r: interval(r).estimate, lambda r: _interval_text(interval(r))),
+            Column(f"{name}_low", lambda r: interval(r).low, lambda r: _signed(interval(r).low)),
+            Column(f"{name}_high", lambda r: interval(r).high, lambda r: _signed(interval(r).high)))
+
+
 def configs_table(data: ReportData) -> Table:
     ctx = f"{data.context:,}" + (f"×{data.batch}" if data.batch > 1 else "")
     columns = (
@@ -75,9 +82,7 @@ def penalty_table(data: ReportData) -> Table:
         Column("kv_class_bits", lambda r: r.kv_class),
         Column("kld_16bit_kv", lambda r: r.kld_16bit_kv, lambda r: f"{r.kld_16bit_kv:.5f}"),
         Column("kld", lambda r: r.kld, lambda r: f"{r.kld:.5f}"),
-        Column("kv_penalty", lambda r: r.penalty.estimate, lambda r: _interval_text(r.penalty)),
-        Column("kv_penalty_low", lambda r: r.penalty.low, lambda r: _signed(r.penalty.low)),
-        Column("kv_penalty_high", lambda r: r.penalty.high, lambda r: _signed(r.penalty.high)),
+        *_interval_columns("kv_penalty", lambda r: r.penalty),
     )
     return Table("kv_penalty", "KV-cache penalty: KLD(W, C) − KLD(W, 16-bit KV), 95% paired bootstrap interval", columns, data.penalties)
 
@@ -91,9 +96,7 @@ def cross_term_table(data: ReportData) -> Table:
         Column("kld_kv_only", lambda r: r.kld_kv, lambda r: f"{r.kld_kv:.5f}"),
         Column("kld_baseline", lambda r: r.kld_baseline, lambda r: f"{r.kld_baseline:.5f}"),
         Column("additive", lambda r: r.additive, lambda r: f"{r.additive:.5f}"),
-        Column("interaction", lambda r: r.interaction.estimate, lambda r: _interval_text(r.interaction)),
-        Column("interaction_low", lambda r: r.interaction.low, lambda r: _signed(r.interaction.low)),
-        Column("interaction_high", lambda r: r.interaction.high, lambda r: _signed(r.interaction.high)),
+        *_interval_columns("interaction", lambda r: r.interaction),
         Column("significant", lambda r: int(r.interaction.excludes_zero), lambda r: "yes" if r.interaction.excludes_zero else "no"),
     )
     return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% paired bootstrap interval",
