@@ -1,0 +1,101 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tests.explain.results_a import result, window_noise
+from tests.explain.tiny_loaded import VOCAB
+from wkvlab.data.windows import make_windows
+from wkvlab.errors import DataError
+from wkvlab.eval.runner import run_grid
+from wkvlab.explain.factorial import Factorial, cells_from_grid, factorial, factorial_specs
+from wkvlab.kv.spec import KVSpec
+from wkvlab.weights.spec import WeightSpec
+
+
+def _cells(**kw):
+    n = window_noise()
+    return {
+        "ref": result(0.0, nll=1.0, weights="none", kv="fp16", **kw),
+        "w": result(0.1 + n, nll=1.1, weights="int4-g128", kv="fp16", **kw),
+        "c": result(0.05 + n, nll=1.2, weights="none", kv="int4", **kw),
+        "wc": result(0.17 + 2 * n, nll=1.4, weights="int4-g128", kv="int4", **kw),
+    }
+
+
+def test_hand_computed_kld_and_ppl_effects():
+    f = factorial(_cells(), n_resamples=300)
+    n = window_noise().mean()
+    assert f.kld.w.estimate == pytest.approx(0.1 + n) and f.kld.c.estimate == pytest.approx(0.05 + n)
+    assert f.kld.wc.estimate == pytest.approx(0.17 + 2 * n)
+    # the window noise cancels in the interaction on every resample: a point interval at 0.02
+    assert f.kld.interaction.estimate == pytest.approx(0.02)
+    assert f.kld.interaction.low == pytest.approx(0.02) and f.kld.interaction.high == pytest.approx(0.02)
+    assert f.kld.interaction.excludes_zero and not f.kld.additive
+    assert f.kld.ratio.estimate == pytest.approx((0.17 + 2 * n) / (0.15 + 2 * n))
+    e = np.exp
+    assert f.ppl.reference == pytest.approx(e(1.0))
+    assert f.ppl.w.estimate == pytest.approx(e(1.1) - e(1.0))
+    assert f.ppl.interaction.estimate == pytest.approx(e(1.4) - e(1.1) - e(1.2) + e(1.0))
+    assert (f.windows, f.tokens, f.weights, f.kv, f.identity_kld_max) == (4, 128, "int4-g128", "int4", 0.0)
+
+
+def test_top1_loss_effects():
+    idx = np.arange(128)
+    cells = _cells()
+    cells["w"] = result(0.1, agree=idx % 10 != 0, weights="int4-g128", kv="fp16")  # loses 13 of 128
+    cells["c"] = result(0.1, agree=idx % 20 != 0)  # loses 7
+    cells["wc"] = result(0.3, agree=idx % 5 != 0)  # loses 26
+    f = factorial(cells, n_resamples=200)
+    assert f.top1.w.estimate == pytest.approx(13 / 128) and f.top1.c.estimate == pytest.approx(7 / 128)
+    assert f.top1.interaction.estimate == pytest.approx((26 - 13 - 7) / 128)
+
+
+def test_round_trips_through_json():
+    f = factorial(_cells(), n_resamples=100)
+    text = json.dumps(f.to_dict())  # NaN (the undefined ratio of zero effects) != NaN, so compare the JSON
+    assert json.dumps(Factorial.from_dict(json.loads(text)).to_dict()) == text
+
+
+def test_refuses_missing_cells_and_other_tokens():
+    cells = _cells()
+    with pytest.raises(DataError, match="missing: wc"):
+        factorial({k: v for k, v in cells.items() if k != "wc"})
+    cells["c"] = result(0.05, nll_ref=3.0)
+    with pytest.raises(DataError, match="same tokens"):
+        factorial(cells)
+
+
+def _tiny_windows(ctx=32, n=4):
+    ids = torch.randint(0, VOCAB, (n * ctx,), generator=torch.Generator().manual_seed(0))
+    return make_windows(ids, ctx=ctx, n_tokens=n * ctx, bos_id=None)
+
+
+def test_identity_config_interval_contains_zero():
+    """The issue's done-when: W = none, C = fp16 through the real runner gives exactly zero effects."""
+    from tests.explain.tiny_loaded import tiny_loaded
+
+    model = tiny_loaded().model
+    grid = run_grid(model, _tiny_windows(), *factorial_specs(WeightSpec.parse("none"), KVSpec.parse("fp16")), model_name="tiny", data_name="random")
+    f = factorial(cells_from_grid(grid), n_resamples=200)
+    for metric in ("kld", "ppl", "top1"):
+        e = f.metric(metric)
+        for iv in (e.w, e.c, e.wc, e.interaction):
+            assert iv.contains(0.0) and iv.estimate == 0.0
+        assert e.additive
+
+
+def test_quantized_cells_on_a_tiny_model():
+    from tests.explain.tiny_loaded import tiny_loaded
+
+    model = tiny_loaded().model
+    grid = run_grid(model, _tiny_windows(), *factorial_specs(WeightSpec.parse("int4-g32"), KVSpec.parse("int2")), model_name="tiny", data_name="random")
+    cells = cells_from_grid(grid)
+    assert (cells["w"].weights, cells["w"].kv, cells["c"].weights, cells["c"].kv) == ("int4-g32", "fp16", "none", "int2")
+    f = factorial(cells, n_resamples=200)
+    assert f.identity_kld_max == 0.0  # the hook is exact with the identity spec
+    assert f.kld.w.estimate > 0 and f.kld.c.estimate > 0 and f.kld.wc.estimate > 0
+    for e in (f.kld.w, f.kld.c, f.kld.wc, f.kld.interaction):
+        assert e.low <= e.estimate <= e.high
+    assert f.kld.interaction.estimate == pytest.approx(f.kld.wc.estimate - f.kld.w.estimate - f.kld.c.estimate)
