@@ -12,8 +12,10 @@ import typer
 from rich.table import Table
 
 from wkvlab.display import console, err_console, progress_bar
+from wkvlab.errors import ConfigError
 from wkvlab.io import write_json_atomic
 from wkvlab.store import StoredRow, open_store
+from wkvlab.sweep.executor import Executor, InProcessExecutor
 from wkvlab.sweep.run import SweepPlan, plan_sweep, run_sweep
 from wkvlab.sweep.spec import load_spec
 
@@ -45,12 +47,34 @@ def rows_table(rows: list[StoredRow], title: str) -> Table:
     return table
 
 
+def make_executor(name: str, *, address: str | None = None, cpus_per_task: float | None = None, gpus_per_task: float = 0,
+                  max_workers: int | None = None) -> Executor:
+    """The executor ``--executor`` names; Ray options without ``--executor ray`` are an error, not ignored."""
+    if name == "ray":
+        from wkvlab.sweep.ray_executor import RayExecutor, import_ray
+
+        import_ray()  # a missing install fails before planning hashes the models
+        return RayExecutor(address, num_cpus_per_task=cpus_per_task, num_gpus_per_task=gpus_per_task, max_workers=max_workers)
+    if name != "in-process":
+        raise ConfigError(f"unknown --executor {name!r}; use in-process or ray")
+    given = [flag for flag, value in (("--address", address), ("--cpus-per-task", cpus_per_task), ("--max-workers", max_workers)) if value is not None]
+    if given or gpus_per_task:
+        raise ConfigError(f"{(given or ['--gpus-per-task'])[0]} is an option of the Ray executor; add --executor ray")
+    return InProcessExecutor()
+
+
 def sweep_command(
     spec: Annotated[Path, typer.Argument(help="sweep spec (YAML): models, data, ctx, tokens, weights, kv, ... (docs/sweeps.md)")],
     store: Annotated[Path, typer.Option(help="results store (SQLite); created if missing, shared by concurrent sweeps")] = Path("results.db"),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (configs, which are done, estimated time) and run nothing")] = False,
+    executor: Annotated[str, typer.Option(help="in-process (default) or ray: grids run in parallel on Ray workers")] = "in-process",
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto (started here by 'ray start --head'), host:port or ray://host:port; default: a local cluster for this sweep")] = None,
+    cpus_per_task: Annotated[Optional[float], typer.Option(help="CPUs per Ray worker (default: all CPUs of the largest node)")] = None,
+    gpus_per_task: Annotated[float, typer.Option(help="GPUs Ray reserves per worker (places workers on GPU nodes; the evaluation runs on CPU)")] = 0,
+    max_workers: Annotated[Optional[int], typer.Option(help="at most this many Ray workers (default: as many as the cluster holds)")] = None,
 ) -> None:
     """Run every weights × KV config of a spec that the store lacks; resumes after a crash without redoing finished configs."""
+    runner = make_executor(executor, address=address, cpus_per_task=cpus_per_task, gpus_per_task=gpus_per_task, max_workers=max_workers)
     sweep_spec = load_spec(spec)
     if dry_run:  # never creates the store: a dry run against a new path plans everything
         with console.status("planning (hashing models and data)"):
@@ -67,7 +91,7 @@ def sweep_command(
         err_console.print(f"sweep {sweep_spec.name}: {len(plan.configs)} configs, {len(plan.done)} already in {store}, "
                           f"{len(plan.missing)} to run (about {_duration(plan.seconds)})")
         with progress_bar(plan.steps, "sweep") as advance:
-            report = run_sweep(sweep_spec, db, progress=advance, plan=plan)
+            report = run_sweep(sweep_spec, db, executor=runner, progress=advance, plan=plan)
         err_console.print(f"wrote {report.written} result(s) to {store}" + (f"; {report.raced} were written first by another sweep" if report.raced else ""))
         ids = set(report.config_ids)
         console.print(rows_table([r for r in db.rows() if r.config_id in ids], f"sweep {sweep_spec.name} ({store})"))
