@@ -42,3 +42,12 @@ def demo_like_grid(model: str = "tiny") -> list[EvalResult]:
             extra = 0.003 if (wn == "int4-g128" and cn == "int4") else 0.0
             out.append(make_result(wn, cn, wk + ck + extra, model=model))
     return out
+
+
+def profile_payload(model: str = "tiny", layers: int = 6, seed: int = 0) -> dict:
+    """The fields of a SensitivityProfile JSON (docs/search.md) the report reads."""
+    rng = np.random.default_rng(seed)
+    base = 0.004
+    return {"version": 1, "model": model, "data": "default", "weights": "int4-g128", "layers": layers, "base": {"kld": base, "se": 0.0, "tokens": 100},
+            "k": {"int4": list(base + rng.uniform(0, 0.01, layers)), "int8": list(base + rng.uniform(0, 0.001, layers))},
+            "v": {"int4": list(base + rng.uniform(0, 0.004, layers))}, "uniform": {}, "weight_layers": list(rng.uniform(0, 0.002, layers))}

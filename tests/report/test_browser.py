@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from wkvlab.report import load_profile, write_report
-from tests.report.helpers import demo_like_grid
+from tests.report.helpers import demo_like_grid, profile_payload
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 HOSTILE_MODEL = "<script>alert(1)</script>"
@@ -32,10 +32,7 @@ def report(tmp_path_factory) -> Path:
     for r in results:
         r.data = HOSTILE_DATA
     profile = tmp / "profile.json"
-    rng = np.random.default_rng(0)
-    profile.write_text(json.dumps({"model": HOSTILE_MODEL, "metric": "KLD",
-                                   "layers": [{"layer": i, "kld": {"k4v4": float(rng.uniform(0, 0.01)), "k8v4": float(rng.uniform(0, 0.004))}}
-                                              for i in range(6)]}))
+    profile.write_text(json.dumps(profile_payload(HOSTILE_MODEL)))
     return write_report(results, tmp / "report", source="synthetic", profiles=[load_profile(profile)], n_resamples=100).page
 
 

@@ -18,7 +18,7 @@ from wkvlab.report.html import NO_PROFILE, script_json
 from wkvlab.report.output import MANIFEST
 from wkvlab.report.tables import configs_table, cross_term_table, markdown_document, report_tables, to_csv
 from wkvlab.store import open_store
-from tests.report.helpers import demo_like_grid
+from tests.report.helpers import demo_like_grid, profile_payload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -81,16 +81,24 @@ def test_folder_is_written_rewritten_and_foreign_folders_refused(tmp_path):
 
 def test_profiles_become_a_heatmap_and_bad_ones_are_one_line(tmp_path):
     good = tmp_path / "p.json"
-    good.write_text(json.dumps({"model": "m", "layers": [{"layer": 1, "kld": {"k4v4": 0.2}}, {"layer": 0, "k4v4": 0.1, "k8v8": 0.01}]}))
+    payload = profile_payload(layers=3)
+    payload["k"]["int4"][1] = float("nan")
+    good.write_text(json.dumps(payload))
     profile = load_profile(good)
-    assert profile.layers == (0, 1) and profile.columns == ("k4v4", "k8v8")
-    assert profile.values == ((0.1, 0.01), (0.2, None))
+    assert profile.layers == (0, 1, 2) and profile.columns == ("K int4", "K int8", "V int4", "weights int4-g128")
+    assert profile.values[0][0] == pytest.approx(payload["k"]["int4"][0] - 0.004)  # K/V cells: KLD above the base
+    assert profile.values[1][0] is None  # a NaN measurement is a blank cell, not a number
+    assert profile.values[2][3] == payload["weight_layers"][2]  # weight cells: that layer's KLD itself
     out = write_report(demo_like_grid(), tmp_path / "rep", source="t", profiles=[profile], n_resamples=20)
     assert (tmp_path / "rep" / "profile0-sensitivity.png").read_bytes()[:8] == PNG_MAGIC
     assert "no-profile" not in out.page.read_text(encoding="utf-8")
+    payload["k"]["int8"] = [0.1]
+    good.write_text(json.dumps(payload))
+    with pytest.raises(DataError, match=r"k\[int8\] should list one number per layer \(3\)"):
+        load_profile(good)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": []}))
-    with pytest.raises(DataError, match="not a per-layer profile"):
+    with pytest.raises(DataError, match="not a wkvlab sensitivity profile"):
         load_profile(bad)
     bad.write_text("{")
     with pytest.raises(DataError, match="not JSON"):

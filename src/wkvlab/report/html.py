@@ -23,7 +23,7 @@ from wkvlab.report.tables import EMPTY, Table, to_html
 
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:"
 PLOTLY_CONFIG = {"responsive": True, "displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
-NO_PROFILE = ("No per-layer sensitivity profile was given. Make one with 'wkvlab profile --model <model> --json profile.json' "
+NO_PROFILE = ("No per-layer sensitivity profile was given. Make one with 'wkvlab profile --json profile.json' "
               "and pass it with 'wkvlab report --profile profile.json'.")
 
 

@@ -1,12 +1,16 @@
-"""Per-layer sensitivity profiles (``wkvlab profile`` JSON) → a layers × options matrix for the heatmap.
+"""Per-layer sensitivity profiles (``wkvlab profile --json``) → a layers × options matrix for the heatmap.
 
-A profile says, for each layer, how much KLD one quantization option costs when only that layer
-uses it. The reader accepts the layouts below and nothing else (anything else is one error line):
+The file is :meth:`wkvlab.search.profile.SensitivityProfile.to_dict` (docs/search.md). What the
+heatmap uses of it, all mean per-token KLD against the unquantized reference:
 
-* ``{"layers": [{"layer": 0, "kld": {"int4": 0.01, ...}}, ...]}`` — a metric mapping per layer;
-* ``{"layers": [{"layer": 0, "int4": 0.01, ...}, ...]}`` — options as numeric fields of each layer.
+* ``base.kld``: the weight config ``weights`` with the cache untouched;
+* ``k[fmt][l]`` / ``v[fmt][l]``: the same with only layer ``l``'s keys (values) in ``fmt`` — the cell
+  is ``k[fmt][l] − base.kld``, what that layer's K (V) in that format adds;
+* ``weight_layers[l]`` (may be empty): cache untouched, only layer ``l``'s weights quantized — the
+  cell is that KLD itself.
 
-Optional top-level ``model``, ``data``, ``metric`` and ``title`` label the chart.
+The file is read as JSON here rather than through ``SensitivityProfile`` so the report depends on
+the documented format, not on the search package's code; every key it uses is checked.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from wkvlab.errors import DataError
 
-METRIC_KEYS = ("kld", "kld_mean", "delta_kld", "sensitivity")
+MAKE_ONE = "make one with 'wkvlab profile --json <file>'"
 
 
 @dataclass(frozen=True)
@@ -25,9 +29,9 @@ class Profile:
     title: str
     layers: tuple[int, ...]
     columns: tuple[str, ...]
-    values: tuple[tuple[float | None, ...], ...]  # [layer][column]; None where the profile has no value
-    column_title: str = "quantization option"
-    value_title: str = "KLD"
+    values: tuple[tuple[float | None, ...], ...]  # [layer][column]; None where the profile has no finite value
+    column_title: str = "what is quantized in that layer alone"
+    value_title: str = "KLD added"
     caption: str = ""
 
     def to_dict(self) -> dict:
@@ -40,29 +44,38 @@ def _number(value) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _layer_values(entry: dict) -> dict[str, float]:
-    for key in METRIC_KEYS:
-        if isinstance(entry.get(key), dict):
-            return {str(k): v for k, v in entry[key].items() if _number(v) is not None}
-    return {str(k): v for k, v in entry.items() if k != "layer" and _number(v) is not None}
+def _per_layer(values, n_layers: int, what: str, source: str) -> list:
+    if not isinstance(values, list) or len(values) != n_layers:
+        raise DataError(f"{source}: {what} should list one number per layer ({n_layers}); {MAKE_ONE}")
+    return values
 
 
 def profile_from_dict(payload, source: str) -> Profile:
-    layers = payload.get("layers") if isinstance(payload, dict) else None
-    if not isinstance(layers, list) or not layers or not all(isinstance(e, dict) and isinstance(e.get("layer"), int) for e in layers):
-        raise DataError(f"{source} is not a per-layer profile (expected {{\"layers\": [{{\"layer\": 0, ...}}, ...]}}); "
-                        "make one with 'wkvlab profile --json <file>'")
-    per_layer = {e["layer"]: _layer_values(e) for e in layers}
-    columns = tuple(dict.fromkeys(c for values in per_layer.values() for c in values))
+    if not isinstance(payload, dict) or not all(k in payload for k in ("layers", "base", "k", "v")):
+        raise DataError(f"{source} is not a wkvlab sensitivity profile (needs layers, base, k, v); {MAKE_ONE}")
+    n_layers, base = payload["layers"], _number((payload["base"] or {}).get("kld") if isinstance(payload["base"], dict) else None)
+    if not isinstance(n_layers, int) or n_layers < 1 or base is None or not isinstance(payload["k"], dict) or not isinstance(payload["v"], dict):
+        raise DataError(f"{source} is not a wkvlab sensitivity profile (layers must be a count, base.kld a number, k and v mappings); {MAKE_ONE}")
+    columns: dict[str, list[float | None]] = {}
+    for side in ("k", "v"):
+        for fmt, row in payload[side].items():
+            row = _per_layer(row, n_layers, f"{side}[{fmt}]", source)
+            columns[f"{side.upper()} {fmt}"] = [None if _number(x) is None else _number(x) - base for x in row]
+    weight_layers = payload.get("weight_layers") or []
+    if weight_layers:
+        weight_layers = _per_layer(weight_layers, n_layers, "weight_layers", source)
+        columns[f"weights {payload.get('weights', '')}".strip()] = [_number(x) for x in weight_layers]
     if not columns:
-        raise DataError(f"{source} has layers but no numeric per-layer values to draw; check the file")
-    order = sorted(per_layer)
-    values = tuple(tuple(_number(per_layer[layer].get(c)) for c in columns) for layer in order)
-    metric = str(payload.get("metric", "KLD"))
-    label = " · ".join(str(payload[k]) for k in ("title", "model", "data") if payload.get(k)) or Path(source).name
-    return Profile(label, tuple(order), columns, values, value_title=metric,
-                   caption=f"From {Path(source).name}: {metric} when only one layer (row) uses each option (column). "
-                           "Darker cells are layers that option hurts most.")
+        raise DataError(f"{source} has no per-layer measurements (k, v and weight_layers are empty); profile with --formats")
+    names = tuple(columns)
+    values = tuple(tuple(columns[c][layer] for c in names) for layer in range(n_layers))
+    label = " · ".join(str(payload[k]) for k in ("model", "data") if payload.get(k)) or Path(source).name
+    if payload.get("weights"):
+        label += f" · weights {payload['weights']}"
+    return Profile(label, tuple(range(n_layers)), names, values,
+                   caption=f"From {Path(source).name}: KLD each layer (row) adds when only its keys (K), values (V) or weights "
+                           f"are quantized as the column says, above the profile's base KLD {base:.5f}. Darker cells are the layers "
+                           "that hurt most: the ones to keep at higher precision.")
 
 
 def load_profile(path: str | Path) -> Profile:
