@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from wkvlab.data import Corpus, WindowSet, load_corpus, make_windows, tokenize, tokenizer_wants_bos
+from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
 from wkvlab.errors import ConfigError
 from wkvlab.eval.result import EvalResult
 from wkvlab.eval.runner import Progress, check_kv_specs, grid_steps, run_grid
@@ -38,8 +39,10 @@ def prepare(
     score: str = "all",
     stride: int | None = None,
 ) -> Workload:
-    corpus = load_corpus(data)  # first: a typo in --data should not cost a model load
+    selfgen = parse_selfgen(data, default_tokens=tokens)  # text the model writes itself: needs the model first
+    corpus = None if selfgen else load_corpus(data)  # first: a typo in --data should not cost a model load
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    corpus = corpus or selfgen_corpus(loaded, selfgen)
     if ctx > loaded.max_context:
         raise ConfigError(f"--ctx {ctx} is longer than {loaded.name}'s maximum context {loaded.max_context}; use --ctx {loaded.max_context} or less")
     if tokens < ctx:
