@@ -94,6 +94,7 @@ def plotly_figure(chart: Chart | Heatmap) -> dict:
         return {"id": chart.id, "data": data, "layout": layout}
     layout["xaxis"] = _axis(chart.x_title, type="log" if chart.x_log else ("category" if chart.x_categories else "linear"))
     if chart.x_categories:
+        layout["scattermode"] = "group"  # side by side within a category, so equal penalties do not hide each other
         layout["xaxis"]["categoryorder"] = "array"
         layout["xaxis"]["categoryarray"] = [plotly_text(c) for c in chart.x_categories]
     layout["yaxis"] = _axis(chart.y_title, zeroline=chart.zero_line, zerolinecolor="#444", zerolinewidth=1)

@@ -28,8 +28,10 @@ def _figure(width: float, height: float):
 
 def _draw_chart(ax, chart: Chart) -> None:
     categories = list(chart.x_categories or ())
-    for s in chart.series:
-        x = [categories.index(v) for v in s.x] if categories else list(s.x)
+    width = 0.5 / max(len(chart.series), 1)  # series side by side within a category, as plotly's scattermode "group"
+    for i, s in enumerate(chart.series):
+        dodge = (i - (len(chart.series) - 1) / 2) * width
+        x = [categories.index(v) + dodge for v in s.x] if categories else list(s.x)
         marker = MARKERS.get(s.symbol.removesuffix("-open"), "o") if "markers" in s.mode else None
         face = s.color if s.filled and not s.symbol.endswith("-open") else "none"
         linestyle = LINESTYLES.get(s.dash, "-") if "lines" in s.mode else "none"
