@@ -45,6 +45,17 @@ def tiny_qwen3(seed: int = 0):
     return Qwen3ForCausalLM(cfg).eval()
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread: on the shared 2-core machine two OpenMP threads spin-wait on each other
+    and tiny matmuls run ~100× slower (13 ms instead of 0.1 ms per 64×128 linear, measured).
+    Request it from an autouse fixture in an area's conftest.py."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def default_model():
     """The packaged SmolLM2 model, loaded once per test session."""

@@ -5,12 +5,14 @@ import pytest
 import torch
 
 from tests.conftest import tiny_llama
-from tests.explain.conftest import _one_thread  # noqa: F401 - tiny matrices: one thread (see there)
 from wkvlab import api
 from wkvlab.data import load_corpus
 from wkvlab.data import selfgen as sg
 from wkvlab.errors import DataError
 from wkvlab.models.loading import LoadedModel
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a tiny model generating: see tests/conftest.py
 
 
 class _CharTokenizer:

@@ -1,14 +1,9 @@
-"""One intra-op thread for these tests: their matrices are tiny, and on a shared 2-core machine
-OpenMP threads spinning for each other made a 64×128 matmul cost milliseconds."""
+"""The explain tests run tiny models: one torch thread (see ``one_torch_thread`` in tests/conftest.py)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_torch_thread):
     yield
-    torch.set_num_threads(before)
