@@ -15,6 +15,7 @@ from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
 from wkvlab.report import check_folder as check_report_folder, write_report
 from wkvlab.report.cli import print_written as print_report_written, report_command
+from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
 from wkvlab.weights.parse import split_weight_list
 
@@ -140,6 +141,9 @@ app.command("plan", help="Will it fit, how fast, which combination: memory, roof
 # Sweeps into a results store, resumable after a crash (docs/sweeps.md); the commands live in wkvlab.sweep.cli.
 app.command("sweep")(sweep_command)
 app.command("results")(results_command)
+# Sensitivity profiles and mixed-precision search (docs/search.md); the commands live in wkvlab.search.cli.
+app.command("profile")(profile_command)
+app.command("search")(search_command)
 # The HTML/PNG/Markdown report of a store (docs/report.md); the command lives in wkvlab.report.cli.
 app.command("report")(report_command)
 

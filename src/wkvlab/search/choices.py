@@ -1,0 +1,77 @@
+"""What a layer may store: K/V format pairs, the named sets of them, and their bytes.
+
+A choice is a ``(k, v)`` pair of KV element formats (:mod:`wkvlab.kv.formats`). The CLI takes
+``fp16``, KVTuner's ``K8V4`` shorthand (integer per token and head: ``int8``/``int4``/``int2``),
+any format or ``K/V`` pair wkvlab knows (``q8_0/q4_0``, ``fp8_e4m3``), or a named set.
+"""
+from __future__ import annotations
+
+import re
+
+from wkvlab.errors import ConfigError
+from wkvlab.kv.formats import get_kv_format
+
+Choice = tuple[str, str]
+FP16: Choice = ("fp16", "fp16")
+
+# KVTuner's search space (Li et al., ICML 2025): K and V bits in {8, 4, 2}, K at least as precise as V,
+# plus 16-bit. Engine subsets: vLLM takes one dtype and keeps listed layers at the model dtype.
+NAMED_SETS: dict[str, tuple[str, ...]] = {
+    "kvtuner": ("fp16", "K8V8", "K8V4", "K4V4", "K4V2", "K2V2"),
+    "vllm-fp8": ("fp16", "fp8_e4m3"),
+    "vllm-int8": ("fp16", "int8_pth"),
+    "vllm-int4": ("fp16", "int4_pth"),
+}
+DEFAULT_SET = "kvtuner"
+_KV_BITS = re.compile(r"k([248])v([248])", re.IGNORECASE)
+
+
+def parse_choice(text: str) -> Choice:
+    """``K8V4`` → (int8, int4); ``q8_0/q4_0`` → (q8_0, q4_0); ``fp8_e4m3`` → (fp8_e4m3, fp8_e4m3)."""
+    text = text.strip()
+    match = _KV_BITS.fullmatch(text)
+    if match:
+        return f"int{match.group(1)}", f"int{match.group(2)}"
+    k, _, v = text.partition("/")
+    v = v or k
+    try:
+        k_fmt, v_fmt = get_kv_format(k), get_kv_format(v)
+    except ConfigError as exc:
+        raise ConfigError(f"--formats: {exc}") from None
+    for fmt in (k_fmt, v_fmt):
+        if fmt.token_group or fmt.calibrated:
+            raise ConfigError(f"--formats: {fmt.name} depends on other tokens or calibration; the search takes per-vector formats (int8, int4, q8_0, fp8_e4m3, ...)")
+    return k_fmt.name, v_fmt.name
+
+
+def parse_choices(text: str | None) -> tuple[Choice, ...]:
+    """A comma list of choices and/or named sets; fp16 is always allowed (the layer left alone)."""
+    items: list[str] = []
+    for part in filter(None, (p.strip() for p in (text or DEFAULT_SET).split(","))):
+        items.extend(NAMED_SETS.get(part.lower(), (part,)))
+    choices = [FP16] + [parse_choice(item) for item in items]
+    unique = tuple(dict.fromkeys(choices))
+    if len(unique) < 2:
+        raise ConfigError("--formats needs at least one quantized choice besides fp16, e.g. --formats K8V8,K8V4,K4V4")
+    return unique
+
+
+def choice_label(choice: Choice) -> str:
+    k, v = choice
+    match_k, match_v = re.fullmatch(r"int([248])", k), re.fullmatch(r"int([248])", v)
+    if match_k and match_v:
+        return f"K{match_k.group(1)}V{match_v.group(1)}"
+    return k if k == v else f"{k}/{v}"
+
+
+def choice_bytes(choice: Choice, *, kv_heads: int, head_dim: int) -> float:
+    """Bytes one token costs in one layer's K and V caches under ``choice``."""
+    k, v = (get_kv_format(name) for name in choice)
+    return kv_heads * (k.bytes_per_vector(head_dim) + v.bytes_per_vector(head_dim))
+
+
+def single_formats(choices: tuple[Choice, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The distinct quantized K formats and V formats the choices use (what a profile must measure)."""
+    ks = tuple(dict.fromkeys(k for k, _ in choices if not get_kv_format(k).is_identity))
+    vs = tuple(dict.fromkeys(v for _, v in choices if not get_kv_format(v).is_identity))
+    return ks, vs

@@ -1,0 +1,171 @@
+"""``wkvlab profile`` and ``wkvlab search``: parse, call :mod:`wkvlab.search.api`, print tables."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from wkvlab.display import console, err_console, progress_bar
+from wkvlab.errors import ConfigError
+from wkvlab.io import write_json_atomic
+from wkvlab.search import api
+from wkvlab.search.profile import SensitivityProfile
+from wkvlab.weights.calibration import CalibrationSpec
+
+Model = Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")]
+Data = Annotated[str, typer.Option(help="'default' (pydoc prose), 'code', a .txt/.jsonl file: profiling windows from its start, held-out windows right after")]
+Weights = Annotated[str, typer.Option(help="weight config the profile is measured under (none = 16-bit weights), e.g. int4-g128, gptq-int4-g128")]
+Formats = Annotated[Optional[str], typer.Option(help="allowed per-layer choices: kvtuner (fp16,K8V8,K8V4,K4V4,K4V2,K2V2; default), vllm-fp8, vllm-int8, vllm-int4, or a list such as fp16,K8V4,q8_0/q4_0")]
+Ctx = Annotated[int, typer.Option(help="tokens per window")]
+
+
+def _bars(title: str, total: int):
+    return progress_bar(total, title)
+
+
+def _calib(calib: str) -> CalibrationSpec:
+    return CalibrationSpec(calib)
+
+
+def _write_spec(path: Path, data: dict) -> None:
+    """The plan as a KV spec file ``wkvlab eval --kv @path`` reads; written atomically."""
+    import yaml
+
+    if path.suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise ConfigError(f"--out {path}: use a .yaml or .json file name")
+    if path.suffix.lower() == ".json":
+        write_json_atomic(path, data)
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"folder {parent} does not exist; create it or choose another --out path")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(yaml.safe_dump(data, sort_keys=False))
+    os.replace(tmp, path)
+
+
+def profile_command(
+    model: Model = "default",
+    data: Data = "default",
+    weights: Weights = "int4-g128",
+    formats: Formats = None,
+    ctx: Ctx = 256,
+    tokens: Annotated[int, typer.Option(help="profiling tokens (every layer x format is one pass over them)")] = 256,
+    weight_profile: Annotated[bool, typer.Option(help="also measure per-layer and per-module weight sensitivity")] = True,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the profile (plain JSON, docs/search.md)")] = None,
+    calib: Annotated[str, typer.Option(help="calibration text for gptq/awq weights")] = "prose",
+) -> None:
+    """Per-layer K and V sensitivity under a weight config, per-layer/per-module weight sensitivity, sinks, outlier channels."""
+    prof = api.profile(model, data, weights=weights, formats=formats, ctx=ctx, tokens=tokens, weight_profile=weight_profile,
+                       bars=_bars, calibration=_calib(calib))
+    print_profile(prof)
+    if json_out is not None:
+        prof.save(json_out)
+        err_console.print(f"wrote {json_out}")
+
+
+def print_profile(prof: SensitivityProfile) -> None:
+    console.print(f"[bold]{prof.model}[/] on {prof.data}, weights {prof.weights}: {prof.tokens} tokens, ctx {prof.ctx}; "
+                  f"KLD with the cache untouched {prof.base_kld:.5f}. Cells: KLD added by quantizing only that layer's K or V.",
+                  highlight=False)
+    table = Table(title="per-layer sensitivity", title_justify="left")
+    table.add_column("layer", justify="right")
+    columns = [(f"K {f}", prof.k_delta(f)) for f in prof.k] + [(f"V {f}", prof.v_delta(f)) for f in prof.v]
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    if prof.weight_layers:
+        table.add_column("weights only", justify="right")
+    for name in ("attn→pos0", "sink positions", "K max/med", "V max/med"):
+        table.add_column(name, justify="right")
+    for layer in range(prof.layers):
+        cells = [f"{values[layer]:+.5f}" for _, values in columns]
+        if prof.weight_layers:
+            cells.append(f"{prof.weight_layers[layer]:.5f}")
+        sink = prof.sinks[layer] if layer < len(prof.sinks) else {}
+        out = prof.outliers[layer] if layer < len(prof.outliers) else {}
+        cells += [f"{sink.get('attention_to_first', float('nan')):.3f}", ",".join(map(str, sink.get("activation_sink_positions", [])[:4])) or "-",
+                  f"{out.get('k_max_over_median', float('nan')):.1f}", f"{out.get('v_max_over_median', float('nan')):.1f}"]
+        table.add_row(str(layer), *cells)
+    console.print(table)
+    if prof.weight_modules:
+        modules = Table(title="weights: one module kind quantized in every layer, KV untouched", title_justify="left")
+        modules.add_column("module")
+        modules.add_column("KLD", justify="right")
+        for name, value in prof.weight_modules.items():
+            modules.add_row(name, f"{value:.5f}")
+        console.print(modules)
+    for note in prof.notes:
+        err_console.print(f"[yellow]note:[/] {note}")
+
+
+def search_command(
+    budget: Annotated[Optional[float], typer.Option(help="KV budget in bytes per token (all layers, K and V)")] = None,
+    weights: Weights = "int4-g128",
+    formats: Formats = None,
+    gpu: Annotated[Optional[str], typer.Option(help="instead of --budget: what this GPU leaves for KV at --batch x --context (vLLM's rule)")] = None,
+    batch: Annotated[int, typer.Option(help="sequences (GPU budget, total memory)")] = 1,
+    context: Annotated[Optional[int], typer.Option(help="tokens per sequence for the GPU budget and the total memory column (default: min(8192, the model's maximum))")] = None,
+    model: Model = "default",
+    data: Data = "default",
+    ctx: Ctx = 256,
+    profile_tokens: Annotated[int, typer.Option(help="profiling tokens")] = 256,
+    heldout_tokens: Annotated[int, typer.Option(help="held-out tokens every candidate and baseline is measured on")] = 512,
+    candidates: Annotated[int, typer.Option(help="searched plans re-measured on held-out text")] = 4,
+    joint_weights: Annotated[bool, typer.Option(help="also choose layers whose weights stay 16-bit, paid from the same memory at batch x context")] = False,
+    unaware: Annotated[bool, typer.Option(help="include the KVTuner-style plan from a 16-bit-weight profile (a second profile)")] = True,
+    out: Annotated[Optional[Path], typer.Option(help="write the chosen plan as a KV spec (.yaml/.json) for wkvlab eval --kv @file")] = None,
+    recipe: Annotated[Optional[Path], typer.Option(help="write the layer-wise recipe JSON (KVTuner bits, ModelOpt quant_cfg)")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the full result as JSON")] = None,
+    calib: Annotated[str, typer.Option(help="calibration text for gptq/awq weights")] = "prose",
+) -> None:
+    """Per-layer KV formats (optionally 16-bit weight layers) minimizing measured KLD under a memory budget."""
+    result = api.search(model, data, budget=budget, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats, ctx=ctx,
+                        profile_tokens=profile_tokens, heldout_tokens=heldout_tokens, candidates=candidates,
+                        joint_weights=joint_weights, unaware=unaware, calibration=_calib(calib), bars=_bars)
+    print_search(result)
+    if out is not None and result.spec:
+        _write_spec(out, result.spec)
+        err_console.print(f"wrote {out} (use: wkvlab eval --weights {result.weights} --kv @{out})")
+    if recipe is not None and result.exports:
+        write_json_atomic(recipe, result.exports["recipe"])
+        err_console.print(f"wrote {recipe}")
+    if json_out is not None:
+        write_json_atomic(json_out, result.to_dict())
+        err_console.print(f"wrote {json_out}")
+
+
+def print_search(result: api.SearchResult) -> None:
+    b = result.budget
+    console.print(f"[bold]search[/] {result.model} on {result.data}, weights {result.weights}: budget {b['bytes_per_token']:,.1f} B/token "
+                  f"({b['source']}); profile {result.profile['tokens']} tokens"
+                  f"{' (cached)' if result.profile['cached'] else ''}, held-out {result.heldout_tokens} tokens", highlight=False)
+    table = Table(title=f"held-out KLD vs the unquantized reference (total = weights + KV for {b['batch']} x {b['context']} tokens)", title_justify="left")
+    for name, just in (("config", "left"), ("kind", "left"), ("KV B/token", "right"), ("fits", "center"), ("predicted", "right"),
+                       ("held-out KLD ± se", "right"), ("total MB", "right"), ("pareto", "center")):
+        table.add_column(name, justify=just)  # type: ignore[arg-type]
+    front = set(result.pareto)
+    for row in sorted(result.rows, key=lambda r: r.kld):
+        mark = "[bold green]» [/]" if result.chosen and row.name == result.chosen.name else ""
+        table.add_row(mark + row.name, row.kind, f"{row.kv_bytes_per_token:,.0f}", "yes" if row.fits else "no",
+                      "-" if row.predicted is None else f"{row.predicted:.5f}", f"{row.kld:.5f} ± {row.se:.5f}",
+                      f"{row.total_bytes / 1e6:,.1f}", "*" if row.name in front else "")
+    console.print(table)
+    console.print(f"plan: {' '.join(f'{i}:{c}' for i, c in enumerate(result.plan))}"
+                  + (f"; 16-bit weight layers {result.keep_16bit}" if result.keep_16bit else ""), highlight=False)
+    console.print(f"[bold]{result.verdict}[/]", highlight=False)
+    console.print(f"predictor: α_kv {result.predictor['alpha_kv']:.3f}, α_w {result.predictor['alpha_w']:.3f}; "
+                  f"Spearman rank correlation predicted vs held-out KLD over {sum(r.predicted is not None for r in result.rows)} configs: "
+                  f"{result.rank_correlation:.3f}", highlight=False)
+    for engine in ("vllm", "llama.cpp"):
+        line = result.exports.get(engine)
+        if not line:
+            continue
+        console.print(f"\n[bold]{engine}[/] ({'exact' if line['exact'] else 'approximation'}):", highlight=False)
+        console.print(line["command"], soft_wrap=True, highlight=False, markup=False)
+        for note in line["notes"]:
+            console.print(f"  - {note}", highlight=False, markup=False, soft_wrap=True)

@@ -1,0 +1,114 @@
+"""Measuring candidates: KLD against the unquantized reference on fixed windows, and weight swaps.
+
+:class:`Scorer` computes the reference distribution of each window once and keeps it, because a
+profile scores hundreds of candidates on the same few windows (the evaluation runner recomputes the
+reference per grid, which is right for one grid but would double the cost here).
+
+:class:`WeightSwap` measures *where* weight quantization hurts without re-quantizing: it holds a
+copy of the reference and writes back, for the chosen layers or modules only, the tensors the
+quantized model changed. For RTN this is exactly "quantize only these layers"; for GPTQ/AWQ it is
+"these layers as the full run quantized them" (their error compensation and folded scales included,
+since every changed tensor of the layer is swapped). Activation quantizers are hooks, not tensors,
+and are not part of a swap (the profile says so).
+"""
+from __future__ import annotations
+
+import copy
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from wkvlab.data.windows import WindowSet
+from wkvlab.eval.metrics import ReferenceTokens, compare_tokens
+from wkvlab.eval.runner import forward_logits
+from wkvlab.kv.hook import kv_quantization, layer_stores
+from wkvlab.kv.spec import KVSpec
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Score:
+    """Mean per-token KLD, its standard error (tokens as independent, as llama.cpp) and the token count."""
+
+    kld: float
+    se: float
+    tokens: int
+
+    def to_dict(self) -> dict:
+        return {"kld": self.kld, "se": self.se, "tokens": self.tokens}
+
+
+class Scorer:
+    def __init__(self, reference: torch.nn.Module, windows: WindowSet):
+        self.reference = reference
+        self.windows = windows
+        self._refs: list[ReferenceTokens] | None = None
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.windows.score_from, self.windows.ctx - 1
+
+    @torch.no_grad()
+    def references(self) -> list[ReferenceTokens]:
+        if self._refs is None:
+            lo, hi = self.span
+            self._refs = [ReferenceTokens.from_logits(forward_logits(self.reference, t)[lo:hi], t[lo + 1 : hi + 1])
+                          for t in self.windows.tokens]
+        return self._refs
+
+    @torch.no_grad()
+    def score(self, model: torch.nn.Module, kv: KVSpec | None = None) -> Score:
+        """KLD of ``model`` with the KV cache as ``kv`` stores it (None: untouched) against the reference."""
+        lo, hi = self.span
+        parts = []
+        stores = layer_stores(model, kv) if kv is not None else None
+        for ref, tokens in zip(self.references(), self.windows.tokens):
+            if kv is None:
+                logits = forward_logits(model, tokens)[lo:hi]
+            else:
+                with kv_quantization(model, kv, stores=stores):
+                    logits = forward_logits(model, tokens)[lo:hi]
+            parts.append(compare_tokens(ref, logits).kld)
+        kld = np.concatenate(parts)
+        se = float(kld.std(ddof=1) / np.sqrt(kld.size)) if kld.size > 1 else float("nan")
+        return Score(float(kld.mean()), se, int(kld.size))
+
+
+def layer_of(name: str) -> int | None:
+    match = _LAYER.search(name)
+    return int(match.group(1)) if match else None
+
+
+class WeightSwap:
+    """A reference copy into which chosen quantized tensors are written, and taken out again."""
+
+    def __init__(self, reference: torch.nn.Module, quantized: torch.nn.Module):
+        self.model = copy.deepcopy(reference)
+        ref_state = reference.state_dict()
+        self._quantized = {k: v for k, v in quantized.state_dict().items() if k in ref_state and not torch.equal(ref_state[k], v)}
+        self._params = dict(self.model.state_dict())
+
+    @property
+    def changed(self) -> list[str]:
+        """Names of the tensors the quantized model changed (decoder weights, folded norms, ...)."""
+        return list(self._quantized)
+
+    @contextmanager
+    def only(self, select: Callable[[str], bool]) -> Iterator[torch.nn.Module]:
+        """The reference with the quantized tensors whose names ``select`` accepts; restored on exit."""
+        names = [n for n in self._quantized if select(n)]
+        saved = {n: self._params[n].detach().clone() for n in names}
+        with torch.no_grad():
+            for n in names:
+                self._params[n].copy_(self._quantized[n])
+        try:
+            yield self.model
+        finally:
+            with torch.no_grad():
+                for n, value in saved.items():
+                    self._params[n].copy_(value)

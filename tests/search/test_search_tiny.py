@@ -1,0 +1,87 @@
+"""End to end on a tiny random model: scorer equivalence with the runner, profile, search, cache."""
+import pytest
+import torch
+
+from tests.conftest import tiny_llama
+from wkvlab.data.windows import WindowSet
+from wkvlab.errors import ConfigError
+from wkvlab.eval.runner import run_grid
+from wkvlab.kv.spec import KVSpec
+from wkvlab.search import api
+from wkvlab.search.choices import parse_choices
+from wkvlab.search.measure import Scorer, WeightSwap, layer_of
+from wkvlab.search.profile import collect_profile
+from wkvlab.weights.apply import quantize_model_weights
+from wkvlab.weights.spec import WeightSpec
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_llama(num_hidden_layers=3)
+    g = torch.Generator().manual_seed(0)
+    prof = WindowSet(torch.randint(0, 128, (1, 24), generator=g), 0, False)
+    held = WindowSet(torch.randint(0, 128, (2, 24), generator=g), 0, False)
+    return model, prof, held
+
+
+def test_scorer_equals_the_runner(setup):
+    model, _, held = setup
+    weights, kv = WeightSpec.parse("int4-g32"), KVSpec(layers=((1, "int4", "fp16"),))
+    runner = run_grid(model, held, [weights], [kv], model_name="t", data_name="t")[0]
+    qw = quantize_model_weights(model, weights)
+    score = Scorer(model, held).score(qw.model, kv)
+    assert score.kld == pytest.approx(runner.kld["mean"], rel=1e-9, abs=1e-12)
+    assert score.tokens == held.n_scored
+
+
+def test_weight_swap_of_every_layer_is_the_quantized_model(setup):
+    model, _, held = setup
+    qw = quantize_model_weights(model, WeightSpec.parse("int4-g32"))
+    swap = WeightSwap(model, qw.model)
+    scorer = Scorer(model, held)
+    with swap.only(lambda n: layer_of(n) is not None) as mixed:
+        assert scorer.score(mixed).kld == pytest.approx(scorer.score(qw.model).kld, rel=1e-9)
+    assert scorer.score(swap.model).kld == 0.0  # restored to the reference
+
+
+def test_profile_single_layer_cells_are_real_measurements(setup):
+    model, prof_w, _ = setup
+    choices = parse_choices("K4V4")
+    prof = collect_profile(model, prof_w, WeightSpec.parse("int4-g32"), choices, model_name="t", data_name="t")
+    assert set(prof.k) == {"int4"} and set(prof.v) == {"int4"} and len(prof.k["int4"]) == 3
+    qw = quantize_model_weights(model, WeightSpec.parse("int4-g32"))
+    again = Scorer(model, prof_w).score(qw.model, KVSpec(layers=((2, "fp16", "int4"),))).kld
+    assert prof.v["int4"][2] == pytest.approx(again, rel=1e-9)
+    assert len(prof.weight_layers) == 3 and "mlp" in prof.weight_modules
+    assert len(prof.sinks) == 3 and 0 < prof.sinks[0]["attention_to_first"] <= 1
+    assert prof.outliers[0]["k_max_over_median"] >= 1
+
+
+def test_search_end_to_end_and_profile_cache(setup):
+    model, prof_w, held = setup
+    weights, choices = WeightSpec.parse("int4-g32"), parse_choices("K8V8,K4V4,K4V2")
+    budget = 320.0  # 3 layers x 2 heads, head_dim 32: uniform K4V4 is 240 B/token, K8V8 408: a real choice
+    result = api.search_windows(model, prof_w, held, weights, choices, budget, candidates=3)
+    assert result.chosen is not None and result.chosen.fits
+    assert result.chosen.kv_bytes_per_token <= budget
+    kinds = {r.kind for r in result.rows}
+    assert {"plan", "uniform", "reference", "unaware", "sinks"} <= kinds
+    assert result.profile["cached"] is False
+    assert result.verdict
+    assert result.exports["vllm"]["command"].startswith("vllm serve")
+    assert KVSpec.from_dict(result.spec).bytes_per_token(layers=3, kv_heads=2, head_dim=32) == pytest.approx(result.chosen.kv_bytes_per_token)
+    again = api.search_windows(model, prof_w, held, weights, choices, budget, candidates=1, unaware=False)
+    assert again.profile["cached"] is True
+
+
+def test_budget_too_small_is_one_clear_error(setup):
+    model, prof_w, held = setup
+    with pytest.raises(ConfigError, match="nothing fits"):
+        api.search_windows(model, prof_w, held, WeightSpec(), parse_choices("K4V4"), 10.0, unaware=False)
+
+
+def test_search_needs_exactly_one_budget():
+    with pytest.raises(ConfigError, match="either --budget"):
+        api.search(budget=None, gpu=None)
+    with pytest.raises(ConfigError, match="positive"):
+        api.search(budget=-1)
