@@ -1,0 +1,108 @@
+"""``wkvlab engine eval`` and ``wkvlab engine compare``: thin commands over :mod:`wkvlab.engines.api`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
+from wkvlab.engines import api
+from wkvlab.engines.compare import FidelityReport, compare_steps
+from wkvlab.engines.openai import FLAVORS, ServerSpec
+from wkvlab.errors import ConfigError
+from wkvlab.io import write_json_atomic
+
+engine_app = typer.Typer(no_args_is_help=True, help="Real engines: llama.cpp and OpenAI-compatible servers against the reference; simulation fidelity.")
+
+ENGINES = ("llamacpp", "openai")
+# The text and windows both commands evaluate on.
+DataOption = Annotated[str, typer.Option(help="'default', 'code', a .txt/.jsonl file")]
+CtxOption = Annotated[int, typer.Option(help="tokens per window")]
+TokensOption = Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")]
+ScoreOption = Annotated[str, typer.Option(help="'all' or 'second-half'")]
+
+
+@engine_app.command("eval")
+def eval_command(
+    engine: Annotated[str, typer.Option(help="llamacpp (in-process, llama-cpp-python) or openai (a vLLM / SGLang / llama-cpp-python server)")] = "llamacpp",
+    gguf: Annotated[str, typer.Option(help="llamacpp: the GGUF to run ('default' = the packaged SmolLM2)")] = "default",
+    kv: Annotated[str, typer.Option(help="llamacpp: cache type, K/V pair as q8_0/q4_0 (f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)")] = "f16",
+    flash_attn: Annotated[str, typer.Option(help="llamacpp: auto (on when V is quantized), on, off")] = "auto",
+    no_rotation: Annotated[bool, typer.Option("--no-rotation", help="llamacpp: LLAMA_ATTN_ROT_DISABLE=1 (no Hadamard rotation of quantized caches)")] = False,
+    url: Annotated[Optional[str], typer.Option(help="openai: base URL, e.g. http://127.0.0.1:8000/v1")] = None,
+    model: Annotated[Optional[str], typer.Option(help="openai: the served model's name")] = None,
+    flavor: Annotated[str, typer.Option(help=f"openai: {', '.join(FLAVORS)} (how the server scores prompts)")] = "vllm",
+    topk: Annotated[int, typer.Option(help="openai: top-k log-probs per position (vLLM allows 20 unless --max-logprobs)")] = 20,
+    batch: Annotated[int, typer.Option(help="openai: windows per request")] = 1,
+    timeout: Annotated[float, typer.Option(help="openai: seconds per request")] = 120.0,
+    retries: Annotated[int, typer.Option(help="openai: retries after a failed request (exponential backoff)")] = 4,
+    reference: Annotated[Optional[str], typer.Option(help="reference model for transformers (default: the GGUF for llamacpp, 'default' for openai)")] = None,
+    data: DataOption = "default",
+    ctx: CtxOption = 512,
+    tokens: TokensOption = 4096,
+    score: ScoreOption = "all",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result as JSON (the same as wkvlab eval, plus engine/kld_method/tail_mass)")] = None,
+) -> None:
+    """Run a real engine on the reference's token windows and compare: PPL, KLD, top-1, Δp, by position."""
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
+    spec = None
+    if engine == "openai":  # checked before any model loads
+        if not url or not model:
+            raise ConfigError("--engine openai needs --url (e.g. http://127.0.0.1:8000/v1) and --model (the served name)")
+        spec = ServerSpec(url=url, model=model, flavor=flavor, topk=topk, batch=batch, timeout=timeout, retries=retries)
+    steps = max(1, tokens // ctx) * 2
+    with progress_bar(steps, f"engine {engine}") as advance:
+        if spec is None:
+            result = api.evaluate_llamacpp(gguf, kv, reference=reference, data=data, ctx=ctx, tokens=tokens, score=score,
+                                           flash_attn=flash_attn, rotation=not no_rotation, progress=advance)
+        else:
+            result = api.evaluate_server(spec, reference=reference or "default", data=data, ctx=ctx, tokens=tokens, score=score, progress=advance)
+    console.print(results_table([result], describe_run([result])))
+    for note in result.notes:
+        err_console.print(f"[yellow]note:[/] {note}")
+    if json_out is not None:
+        write_json_atomic(json_out, result.to_dict())
+        err_console.print(f"wrote {json_out}")
+
+
+def fidelity_table(report: FidelityReport) -> Table:
+    floor = report.noise_floor
+    table = Table(title=f"{report.model}: llama.cpp vs simulation, {report.tokens} tokens, ctx {report.ctx}, rotation {'on' if report.rotation else 'off'}; "
+                        f"noise floor (transformers fp32 vs llama.cpp f16) KLD {floor['mean']:.6f} ± {floor['se']:.6f}", title_justify="left")
+    for name in ("KV", "simulated preset", "engine KLD", "simulated KLD", "ratio", "engine top-1", "sim top-1"):
+        table.add_column(name, justify="left" if name in ("KV", "simulated preset") else "right", no_wrap=True)
+    for row in report.rows:
+        ratio = row.ratio
+        style = "green" if 0.75 <= ratio <= 1.25 else "red"
+        table.add_row(row.kv, row.preset, f"{row.engine_kld['mean']:.6f} ± {row.engine_kld['se']:.6f}",
+                      f"{row.sim_kld['mean']:.6f} ± {row.sim_kld['se']:.6f}", f"[{style}]{ratio:.2f}[/]",
+                      f"{100 * row.engine_top1:.2f}%", f"{100 * row.sim_top1:.2f}%")
+    return table
+
+
+@engine_app.command("compare")
+def compare_command(
+    gguf: Annotated[str, typer.Option(help="the GGUF llama.cpp runs ('default' = the packaged SmolLM2)")] = "default",
+    kv: Annotated[str, typer.Option(help="llama.cpp cache types, comma-separated; K/V pairs as q8_0/q4_0")] = "q8_0,q4_0,q4_1,q5_0,q8_0/q4_0",
+    no_rotation: Annotated[bool, typer.Option("--no-rotation", help="compare with LLAMA_ATTN_ROT_DISABLE=1 and the +norot presets")] = False,
+    reference: Annotated[Optional[str], typer.Option(help="reference model for transformers (default: the same GGUF)")] = None,
+    data: DataOption = "default",
+    ctx: CtxOption = 512,
+    tokens: TokensOption = 4096,
+    score: ScoreOption = "all",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the fidelity report as JSON")] = None,
+) -> None:
+    """Fidelity: llama.cpp's KLD per cache type next to the simulated llamacpp:<type> preset's, with the noise floor."""
+    types = [t.strip() for t in kv.split(",") if t.strip()]
+    if not types:
+        raise ConfigError("give at least one cache type, e.g. --kv q8_0,q4_0")
+    with progress_bar(compare_steps(max(1, tokens // ctx), len(types)), "engine compare") as advance:
+        report = api.fidelity(gguf, types, reference=reference, data=data, ctx=ctx, tokens=tokens, score=score,
+                              rotation=not no_rotation, progress=advance)
+    console.print(fidelity_table(report))
+    if json_out is not None:
+        write_json_atomic(json_out, report.to_dict())
+        err_console.print(f"wrote {json_out}")

@@ -1,0 +1,133 @@
+"""Fidelity check: does the simulated ``llamacpp:<type>`` preset do to the model what llama.cpp does?
+
+For each cache type, on the same token windows:
+
+* engine: llama.cpp's KLD with that cache against llama.cpp with its 16-bit (f16) cache — same
+  weights, same kernels, only the cache differs;
+* simulation: the ``llamacpp:<type>`` preset's KLD against the unquantized float32 reference;
+* ratio = simulation / engine on mean KLD (1.0 = the simulation reproduces the engine).
+
+Flash attention is on for every engine run, the f16 baseline included, so the cache type is the
+only thing that changes between the engine's two sides. The noise floor is the KLD between two
+correct implementations of the same model — transformers float32 and llama.cpp with an f16 cache —
+on the same tokens: differences below it mean nothing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from wkvlab.api import Workload
+from wkvlab.engines.bridge import compare_window
+from wkvlab.engines.llamacpp import LlamaCppEngine, parse_cache_types
+from wkvlab.eval.metrics import ReferenceTokens, compare_tokens, kld_summary
+from wkvlab.eval.result import library_versions
+from wkvlab.eval.runner import Progress, forward_logits, run_grid
+from wkvlab.kv.spec import KVSpec
+from wkvlab.weights.spec import WeightSpec
+
+
+@dataclass
+class FidelityRow:
+    kv: str  # llama.cpp's name, K/V
+    preset: str  # the simulated preset compared
+    engine_kld: dict
+    sim_kld: dict
+    engine_top1: float
+    sim_top1: float
+
+    @property
+    def ratio(self) -> float:
+        return self.sim_kld["mean"] / self.engine_kld["mean"] if self.engine_kld["mean"] > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ratio": self.ratio}
+
+
+@dataclass
+class FidelityReport:
+    model: str
+    gguf: str
+    data: str
+    ctx: int
+    tokens: int
+    rotation: bool
+    noise_floor: dict  # transformers float32 vs llama.cpp f16 cache
+    rows: list[FidelityRow]
+    seconds: float
+    engine: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=library_versions)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["rows"] = [r.to_dict() for r in self.rows]
+        return out
+
+
+def sim_preset(kv: str, rotation: bool = True) -> KVSpec:
+    """The simulated preset that stands for llama.cpp's ``-ctk k -ctv v`` as the engine runs it."""
+    k, v = parse_cache_types(kv)
+    return KVSpec.parse(f"llamacpp:{k}/{v}" + ("" if rotation else "+norot"))
+
+
+def compare_steps(n_windows: int, n_kv: int) -> int:
+    """Progress steps of :func:`compare_engine`: the simulation grid's, then the engine loop's."""
+    return 1 + n_windows * (1 + n_kv) + n_windows * (2 + n_kv)
+
+
+def _top1(values: list[np.ndarray]) -> float:
+    return float(np.concatenate(values).mean())
+
+
+@torch.no_grad()
+def compare_engine(work: Workload, gguf: str, kv_types: list[str], *, rotation: bool = True, threads: int = 2,
+                   progress: Progress | None = None) -> FidelityReport:
+    """The fidelity table for ``kv_types`` (llama.cpp names, ``k`` or ``k/v``) on ``work``'s windows."""
+    tick = progress or (lambda _d, _n: None)
+    started = time.perf_counter()
+    names = ["/".join(dict.fromkeys(parse_cache_types(t))) for t in kv_types]  # "q4_0/q4_0" → "q4_0"
+    specs = [sim_preset(t, rotation) for t in kv_types]
+    windows, model = work.windows, work.loaded.model
+
+    # Simulation: the existing grid runner, unquantized weights × the presets.
+    sim = run_grid(model, windows, [WeightSpec.parse("none")], specs, model_name=work.loaded.name, data_name=work.corpus.name, progress=progress)
+
+    # Engine: one context per cache type, all alive so each window is processed once.
+    ctx = windows.ctx
+    base = LlamaCppEngine(gguf, "f16", ctx=ctx, flash_attn="on", threads=threads, rotation=rotation)
+    engines = [LlamaCppEngine(gguf, t, ctx=ctx, flash_attn="on", threads=threads, rotation=rotation) for t in kv_types]
+    floor_kld, floor_top1 = [], []
+    eng_kld: list[list[np.ndarray]] = [[] for _ in engines]
+    eng_top1: list[list[np.ndarray]] = [[] for _ in engines]
+    try:
+        for w in range(windows.n_windows):
+            tokens = windows.tokens[w]
+            e0 = base.score_window(tokens, windows.score_from)
+            floor = compare_window(forward_logits(model, tokens), tokens, e0).metrics
+            floor_kld.append(floor.kld)
+            floor_top1.append(floor.top1_agree)
+            tick("llama.cpp f16 and noise floor", 2)
+            ref = ReferenceTokens.from_logits(e0.logits, tokens[e0.positions + 1])
+            for i, engine in enumerate(engines):
+                metrics = compare_tokens(ref, engine.score_window(tokens, windows.score_from).logits)
+                eng_kld[i].append(metrics.kld)
+                eng_top1[i].append(metrics.top1_agree)
+                tick(f"llama.cpp {names[i]}", 1)
+    finally:
+        for engine in [base, *engines]:
+            engine.close()
+
+    rows = [
+        FidelityRow(kv=names[i], preset=specs[i].canonical(), engine_kld=kld_summary(np.concatenate(eng_kld[i])),
+                    sim_kld=sim[i].kld, engine_top1=_top1(eng_top1[i]), sim_top1=sim[i].top1_agreement)
+        for i in range(len(kv_types))
+    ]
+    noise = {**kld_summary(np.concatenate(floor_kld)), "top1_agreement": _top1(floor_top1)}
+    return FidelityReport(
+        model=work.loaded.name, gguf=str(gguf), data=work.corpus.name, ctx=ctx, tokens=int(sum(len(k) for k in floor_kld)),
+        rotation=rotation, noise_floor=noise, rows=rows, seconds=time.perf_counter() - started,
+        engine={"name": "llamacpp", "version": base.info.version, "flash_attn": True, "threads": threads},
+    )

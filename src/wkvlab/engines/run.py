@@ -1,0 +1,120 @@
+"""Evaluate a real engine against the float32 reference, window by window, into an EvalResult.
+
+The loop is the simulation's: windows outside; per window the reference's full distribution is
+computed once (transformers, float32), the engine scores the same tokens, and the two are compared
+by :mod:`wkvlab.engines.bridge`. The result is the JSON ``wkvlab eval`` writes, plus an
+``engine`` block (what ran) and ``kld_method``: ``full`` (every vocabulary entry, exact) or
+``topk-bound`` (a lower bound from the tokens the engine reported, with the reference's mean
+``tail_mass`` outside them).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wkvlab.api import Workload, prepare
+from wkvlab.data.windows import WindowSet, make_windows, tokenize
+from wkvlab.engines.base import Engine, EngineInfo
+from wkvlab.engines.bridge import WindowComparison, compare_window
+from wkvlab.errors import ConfigError
+from wkvlab.eval.metrics import position_buckets
+from wkvlab.eval.result import EvalResult, TokenArrays
+from wkvlab.eval.runner import ModelShape, Progress, forward_logits
+from wkvlab.kv.spec import KVSpec
+
+
+@dataclass
+class EngineEvalResult(EvalResult):
+    """An :class:`EvalResult` whose candidate is a real engine."""
+
+    engine: dict = field(default_factory=dict)
+    kld_method: str = "full"
+    tail_mass: float = 0.0
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out.update(engine=self.engine, kld_method=self.kld_method, tail_mass=self.tail_mass)
+        return out
+
+
+def with_bos_windows(work: Workload) -> Workload:
+    """The same text cut into windows that start with BOS (for servers that need it, see openai.py)."""
+    if work.windows.bos:
+        return work
+    tokenizer = work.loaded.tokenizer
+    if tokenizer.bos_token_id is None:
+        raise ConfigError(f"{work.loaded.name} has no BOS token, which the llama-cpp-python server needs to align its echo; use --flavor vllm or sglang")
+    w = work.windows
+    ids = tokenize(tokenizer, work.corpus.text)
+    score = "all" if w.score_from == 0 else "second-half"
+    windows = make_windows(ids, ctx=w.ctx, n_tokens=w.n_windows * w.ctx, bos_id=tokenizer.bos_token_id, score=score)
+    return Workload(work.loaded, work.corpus, windows)
+
+
+def arrays_from(parts: list[WindowComparison]) -> TokenArrays:
+    """Per-token arrays in window order; windows may have different scored positions."""
+    cat = lambda name: np.concatenate([getattr(p.metrics, name) for p in parts])  # noqa: E731
+    return TokenArrays(
+        kld=cat("kld"), nll_ref=cat("nll_ref"), nll=cat("nll"), top1_agree=cat("top1_agree"), delta_p=cat("delta_p"),
+        position=np.concatenate([p.positions for p in parts]),
+        window=np.concatenate([np.full(len(p.positions), w) for w, p in enumerate(parts)]),
+    )
+
+
+def kv_spec_of(info: EngineInfo) -> KVSpec | None:
+    """The engine's cache as a KVSpec (for bytes per token), when it is a llama.cpp type pair."""
+    if info.engine != "llamacpp":
+        return None
+    k, v = info.details["type_k"], info.details["type_v"]
+    name = lambda t: "fp16" if t in ("f16", "bf16", "f32") else t  # noqa: E731 - 16 bits: the identity
+    return KVSpec(k=name(k), v=name(v))
+
+
+@torch.no_grad()
+def evaluate_engine(engine: Engine, work: Workload, *, progress: Progress | None = None, score_from: int | None = None) -> EngineEvalResult:
+    """Score every window of ``work`` with ``engine`` and compare with the float32 reference."""
+    tick = progress or (lambda _d, _n: None)
+    windows: WindowSet = work.windows
+    start_at = windows.score_from if score_from is None else max(score_from, windows.score_from)
+    parts: list[WindowComparison] = []
+    started = time.perf_counter()
+    engine_seconds = 0.0
+    topk = 0
+    for w in range(windows.n_windows):
+        tokens = windows.tokens[w]
+        ref_logits = forward_logits(work.loaded.model, tokens)
+        tick("reference", 1)
+        t0 = time.perf_counter()
+        scores = engine.score_window(tokens, start_at)
+        engine_seconds += time.perf_counter() - t0
+        topk = scores.topk
+        parts.append(compare_window(ref_logits, tokens, scores))
+        tick(engine.info.engine, 1)
+        del ref_logits
+    arrays = arrays_from(parts)
+    tail = np.concatenate([p.tail_mass for p in parts])
+    shape = ModelShape.of(work.loaded.model)
+    spec = kv_spec_of(engine.info)
+    method = "full" if topk == 0 else "topk-bound"
+    notes = [] if method == "full" else [
+        f"KLD is a lower bound from top-{topk} log-probs (+ the scored token, + one rest bucket); "
+        f"the reference's mean mass outside the reported tokens is {tail.mean():.4f}"]
+    return EngineEvalResult(
+        model=work.loaded.name, data=work.corpus.name, ctx=windows.ctx, weights="engine",
+        kv=f"{engine.info.engine}:{engine.info.kv}", weights_spec={}, kv_spec=spec.to_dict() if spec else {},
+        weight_bytes=Path(engine.info.details["gguf"]).stat().st_size if "gguf" in engine.info.details else 0, kv_bytes_per_token=shape.kv_bytes_per_token(spec) if spec else float("nan"),
+        seconds=engine_seconds, arrays=arrays, buckets=position_buckets(windows.ctx),
+        fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
+        notes=notes, engine={"name": engine.info.engine, "version": engine.info.version, **engine.info.details,
+                             "wall_seconds": time.perf_counter() - started},
+        kld_method=method, tail_mass=float(tail.mean()),
+    )
+
+
+def engine_workload(model: str, data: str, *, ctx: int, tokens: int, score: str, bos: bool = False) -> Workload:
+    work = prepare(model, data, ctx=ctx, tokens=tokens, score=score)
+    return with_bos_windows(work) if bos else work
