@@ -27,11 +27,19 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	touch $(STAMP)
 
+# llama-cpp-python compiles llama.cpp from source: about 6 minutes on 2 free cores (up to 40 on a
+# busy machine). Only `make test` needs it (tests/engines run the real engine and its server), so
+# it is a separate, stamped step and `make demo` does not wait for it.
+LLAMACPP_STAMP := $(VENV)/.wkvlab-llamacpp-installed
+$(LLAMACPP_STAMP): $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet -e '.[llamacpp]'
+	touch $(LLAMACPP_STAMP)
+
 demo: install
 	$(BIN)/wkvlab demo
 
 # pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
-test: install
+test: install $(LLAMACPP_STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: install
