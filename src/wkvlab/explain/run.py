@@ -37,6 +37,11 @@ from wkvlab.specio import reject_unknown_fields
 from wkvlab.weights.spec import WeightSpec
 
 STEPS = ("noise", "attention", "hidden", "context", "mitigations", "generation", "retrieval", "selfgen")
+CANDIDATE_STEPS = ("attention", "hidden", "generation", "retrieval")  # steps that run the weight-quantized model directly
+GENERATION_PROMPTS = 4
+GENERATION_PROMPT_TOKENS = 64
+GENERATION_NEW_TOKENS = 32
+RETRIEVAL_PER_DEPTH = 2  # × 5 depths, each item one pass of max_ctx tokens per model
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ def _noop(_desc: str, _n: int) -> None:
     pass
 
 
-def planned_steps(options: ExplainOptions, n_windows: int, n_layers_known: bool = True) -> int:
+def planned_steps(options: ExplainOptions, n_windows: int) -> int:
     """Progress-bar units (window passes) the run will take; an upper bound for mitigations."""
     grid = lambda windows, n_w, n_kv: windows * (1 + n_w * n_kv) + n_w  # noqa: E731 - as runner.grid_steps
     steps = grid(n_windows, 2, 2)
@@ -125,6 +130,13 @@ def planned_steps(options: ExplainOptions, n_windows: int, n_layers_known: bool 
         steps += grid(options.context_docs, 2, 2)
     if options.runs("mitigations"):
         steps += grid(n_windows, 1, 5)
+    if options.runs("generation"):
+        steps += 2
+    if options.runs("retrieval"):
+        steps += 2 * 5 * RETRIEVAL_PER_DEPTH
+    if options.runs("selfgen"):
+        n = selfgen_tokens(options)
+        steps += -(-n // 256) + 1 + grid(max(1, n // options.ctx), 2, 2)  # sampled documents (if not cached), then the grid
     return steps
 
 
@@ -183,6 +195,17 @@ def explain(
         seconds[name] = round(time.perf_counter() - start, 2)
         return value
 
+    # inputs of the later steps are built now, so a context too short for them fails before any work
+    prompts = items = None
+    if options.runs("generation"):
+        from wkvlab.explain.generation import corpus_prompts
+
+        prompts = corpus_prompts(work.loaded.tokenizer, work.corpus.text, GENERATION_PROMPTS, GENERATION_PROMPT_TOKENS, _bos(work))
+    if options.runs("retrieval"):
+        from wkvlab.explain.retrieval import build_items
+
+        items = build_items(work.loaded.tokenizer, work.corpus.text, ctx=max_ctx, per_depth=RETRIEVAL_PER_DEPTH, seed=seed, bos_id=_bos(work))
+
     cells = timed("factorial", lambda: cells_from_grid(grid(work.windows, *factorial_specs(w_spec, c_spec))))
     fact = factorial(cells, **boot)
 
@@ -199,8 +222,10 @@ def explain(
         noise = timed("noise", noise_floor)
 
     attention = hidden = None
+    extras: dict[str, Any] = {}
     diag_tokens = work.windows.tokens[: min(diag_windows, work.windows.n_windows)]
-    if options.runs("attention") or options.runs("hidden"):
+    if any(options.runs(step) for step in CANDIDATE_STEPS):
+        # one weight-quantized copy shared by every diagnosis that runs the candidate model itself
         from wkvlab.weights.apply import quantize_model_weights
 
         quantized = quantize_model_weights(net, w_spec, calibration, model_key=fingerprint)
@@ -214,7 +239,18 @@ def explain(
             from wkvlab.explain.hidden import layer_diagnostics
 
             hidden = timed("hidden", lambda: layer_diagnostics(net, quantized.model, c_spec, diag_tokens, **common))
+        if options.runs("generation"):
+            from wkvlab.explain.generation import generation_agreement
+
+            extras["generation"] = timed("generation", lambda: generation_agreement(
+                net, quantized.model, c_spec, prompts, new_tokens=GENERATION_NEW_TOKENS, **common))
+        if options.runs("retrieval"):
+            from wkvlab.explain.retrieval import retrieval_eval
+
+            extras["retrieval"] = timed("retrieval", lambda: retrieval_eval(net, quantized.model, c_spec, items, **common))
         del quantized
+    if options.runs("selfgen"):
+        extras["selfgen"] = timed("selfgen", lambda: _selfgen_factorial(work, options, w_spec, c_spec, grid, tick))
 
     context = None
     if options.runs("context"):
@@ -236,7 +272,6 @@ def explain(
             return measure(cells, results, chosen, **boot)
         mitigations = timed("mitigations", run_mitigations)
 
-    extras = _part_b_extras(options, work, w_spec, c_spec, calibration, tick, timed)
     tick("done", 0)
     report = ExplainReport(options, work.loaded.name, work.corpus.name, cells["ref"].ppl_ref, fact, noise, attention, hidden,
                            context, mitigations, extras, seconds=seconds)
@@ -249,6 +284,39 @@ def _with_verdict(report: ExplainReport) -> ExplainReport:
     return replace(report, verdict=tuple(verdict(report)))
 
 
-def _part_b_extras(options, work, w_spec, c_spec, calibration, tick, timed) -> dict:
-    """Generation agreement, planted-fact retrieval and self-generated text (part B's modules)."""
-    return {}
+def _bos(work) -> int | None:
+    from wkvlab.data import tokenizer_wants_bos
+
+    return work.loaded.tokenizer.bos_token_id if tokenizer_wants_bos(work.loaded.tokenizer) else None
+
+
+def selfgen_tokens(options: ExplainOptions) -> int:
+    """Tokens of self-generated text: half the evaluation's, at least one window (sampling is slow)."""
+    return max(options.ctx, options.tokens // 2)
+
+
+@dataclass(frozen=True, eq=False)
+class SelfGenFactorial:
+    """The factorial again, on text the reference model sampled itself (data/selfgen.py)."""
+
+    data: str
+    factorial: Factorial
+
+    def to_dict(self) -> dict:
+        return {"data": self.data, "factorial": self.factorial.to_dict()}
+
+    def lines(self) -> list[str]:
+        k = self.factorial.kld
+        return [f"on the model's own samples ({self.data}, {self.factorial.tokens} tokens): KLD(W) {k.w.estimate:.4f}, "
+                f"KLD(C) {k.c.estimate:.4f}, KLD(W+C) {k.wc.estimate:.4f}, interaction {k.interaction:.4f}"
+                f"{' (additive)' if k.additive else ''}"]
+
+
+def _selfgen_factorial(work, options: ExplainOptions, w_spec, c_spec, grid, tick) -> SelfGenFactorial:
+    from wkvlab.data.selfgen import SelfGenSpec, selfgen_corpus
+
+    n = selfgen_tokens(options)
+    selfgen_corpus(work.loaded, SelfGenSpec(n_tokens=n, seed=options.seed), progress=tick)  # sampled once, then cached on disk
+    sg = api.prepare(work.loaded, f"selfgen:{n}", ctx=options.ctx, tokens=n)
+    cells = cells_from_grid(grid(sg.windows, *factorial_specs(w_spec, c_spec)))
+    return SelfGenFactorial(sg.corpus.name, factorial(cells, n_resamples=options.n_resamples, seed=options.seed))

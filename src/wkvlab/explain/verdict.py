@@ -44,12 +44,23 @@ def noise_floor(report) -> list[str]:
     return lines
 
 
+def top_heads(attention, n: int = 3) -> list[str]:
+    """The heads carrying most of the network's cross-term energy (attention.py's decomposition)."""
+    heads = [(layer, head, share) for layer, head, share in attention.top_heads(n) if share > 0]
+    if not heads:
+        return []
+    return ["the heads carrying most of it: " + ", ".join(f"L{l}H{h} ({s:.0%})" for l, h, s in heads)
+            + f" of the cross-term energy ({attention.layers} layers × {attention.heads} heads)"]
+
+
 def verdict(report) -> list[str]:
     """The verdict lines for an :class:`~wkvlab.explain.run.ExplainReport`."""
     lines = additivity(report.factorial)
     for part in (report.attention, report.hidden, report.context, report.mitigations):
         if part is not None:
             lines.extend(part.lines())
+        if part is not None and part is report.attention:
+            lines.extend(top_heads(part))
     for part in report.extras.values():
         if part is not None:
             lines.extend(part.lines())

@@ -1,0 +1,85 @@
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.explain.results_a import result, window_noise
+from tests.explain.tiny_loaded import tiny_loaded
+
+ENV = {**os.environ, "COLUMNS": "250"}
+
+
+def _wkvlab(*args):
+    return subprocess.run([sys.executable, "-m", "wkvlab.cli", *args], capture_output=True, text=True, timeout=600, env=ENV)
+
+
+def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
+    """The command as a user runs it (tables, verdict, JSON), on a tiny random model instead of a packaged one."""
+    import wkvlab.explain.cli as explain_cli
+    from wkvlab.cli import app
+    from wkvlab.explain.run import explain
+
+    monkeypatch.setattr(explain_cli, "explain", functools.partial(explain, loaded=tiny_loaded()))
+    out = tmp_path / "explain.json"
+    args = ["explain", "--weights", "int4-g32", "--kv", "int2", "--ctx", "32", "--tokens", "96", "--max-ctx", "256",
+            "--context-docs", "2", "--resamples", "200", "--skip", "selfgen", "--json", str(out)]
+    run = CliRunner().invoke(app, args, env=ENV)
+    assert run.exit_code == 0, run.output
+    for title in ("2×2 factorial", "noise floor", "cross term", "KLD by query position", "mitigations", "verdict"):
+        assert title in run.output
+    data = json.loads(out.read_text())
+    assert data["options"]["skip"] == ["selfgen"]
+    assert data["generation"]["new_tokens"] == 32 and len(data["retrieval"]["per_depth"]) == 5
+    assert data["factorial"]["windows"] == 3 and data["factorial"]["identity_kld_max"] == 0.0
+    assert data["context"]["max_ctx"] == 256 and data["context"]["documents"] == 2
+    assert data["noise"]["repeat"]["max_abs_kld_diff"] == 0.0
+    assert len(data["attention"]["per_layer"]) == 4
+    assert data["mitigations"]["results"] and data["verdict"][0].split(":")[0] in ("Additive", "Not additive", "Sub-additive")
+    assert set(data["seconds"]) >= {"factorial", "noise", "attention", "hidden", "context", "mitigations"}
+
+
+def test_explain_bad_skip_is_one_line():
+    proc = _wkvlab("explain", "--weights", "int4-g128", "--kv", "int4", "--skip", "everything")
+    assert proc.returncode == 2 and "unknown step(s) to skip: everything" in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_compare_two_stored_results(tmp_path):
+    from wkvlab.cli import app
+    from wkvlab.store import open_store
+
+    store = tmp_path / "r.db"
+    n = window_noise(5)
+    with open_store(store) as db:
+        db.put("aaaa1111", {"score": "all"}, result(0.1 + n, kv="q8_0"))
+        db.put("bbbb2222", {"score": "all"}, result(0.3 + n, kv="q4_0"))
+        db.put("cccc3333", {"score": "all"}, result(0.3, nll_ref=1.0, kv="int4"))
+    out = tmp_path / "cmp.json"
+    run = CliRunner().invoke(app, ["compare", "aaaa", "bbbb", "--store", str(store), "--json", str(out)], env=ENV)
+    assert run.exit_code == 0, run.output
+    assert "w × q4_0 − w × q8_0" in run.output
+    data = json.loads(out.read_text())
+    assert data["kld"]["estimate"] == pytest.approx(0.2) and data["kld"]["low"] == pytest.approx(0.2)
+    proc = _wkvlab("compare", "aaaa", "cccc", "--store", str(store))
+    assert proc.returncode == 2 and "not scored on the same tokens" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _wkvlab("compare", "aaaa", "zzzz", "--store", str(store))
+    assert proc.returncode == 2 and "no result 'zzzz'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_explain_on_the_default_model(default_model):
+    """Very few tokens: checks the packaged model goes through every step, not the numbers' precision."""
+    from wkvlab.explain.run import explain
+
+    report = explain("int4-g128", "int4", loaded=default_model, ctx=48, tokens=96, max_ctx=48, diag_windows=1,
+                     n_resamples=200, skip=("generation", "retrieval", "selfgen"))
+    f = report.factorial
+    assert f.identity_kld_max == 0.0 and f.kld.w.estimate > 0 and f.kld.c.estimate > 0
+    assert report.noise.repeat.identical
+    assert report.attention.layers == 30 and report.context.max_ctx == 48
+    assert {r.name for r in report.mitigations.results} >= {"first 4 tokens 16-bit", "K int8, V int4"}
+    assert len(report.verdict) >= 6
