@@ -10,6 +10,7 @@ import typer
 from wkvlab import api
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
 from wkvlab.errors import WkvlabError
+from wkvlab.explain.cli import compare_command, explain_command
 from wkvlab.io import write_json_atomic
 from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
@@ -144,6 +145,9 @@ app.command("results")(results_command)
 # Sensitivity profiles and mixed-precision search (docs/search.md); the commands live in wkvlab.search.cli.
 app.command("profile")(profile_command)
 app.command("search")(search_command)
+# Where weight and KV errors meet (docs/explain.md); the commands live in wkvlab.explain.cli.
+app.command("explain")(explain_command)
+app.command("compare")(compare_command)
 # The HTML/PNG/Markdown report of a store (docs/report.md); the command lives in wkvlab.report.cli.
 app.command("report")(report_command)
 
