@@ -85,3 +85,16 @@ def test_search_needs_exactly_one_budget():
         api.search(budget=None, gpu=None)
     with pytest.raises(ConfigError, match="positive"):
         api.search(budget=-1)
+
+
+def test_gpu_budget_uses_the_planner_pool():
+    from wkvlab.plan.gpus import find_gpu
+    from wkvlab.plan.memory import memory_budget
+    from wkvlab.plan.models import ModelDescription
+
+    model = tiny_llama()
+    small = api.gpu_budget(model, "tiny", "rtx-4090", 10**6, 16, 4096)["bytes_per_token"]
+    big = api.gpu_budget(model, "tiny", "rtx-4090", 10**6, 32, 4096)["bytes_per_token"]
+    assert big == pytest.approx(small / 2)
+    pool = memory_budget(None, ModelDescription.from_config(model.config.to_dict(), name="tiny"), find_gpu("rtx-4090"), 10**6).kv_pool_bytes
+    assert small == pytest.approx(pool / (16 * 4096))
