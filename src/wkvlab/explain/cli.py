@@ -26,6 +26,11 @@ def _table(title: str, columns: list[str], left: int = 1) -> Table:
     return table
 
 
+def _two_lines(iv, fmt: str) -> str:
+    """An interval as estimate over [low, high]: keeps the factorial table inside 140 columns."""
+    return f"{iv.estimate:{fmt}}\n[{iv.low:{fmt}}, {iv.high:{fmt}}]"
+
+
 def _mark(excludes_zero: bool) -> str:
     return "[bold]yes[/]" if excludes_zero else "no"
 
@@ -33,20 +38,20 @@ def _mark(excludes_zero: bool) -> str:
 def factorial_table(f: Factorial, ppl_ref: float) -> Table:
     table = _table(f"2×2 factorial: {f.weights} × {f.kv} on {f.model}/{f.data}, {f.tokens} tokens in {f.windows} windows of {f.ctx} "
                    f"(effects vs the unquantized reference, PPL {ppl_ref:.3f}; 95% paired bootstrap over windows)",
-                   ["metric", "W", "C", "W+C", "interaction W+C−W−C", "≠ 0?", "W+C / (W+C alone)"])
+                   ["metric", "W", "C", "W+C", "interaction", "≠ 0", "ratio (W+C)/(W + C)"])
     for name in METRICS:
         e = f.metric(name)
         fmt = ".2%" if name == "top1" else ".4f"
-        table.add_row(METRIC_LABELS[name], *(f"{getattr(e, k):{fmt}}" for k in ("w", "c", "wc", "interaction")),
-                      _mark(e.interaction.excludes_zero), f"{e.ratio:.2f}")
+        table.add_row(METRIC_LABELS[name], *(_two_lines(getattr(e, k), fmt) for k in ("w", "c", "wc", "interaction")),
+                      _mark(e.interaction.excludes_zero), _two_lines(e.ratio, ".2f"))
     return table
 
 
 def noise_table(report: ExplainReport) -> Table:
-    table = _table("noise floor (difference b − a, 95% paired bootstrap)", ["a", "b", "ΔKLD", "ΔPPL", "Δ top-1 agreement", "max |ΔKLD| per token"], left=2)
+    table = _table("noise floor (difference b − a, 95% paired bootstrap)", ["a", "b", "ΔKLD", "Δ top-1 agreement", "max |ΔKLD| per token"], left=2)
     for c in (report.noise.repeat, report.noise.backend):
         if c is not None:
-            table.add_row(c.a, c.b, f"{c.kld:.2e}", f"{c.ppl:.2e}", f"{c.top1:.3%}", f"{c.max_abs_kld_diff:.2e}")
+            table.add_row(c.a, c.b, f"{c.kld:.2e}", f"{c.top1:.3%}", f"{c.max_abs_kld_diff:.2e}")
     return table
 
 
@@ -80,10 +85,11 @@ def context_table(c: ContextCurve) -> Table:
 
 
 def mitigations_table(m: Mitigations) -> Table:
-    table = _table(f"mitigations of {m.weights} × {m.kv} (cache excess KLD(W+C) − KLD(W) = {m.excess:.4f} at {m.kv_bytes_per_token:,.0f} B/token), best first",
-                   ["mitigation", "KV spec", "B/token", "KLD", "excess recovered", "Δ top-1 vs W+C", "why"], left=2)
+    whys = "; ".join(dict.fromkeys(r.why for r in m.results if r.why.startswith(("N=", "the fewest"))))
+    table = _table(f"mitigations of {m.weights} × {m.kv} (cache excess KLD(W+C) − KLD(W) = {m.excess:.4f} at {m.kv_bytes_per_token:,.0f} B/token), "
+                   f"best first; layers: {whys or 'none'}", ["mitigation", "KV spec", "B/token", "KLD", "excess recovered", "Δ top-1 vs W+C"], left=2)
     for r in m.results:
-        table.add_row(r.name, r.kv, f"{r.kv_bytes_per_token:,.0f}", f"{r.kld.estimate:.4f}", f"{r.recovered:.0%}", f"{r.top1:.2%}", r.why)
+        table.add_row(r.name, r.kv, f"{r.kv_bytes_per_token:,.0f}", f"{r.kld.estimate:.4f}", f"{r.recovered:.0%}", f"{r.top1:.2%}")
     return table
 
 
