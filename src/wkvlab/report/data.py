@@ -60,7 +60,11 @@ def kv_bits(kv_spec: dict) -> float:
 
 
 def kv_bit_class(bits: float) -> int:
-    """16, 8, 4 or 2: the smallest class at or above ``bits`` minus its scale overhead (q8_0's 8.5 → 8)."""
+    """The marker class of a cache: [0, 3) bits → 2, [3, 6) → 4, [6, 12) → 8, 12 and up → 16.
+
+    The bounds sit halfway between classes on a log scale, so scale overheads (q8_0's 8.5 bits,
+    int4's 4.5) and K/V mixes lean to the nearest class (q8_0/q4_0, 6.5 bits → 8).
+    """
     for cls in sorted(KV_BIT_CLASSES):
         if bits < cls * 1.5:
             return cls
@@ -311,8 +315,7 @@ def build_report_data(results: Sequence[EvalResult], *, source: str, context: in
                       n_resamples: int = 2000) -> ReportData:
     if not results:
         raise DataError(f"{source} holds no results; run 'wkvlab sweep <spec.yaml> --store <file>' or 'wkvlab demo --report <dir>' first")
-    if context < 0 or batch < 1:
-        raise ConfigError(f"--context must be >= 0 and --batch >= 1, got {context} and {batch}")
+    memory_bytes(0, 0.0, context, batch)  # checks --context and --batch before any work
     groups = group_results(results)
     return ReportData(
         source, context, batch, tuple(groups),
