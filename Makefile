@@ -30,9 +30,14 @@ $(STAMP): pyproject.toml Makefile
 # llama-cpp-python compiles llama.cpp from source: about 6 minutes on 2 free cores (up to 40 on a
 # busy machine). Only `make test` needs it (tests/engines run the real engine and its server), so
 # it is a separate, stamped step and `make demo` does not wait for it.
+# GGML_NATIVE=OFF: the default -march=native build compiles ggml's AMX kernels on CPUs that list
+# AMX, and in sandboxes that do not really grant AMX tiles every decode dies with a general
+# protection fault (seen here); the portable AVX2 build has no AMX code. --no-cache-dir so pip
+# never reuses a native wheel built earlier on the same machine. LLAVA_BUILD=OFF: no multimodal lib.
 LLAMACPP_STAMP := $(VENV)/.wkvlab-llamacpp-installed
 $(LLAMACPP_STAMP): $(STAMP)
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet -e '.[llamacpp]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(BIN)/pip install --quiet --no-cache-dir -e '.[llamacpp]'
 	touch $(LLAMACPP_STAMP)
 
 demo: install
