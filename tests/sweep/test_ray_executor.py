@@ -1,15 +1,16 @@
-"""The Ray executor on a local Ray cluster: the same numbers as in-process, bit for bit; one-line
+"""The Ray executor on local Ray clusters: the same numbers as in-process, bit for bit; one-line
 errors for a bad address, a missing install and a failing worker; what finished stays stored.
 
 The model is a tiny random Llama saved as a Hugging Face folder with a character tokenizer, so
 the workers spend their time on Ray and the sweep machinery, not on loading 135M parameters.
+Ray startup takes seconds: one test starts (and must stop) its own cluster, the others share the
+module's ``cluster``.
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from tests.conftest import tiny_llama
 from wkvlab.errors import ConfigError, ModelError
 from wkvlab.store import open_store
-from wkvlab.sweep import InProcessExecutor, SweepSpec, plan_sweep, run_sweep
+from wkvlab.sweep import SweepSpec, plan_sweep, run_sweep
 
 ray = pytest.importorskip("ray")
 from wkvlab.sweep.ray_executor import ExecutorError, RayExecutor, _worker_failure  # noqa: E402
@@ -28,12 +29,18 @@ ARRAYS = ("kld", "nll", "nll_ref", "delta_p", "top1_agree", "position", "window"
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """One local cluster for the module (startup takes seconds): 2 CPUs, an 80 MB object store."""
-    ray.init(address="local", num_cpus=2, object_store_memory=80 * 1024**2, include_dashboard=False,
-             log_to_driver=False, logging_level=logging.WARNING)
+def _module_cluster():
     yield
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def cluster(_module_cluster):
+    """The module's local cluster, started on first use: 2 CPUs, an 80 MB object store."""
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, object_store_memory=80 * 1024**2, include_dashboard=False,
+                 log_to_driver=False, logging_level=logging.WARNING)
 
 
 def _tiny_folder(path, seed=0, **overrides):
@@ -75,45 +82,42 @@ def assert_same_numbers(a, b):
             assert u.dtype == v.dtype and np.array_equal(u, v, equal_nan=True), f"{x.weights} × {x.kv}: {name}"
 
 
-# first: it starts its own cluster, before the module's cluster exists
-def test_cli_starts_and_stops_a_local_cluster_for_the_sweep(tiny, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    # a relative model path: the workers resolve it in the driver's directory
-    Path("grid.yaml").write_text(f"models: [{os.path.relpath(tiny)}]\nctx: 32\ntokens: 64\nweights: [int8]\nkv: [fp16, int4]\n")
-    proc = subprocess.run([sys.executable, "-m", "wkvlab.cli", "sweep", "grid.yaml", "--store", "ray.db", "--executor", "ray"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
-    assert proc.returncode == 0, proc.stderr
-    assert "wrote 2 result(s) to ray.db" in proc.stderr
-    run_sweep("grid.yaml", "local.db")
-    assert_same_numbers(_stored("local.db"), _stored("ray.db"))
-
-
-def test_ray_sweep_gives_the_in_process_numbers_bit_for_bit(cluster, tiny, tmp_path):
-    spec = _spec(tiny)
-    run_sweep(spec, tmp_path / "local.db", executor=InProcessExecutor())
-    ticks = []
-    # two 1-CPU workers run the three weight grids in parallel (one torch thread each, where the
-    # in-process run uses every core: thread count does not change a bit here)
-    report = run_sweep(spec, tmp_path / "ray.db", executor=RayExecutor(num_cpus_per_task=1), progress=lambda _d, n: ticks.append(n))
-    assert report.written == 9 and report.raced == 0
-    assert sum(ticks) == plan_sweep(spec, None).steps  # progress is forwarded from the workers, every step once
-    assert_same_numbers(_stored(tmp_path / "local.db"), _stored(tmp_path / "ray.db"))
-    again = run_sweep(spec, tmp_path / "ray.db", executor=RayExecutor())  # resumes: nothing left to run
-    assert again.skipped == 9 and again.written == 0
-
-
-def test_a_failing_worker_is_one_line_and_the_store_keeps_what_finished(cluster, tiny, tmp_path):
+def test_a_failing_worker_is_one_line_the_store_keeps_what_finished_and_the_cluster_stops(_module_cluster, tiny, tmp_path):
+    if ray.is_initialized():  # this test is about the executor's own cluster
+        ray.shutdown()
     # one layer: an HF folder's fingerprint hashes its config and file sizes, so it must differ from tiny's
     doomed = _tiny_folder(tmp_path / "doomed", seed=1, num_hidden_layers=1)
     spec = _spec(tiny, doomed, weights=["none"], kv=["fp16", "int4"])
-    path = tmp_path / "r.db"
+    path, ticks = tmp_path / "r.db", []
     with open_store(path) as store:
         plan = plan_sweep(spec, store)
         shutil.rmtree(doomed)  # the second group's model disappears between planning and running
         with pytest.raises(ModelError, match="model not found") as err:  # the worker's own error, as in-process
-            run_sweep(spec, store, executor=RayExecutor(max_workers=1), plan=plan)
+            run_sweep(spec, store, executor=RayExecutor(max_workers=1, object_store_bytes=80 * 1024**2), progress=lambda _d, n: ticks.append(n), plan=plan)
     assert "\n" not in str(err.value)
     assert {r.model for r in _stored(path).values()} == {Path(tiny).name} and len(_stored(path)) == 2
+    assert sum(ticks) == plan.tasks[0].steps  # the finished grid's progress came back from the worker, every step once
+    assert not ray.is_initialized()  # the local cluster the executor started is shut down, also on error
+
+
+def test_cli_ray_sweep_gives_the_in_process_numbers_bit_for_bit(cluster, tiny, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from wkvlab.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    # a relative model path: the workers resolve it in the driver's directory
+    Path("grid.yaml").write_text(f"models: [{os.path.relpath(tiny)}]\nctx: 32\ntokens: 64\nweights: [none, int8, int4-g128]\n"
+                                 "kv: [fp16, int8, int4]\ngrid: weight\n")
+    # two 1-CPU workers run the three weight grids in parallel (one torch thread each, where the
+    # in-process run uses every core: the thread count changes no bit here)
+    args = ["sweep", "grid.yaml", "--store", "ray.db", "--executor", "ray", "--cpus-per-task", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.exception
+    run_sweep("grid.yaml", "local.db")
+    assert_same_numbers(_stored("local.db"), _stored("ray.db"))
+    assert len(_stored("ray.db")) == 9
+    assert CliRunner().invoke(app, args).exit_code == 0 and len(_stored("ray.db")) == 9  # resumed: nothing left to run
 
 
 def test_worker_crashes_and_foreign_exceptions_become_one_executor_line(tiny):
@@ -140,11 +144,12 @@ def test_a_bad_address_fails_before_planning_and_creates_nothing(tmp_path, args,
     assert "\n" not in str(result.exception) and not (tmp_path / "r.db").exists()
 
 
-def test_a_missing_ray_install_and_bad_options_are_one_line(monkeypatch):
+def test_a_missing_ray_install_and_bad_options_are_one_line(tiny, monkeypatch):
     with pytest.raises(ConfigError, match="not a Ray address"):
         RayExecutor("http://head:8265")
     with pytest.raises(ConfigError, match="--cpus-per-task must be positive"):
         RayExecutor(num_cpus_per_task=0)
+    assert list(RayExecutor().run([])) == []  # nothing to run: no cluster is started
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` sees without the package
     with pytest.raises(ConfigError, match=r"pip install 'wkvlab\[ray\]'"):
-        list(RayExecutor().run([]))
+        list(RayExecutor().run(plan_sweep(_spec(tiny), None).tasks))

@@ -35,7 +35,8 @@ import logging
 import os
 import socket
 import threading
-from contextlib import contextmanager
+from itertools import chain
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 from urllib.parse import urlsplit
@@ -250,10 +251,14 @@ class RayExecutor:
         return _Pool(lambda: actor.remote(cwd, threads), min(capacity, self.max_workers or capacity))
 
     def run(self, tasks: Iterable[GridTask], progress: Progress | None = None) -> Iterator[TaskOutcome]:
+        pending = iter(tasks)
+        first = next(pending, None)
+        if first is None:
+            return  # a finished sweep run again: no cluster to start or join
         with ray_session(self.address, object_store_bytes=self.object_store_bytes) as ray:
             pool = self._pool(ray)
             try:
-                yield from self._schedule(ray, pool, iter(tasks), progress)
+                yield from self._schedule(ray, pool, chain([first], pending), progress)
             finally:
                 for slot in pool.slots:  # also on error or when the driver stops early: free the cluster
                     ray.kill(slot.actor)
@@ -277,23 +282,42 @@ class RayExecutor:
             if progress is not None:
                 self._forward_progress(ray, list(running.values()), progress)
             for ref in ready:
-                slot = running.pop(ref)
-                task, slot.task = slot.task, None
                 try:
-                    results = ray.get(ref)
-                except (ray.exceptions.RayError, WkvlabError) as exc:
-                    raise _worker_failure(ray, exc, task) from None
-                if progress is not None and slot.ticked < task.steps:
-                    progress("sweep", task.steps - slot.ticked)  # ticks the last poll missed
-                yield TaskOutcome(task, tuple(results))
+                    outcome = self._collect(ray, ref, running, progress)
+                except WkvlabError:
+                    # grids other workers have finished are stored before the error surfaces
+                    done = ray.wait(list(running), num_returns=len(running), timeout=0)[0] if running else []
+                    for other in done:
+                        with suppress(WkvlabError):
+                            yield self._collect(ray, other, running, progress)
+                    raise
+                yield outcome
+
+    @staticmethod
+    def _collect(ray, ref, running: dict, progress: Progress | None) -> TaskOutcome:
+        """The outcome of a finished call, its worker marked idle; a failure as one-line error."""
+        slot = running.pop(ref)
+        task, slot.task = slot.task, None
+        try:
+            results = ray.get(ref)
+        except (ray.exceptions.RayError, WkvlabError) as exc:
+            raise _worker_failure(ray, exc, task) from None
+        if progress is not None and slot.ticked < task.steps:
+            progress("sweep", task.steps - slot.ticked)  # ticks the last poll missed
+        return TaskOutcome(task, tuple(results))
 
     @staticmethod
     def _forward_progress(ray, slots: list[_Slot], progress: Progress) -> None:
-        try:
-            drained = ray.get([s.actor.drain.remote() for s in slots], timeout=PROGRESS_POLL_SECONDS * 10)
-        except ray.exceptions.RayError:
-            return  # a dead worker is reported by its task's result; progress is best effort
-        for slot, ticks in zip(slots, drained):
+        """Forward the ticks of the workers that answer promptly; a worker still starting (or
+        waiting for resources) is skipped, and whatever ticks are missed are made up when its task ends."""
+        asked = {s.actor.drain.remote(): s for s in slots}
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=PROGRESS_POLL_SECONDS / 4)
+        for ref in answered:
+            slot = asked[ref]
+            try:
+                ticks = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue  # a dead worker is reported by its task's result
             for description, steps in ticks:
                 steps = min(steps, slot.task.steps - slot.ticked) if slot.task is not None else 0
                 if steps > 0:
