@@ -23,7 +23,7 @@ When the spec smooths or rotates Q/K, the reference's Q and K are carried into t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -112,7 +112,7 @@ class AttentionDecomposition:
     pairs: np.ndarray
     kl_sum: np.ndarray
     kl_rows: np.ndarray
-    ref_sumsq: np.ndarray = field(default=None)  # [layers, heads]: reference scores, for scale
+    ref_sumsq: np.ndarray  # [layers, heads]: sums of squares of the reference's scores, for scale
 
     @property
     def layers(self) -> int:
@@ -179,6 +179,8 @@ class AttentionDecomposition:
             for term in TERMS:
                 for keys in ("all", "sinks", "rest"):
                     row[f"rms_{term}_{keys}"] = float(np.sqrt(np.mean(self.rms(term, keys)[layer] ** 2)))
+            pairs = self.pairs[layer].sum() * self.heads
+            row["rms_reference_scores"] = float(np.sqrt(self.ref_sumsq[layer].sum() / pairs)) if pairs else 0.0
             row["attention_kl"] = float(self.kl()[layer].mean())
             row["cross_share"] = float(self.cross_share()[layer].mean())
             row["cross_mass"] = float(self.cross_mass()[layer].sum())
