@@ -26,13 +26,14 @@ def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     monkeypatch.setattr(explain_cli, "explain", functools.partial(explain, loaded=tiny_loaded()))
     out = tmp_path / "explain.json"
     args = ["explain", "--weights", "int4-g32", "--kv", "int2", "--ctx", "32", "--tokens", "96", "--max-ctx", "256",
-            "--context-docs", "2", "--resamples", "200", "--skip", "selfgen", "--json", str(out)]
+            "--context-docs", "2", "--resamples", "200", "--json", str(out)]
     run = CliRunner().invoke(app, args, env=ENV)
     assert run.exit_code == 0, run.output
-    for title in ("2×2 factorial", "noise floor", "cross term", "KLD by query position", "mitigations", "verdict"):
+    for title in ("2×2 factorial", "noise floor", "cross term", "KLD by query position", "mitigations", "verdict", "model's own samples"):
         assert title in run.output
     data = json.loads(out.read_text())
-    assert data["options"]["skip"] == ["selfgen"]
+    assert data["options"]["skip"] == [] and data["selfgen"]["data"] == "selfgen:48"
+    assert data["selfgen"]["factorial"]["windows"] == 1  # 48 tokens of the model's own text: one window of 32
     assert data["generation"]["new_tokens"] == 32 and len(data["retrieval"]["per_depth"]) == 5
     assert data["factorial"]["windows"] == 3 and data["factorial"]["identity_kld_max"] == 0.0
     assert data["context"]["max_ctx"] == 256 and data["context"]["documents"] == 2
@@ -72,7 +73,7 @@ def test_compare_two_stored_results(tmp_path):
 
 @pytest.mark.slow
 def test_explain_on_the_default_model(default_model):
-    """Very few tokens: checks the packaged model goes through every step, not the numbers' precision."""
+    """Very few tokens: the packaged model through the factorial, decomposition, context and mitigations (the other steps run on the tiny model)."""
     from wkvlab.explain.run import explain
 
     report = explain("int4-g128", "int4", loaded=default_model, ctx=32, tokens=64, max_ctx=32, diag_windows=1,

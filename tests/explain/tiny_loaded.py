@@ -22,6 +22,9 @@ class CharTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = False):
         return SimpleNamespace(input_ids=[ord(c) % VOCAB for c in text])
 
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(chr(int(i)) for i in ids)
+
     def __len__(self) -> int:
         return VOCAB
 

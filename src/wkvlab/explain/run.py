@@ -313,10 +313,11 @@ class SelfGenFactorial:
 
 
 def _selfgen_factorial(work, options: ExplainOptions, w_spec, c_spec, grid, tick) -> SelfGenFactorial:
-    from wkvlab.data.selfgen import SelfGenSpec, selfgen_corpus
+    from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
 
-    n = selfgen_tokens(options)
-    selfgen_corpus(work.loaded, SelfGenSpec(n_tokens=n, seed=options.seed), progress=tick)  # sampled once, then cached on disk
-    sg = api.prepare(work.loaded, f"selfgen:{n}", ctx=options.ctx, tokens=n)
+    data = f"selfgen:{selfgen_tokens(options)}"
+    spec = parse_selfgen(data)
+    selfgen_corpus(work.loaded, spec, progress=tick)  # sampled here with progress, then read from the disk cache by prepare
+    sg = api.prepare(work.loaded, data, ctx=options.ctx, tokens=spec.n_tokens)
     cells = cells_from_grid(grid(sg.windows, *factorial_specs(w_spec, c_spec)))
     return SelfGenFactorial(sg.corpus.name, factorial(cells, n_resamples=options.n_resamples, seed=options.seed))
