@@ -65,3 +65,15 @@ def test_profile_rejects_unknown_fields_and_missing_formats(tmp_path):
         SensitivityProfile.from_dict({**hand_profile().to_dict(), "extra": 1})
     with pytest.raises(ConfigError, match="no K measurements for int2"):
         hand_profile().k_delta("int2")
+
+
+def test_verdict_says_when_a_baseline_beats_the_plan():
+    from wkvlab.search.api import Row, _verdict
+
+    def row(name, kind, kld):
+        return Row(name, kind, "", 0.0, 0, 0.0, True, None, kld, 0.01)
+
+    plan = row("plan", "plan", 0.5)
+    text = _verdict(plan, [row("uniform K4V4", "uniform", 0.6), row("kvtuner", "unaware", 0.45), plan])
+    assert text.startswith("the plan beats every uniform") and "kvtuner did better" in text
+    assert _verdict(plan, [row("uniform K8V8", "uniform", 0.4), plan]).startswith("no searched plan beats uniform")

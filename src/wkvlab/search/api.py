@@ -305,10 +305,17 @@ def _verdict(chosen: Row | None, rows: list[Row]) -> str:
         return f"no uniform format fits the budget; the plan reaches held-out KLD {chosen.kld:.5f} ± {chosen.se:.5f}"
     best = min(fitting, key=lambda r: r.kld)
     if chosen.kld < best.kld:
-        return (f"the plan beats every uniform format that fits: held-out KLD {chosen.kld:.5f} ± {chosen.se:.5f} vs "
+        text = (f"the plan beats every uniform format that fits: held-out KLD {chosen.kld:.5f} ± {chosen.se:.5f} vs "
                 f"best uniform {best.name} {best.kld:.5f} ± {best.se:.5f}")
-    return (f"no searched plan beats uniform: best uniform {best.name} has held-out KLD {best.kld:.5f} ± {best.se:.5f}, "
-            f"the best plan {chosen.kld:.5f} ± {chosen.se:.5f}")
+    else:
+        text = (f"no searched plan beats uniform: best uniform {best.name} has held-out KLD {best.kld:.5f} ± {best.se:.5f}, "
+                f"the best plan {chosen.kld:.5f} ± {chosen.se:.5f}")
+    # a baseline that is not uniform may still do better; say so rather than hide it
+    rivals = [r for r in rows if r.fits and r.kind in ("unaware", "skip-ends", "sinks") and r.kld < chosen.kld]
+    if rivals:
+        rival = min(rivals, key=lambda r: r.kld)
+        text += f"; but the baseline {rival.name} did better: {rival.kld:.5f} ± {rival.se:.5f}"
+    return text
 
 
 def search(model: str | LoadedModel = "default", data: str = "default", *, budget: float | None = None, gpu: str | None = None,
