@@ -29,10 +29,6 @@ class Predictor:
     alpha_kv: float = 1.0
     alpha_w: float = 1.0
 
-    @property
-    def layers(self) -> int:
-        return len(next(iter(self.k_delta.values()), ())) or len(next(iter(self.v_delta.values()), ()))
-
     def layer_kv(self, layer: int, choice: Choice) -> float:
         """Additive (uncorrected) KV term of one layer."""
         k, v = choice
