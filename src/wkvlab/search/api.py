@@ -49,7 +49,7 @@ class SearchData:
 
 
 def prepare_search(model: str | LoadedModel = "default", data: str = "default", *, ctx: int = 256,
-                   profile_tokens: int = 256, heldout_tokens: int = 1024) -> SearchData:
+                   profile_tokens: int = 256, heldout_tokens: int = 512) -> SearchData:
     corpus = load_corpus(data)
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     if ctx > loaded.max_context:
@@ -320,7 +320,7 @@ def _verdict(chosen: Row | None, rows: list[Row]) -> str:
 
 def search(model: str | LoadedModel = "default", data: str = "default", *, budget: float | None = None, gpu: str | None = None,
            batch: int = 1, context: int | None = None, weights: str = "int4-g128", formats: str | None = None, ctx: int = 256,
-           profile_tokens: int = 256, heldout_tokens: int = 1024, candidates: int = 4, joint_weights: bool = False,
+           profile_tokens: int = 256, heldout_tokens: int = 512, candidates: int = 4, joint_weights: bool = False,
            unaware: bool = True, weight_profile: bool = True, calibration: CalibrationSpec | None = None,
            bars: Bars = _no_bars, use_cache: bool = True) -> SearchResult:
     """Find the per-layer KV assignment (and, with ``joint_weights``, 16-bit weight layers) that minimizes
