@@ -98,3 +98,14 @@ def test_gpu_budget_uses_the_planner_pool():
     assert big == pytest.approx(small / 2)
     pool = memory_budget(None, ModelDescription.from_config(model.config.to_dict(), name="tiny"), find_gpu("rtx-4090"), 10**6).kv_pool_bytes
     assert small == pytest.approx(pool / (16 * 4096))
+
+
+def test_joint_search_keeps_weight_layers_when_memory_is_plentiful(setup):
+    model, prof_w, held = setup
+    # a huge budget at a 1-token context: 16-bit weight layers are the only way to spend it
+    result = api.search_windows(model, prof_w, held, WeightSpec.parse("int4-g32"), parse_choices("K4V4"), 10**6,
+                                context=1, candidates=1, unaware=False, joint_weights=True)
+    assert result.keep_16bit == [0, 1, 2] and result.chosen.fits
+    assert result.exports["weights_16bit_layers"] == [0, 1, 2]
+    assert any("16 bits" in n for n in result.exports["vllm"]["notes"])
+    assert result.chosen.kld <= min(r.kld for r in result.rows if r.kind == "uniform") + 1e-12

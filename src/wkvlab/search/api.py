@@ -246,8 +246,16 @@ def search_windows(reference: torch.nn.Module, profile_windows: WindowSet, heldo
             "wkvlab": spec_dict,
             "vllm": vllm_line(chosen_cand.plan, ckpt).to_dict(),
             "llama.cpp": llamacpp_line(chosen_cand.plan, f"./{target}-{weights.label}.gguf").to_dict(),
-            "recipe": layer_recipe(chosen_cand.plan, model=target, weights=weights.label, keep_16bit=chosen_cand.keep_16bit),
         }
+        if chosen_cand.keep_16bit:
+            # KV flags cannot say it: the checkpoint itself must leave these layers unquantized
+            keep = ",".join(map(str, chosen_cand.keep_16bit))
+            exports["vllm"]["notes"].append(f"the checkpoint must keep decoder layers {keep} at 16 bits (e.g. llm-compressor ignore=)")
+            exports["llama.cpp"]["notes"].append(f"the GGUF must keep decoder layers {keep} at 16 bits (llama-quantize per-tensor types)")
+            exports["weights_16bit_layers"] = sorted({*weights.skip_layers, *chosen_cand.keep_16bit})
+        exports.update({
+            "recipe": layer_recipe(chosen_cand.plan, model=target, weights=weights.label, keep_16bit=chosen_cand.keep_16bit),
+        })
     return SearchResult(
         model=model_name, data=data_name, weights=weights.label,
         budget={"bytes_per_token": budget, "source": budget_source or f"{budget:,.0f} B/token (given)", "context": context, "batch": batch,

@@ -130,7 +130,8 @@ def search_command(
     print_search(result)
     if out is not None and result.spec:
         _write_spec(out, result.spec)
-        err_console.print(f"wrote {out} (use: wkvlab eval --weights {result.weights} --kv @{out})")
+        weights = result.weights + (f";skip={','.join(map(str, result.keep_16bit))}" if result.keep_16bit else "")
+        err_console.print(f"wrote {out} (use: wkvlab eval --weights '{weights}' --kv @{out})")
     if recipe is not None and result.exports:
         write_json_atomic(recipe, result.exports["recipe"])
         err_console.print(f"wrote {recipe}")
