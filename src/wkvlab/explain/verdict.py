@@ -11,16 +11,14 @@ from wkvlab.explain.factorial import Effects, Factorial
 
 def additivity(f: Factorial) -> list[str]:
     k = f.kld
-    parts = (f"KLD(W) {k.w.estimate:.4f}, KLD(C) {k.c.estimate:.4f}, KLD(W+C) {k.wc.estimate:.4f}; "
-             f"interaction {k.interaction:.4f}")
+    parts = f"KLD(W) {k.w.estimate:.4f}, KLD(C) {k.c.estimate:.4f}, KLD(W+C) {k.wc.estimate:.4f}"
     if k.additive:
-        head = f"Additive: {f.weights} and {f.kv} cost their sum; the interaction is not distinguishable from zero ({parts})."
-    elif k.interaction.estimate > 0:
-        head = (f"Not additive: {f.weights} with {f.kv} costs {k.ratio.estimate:.2f}× the sum of the two alone "
-                f"(ratio {k.ratio:.2f}; {parts}).")
+        head = (f"Additive: {f.weights} and {f.kv} cost their sum; the interaction {k.interaction:.4f} is not "
+                f"distinguishable from zero ({parts}).")
     else:
-        head = (f"Sub-additive: together {f.weights} and {f.kv} cost less than their sum, {k.ratio.estimate:.2f}× "
-                f"(ratio {k.ratio:.2f}; {parts}).")
+        more = k.interaction.estimate > 0
+        head = (f"{'Not additive' if more else 'Sub-additive'}: {f.weights} with {f.kv} costs {'more' if more else 'less'} than "
+                f"the sum of the two alone; interaction {k.interaction:.4f} excludes 0, ratio {k.ratio:.3f} ({parts}).")
     return [head, _others(f.ppl, "PPL", f.tokens, f.windows), _others(f.top1, "top-1 loss", f.tokens, f.windows)]
 
 
