@@ -77,7 +77,7 @@ def fidelity_table(report: FidelityReport) -> Table:
     for row in report.rows:
         ratio = row.ratio
         style = "green" if 0.75 <= ratio <= 1.25 else "red"
-        table.add_row(row.kv, row.preset, f"{row.engine_kld['mean']:.6f} ± {row.engine_kld['se']:.6f}",
+        table.add_row(row.kv, f"{row.preset} ({row.sim_spec})", f"{row.engine_kld['mean']:.6f} ± {row.engine_kld['se']:.6f}",
                       f"{row.sim_kld['mean']:.6f} ± {row.sim_kld['se']:.6f}", f"[{style}]{ratio:.2f}[/]",
                       f"{100 * row.engine_top1:.2f}%", f"{100 * row.sim_top1:.2f}%")
     return table

@@ -33,7 +33,8 @@ from wkvlab.weights.spec import WeightSpec
 @dataclass
 class FidelityRow:
     kv: str  # llama.cpp's name, K/V
-    preset: str  # the simulated preset compared
+    preset: str  # the simulated preset compared, e.g. llamacpp:q4_0
+    sim_spec: str  # what that preset does, e.g. q4_0+rot+q=q8_0
     engine_kld: dict
     sim_kld: dict
     engine_top1: float
@@ -121,7 +122,7 @@ def compare_engine(work: Workload, gguf: str, kv_types: list[str], *, rotation: 
             engine.close()
 
     rows = [
-        FidelityRow(kv=names[i], preset=specs[i].canonical(), engine_kld=kld_summary(np.concatenate(eng_kld[i])),
+        FidelityRow(kv=names[i], preset=specs[i].label, sim_spec=specs[i].canonical(), engine_kld=kld_summary(np.concatenate(eng_kld[i])),
                     sim_kld=sim[i].kld, engine_top1=_top1(eng_top1[i]), sim_top1=sim[i].top1_agreement)
         for i in range(len(kv_types))
     ]

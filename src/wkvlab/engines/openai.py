@@ -217,8 +217,9 @@ class OpenAIEngine:
             if got == expected:
                 return skip
             where = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-            best = max(best, (where, skip, got, expected), key=lambda b: b[0])
-        where, skip, got, expected = best  # report the reading that matched longest
+            # the reading that matched longest; on a tie, the one with BOS stripped (what servers do)
+            best = max(best, (where, skip, got, expected), key=lambda b: (b[0], b[1]))
+        where, skip, got, expected = best
         there = got[where] if where < len(got) else "<end>"
         here = expected[where] if where < len(expected) else "<end>"
         raise DataError(f"window {index}: the server's tokens differ from the reference's at token {where + skip} "
