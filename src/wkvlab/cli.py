@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from wkvlab import api
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
+from wkvlab.engines.cli import engine_app
 from wkvlab.errors import WkvlabError
 from wkvlab.explain.cli import compare_command, explain_command
 from wkvlab.io import write_json_atomic
@@ -150,6 +152,8 @@ app.command("explain")(explain_command)
 app.command("compare")(compare_command)
 # The HTML/PNG/Markdown report of a store (docs/report.md); the command lives in wkvlab.report.cli.
 app.command("report")(report_command)
+# Real engines (llama.cpp, OpenAI-compatible servers) and the simulation fidelity check (docs/engines.md).
+app.add_typer(engine_app, name="engine")
 
 
 def main() -> None:
@@ -157,7 +161,8 @@ def main() -> None:
     try:
         app()
     except WkvlabError as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # escaped: a message naming e.g. an install extra in [brackets] must not be read as rich markup
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("interrupted")
