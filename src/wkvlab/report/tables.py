@@ -9,6 +9,7 @@ import csv
 import html
 import io
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable
 
 from wkvlab.report.data import ReportData
@@ -48,6 +49,14 @@ def _interval_text(i) -> str:
     return f"{_signed(i.estimate)} [{_signed(i.low)}, {_signed(i.high)}]"
 
 
+def _number(header: str, attribute: str, spec: str) -> Column:
+    """A numeric field: raw in CSV, formatted with ``spec`` in Markdown and HTML."""
+    return Column(header, attrgetter(attribute), lambda r: format(getattr(r, attribute), spec))
+
+
+KEY_COLUMNS = (Column("group", attrgetter("group")), Column("weights", attrgetter("weights")), Column("kv", attrgetter("kv")))
+
+
 def _interval_columns(name: str, interval: Callable) -> tuple[Column, ...]:
     """Estimate (shown with its interval), low and high: three CSV columns, readable in Markdown."""
     return (Column(name, lambda r: interval(r).estimate, lambda r: _interval_text(interval(r))),
@@ -58,19 +67,17 @@ def _interval_columns(name: str, interval: Callable) -> tuple[Column, ...]:
 def configs_table(data: ReportData) -> Table:
     ctx = f"{data.context:,}" + (f"×{data.batch}" if data.batch > 1 else "")
     columns = (
-        Column("group", lambda r: r.group), Column("model", lambda r: r.model), Column("data", lambda r: r.data),
-        Column("ctx", lambda r: r.ctx), Column("tokens", lambda r: r.tokens),
-        Column("weights", lambda r: r.weights), Column("kv", lambda r: r.kv),
-        Column("kv_bits", lambda r: r.kv_bits, lambda r: f"{r.kv_bits:.2f}"),
+        *(Column(name, attrgetter(name)) for name in ("group", "model", "data", "ctx", "tokens", "weights", "kv")),
+        _number("kv_bits", "kv_bits", ".2f"),
         Column("weight_bytes", lambda r: r.weight_bytes, lambda r: f"{r.weight_bytes / MIB:,.1f} MiB"),
         Column("kv_bytes_per_token", lambda r: r.kv_bytes_per_token, lambda r: f"{r.kv_bytes_per_token:,.0f} B"),
         Column(f"memory_at_{data.context}", lambda r: r.memory_bytes, lambda r: f"{r.memory_bytes / MIB:,.1f} MiB"),
-        Column("kld_mean", lambda r: r.kld_mean, lambda r: f"{r.kld_mean:.5f}"),
-        Column("kld_se", lambda r: r.kld_se, lambda r: f"{r.kld_se:.5f}"),
-        Column("kld_p99", lambda r: r.kld_p99, lambda r: f"{r.kld_p99:.4f}"),
+        _number("kld_mean", "kld_mean", ".5f"),
+        _number("kld_se", "kld_se", ".5f"),
+        _number("kld_p99", "kld_p99", ".4f"),
         Column("top1", lambda r: r.top1, lambda r: f"{100 * r.top1:.2f}%"),
-        Column("ppl", lambda r: r.ppl, lambda r: f"{r.ppl:.3f}"),
-        Column("ppl_ref", lambda r: r.ppl_ref, lambda r: f"{r.ppl_ref:.3f}"),
+        _number("ppl", "ppl", ".3f"),
+        _number("ppl_ref", "ppl_ref", ".3f"),
         Column("pareto", lambda r: int(r.pareto), lambda r: "yes" if r.pareto else ""),
     )
     return Table("configs", f"Configs (memory: weights + KV cache at {ctx} tokens)", columns, data.configs)
@@ -78,10 +85,10 @@ def configs_table(data: ReportData) -> Table:
 
 def penalty_table(data: ReportData) -> Table:
     columns = (
-        Column("group", lambda r: r.group), Column("weights", lambda r: r.weights), Column("kv", lambda r: r.kv),
+        *KEY_COLUMNS,
         Column("kv_class_bits", lambda r: r.kv_class),
-        Column("kld_16bit_kv", lambda r: r.kld_16bit_kv, lambda r: f"{r.kld_16bit_kv:.5f}"),
-        Column("kld", lambda r: r.kld, lambda r: f"{r.kld:.5f}"),
+        _number("kld_16bit_kv", "kld_16bit_kv", ".5f"),
+        _number("kld", "kld", ".5f"),
         *_interval_columns("kv_penalty", lambda r: r.penalty),
     )
     return Table("kv_penalty", "KV-cache penalty: KLD(W, C) − KLD(W, 16-bit KV), 95% paired bootstrap interval", columns, data.penalties)
@@ -89,13 +96,13 @@ def penalty_table(data: ReportData) -> Table:
 
 def cross_term_table(data: ReportData) -> Table:
     columns = (
-        Column("group", lambda r: r.group), Column("weights", lambda r: r.weights), Column("kv", lambda r: r.kv),
+        *KEY_COLUMNS,
         Column("baseline_weights", lambda r: r.baseline_weights),
-        Column("kld_both", lambda r: r.kld_both, lambda r: f"{r.kld_both:.5f}"),
-        Column("kld_weights_only", lambda r: r.kld_weights, lambda r: f"{r.kld_weights:.5f}"),
-        Column("kld_kv_only", lambda r: r.kld_kv, lambda r: f"{r.kld_kv:.5f}"),
-        Column("kld_baseline", lambda r: r.kld_baseline, lambda r: f"{r.kld_baseline:.5f}"),
-        Column("additive", lambda r: r.additive, lambda r: f"{r.additive:.5f}"),
+        _number("kld_both", "kld_both", ".5f"),
+        _number("kld_weights_only", "kld_weights", ".5f"),
+        _number("kld_kv_only", "kld_kv", ".5f"),
+        _number("kld_baseline", "kld_baseline", ".5f"),
+        _number("additive", "additive", ".5f"),
         *_interval_columns("interaction", lambda r: r.interaction),
         Column("significant", lambda r: int(r.interaction.excludes_zero), lambda r: "yes" if r.interaction.excludes_zero else "no"),
     )
