@@ -53,3 +53,13 @@ def test_recovered_share_by_hand():
     assert "recovers" in m.lines()[0]
     text = json.dumps(m.to_dict())
     assert json.dumps(Mitigations.from_dict(json.loads(text)).to_dict()) == text
+
+
+def test_no_measurable_excess_is_said_not_divided():
+    n = window_noise(6, scale=0.02)
+    cells = {"w": result(0.1 + n), "wc": result(0.1 + n[::-1])}  # W+C differs from W by window noise only
+    chosen = candidates(KVSpec.parse("q8_0"), 8, 64, None)[:2]
+    m = measure(cells, [result(0.09 + n), result(0.12 + n)], chosen, n_resamples=300)
+    assert m.excess.contains(0.0)
+    assert [r.kld.estimate for r in m.results] == sorted(r.kld.estimate for r in m.results)  # lowest KLD first
+    assert "no measurable excess" in m.lines()[0] and "recovers" not in m.lines()[0]

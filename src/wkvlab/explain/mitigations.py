@@ -137,7 +137,7 @@ class MitigationResult:
 
 @dataclass(frozen=True)
 class Mitigations:
-    """Every measured mitigation of W+C, best first."""
+    """Every measured mitigation of W+C, lowest KLD (most recovered) first."""
 
     weights: str
     kv: str
@@ -162,6 +162,9 @@ class Mitigations:
         best = self.best
         if best is None:
             return []
+        if not self.excess.excludes_zero:  # a share of nothing measurable is noise divided by noise
+            return [f"the cache adds no measurable excess over the quantized weights (KLD(W+C) − KLD(W) = {self.excess:.4f}): "
+                    f"nothing for a KV mitigation to recover; lowest KLD {best.kld.estimate:.4f} with {best.name} ({best.kv})"]
         verdict = "" if best.recovered.excludes_zero else " — not distinguishable from no help"
         return [f"best mitigation: {best.name} ({best.kv}) recovers {best.recovered:.0%} of the cache's excess "
                 f"{self.excess.estimate:.4f} KLD at {best.kv_bytes_per_token:,.0f} vs {self.kv_bytes_per_token:,.0f} bytes/token{verdict}"]
@@ -190,5 +193,7 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
         rows.append(MitigationResult(candidate.name, candidate.kv.label, candidate.why, result.kv_bytes_per_token,
                                      kld=interval(lambda s, m=m: s[m]), recovered=recovered,
                                      top1=interval(lambda s, m=m: s[f"agree_{m}"] - s["agree_wc"])))
-    rows.sort(key=lambda r: -np.nan_to_num(r.recovered.estimate, nan=-np.inf))
+    # lowest KLD first: the same order as "most recovered" when the excess is positive, and still
+    # meaningful when the excess is noise around zero (the share's sign then flips at random)
+    rows.sort(key=lambda r: r.kld.estimate)
     return Mitigations(w.weights, wc.kv, wc.kv_bytes_per_token, interval(lambda s: s["wc"] - s["w"]), tuple(rows))
