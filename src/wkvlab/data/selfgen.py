@@ -97,20 +97,28 @@ def generate_documents(loaded: LoadedModel, spec: SelfGenSpec, progress: Progres
     eos = model.generation_config.eos_token_id or model.config.eos_token_id
     pad = eos[0] if isinstance(eos, (list, tuple)) else eos
     documents, total = [], 0
-    with torch.random.fork_rng():  # sampling must not disturb the caller's random state
-        torch.manual_seed(spec.seed)
-        i = 0
-        while total < spec.n_tokens:
-            offset = (i * step) % max(source.numel() - spec.prompt_tokens, 1)
-            prompt_text = tokenizer.decode(source[offset : offset + spec.prompt_tokens])
-            ids = _prompt_ids(tokenizer, prompt_text)[None]
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=spec.temperature,
-                                 top_p=spec.top_p, top_k=0, max_new_tokens=spec.continuation_tokens,
-                                 pad_token_id=pad if pad is not None else 0)
-            documents.append(tokenizer.decode(out[0], skip_special_tokens=False))
-            total += len(tokenize(tokenizer, documents[-1]))
-            tick("self-generated document", 1)
-            i += 1
+    threads = torch.get_num_threads()
+    # Batch-1 decoding is a long chain of tiny ops: with two intra-op threads on a loaded 2-core
+    # machine they spin-wait on each other (measured on SmolLM2: 0.32-0.43 s/token with 2 threads,
+    # 0.09 s/token with 1). One thread while sampling; the caller's setting is restored.
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng():  # sampling must not disturb the caller's random state
+            torch.manual_seed(spec.seed)
+            i = 0
+            while total < spec.n_tokens:
+                offset = (i * step) % max(source.numel() - spec.prompt_tokens, 1)
+                prompt_text = tokenizer.decode(source[offset : offset + spec.prompt_tokens])
+                ids = _prompt_ids(tokenizer, prompt_text)[None]
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=spec.temperature,
+                                     top_p=spec.top_p, top_k=0, max_new_tokens=spec.continuation_tokens,
+                                     pad_token_id=pad if pad is not None else 0)
+                documents.append(tokenizer.decode(out[0], skip_special_tokens=False))
+                total += len(tokenize(tokenizer, documents[-1]))
+                tick("self-generated document", 1)
+                i += 1
+    finally:
+        torch.set_num_threads(threads)
     return documents
 
 
