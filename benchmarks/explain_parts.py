@@ -73,7 +73,7 @@ def main() -> None:
         payload["lines"] = result.lines()
     if args.part == "selfgen":
         payload.pop("arrays", None)
-    print(json.dumps({"part": args.part, "model": work.loaded.name, "seconds": round(time.perf_counter() - start, 1), **payload}, indent=1))
+    print(json.dumps({"part": args.part, "model": work.loaded.name, **payload, "wall_seconds": round(time.perf_counter() - start, 1)}, indent=1))
 
 
 if __name__ == "__main__":
