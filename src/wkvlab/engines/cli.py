@@ -71,7 +71,8 @@ def eval_command(
 def fidelity_table(report: FidelityReport) -> Table:
     floor = report.noise_floor
     table = Table(title=f"{report.model}: llama.cpp vs simulation, {report.tokens} tokens, ctx {report.ctx}, rotation {'on' if report.rotation else 'off'}; "
-                        f"noise floor (transformers fp32 vs llama.cpp f16) KLD {floor['mean']:.6f} ± {floor['se']:.6f}", title_justify="left")
+                        f"noise floor (transformers fp32 vs llama.cpp f16) KLD {floor['mean']:.6f} ± {floor['se']:.6f}; "
+                        f"simulated: vs llamacpp:f16, {report.sim_activations}", title_justify="left")
     for name in ("KV", "simulated preset", "engine KLD", "simulated KLD", "ratio", "engine top-1", "sim top-1"):
         table.add_column(name, justify="left" if name in ("KV", "simulated preset") else "right", no_wrap=True)
     for row in report.rows:

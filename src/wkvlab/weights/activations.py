@@ -14,6 +14,10 @@ each quantized linear of the model copy is a faithful simulation. Scales:
   ``MatMul8bitLt``): input columns where any token exceeds ``threshold`` in magnitude stay at 16
   bits, the rest are INT8 per token. Outlier columns are chosen over the whole batch — in a
   teacher-forced window, the window, as in a prefill.
+* ``ggml-q8`` — llama.cpp's CPU matmul of a quantized weight: ggml-cpu first converts the input
+  rows to the weight type's ``vec_dot_type`` — q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL weights, q8_1 for
+  Q4_1/Q5_1 (q8_1 rounds exactly as q8_0 and also stores the block sum, which only re-adds the
+  weight's minimum) — blocks of 32 with an fp16 scale, bit-exact with ``gguf.quants`` q8_0.
 
 Each spec is a small frozen record so a quantized model can be cached and rebuilt exactly.
 """
@@ -24,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from wkvlab.formats import fake_quant_affine, fake_quant_fp4, fake_quant_fp8, fp8_absmax_scale, fp8_max, nvfp4_global_scale
+from wkvlab.formats import fake_quant_affine, fake_quant_ggml, fake_quant_fp4, fake_quant_fp8, fp8_absmax_scale, fp8_max, nvfp4_global_scale
 
 _INT8_MAX = 127.0
 
@@ -72,6 +76,8 @@ def fake_quant_activation(x: Tensor, quant: ActivationQuant) -> Tensor:
         return fake_quant_fp4(x, "mxfp4")
     if kind == "llm-int8":
         return _llm_int8(x, quant.threshold)
+    if kind == "ggml-q8":
+        return fake_quant_ggml(x, "q8_0").to(x.dtype)
     raise ValueError(f"unknown activation quantization {kind!r}")  # specs are validated before this
 
 
