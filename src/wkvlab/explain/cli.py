@@ -129,6 +129,11 @@ def explain_command(
     options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples)
     if "," in weights:
         raise ConfigError("explain takes one weight config; to evaluate a grid use 'wkvlab eval'")
+    # Parse both specs before the progress bar draws: a typo should be one error line, not a bar and an error.
+    from wkvlab.kv.spec import KVSpec
+    from wkvlab.weights.spec import WeightSpec
+
+    WeightSpec.parse(weights), KVSpec.parse(kv)
     total = planned_steps(options, max(1, tokens // ctx))
     with progress_bar(total, "explain") as advance:
         done = [0]
