@@ -11,15 +11,15 @@ from typing import Any
 from wkvlab.errors import ConfigError
 
 
-def _strict_json(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """NaN and ±inf as null: json.dump writes them as bare NaN/Infinity, which strict parsers
     (jq, JavaScript's JSON.parse) refuse. A ratio with a zero denominator is 'undefined', not a number."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _strict_json(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_strict_json(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -39,7 +39,7 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(_strict_json(payload), handle, indent=2, allow_nan=False)
+            json.dump(json_safe(payload), handle, indent=2, allow_nan=False)
             handle.write("\n")
         # mkstemp creates the file 0600; a results file should be as readable as any file the user writes.
         os.chmod(tmp, 0o666 & ~_umask())

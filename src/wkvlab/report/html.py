@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import re
 from functools import lru_cache
 from importlib import resources
 
 from wkvlab.errors import ConfigError
+from wkvlab.io import json_safe
 from wkvlab.report.charts import Chart, Heatmap, Series
 from wkvlab.report.data import ReportData
 from wkvlab.report.tables import EMPTY, Table, to_html
@@ -42,20 +42,9 @@ def plotly_text(text: str) -> str:
     return html.escape(str(text), quote=False).replace("\n", "<br>")
 
 
-def _finite(value):
-    """JSON.parse rejects NaN/Infinity; a missing number becomes null (a gap in the chart)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def script_json(payload) -> str:
     """JSON safe to place inside a <script> element: nothing in it can end the element or open a comment."""
-    text = json.dumps(_finite(payload), allow_nan=False, ensure_ascii=False)
+    text = json.dumps(json_safe(payload), allow_nan=False, ensure_ascii=False)
     for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(raw, escaped)
     return text
