@@ -6,31 +6,29 @@ No modules, no global state, inputs are never modified in place. Three families:
 * :mod:`.fp8` — FP8 E4M3/E5M2 casts with saturation and absmax scaling.
 * :mod:`.fp4` — NVFP4 and MXFP4 (E2M1 values with block scales).
 * :mod:`.ggml` — llama.cpp block formats, bit-identical to ``gguf.quants``.
+* :mod:`.sizes` — block shapes and byte counts, importable without torch.
 
 User-caused errors (bad bits, group size, unknown name) raise
 :class:`wkvlab.errors.ConfigError`.
+
+The tensor functions are imported on first use (PEP 562): byte counts and the spec parsers that
+build on them must not pull in torch, so ``import wkvlab.formats.sizes`` stays cheap.
 """
 from __future__ import annotations
 
-from wkvlab.formats.affine import (
-    ZeroPoint,
-    affine_dequantize,
-    affine_qparams,
-    affine_quantize,
-    bytes_per_element_affine,
-    fake_quant_affine,
-)
-from wkvlab.formats.fp4 import E2M1_MAX, FP4_BLOCK, FP4Format, fake_quant_fp4, fp4_bytes, nvfp4_global_scale, round_e2m1
-from wkvlab.formats.fp8 import FP8Format, fake_quant_fp8, fp8_absmax_scale, fp8_dtype, fp8_max
-from wkvlab.formats.ggml import (
-    GGML_TYPES,
-    fake_quant_ggml,
-    ggml_block_shape,
-    ggml_bytes_per_element,
-    ggml_dequantize,
-    ggml_quantize,
-)
-from wkvlab.formats.rounding import Rounding, round_with
+import importlib
+from typing import Any
+
+from wkvlab.formats.sizes import FP4_BLOCK, GGML_TYPES, FP4Format, fp4_bytes, ggml_block_shape, ggml_bytes_per_element
+
+_LAZY = {
+    "ZeroPoint": "affine", "affine_dequantize": "affine", "affine_qparams": "affine", "affine_quantize": "affine",
+    "bytes_per_element_affine": "affine", "fake_quant_affine": "affine",
+    "E2M1_MAX": "fp4", "fake_quant_fp4": "fp4", "nvfp4_global_scale": "fp4", "round_e2m1": "fp4",
+    "FP8Format": "fp8", "fake_quant_fp8": "fp8", "fp8_absmax_scale": "fp8", "fp8_dtype": "fp8", "fp8_max": "fp8",
+    "fake_quant_ggml": "ggml", "ggml_dequantize": "ggml", "ggml_quantize": "ggml",
+    "Rounding": "rounding", "round_with": "rounding",
+}
 
 __all__ = [
     "Rounding",
@@ -60,3 +58,9 @@ __all__ = [
     "ggml_dequantize",
     "fake_quant_ggml",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"wkvlab.formats.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'wkvlab.formats' has no attribute {name!r}")

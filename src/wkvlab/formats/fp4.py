@@ -18,7 +18,7 @@ Storage: 4 bits per value plus one byte per block (NVFP4 adds 4 bytes per tensor
 """
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 from torch import Tensor
@@ -27,9 +27,9 @@ from wkvlab.errors import ConfigError
 from wkvlab.formats._checks import check_float_tensor, const_like
 from wkvlab.formats.fp8 import fake_quant_fp8
 
-FP4Format = Literal["nvfp4", "mxfp4"]
+from wkvlab.formats.sizes import FP4_BLOCK, FP4Format, fp4_bytes  # torch-free byte counts
+
 FP4_FORMATS: tuple[str, ...] = get_args(FP4Format)
-FP4_BLOCK = {"nvfp4": 16, "mxfp4": 32}
 E2M1_MAX = 6.0
 _E4M3_MAX = 448.0
 
@@ -86,9 +86,3 @@ def fake_quant_fp4(x: Tensor, fmt: FP4Format, global_scale: Tensor | None = None
     return y.reshape(x.shape).to(x.dtype)
 
 
-def fp4_bytes(rows: int, columns: int, fmt: FP4Format) -> int:
-    """Bytes of an ``[rows, columns]`` matrix: packed nibbles, one scale byte per block, and for
-    NVFP4 two fp32 per-tensor scales (weight and input, as modelopt checkpoints store them)."""
-    block = FP4_BLOCK[fmt]
-    blocks = rows * -(-columns // block)
-    return -(-rows * columns // 2) + blocks + (8 if fmt == "nvfp4" else 0)

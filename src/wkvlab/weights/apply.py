@@ -25,7 +25,8 @@ from wkvlab.weights.awq import awq_layer
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.capture import capture_layer_inputs
 from wkvlab.weights.gptq import gptq_layers
-from wkvlab.weights.rtn import quantize_weight, ragged_group_note, weight_storage_bytes
+from wkvlab.weights.rtn import quantize_weight, ragged_group_note
+from wkvlab.weights.storage import weight_storage_bytes
 from wkvlab.weights.smoothquant import observe_model, smooth_model
 from wkvlab.weights.spec import STATIC_ACTIVATIONS, WeightSpec
 

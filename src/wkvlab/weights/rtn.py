@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from wkvlab.formats import fake_quant_affine, fake_quant_fp4, fake_quant_fp8, fp4_bytes, fp8_absmax_scale
-from wkvlab.weights.spec import WeightSpec
+from wkvlab.formats import fake_quant_affine, fake_quant_fp4, fake_quant_fp8, fake_quant_ggml, fp8_absmax_scale
+from wkvlab.weights.spec import GGML_FORMATS, WeightSpec
+from wkvlab.weights.storage import weight_storage_bytes  # noqa: F401  (kept importable from here)
 
 
 def _affine_rows(w: torch.Tensor, spec: WeightSpec, group: int | None) -> torch.Tensor:
@@ -35,6 +36,9 @@ def quantize_weight(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
         return fake_quant_fp8(w.float(), "e4m3", scale).to(w.dtype)
     if spec.format in ("nvfp4", "mxfp4"):
         return fake_quant_fp4(w.float(), spec.format).to(w.dtype)  # type: ignore[arg-type]
+    if spec.format in GGML_FORMATS:
+        # llama.cpp blocks of 32 along the input (bit-exact with gguf.quants, ntry as llama-quantize)
+        return fake_quant_ggml(w.float(), spec.format).to(w.dtype)
     if spec.per_tensor:
         return fake_quant_affine(w.float(), spec.bits, symmetric=spec.symmetric, zero_point=spec.zero_point, per_tensor=True).to(w.dtype)
     columns = w.shape[1]
@@ -46,32 +50,6 @@ def quantize_weight(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
     head = _affine_rows(w[:, :cut].float(), spec, group)
     tail = _affine_rows(w[:, cut:].float(), spec, None)
     return torch.cat([head, tail], dim=1).to(w.dtype)
-
-
-def weight_storage_bytes(shape: tuple[int, int], spec: WeightSpec) -> float:
-    """Bytes an engine holds for a ``[out, in]`` weight in this format, scales and zero points included."""
-    rows, columns = shape
-    if spec.method == "none":
-        return rows * columns * 4.0
-    if spec.method == "cast":
-        return rows * columns * 2.0
-    if spec.format == "fp8_e4m3":
-        # fp32 scales per channel (or one per tensor), as compressed-tensors stores FP8 checkpoints
-        return rows * columns * 1.0 + (1 if spec.per_tensor else rows) * 4.0
-    if spec.format in ("nvfp4", "mxfp4"):
-        return float(fp4_bytes(rows, columns, spec.format))  # type: ignore[arg-type]
-    if spec.method == "llm-int8":
-        return rows * columns + rows * 4.0  # bitsandbytes keeps one fp32 absmax (SCB) per row
-    if spec.per_tensor:
-        return rows * columns * spec.bits / 8 + 2.0 + (0.0 if spec.symmetric else (2.0 if spec.zero_point == "float" else 1.0))
-    # GPTQ checkpoints store g_idx, one int32 per input column, with or without act-order.
-    g_idx = columns * 4.0 if spec.method == "gptq" else 0.0
-    group = spec.group_size or columns
-    groups_per_row = -(-columns // group)
-    per_group = 2.0  # fp16 scale
-    if not spec.symmetric:
-        per_group += 2.0 if spec.zero_point == "float" else spec.bits / 8
-    return rows * columns * spec.bits / 8 + rows * groups_per_row * per_group + g_idx
 
 
 def ragged_group_note(shapes: list[tuple[int, int]], spec: WeightSpec) -> str | None:
