@@ -62,6 +62,13 @@ def describe_preset(text: str) -> Preset | None:
         # the newest tokens stay full precision until 128 of them have accumulated.
         spec = KVSpec(k=f"int{bits}-c32", v=f"int{bits}-g32-asym", residual=128, name=key)
         return Preset(spec, "KIVI: per-channel K (32-token groups), per-token V, residual 128 (flushed)")
+    shorthand = re.fullmatch(r"k(16|8|4|2)v(16|8|4|2)|kv(16|8|4|2)", key)
+    if shorthand:
+        # KVTuner's bit-pair names (Li et al., ICML 2025: KV8, K8V4, KV4, K4V2, KV2) as wkvlab's own
+        # per-(token, head) integer formats; 16 = the cache at model precision. A shorthand, not KVTuner's quantizer.
+        kb, vb = (shorthand.group(3),) * 2 if shorthand.group(3) else shorthand.group(1, 2)
+        k, v = ("fp16" if b == "16" else f"int{b}" for b in (kb, vb))
+        return Preset(KVSpec(k=k, v=v), f"bit pair K{kb}V{vb}: wkvlab {k} keys, {v} values (per token and head)")
     engine, sep, rest = key.partition(":")
     if engine == "kvquant":
         match = re.fullmatch(r"([2-4])(-1%)?", rest)
@@ -113,5 +120,5 @@ def preset_names() -> list[str]:
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head", "sglang:fp4_e2m1", "sglang:fp8_e4m3",
            "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
-           "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%"]
+           "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]
     )

@@ -3,8 +3,12 @@
 String form (what ``--kv`` accepts)::
 
     <K format>[/<V format>][+option]...      e.g.  int4   q8_0/q4_0   q4_0+rot   int4+sinks=4+skip=0,29
-    <preset>[+option]...                     e.g.  llamacpp:q4_0   vllm:fp8_e4m3   exl3:k4v4+sinks=1
+    <preset>[+option]...                     e.g.  llamacpp:q4_0   vllm:fp8_e4m3   exl3:k4v4+sinks=1   K8V4
     @spec.yaml | @spec.json                  a file holding ``KVSpec.to_dict()``
+
+Options follow ``+`` (``;`` is read as an alias). ``<layers>=<K>[/<V>]`` gives listed layers their
+own formats: ``int4+0-3,76-79=int8`` keeps layers 0-3 and 76-79 at int8 — the string form of
+:attr:`KVSpec.layers`, which :meth:`KVSpec.canonical` writes, so every spec reads back from its text.
 
 Options: ``rot`` / ``rot=<block>`` / ``rot=full`` (Hadamard rotation of Q/K/V along head_dim: in
 blocks of 64 when head_dim is a multiple of 64 and not at all otherwise — llama.cpp's rule —, in
@@ -184,18 +188,23 @@ class KVSpec:
         ignored, i.e. the long-context limit).
         """
         total = 0.0
-        full = 2 * 2.0 * head_dim
         for layer in range(layers):
-            k, v = self.formats_for(layer, bool(sliding[layer]) if layer < len(sliding) else False)
-            packed = k.bytes_per_vector(head_dim) + v.bytes_per_vector(head_dim)
-            # dense-and-sparse outliers: an fp16 value and a 16-bit position each, on quantized sides
-            packed += self.outliers * head_dim * 4 * ((not k.is_identity) + (not v.is_identity))
-            if context and (self.sinks or self.residual or self.window):
-                # a flushed residual is allocated at its full length R; a window at W
-                held = min(context, self.sinks + self.residual + self.window) / context
-                packed = held * full + (1 - held) * packed
-            total += packed
+            total += self.layer_bytes_per_token(layer, head_dim=head_dim, sliding=bool(sliding[layer]) if layer < len(sliding) else False,
+                                                context=context)
         return total * kv_heads
+
+    def layer_bytes_per_token(self, layer: int, *, head_dim: int, sliding: bool = False, context: int | None = None) -> float:
+        """Bytes one token costs in one layer's K and V caches for one KV head (see :meth:`bytes_per_token`)."""
+        full = 2 * 2.0 * head_dim
+        k, v = self.formats_for(layer, sliding)
+        packed = k.bytes_per_vector(head_dim) + v.bytes_per_vector(head_dim)
+        # dense-and-sparse outliers: an fp16 value and a 16-bit position each, on quantized sides
+        packed += self.outliers * head_dim * 4 * ((not k.is_identity) + (not v.is_identity))
+        if context and (self.sinks or self.residual or self.window):
+            # a flushed residual is allocated at its full length R; a window at W
+            held = min(context, self.sinks + self.residual + self.window) / context
+            packed = held * full + (1 - held) * packed
+        return packed
 
     # ---- text and JSON ------------------------------------------------------------------
 
@@ -227,8 +236,8 @@ class KVSpec:
             text += "+prerope"
         if self.outliers:
             text += f"+outliers={self.outliers:g}"
-        if self.layers:
-            text += " (+per-layer map)"
+        for pair, indices in _layer_groups(self.layers):
+            text += f"+{_layer_ranges(indices)}={pair}"
         return text
 
     def to_dict(self) -> dict:
@@ -256,7 +265,7 @@ class KVSpec:
         text = text.strip()
         if text.startswith("@"):
             return cls.load(Path(text[1:]))
-        # "+" separates options; ";" too, the separator weight configs use (one grammar for both flags)
+        # "+" separates options, as in --weights; ";" is read as an alias (specs written before they shared one)
         base, *options = re.split(r"[+;]", text)
         from wkvlab.kv.presets import lookup_preset  # presets build KVSpecs: import here, not at module load
 
@@ -304,6 +313,38 @@ def _int_option(key: str, value: str) -> int:
     return int(value)
 
 
+_LAYER_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+
+
+def _layer_items(key: str, part: str) -> list[int]:
+    """``"5"`` -> [5], ``"0-3"`` -> [0, 1, 2, 3]."""
+    if re.fullmatch(r"\d+-\d+", part):
+        lo, hi = map(int, part.split("-"))
+        if hi < lo:
+            raise ConfigError(f"layer range {part!r} runs backwards; write low-high, e.g. 0-3")
+        return list(range(lo, hi + 1))
+    return [_int_option(key, part)]
+
+
+def _layer_ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> ``"0-2,5"``."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _layer_groups(layers: tuple) -> list[tuple[str, list[int]]]:
+    """Per-layer overrides grouped by pair, in order of their first layer."""
+    groups: dict[str, list[int]] = {}
+    for index, k, v in layers:
+        groups.setdefault(k if k == v else f"{k}/{v}", []).append(index)
+    return list(groups.items())
+
+
 def _apply_option(spec: KVSpec, option: str) -> KVSpec:
     key, _, value = option.partition("=")
     key = key.lower()
@@ -334,14 +375,15 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
     if key == "skip":
         items: list = []
         for part in filter(None, value.split(",")):
-            if part == SLIDING:
-                items.append(SLIDING)
-            elif re.fullmatch(r"\d+-\d+", part):
-                lo, hi = map(int, part.split("-"))
-                items.extend(range(lo, hi + 1))
-            else:
-                items.append(_int_option(key, part))
+            items.extend([SLIDING] if part == SLIDING else _layer_items(key, part))
         return replace(spec, skip=tuple(items))
+    if _LAYER_LIST.fullmatch(key) and value:
+        # "<layers>=<K>[/<V>]": those layers' own formats; a later entry for a layer replaces an earlier one
+        k, _, v = value.partition("/")
+        chosen = {index: (lk, lv) for index, lk, lv in spec.layers}
+        for part in key.split(","):
+            chosen.update((index, (k, v or k)) for index in _layer_items(key, part))
+        return replace(spec, layers=tuple((index, lk, lv) for index, (lk, lv) in chosen.items()))
     if key == "q":
         return replace(spec, q=value)
     if key == "smooth":
@@ -358,15 +400,16 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
             return replace(spec, outliers=float(value.rstrip("%")) / (100 if value.endswith("%") else 1))
         except ValueError:
             raise ConfigError(f"outliers= needs a fraction such as 0.01 or 1%, got {value!r}") from None
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=tensor|head, prerope, outliers=1%, sinks=auto, sinkratio=τ")
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=tensor|head, prerope, outliers=1%, sinks=auto, sinkratio=τ, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
 
 
 def split_kv_list(text: str) -> list[str]:
-    """Split a comma-separated list of KV specs, keeping the commas of a ``skip=`` list."""
+    """Split a comma-separated list of KV specs, keeping the commas of layer lists (``skip=0,1``,
+    ``0-3,76-79=int8``): no KV spec starts with a digit, so a piece that does continues the previous one."""
     parts: list[str] = []
     for piece in text.split(","):
         piece = piece.strip()
-        joins = parts and re.search(r"[+;]skip=[^+;]*$", parts[-1]) and re.fullmatch(rf"\d+(-\d+)?|{SLIDING}", piece)
+        joins = parts and (piece[:1].isdigit() or (piece == SLIDING and re.search(r"[+;]skip=[^+;]*$", parts[-1])))
         if joins:
             parts[-1] += "," + piece
         elif piece:

@@ -1,22 +1,26 @@
 """The short string form of a weight config (``--weights``), presets included.
 
-``<base>[;option]...`` where ``<base>`` is a preset or ``[<method>-]<format>``:
+``<base>[+option]...`` where ``<base>`` is a preset or ``[<method>-]<format>``:
 
 * presets: ``gptq-int4-g128``, ``awq-int4-g128``, ``w8a8-int8`` (SmoothQuant), ``llm-int8``,
   ``fp8`` (W8A8, dynamic per-token activations), ``fp8-wo``, ``fp8-static``, ``nvfp4``,
   ``nvfp4-wo``, ``nvfp4-mlp`` (NVIDIA checkpoint layout: MLP in NVFP4 W4A4, attention in FP8
-  W8A8), ``mxfp4``, ``mxfp4-wo``; ``none``/``fp32``, ``bf16``, ``fp16``;
+  W8A8), ``mxfp4``, ``mxfp4-wo``; llama.cpp blocks ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``,
+  ``q5_1``; ``none``/``fp32``, ``bf16``, ``fp16``;
 * formats: ``int<b>[-g<G>][-sym|-asym][-fmin]`` (round to nearest; 8-bit defaults to symmetric,
   fewer bits to asymmetric with an integer zero point), with an optional method prefix
   ``rtn-``, ``gptq-`` or ``awq-`` (``gptq-int3-g64``), or a ``.json``/``.yaml`` spec file.
 
-Options (``;``-separated): ``a=<act>`` activations (``none``, ``int8`` = per-token dynamic,
-``int8-tensor``/``fp8-tensor`` = static per-tensor, ``fp8`` = per-token, ``nvfp4``, ``mxfp4``);
-``wo`` weight-only execution (activations not quantized: the Marlin-style rerun);
-``wscale=tensor`` one weight scale per matrix; ``skip=0,1,5-7`` decoder layers kept at 16 bits
-(the planner's syntax); ``skip-first=N``, ``skip-last=N``, ``skip-re=<regex>``; ``emb``/``head``
-quantize the embeddings / lm_head too; ``override=<regex>:<config>`` (repeatable); method
-parameters ``damp=``, ``block=``, ``actorder``, ``alpha=``, ``grid=``, ``noclip``, ``threshold=``.
+Options follow ``+`` — the separator ``--kv`` uses too, and one a shell leaves alone (``;`` is
+still read as an alias, for specs written before the two grammars shared a separator):
+``a=<act>`` activations (``none``, ``int8`` = per-token dynamic, ``int8-tensor``/``fp8-tensor`` =
+static per-tensor, ``fp8`` = per-token, ``nvfp4``, ``mxfp4``); ``wo`` weight-only execution
+(activations not quantized: the Marlin-style rerun); ``wscale=tensor`` one weight scale per
+matrix; ``skip=0,1,5-7`` decoder layers kept at 16 bits; ``skip-first=N``, ``skip-last=N``,
+``skip-re=<regex>``; ``emb``/``head`` quantize the embeddings / lm_head too;
+``override=<regex>:<config>`` (repeatable); method parameters ``damp=``, ``block=``, ``actorder``,
+``alpha=``, ``grid=``, ``noclip``, ``threshold=``. A ``+`` inside a regex stays part of it unless
+an option name follows it.
 """
 from __future__ import annotations
 
@@ -25,13 +29,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from wkvlab.errors import ConfigError
-from wkvlab.weights.spec import WeightSpec
+from wkvlab.weights.spec import GGML_FORMATS, WeightSpec
 
 _INT = re.compile(r"(?:(rtn|gptq|awq)-)?int([2-8])(?:-g(\d+))?((?:-(?:sym|asym|fmin))*)")
 _ACT_ALIASES = {"none": "none", "int8": "int8-token", "int8-token": "int8-token", "int8-tensor": "int8-tensor",
                 "fp8": "fp8-token", "fp8-token": "fp8-token", "fp8-tensor": "fp8-tensor", "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
 _HELP = ("use a preset (" + ", ".join(("gptq-int4-g128", "awq-int4-g128", "w8a8-int8", "llm-int8", "fp8", "fp8-wo", "nvfp4", "nvfp4-mlp", "mxfp4"))
-         + "), none, bf16, fp16, [gptq-|awq-]int<b>[-g<G>][-sym|-asym][-fmin], or a .json/.yaml spec file")
+         + "), none, bf16, fp16, q8_0, q4_0, q4_1, q5_0, q5_1, [gptq-|awq-]int<b>[-g<G>][-sym|-asym][-fmin], or a .json/.yaml spec file")
+_OPTION_NAMES = ("a", "wo", "wscale", "skip", "skip-first", "skip-last", "skip-re", "emb", "head", "override", "damp", "block",
+                 "actorder", "alpha", "grid", "noclip", "threshold")
+# "+" starts an option only where an option name follows (a regex value may contain "+"); ";" always does.
+_SEPARATOR = re.compile(r";|\+(?=(?:" + "|".join(sorted(map(re.escape, _OPTION_NAMES), key=len, reverse=True)) + r")(?:=|\+|;|$))")
 
 
 def _fp8(act: str) -> WeightSpec:
@@ -72,6 +80,11 @@ def _base(key: str, text: str) -> WeightSpec:
         return WeightSpec()
     if key in ("bf16", "fp16"):
         return WeightSpec(method="cast", format=key, bits=16)
+    if key in GGML_FORMATS:
+        # llama.cpp's *_0 types are symmetric (a scale per block), *_1 keep a minimum too
+        bits = 8 if key == "q8_0" else int(key[1])
+        return WeightSpec(method="rtn", format=key, bits=bits, group_size=32, symmetric=key.endswith("_0"),
+                          zero_point="int" if key.endswith("_0") else "float")
     if key in PRESETS:
         return PRESETS[key]
     match = _INT.fullmatch(key)
@@ -146,23 +159,29 @@ def _apply_option(spec: WeightSpec, item: str, text: str) -> WeightSpec:
 def parse_weight_spec(text: str) -> WeightSpec:
     """Parse the CLI string form (see the module docstring) into a :class:`WeightSpec`."""
     raw = text.strip()
-    if raw.lower().endswith((".json", ".yaml", ".yml")) and ";" not in raw:
+    if raw.lower().endswith((".json", ".yaml", ".yml")) and not _SEPARATOR.search(raw.lower()):
         return WeightSpec.from_file(Path(raw).expanduser())
     key = raw.lower()
-    base, *options = [part.strip() for part in key.split(";")]
+    base, *options = [part.strip() for part in _SEPARATOR.split(key)]
+    options = [o for o in options if o]
     spec = _base(base, text)
-    for item in filter(None, options):
+    for item in options:
         spec = _apply_option(spec, item, text)
-    if spec.method in ("none", "cast") and (options and any(o for o in options)):
+    if spec.method in ("none", "cast") and options:
         raise ConfigError(f"{text!r}: options apply to quantized configs only; drop them or quantize")
-    return replace(spec, label=key)
+    # the label is written with "+" whichever separator was typed, so equal configs label alike
+    return replace(spec, label="+".join([base, *options]))
 
 
 def split_weight_list(value: str) -> list[str]:
-    """Split a comma-separated ``--weights`` value; ``skip=0,1,5-7`` keeps its commas."""
+    """Split a comma-separated ``--weights`` value; ``skip=0,1,5-7`` keeps its commas.
+
+    No weight config starts with a digit, so a piece that does continues the previous one's
+    layer list.
+    """
     out: list[str] = []
     for piece in (p.strip() for p in value.split(",")):
-        if out and re.fullmatch(r"\d+(-\d+)?", piece) and re.search(r"skip=[\d,-]*$", out[-1]):
+        if out and piece[:1].isdigit():
             out[-1] += "," + piece
         elif piece:
             out.append(piece)

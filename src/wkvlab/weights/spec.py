@@ -21,7 +21,10 @@ from wkvlab.errors import ConfigError
 from wkvlab.specio import reject_unknown_fields
 
 METHODS = ("none", "cast", "rtn", "gptq", "awq", "smoothquant", "llm-int8")
-FORMATS = ("fp32", "bf16", "fp16", "int", "fp8_e4m3", "nvfp4", "mxfp4")
+# llama.cpp block types as weight formats: blocks of 32 along the input, scales inside the block
+# (ggml-common.h), bit-exact with gguf.quants (wkvlab.formats.ggml).
+GGML_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+FORMATS = ("fp32", "bf16", "fp16", "int", "fp8_e4m3", "nvfp4", "mxfp4", *GGML_FORMATS)
 # Activation quantization at inference. "-token" scales are dynamic per token (vLLM's W8A8 INT8
 # and FP8 paths); "-tensor" scales are static per tensor, calibrated (absmax over calibration
 # data, as llm-compressor's static observers and TensorRT-LLM's SmoothQuant "per-tensor" mode);
@@ -87,7 +90,7 @@ class WeightSpec:
             except re.error as exc:
                 raise ConfigError(f"bad module-name regex {pattern!r} ({exc}); escape special characters") from None
         for _, text in self.overrides:
-            if ";" in text:
+            if ";" in text or "+" in text:
                 raise ConfigError(f"override config {text!r} cannot carry options; give a plain config such as fp8 or int8")
 
     def _check_method(self) -> None:
@@ -95,6 +98,8 @@ class WeightSpec:
             raise ConfigError(f"{self.method} produces integer weights; use e.g. {self.method}-int4-g128")
         if self.method in ("smoothquant", "llm-int8") and (self.format, self.bits) != ("int", 8):
             raise ConfigError(f"{self.method} is INT8 W8A8; use the preset w8a8-int8 or llm-int8")
+        if self.format in GGML_FORMATS and (self.method != "rtn" or self.group_size != 32 or self.activations != "none"):
+            raise ConfigError(f"{self.format} is llama.cpp's block format (round to nearest, blocks of 32, 16-bit activations); use the preset {self.format}")
         if self.format in ("nvfp4", "mxfp4") and self.group_size not in (None, 16 if self.format == "nvfp4" else 32):
             raise ConfigError(f"{self.format} has a fixed block size; drop the group size")
         if self.activations in ("nvfp4", "mxfp4") and self.activations != self.format:
