@@ -52,19 +52,6 @@ class QuantizedWeights:
     cached: bool = False  # loaded from the on-disk cache
 
 
-def _layer_spec(spec: WeightSpec, name: str, layer: int, n_layers: int) -> WeightSpec | None:
-    """Skips first (a skipped layer stays at 16 bits whatever overrides say), then overrides."""
-    if layer in spec.skip_layers or layer < spec.skip_first or layer >= n_layers - spec.skip_last:
-        return None
-    if spec.skip_regex and re.search(spec.skip_regex, name):
-        return None
-    for pattern, text in spec.overrides:
-        if re.search(pattern, name):
-            sub = spec.override_spec(text)
-            return None if sub.method == "none" else sub
-    return None if spec.method == "none" else spec
-
-
 def resolve_linears(model: torch.nn.Module, spec: WeightSpec) -> dict[str, tuple[torch.nn.Linear, WeightSpec]]:
     """Each decoder linear that ``spec`` quantizes, with the spec that applies to it."""
     if spec.is_identity:
@@ -76,14 +63,10 @@ def resolve_linears(model: torch.nn.Module, spec: WeightSpec) -> dict[str, tuple
         raise ConfigError(f"skip layers {bad} do not exist: the model has layers 0..{n_layers - 1}")
     out = {}
     for name, module in linears:
-        sub = _layer_spec(spec, name, int(DECODER_LINEAR.search(name).group(2)), n_layers)
+        sub = spec.for_linear(name, int(DECODER_LINEAR.search(name).group(2)), n_layers)
         if sub is not None:
             out[name] = (module, sub)
     return out
-
-
-def _rtn_variant(spec: WeightSpec) -> WeightSpec:
-    return replace(spec, method="rtn" if spec.method not in ("none", "cast") else spec.method, activations="none", overrides=())
 
 
 def _ends(model: torch.nn.Module, spec: WeightSpec) -> list[tuple[str, torch.nn.Module]]:
@@ -106,7 +89,7 @@ def model_weight_bytes(model: torch.nn.Module, spec: WeightSpec) -> int:
         static = 4.0 if sub.activations in ("int8-tensor", "fp8-tensor") else 0.0
         costs[id(module.weight)] = weight_storage_bytes(tuple(module.weight.shape), sub) + static
     for _, module in _ends(model, spec):
-        costs[id(module.weight)] = weight_storage_bytes(tuple(module.weight.shape), _rtn_variant(spec))
+        costs[id(module.weight)] = weight_storage_bytes(tuple(module.weight.shape), spec.for_embeddings())
     other = 4.0 if spec.is_identity else 2.0
     seen: set[int] = set()
     total = 0.0
@@ -176,7 +159,7 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
         for _, (module, sub) in targets.items():
             module.weight.data = quantize_weight(module.weight.data, sub)
     for _, module in _ends(quantized, spec):
-        module.weight.data = quantize_weight(module.weight.data, _rtn_variant(spec))
+        module.weight.data = quantize_weight(module.weight.data, spec.for_embeddings())
     if _ends(quantized, spec):
         notes.append("embeddings / lm_head quantized with round-to-nearest in the same format; their inputs stay at 16 bits")
     unchanged = all(torch.equal(originals[n], m.weight.data) for n, (m, _) in targets.items())

@@ -120,6 +120,27 @@ class WeightSpec:
             return True
         return any(self.override_spec(text).needs_calibration for _, text in self.overrides)
 
+    def for_linear(self, name: str, layer: int, n_layers: int) -> "WeightSpec | None":
+        """The spec a decoder linear ``name`` in ``layer`` gets, or None when it stays at 16 bits.
+
+        Skips first (a skipped layer stays at 16 bits whatever overrides say), then the first
+        override whose regex matches the module name, else this spec. One rule for the model
+        that is quantized (:mod:`wkvlab.weights.apply`) and the one that is only planned.
+        """
+        if layer in self.skip_layers or layer < self.skip_first or layer >= n_layers - self.skip_last:
+            return None
+        if self.skip_regex and re.search(self.skip_regex, name):
+            return None
+        for pattern, text in self.overrides:
+            if re.search(pattern, name):
+                sub = self.override_spec(text)
+                return None if sub.method == "none" else sub
+        return None if self.method == "none" else self
+
+    def for_embeddings(self) -> "WeightSpec":
+        """What ``emb``/``head`` quantize the embedding and lm_head with: the same grid by round to nearest."""
+        return replace(self, method="rtn" if self.method not in ("none", "cast") else self.method, activations="none", overrides=())
+
     def override_spec(self, text: str) -> "WeightSpec":
         from wkvlab.weights.parse import parse_weight_spec
 
