@@ -7,7 +7,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from wkvlab.errors import ConfigError
+from wkvlab.errors import ConfigError, DataError
 from wkvlab.plan.cli import plan_command
 
 
@@ -25,34 +25,53 @@ def app():
 
 def test_llama3_70b_on_one_a100(app, tmp_path):
     out = tmp_path / "plan.json"
-    result = CliRunner().invoke(app, ["plan", "--model", "Llama-3-70B", "--gpu", "A100-80GB",
-                                      "--batch", "16", "--ctx", "8192", "--json", str(out)])
+    result = CliRunner().invoke(app, ["plan", "--model", "Llama-3-70B", "--gpu", "A100-80GB", "--batch", "16", "--ctx", "8192",
+                                      "--json", str(out)])
     assert result.exit_code == 0, result.output
-    text = result.output
-    for needle in ("weights GB", "KV GB", "total GB", "fits", "max batch", "decode tok/s", "KLD",
-                   "int4-g128", "fp8_e5m2", "vllm serve", "--kv-cache-dtype", "--max-model-len 8192",
-                   "--max-num-seqs 16", "sglang.launch_server", "llama-server", "-np 16", "-c 131072",
-                   "GiB", "estimate", "prior (extrapolated)"):
-        assert needle in text, needle
+    for needle in ("weights GB", "KV GB", "total GB", "fits", "max batch", "decode tok/s", "KLD", "int4-g128", "fp8_e5m2",
+                   "vllm serve", "--kv-cache-dtype", "--max-model-len 8192", "--max-num-seqs 16", "sglang.launch_server",
+                   "llama-server", "-np 16", "-c 131072", "GiB", "estimate", "prior (extrapolated)", "flags checked against"):
+        assert needle in result.output, needle
     data = json.loads(out.read_text())
     assert data["model"]["name"] == "Llama-3-70B" and data["gpu"]["name"] == "A100-80GB"
     assert data["recommendations"][0]["command"]["argv"][0] == "vllm"
 
 
+def test_context_is_the_name_and_ctx_its_alias(app):
+    a = CliRunner().invoke(app, ["plan", "-m", "Llama-3-8B", "-g", "H100", "-b", "4", "--context", "4096", "-e", "vllm"])
+    b = CliRunner().invoke(app, ["plan", "-m", "Llama-3-8B", "-g", "H100", "-b", "4", "--ctx", "4096", "-e", "vllm"])
+    assert a.exit_code == b.exit_code == 0 and a.output == b.output
+
+
+def test_gpu_counts_side_by_side(app, tmp_path):
+    out = tmp_path / "counts.json"
+    result = CliRunner().invoke(app, ["plan", "-m", "Llama-3-70B", "-g", "A100-80GB", "-b", "16", "-c", "8192", "--gpus", "1,2,4",
+                                      "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "--tensor-parallel-size 2" in result.output and "--tensor-parallel-size 4" in result.output and "-ts 1,1" in result.output
+    assert [p["layout"]["gpus"] for p in json.loads(out.read_text())] == [1, 2, 4]
+
+
 def test_options_weights_kv_engine_and_gpu_file(app, tmp_path):
     gpus = tmp_path / "gpus.yaml"
-    gpus.write_text("gpus:\n  - {name: MyCard, sm: 89, memory_gib: 48, bandwidth_gb_s: 900,"
-                    " tflops: {bf16: 180, fp8: 360, int8: 360}}\n")
-    result = CliRunner().invoke(app, ["plan", "-m", "Llama-3-8B", "--gpu", "MyCard", "-b", "4", "-c", "4096",
-                                      "-w", "q8_0", "-w", "q4_0", "--kv", "k=q8_0,v=q4_0", "--kv", "q8_0",
-                                      "--engine", "llama.cpp", "--gpu-file", str(gpus)])
+    gpus.write_text("gpus:\n  - {name: MyCard, sm: 89, memory_gib: 48, bandwidth_gb_s: 900, tflops: {bf16: 180, fp8: 360, int8: 360}}\n")
+    result = CliRunner().invoke(app, ["plan", "-m", "Llama-3-8B", "--gpu", "MyCard", "-b", "4", "-c", "4096", "-w", "q8_0,q4_0",
+                                      "--kv", "q8_0/q4_0+rot", "--kv", "llamacpp:q8_0", "--engine", "llama.cpp", "--gpu-file", str(gpus)])
     assert result.exit_code == 0, result.output
-    assert "MyCard" in result.output and "-ctk q8_0 -ctv q8_0" in result.output
-    assert "vllm serve" not in result.output
+    assert "MyCard" in result.output and "-ctk q8_0 -ctv q8_0" in result.output and "vllm serve" not in result.output
 
 
-def test_bad_input_raises_config_error(app):
-    result = CliRunner().invoke(app, ["plan", "--model", "Llama-3-70B", "--gpu", "TPU-v5",
-                                      "--batch", "16", "--ctx", "8192"])
-    assert result.exit_code != 0 and isinstance(result.exception, ConfigError)
-    assert "unknown GPU" in str(result.exception) and "\n" not in str(result.exception)
+@pytest.mark.parametrize("args,error,match", [
+    (["--gpu", "TPU-v5"], ConfigError, "unknown GPU"),
+    (["--gpus", "two"], ConfigError, "--gpus"),
+    (["--tp", "3", "--gpus", "4"], ConfigError, "must equal"),
+    (["--results", "missing.json"], DataError, "does not exist"),
+    (["--engine-version", "vllm"], ConfigError, "<engine>=<version>"),
+])
+def test_bad_input_raises_one_line(app, args, error, match):
+    base = {"--model": "Llama-3-70B", "--gpu": "A100-80GB", "--batch": "16", "--ctx": "8192"}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    result = CliRunner().invoke(app, ["plan", *[x for kv in base.items() for x in kv]])
+    assert result.exit_code != 0 and isinstance(result.exception, error), result.output
+    assert match in str(result.exception) and "\n" not in str(result.exception)

@@ -1,4 +1,4 @@
-"""Support matrix: no launch line an engine rejects; silent slow paths are warned about."""
+"""Engine support and flags for WeightSpec x KVSpec: no launch line an engine rejects; versions decide flags."""
 from __future__ import annotations
 
 import itertools
@@ -6,54 +6,114 @@ import itertools
 import pytest
 
 from wkvlab.errors import ConfigError
-from wkvlab.plan import (ENGINES, KV_FORMATS, ModelDescription, check_support, find_gpu,
-                         launch_command, parse_kv, parse_weight_spec, plan)
-from wkvlab.plan.engines import matrix
+from wkvlab.kv.formats import get_kv_format
+from wkvlab.plan import ENGINES, ModelDescription, check_support, find_gpu, launch_command, parallel_for, plan
+from wkvlab.plan.engines import matrix, parse_engine_versions
+from wkvlab.plan.source import ModelSource
+from wkvlab.weights import WeightSpec
 
 LLAMA8 = ModelDescription.from_name("Llama-3-8B")
+SRC = ModelSource("Llama-3-8B", "builtin", hub_id="meta-llama/Meta-Llama-3-8B")
 
 
-def support(engine, weights, kv, gpu="H100", model=LLAMA8):
-    return check_support(engine, model, parse_weight_spec(weights), parse_kv(kv), find_gpu(gpu))
+def support(engine, weights, kv, gpu="H100", model=LLAMA8, version=None, gpus=1):
+    return check_support(engine, model, weights, kv, find_gpu(gpu), parallel_for(engine, gpus), version)
 
 
-@pytest.mark.parametrize("k,v", list(itertools.product(["fp16", "bf16", "q8_0", "q4_0", "q4_1",
-                                                        "q5_0", "q5_1", "iq4_nl"], repeat=2)))
-def test_llamacpp_quantized_v_always_gets_flash_attention(k, v):
-    cmd = launch_command("llama.cpp", LLAMA8, parse_weight_spec("q4_0"), parse_kv(f"k={k},v={v}"),
-                         find_gpu("RTX-4090"), 4, 4096)
-    argv = list(cmd.argv)
-    if v not in ("fp16",) or k != "fp16":
+def line(engine, weights, kv, gpu="H100", batch=4, ctx=4096, version=None, model_id=None):
+    s = support(engine, weights, kv, gpu, version=version)
+    return launch_command(engine, SRC, WeightSpec.parse(weights), s, batch, ctx, model_id=model_id)
+
+
+@pytest.mark.parametrize("k,v", list(itertools.product(["fp16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"], repeat=2)))
+def test_llamacpp_quantized_cache_gets_flash_attention(k, v):
+    argv = list(line("llama.cpp", "q4_0", f"{k}/{v}+rot", gpu="RTX-4090").argv)
+    if (k, v) != ("fp16", "fp16"):
         assert argv[argv.index("-fa") + 1] == "on"
+        assert argv[argv.index("-ctk") + 1] == ("f16" if k == "fp16" else k)
     assert argv[argv.index("-c") + 1] == str(4 * 4096) and argv[argv.index("-np") + 1] == "4"
-    s = support("llama.cpp", "q4_0", f"k={k},v={v}")
-    slow = k != v or k not in ("fp16", "bf16", "q8_0", "q4_0")
-    assert s.slow_path == slow
-    assert any("GGML_CUDA_FA_ALL_QUANTS" in w for w in s.warnings) == slow
+    s = support("llama.cpp", "q4_0", f"{k}/{v}+rot")
+    slow = k != v or k not in ("fp16", "q8_0", "q4_0")
+    assert s.slow_path == slow and any("GGML_CUDA_FA_ALL_QUANTS" in w for w in s.warnings) == slow
 
 
-def test_llamacpp_rejects_non_gguf_and_per_layer_maps():
-    assert not support("llama.cpp", "awq-int4-g128", "q8_0").accepted
-    assert not support("llama.cpp", "q4_0", "int8").accepted
-    assert not support("llama.cpp", "q4_0", "q8_0;skip=0").accepted
+def test_llamacpp_rotation_is_its_default():
+    """llama.cpp rotates quantized caches (PR #21038): a spec without +rot needs LLAMA_ATTN_ROT_DISABLE=1."""
+    assert line("llama.cpp", "q4_0", "llamacpp:q4_0").env == ()
+    plain = line("llama.cpp", "q4_0", "q4_0")
+    assert plain.env == ("LLAMA_ATTN_ROT_DISABLE=1",) and plain.text().startswith("LLAMA_ATTN_ROT_DISABLE=1 llama-server")
+
+
+def test_llamacpp_refusals():
+    assert not support("llama.cpp", "awq-int4-g128", "q8_0").accepted  # not a GGUF type
+    assert not support("llama.cpp", "q4_0", "int8").accepted  # no per-vector int8 cache type
+    assert not support("llama.cpp", "q4_0", "q8_0+skip=0").accepted  # no per-layer types
+    assert not support("llama.cpp", "q4_0", "q4_0+sinks=4").accepted  # a wkvlab-only option
 
 
 def test_vllm_rules():
-    assert not support("vllm", "bf16", "k=int8,v=int4").accepted  # one dtype for K and V
-    assert not support("vllm", "bf16", "int4;0-3=int8").accepted  # no per-layer map
-    assert support("vllm", "bf16", "int4;skip=0,1").accepted
+    assert not support("vllm", "bf16", "int8/int4").accepted  # one dtype for K and V
+    assert support("vllm", "bf16", "int4+skip=0,1").accepted
     assert not support("vllm", "q4_0", "bf16").accepted
     assert not support("vllm", "bf16", "fp8_e4m3", gpu="A100-80GB").accepted  # vllm#26431
     assert support("vllm", "bf16", "fp8_e5m2", gpu="A100-80GB").accepted
-    assert support("vllm", "bf16", "fp8_e4m3", gpu="H100").accepted
     fp8_on_ampere = support("vllm", "fp8", "bf16", gpu="A100-80GB")
     assert fp8_on_ampere.accepted and any("Marlin" in w for w in fp8_on_ampere.warnings)
-    moe = ModelDescription.from_name("Mixtral-8x7B")
-    assert not support("vllm", "fp8", "bf16", gpu="A100-80GB", model=moe).accepted
+    assert not support("vllm", "fp8", "bf16", gpu="A100-80GB", model=ModelDescription.from_name("Mixtral-8x7B")).accepted
     assert not support("vllm", "mxfp4", "bf16").accepted  # MoE experts only
-    assert support("vllm", "int8", "int8").row_scale_bytes == 4
-    dsv3 = ModelDescription.from_name("DeepSeek-V3")
-    assert not support("vllm", "bf16", "int8", model=dsv3).accepted
+    assert not support("vllm", "bf16", "int8", model=ModelDescription.from_name("DeepSeek-V3")).accepted
+    asym = support("vllm", "gptq-int4-g128", "bf16")  # gptq_marlin is symmetric only
+    assert asym.accepted and asym.slow_path and asym.weight_arg == "gptq"
+    assert support("vllm", "gptq-int4-g128-sym", "bf16").weight_arg == "gptq_marlin"
+    assert support("vllm", "int4-g128", "bf16").weight_arg == "awq_marlin"  # never the slow 'awq'
+    assert not support("vllm", "int3-g64", "bf16").accepted and "no kernel" in support("vllm", "int3-g64", "bf16").reasons[0]
+
+
+def test_vllm_storage_is_what_it_allocates():
+    """int8 runs as int8_per_token_head, whose rows keep an fp32 scale: the planner counts that, not wkvlab's fp16 one."""
+    kv = support("vllm", "bf16", "int8").kv
+    assert kv.args == ("--kv-cache-dtype", "int8_per_token_head") and kv.storage == "int8_pth" and kv.exact
+    assert get_kv_format("int8_pth").bytes_per_vector(128) == 132
+
+
+def test_versions_decide_flags():
+    """vLLM main has per-token-head dtypes and skip layers, but no --calculate-kv-scales (removed by PR #49389);
+    vLLM 0.11 had --calculate-kv-scales and neither of the others."""
+    main = line("vllm", "bf16", "fp8_e4m3+scales=tensor")
+    assert "--calculate-kv-scales" not in main.argv and any("k_scale" in n for n in main.notes)
+    assert main.version == "vLLM main (2026-08)" and "002f10e" in main.checked
+    old = line("vllm", "bf16", "fp8_e4m3+scales=tensor", version="0.11")
+    assert "--calculate-kv-scales" in old.argv and old.version == "vLLM 0.11"
+    assert not support("vllm", "bf16", "int8", version="0.11").accepted
+    assert not support("vllm", "bf16", "fp8_e4m3+skip=0", version="0.11").accepted
+    assert parse_engine_versions(["vllm=0.11"]) == {"vllm": "0.11"}
+    with pytest.raises(ConfigError, match="version"):
+        parse_engine_versions(["vllm=0.1"])
+
+
+def test_vllm_runs_a_per_layer_plan_as_its_closest_line():
+    """A search plan mixing pairs: one dtype (the plan's most precise) for every quantized layer, 16-bit layers skipped."""
+    s = support("vllm", "bf16", "int4+0=fp16+1-2=int8/int4")
+    assert s.accepted and not s.kv.exact
+    assert s.kv.args == ("--kv-cache-dtype", "int8_per_token_head", "--kv-cache-dtype-skip-layers", "0")
+    exact = support("vllm", "bf16", "fp8_e4m3+0,31=fp16")
+    assert exact.kv.exact and exact.kv.args[-3:] == ("--kv-cache-dtype-skip-layers", "0", "31")
+    llama = support("llama.cpp", "q4_0", "int4+0=fp16+1-2=int8/int4")
+    assert llama.accepted and not llama.kv.exact and llama.kv.args == ("-ctk", "q4_0", "-ctv", "q4_0")
+
+
+def test_vllm_command_spelling():
+    cmd = line("vllm", "awq-int4-g128", "int8+skip=0,31", batch=8, model_id="org/awq-checkpoint")
+    argv = list(cmd.argv)
+    assert argv[:3] == ["vllm", "serve", "org/awq-checkpoint"] and cmd.ready
+    assert argv[argv.index("--quantization") + 1] == "awq_marlin"
+    i = argv.index("--kv-cache-dtype-skip-layers")
+    assert argv[i + 1:i + 3] == ["0", "31"]
+    assert argv[argv.index("--max-model-len") + 1] == "4096" and argv[argv.index("--max-num-seqs") + 1] == "8"
+    bf16 = line("vllm", "bf16", "bf16")
+    assert "--quantization" not in bf16.argv and "--kv-cache-dtype" not in bf16.argv and bf16.argv[2] == "meta-llama/Meta-Llama-3-8B"
+    wo = line("vllm", "fp8-wo", "bf16")
+    assert wo.env == ("VLLM_TEST_FORCE_FP8_MARLIN=1",) and wo.text().startswith("VLLM_TEST_FORCE_FP8_MARLIN=1 vllm")
 
 
 def test_sglang_and_trtllm_rules():
@@ -63,36 +123,17 @@ def test_sglang_and_trtllm_rules():
     assert support("trtllm", "w8a8-int8", "int8", gpu="A100-80GB").accepted
 
 
-def test_vllm_command_spelling():
-    cmd = launch_command("vllm", LLAMA8, parse_weight_spec("awq-int4-g128"), parse_kv("int8;skip=0,31"),
-                         find_gpu("H100"), 8, 4096)
-    argv = list(cmd.argv)
-    assert argv[:2] == ["vllm", "serve"]
-    assert argv[argv.index("--quantization") + 1] == "awq_marlin"  # not the slow 'awq'
-    assert argv[argv.index("--kv-cache-dtype") + 1] == "int8_per_token_head"
-    i = argv.index("--kv-cache-dtype-skip-layers")
-    assert argv[i + 1:i + 3] == ["0", "31"]
-    assert argv[argv.index("--max-model-len") + 1] == "4096" and argv[argv.index("--max-num-seqs") + 1] == "8"
-    bf16 = launch_command("vllm", LLAMA8, parse_weight_spec("bf16"), parse_kv("bf16"), find_gpu("H100"), 1, 128)
-    assert "--quantization" not in bf16.argv and "--kv-cache-dtype" not in bf16.argv
-    wo = launch_command("vllm", LLAMA8, parse_weight_spec("fp8-wo"), parse_kv("bf16"), find_gpu("H100"), 1, 128)
-    assert wo.env == ("VLLM_TEST_FORCE_FP8_MARLIN=1",) and wo.text().startswith("VLLM_TEST_FORCE_FP8_MARLIN=1 vllm")
-
-
 def test_rejected_combination_never_gets_a_command():
     with pytest.raises(ConfigError, match="rejects"):
-        launch_command("vllm", LLAMA8, parse_weight_spec("bf16"), parse_kv("fp8_e4m3"),
-                       find_gpu("A100-80GB"), 1, 1024)
+        line("vllm", "bf16", "fp8_e4m3", gpu="A100-80GB")
     with pytest.raises(ConfigError, match="rejects"):
-        launch_command("llama.cpp", LLAMA8, parse_weight_spec("awq-int4-g128"), parse_kv("q8_0"),
-                       find_gpu("H100"), 1, 1024)
+        line("llama.cpp", "awq-int4-g128", "q8_0")
 
 
 @pytest.mark.parametrize("gpu", ["A100-80GB", "RTX-3090", "L4", "H100", "B200"])
 def test_plan_never_prints_a_rejected_command(gpu):
-    """Every launch line in a full plan comes from an evaluation whose engine accepts it."""
     weights = ["bf16", "fp8", "fp8-wo", "w8a8-int8", "int4-g128", "gptq-int4-g128", "nvfp4", "q8_0", "q4_0"]
-    kvs = ["bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "q8_0", "q4_0", "k=q8_0,v=q4_0", "int4;skip=0"]
+    kvs = ["bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "llamacpp:q8_0", "q4_0", "q8_0/q4_0", "int4+skip=0"]
     result = plan("Llama-3-8B", gpu, 4, 4096, weights=weights, kv=kvs)
     printed = 0
     for row in result.rows:
@@ -101,25 +142,22 @@ def test_plan_never_prints_a_rejected_command(gpu):
                 printed += 1
                 assert ev.support.accepted and ev.fit.fits
                 argv = ev.command.argv
-                if ev.engine == "llama.cpp" and "-ctv" in argv and argv[argv.index("-ctv") + 1] not in ("f16",):
+                if ev.engine == "llama.cpp" and "-ctv" in argv:
                     assert argv[argv.index("-fa") + 1] == "on"
     assert printed
-    for rec in result.recommendations:
-        row = next(r for r in result.rows if (r.weights, r.kv) == (rec.weights, rec.kv))
-        assert next(e for e in row.evaluations if e.engine == rec.engine).support.accepted
 
 
-def test_matrix_covers_every_engine_and_known_formats():
-    from wkvlab.plan import FORMATS
+def test_matrix_names_real_formats():
     assert set(matrix()) == set(ENGINES)
     for engine, entry in matrix().items():
-        assert set(entry["weights"]) <= set(FORMATS), engine
-        assert set(entry["kv"]) <= set(KV_FORMATS), engine
+        for name, kv in entry["kv"].items():
+            get_kv_format(name), get_kv_format(kv["storage"])  # every key and storage is a wkvlab KV format
+        assert entry["default_version"] in entry["versions"], engine
 
 
-def test_group_sizes_that_do_not_divide_input_widths_are_refused():
-    """SmolLM2's hidden size 576 is not a multiple of 128: Marlin kernels refuse int4-g128."""
+def test_marlin_shapes():
+    """SmolLM2's hidden size 576 is not a multiple of 128: Marlin refuses int4-g128 there."""
     smol = ModelDescription.from_name("SmolLM2-135M")
     s = support("vllm", "int4-g128", "bf16", model=smol)
     assert not s.accepted and "576" in s.reasons[0]
-    assert support("vllm", "int4-g128", "bf16").accepted  # Llama-3-8B: 4096 and 14336 divide
+    assert support("vllm", "int4-g128", "bf16").accepted

@@ -30,7 +30,7 @@ def test_sglang_budget_excludes_activations(setup):
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "llama.cpp", "trtllm", None])
-@pytest.mark.parametrize("kv", ["bf16", "fp8_e5m2", "int4", "k=q8_0,v=q4_0"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e5m2", "int4", "q8_0/q4_0"])
 def test_max_batch_and_max_ctx_are_exact_inversions(setup, engine, kv):
     m, gpu = setup
     per_token = kv_bytes_per_token(m, kv)

@@ -1,7 +1,9 @@
 """``wkvlab plan``: a thin command over :func:`wkvlab.plan.plan`.
 
 The main CLI registers it with ``app.command("plan")(plan_command)``; bad input raises
-:class:`wkvlab.errors.ConfigError`, which the main CLI prints as one line.
+:class:`wkvlab.errors.ConfigError`, which the main CLI prints as one line. Option names follow
+docs/options.md: ``--context`` is the served sequence length (``--ctx``, the name of a window in
+the measuring commands, is accepted here as an alias because plan runs no windows).
 """
 from __future__ import annotations
 
@@ -14,33 +16,64 @@ import typer
 from rich.console import Console
 
 from wkvlab.errors import ConfigError
-from wkvlab.plan.planner import plan
-from wkvlab.plan.render import render
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--gpus {text!r}: give a GPU count or a comma list such as 1,2,4") from None
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"--gpus {text!r}: counts must be at least 1")
+    return values
 
 
 def plan_command(
-    model: Annotated[str, typer.Option("--model", "-m",
-                                       help="Built-in model name (e.g. Llama-3-70B) or a config.json path.")],
-    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU name, e.g. A100-80GB, H100, RTX-4090.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="'default' (SmolLM2-135M), a built-in name (Llama-3-70B), an HF folder, a config.json or a .gguf.")],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU name, e.g. A100-80GB, H100, RTX-4090, L40S.")],
     batch: Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")],
-    ctx: Annotated[int, typer.Option("--ctx", "-c", help="Tokens per sequence (prompt + output).")],
+    context: Annotated[int, typer.Option("--context", "--ctx", "-c", help="Tokens per served sequence (prompt + output); --ctx is an alias.")],
     weights: Annotated[list[str] | None, typer.Option(
-        "--weights", "-w", help="Weight format (repeatable), e.g. int4-g128, fp8, 'int4-g128;skip=0,79'.")] = None,
+        "--weights", "-w", help="Weight config(s), as for wkvlab eval: int4-g128, fp8, q4_0, 'int4-g128+skip=0,79' (repeat or comma-separate).")] = None,
     kv: Annotated[list[str] | None, typer.Option(
-        "--kv", help="KV spec (repeatable), e.g. fp8_e4m3, q8_0, q8_0/q4_0 (K/V), 'int4;skip=0,1'.")] = None,
+        "--kv", help="KV spec(s), as for wkvlab eval: fp8_e4m3, q8_0/q4_0, int4+skip=0,1, K8V4, @plan.yaml (repeat or comma-separate).")] = None,
+    gpus: Annotated[str, typer.Option("--gpus", "-n", help="GPUs per server; a comma list (1,2,4) plans each count side by side.")] = "1",
+    tp: Annotated[int | None, typer.Option("--tp", help="vLLM/SGLang tensor-parallel size (default: --gpus / --pp).")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="vLLM/SGLang pipeline-parallel size (default 1).")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="llama.cpp -sm: layer (default) or row.")] = None,
+    results: Annotated[list[Path] | None, typer.Option("--results", help="wkvlab eval/demo --json file(s): rank by your measured KLD.")] = None,
+    store: Annotated[list[Path] | None, typer.Option("--store", help="wkvlab sweep store(s) (SQLite): rank by your measured KLD.")] = None,
+    model_id: Annotated[str | None, typer.Option("--model-id", help="The Hub id, folder or .gguf the launch lines load (e.g. a quantized checkpoint).")] = None,
+    engine_version: Annotated[list[str] | None, typer.Option("--engine-version", help="Target an engine release: vllm=0.11 (default: the newest checked).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the full plan as JSON here.")] = None,
-    engine: Annotated[str | None, typer.Option(
-        "--engine", "-e", help="Restrict to one engine: vllm, sglang, llama.cpp, trtllm.")] = None,
-    gpu_file: Annotated[Path | None, typer.Option(
-        "--gpu-file", help="YAML/JSON file adding or overriding GPUs (schema: data/gpus.yaml).")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", "-e", help="Restrict to one engine: vllm, sglang, llama.cpp, trtllm.")] = None,
+    gpu_file: Annotated[Path | None, typer.Option("--gpu-file", help="YAML/JSON file adding or overriding GPUs (schema: data/gpus.yaml).")] = None,
 ) -> None:
     """Which weight x KV combinations fit, how fast they run, and the engine command lines."""
-    result = plan(model, gpu, batch, ctx, weights=weights or None, kv=kv or None, engine=engine,
-                  gpu_file=gpu_file)
+    from wkvlab.kv.spec import split_kv_list
+    from wkvlab.plan.engines import parse_engine_versions
+    from wkvlab.plan.measured import load_measurements
+    from wkvlab.plan.planner import plan
+    from wkvlab.plan.render import render, render_counts
+    from wkvlab.weights.parse import split_weight_list
+
+    counts = _ints(gpus)
+    if json_out is not None and not (json_out.parent if str(json_out.parent) else Path(".")).is_dir():
+        raise ConfigError(f"--json {json_out}: folder {json_out.parent} does not exist; create it or choose another path")
+    w_list = [w for value in (weights or []) for w in split_weight_list(value)] or None
+    k_list = [k for value in (kv or []) for k in split_kv_list(value)] or None
+    measurements = load_measurements(results or [], store or [])
+    versions = parse_engine_versions(engine_version)
+    plans = [plan(model, gpu, batch, context, weights=w_list, kv=k_list, engine=engine, measurements=measurements, gpu_file=gpu_file,
+                  gpus=n, tp=tp, pp=pp, split=split, model_id=model_id, versions=versions) for n in counts]
     width = max(shutil.get_terminal_size((160, 40)).columns, 140)
-    render(result, Console(width=width, highlight=False, soft_wrap=True))
+    console = Console(width=width, highlight=False, soft_wrap=True)
+    if len(plans) == 1:
+        render(plans[0], console)
+    else:
+        render_counts(plans, console)
     if json_out is not None:
-        try:
-            json_out.write_text(json.dumps(result.to_dict(), indent=1))
-        except OSError as exc:
-            raise ConfigError(f"cannot write {json_out} ({exc}); choose a writable path") from exc
+        from wkvlab.io import write_json_atomic
+
+        payload = [p.to_dict() for p in plans]
+        write_json_atomic(json_out, payload[0] if len(payload) == 1 else payload)

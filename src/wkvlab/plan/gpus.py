@@ -29,6 +29,7 @@ class GPU(JsonMixin):
     bandwidth_gb_s: float
     tflops: dict[str, float | None]
     sm: int
+    link_gb_s: float = 32.0  # GPU-to-GPU per direction (NVLink or PCIe), see data/gpus.yaml
     architecture: str = ""
     label: str = ""
     aliases: tuple[str, ...] = ()
@@ -113,6 +114,7 @@ def _parse_gpu(entry: Any, where: str) -> GPU:
         tflops = {f: (float(tflops_raw[f]) if tflops_raw.get(f) is not None else None)
                   for f in TENSOR_FORMATS}
         sm = int(entry["sm"])
+        link = float(entry.get("link_gb_s", 32.0))
     except KeyError as exc:
         raise ConfigError(f"{where}: GPU {name!r} lacks {exc.args[0]!r}; see data/gpus.yaml for the schema") from None
     except (TypeError, ValueError) as exc:
@@ -125,6 +127,6 @@ def _parse_gpu(entry: Any, where: str) -> GPU:
         raise ConfigError(f"{where}: GPU {name!r} needs positive memory, bandwidth and bf16 TFLOP/s")
     if tflops["bf16"] is None:
         tflops["bf16"] = tflops["fp16"]
-    return GPU(name=name, memory_bytes=memory, bandwidth_gb_s=bandwidth, tflops=tflops, sm=sm,
+    return GPU(name=name, memory_bytes=memory, bandwidth_gb_s=bandwidth, tflops=tflops, sm=sm, link_gb_s=link,
                architecture=str(entry.get("architecture", "")), label=str(entry.get("label", "")),
                aliases=tuple(str(a) for a in entry.get("aliases", ())), source=where)

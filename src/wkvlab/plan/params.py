@@ -14,6 +14,14 @@ from wkvlab.plan._serde import JsonMixin
 from wkvlab.plan.models import FULL, LINEAR, SLIDING, ModelDescription
 
 
+# How tensor parallelism splits a matrix (vLLM/SGLang layers of the same names):
+# column = output features split across ranks (ColumnParallelLinear, QKV, gate/up);
+# row = input features split (RowParallelLinear: o_proj, down_proj);
+# kv = the K/V part of QKVParallelLinear: split by KV head, replicated when tp > KV heads;
+# replicated = whole on every rank (MLA's low-rank a-projections, ReplicatedLinear).
+COLUMN, ROW, KV_HEADS, REPLICATED = "column", "row", "kv", "replicated"
+
+
 @dataclass(frozen=True)
 class Linear(JsonMixin):
     """``count`` matrices of shape out_features x in_features in one layer."""
@@ -24,10 +32,19 @@ class Linear(JsonMixin):
     out_features: int
     count: int = 1
     routed_expert: bool = False
+    parallel: str = COLUMN
 
     @property
     def params(self) -> int:
         return self.in_features * self.out_features * self.count
+
+    @property
+    def module_name(self) -> str:
+        """The Hugging Face module name a weight spec's regexes (``override=``, ``skip-re=``) are matched against."""
+        block, _, proj = self.name.partition(".")
+        parent = {"attn": "self_attn", "experts": "mlp.experts.0", "shared_expert": "mlp.shared_expert"}.get(block, block)
+        proj = {"gate_up_proj": "gate_proj"}.get(proj, proj)
+        return f"model.layers.{self.layer}.{parent}.{proj}"
 
 
 @dataclass(frozen=True)
@@ -50,7 +67,7 @@ def linear_inventory(model: ModelDescription) -> tuple[Linear, ...]:
             h = model.hidden_size
             out += [Linear(layer, "linear_attn.in_proj_qkvz", h, 2 * la.key_dim + 2 * la.value_dim),
                     Linear(layer, "linear_attn.in_proj_ba", h, 2 * la.num_value_heads),
-                    Linear(layer, "linear_attn.out_proj", la.value_dim, h)]
+                    Linear(layer, "linear_attn.out_proj", la.value_dim, h, parallel=ROW)]
         out.extend(_mlp_linears(model, layer))
     return tuple(out)
 
@@ -110,19 +127,19 @@ def _attention_linears(model: ModelDescription, layer: int) -> list[Linear]:
     if model.mla is not None:
         m = model.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        q = ([Linear(layer, "attn.q_a_proj", h, m.q_lora_rank),
+        q = ([Linear(layer, "attn.q_a_proj", h, m.q_lora_rank, parallel=REPLICATED),
               Linear(layer, "attn.q_b_proj", m.q_lora_rank, heads * qk)]
              if m.q_lora_rank else [Linear(layer, "attn.q_proj", h, heads * qk)])
-        return q + [Linear(layer, "attn.kv_a_proj_with_mqa", h, m.kv_lora_rank + m.qk_rope_head_dim),
+        return q + [Linear(layer, "attn.kv_a_proj_with_mqa", h, m.kv_lora_rank + m.qk_rope_head_dim, parallel=REPLICATED),
                     Linear(layer, "attn.kv_b_proj", m.kv_lora_rank,
                            heads * (m.qk_nope_head_dim + m.v_head_dim)),
-                    Linear(layer, "attn.o_proj", heads * m.v_head_dim, h)]
+                    Linear(layer, "attn.o_proj", heads * m.v_head_dim, h, parallel=ROW)]
     q_out = heads * model.head_dim * (2 if model.attn_output_gate else 1)
     kv_out = model.num_kv_heads * model.head_dim
     return [Linear(layer, "attn.q_proj", h, q_out),
-            Linear(layer, "attn.k_proj", h, kv_out),
-            Linear(layer, "attn.v_proj", h, kv_out),
-            Linear(layer, "attn.o_proj", heads * model.head_dim, h)]
+            Linear(layer, "attn.k_proj", h, kv_out, parallel=KV_HEADS),
+            Linear(layer, "attn.v_proj", h, kv_out, parallel=KV_HEADS),
+            Linear(layer, "attn.o_proj", heads * model.head_dim, h, parallel=ROW)]
 
 
 def _mlp_linears(model: ModelDescription, layer: int) -> list[Linear]:
@@ -130,14 +147,14 @@ def _mlp_linears(model: ModelDescription, layer: int) -> list[Linear]:
     if not model.is_moe_layer(layer):
         i = model.intermediate_size
         # Every architecture in scope uses a gated MLP: gate and up (h -> i), down (i -> h).
-        return [Linear(layer, "mlp.gate_up_proj", h, i, count=2), Linear(layer, "mlp.down_proj", i, h)]
+        return [Linear(layer, "mlp.gate_up_proj", h, i, count=2), Linear(layer, "mlp.down_proj", i, h, parallel=ROW)]
     moe = model.moe
     assert moe is not None
     e, i = moe.num_experts, moe.expert_intermediate_size
     out = [Linear(layer, "experts.gate_up_proj", h, i, count=2 * e, routed_expert=True),
-           Linear(layer, "experts.down_proj", i, h, count=e, routed_expert=True)]
+           Linear(layer, "experts.down_proj", i, h, count=e, routed_expert=True, parallel=ROW)]
     shared = moe.shared_experts * i + moe.shared_expert_intermediate_size
     if shared:
         out += [Linear(layer, "shared_expert.gate_up_proj", h, shared, count=2),
-                Linear(layer, "shared_expert.down_proj", shared, h)]
+                Linear(layer, "shared_expert.down_proj", shared, h, parallel=ROW)]
     return out

@@ -1,20 +1,17 @@
-"""``plan()``: every weight x KV combination for a model, GPU, batch and context — bytes, fit,
-speed, quality, engine support — ranked, with launch lines for the best ones.
+"""``plan()``: every weight x KV combination for a model on one or more GPUs — bytes, fit, speed,
+quality, engine support — ranked, with launch lines for the best ones.
 
-Ranking (the seed studies' rules, in order):
+Ranking, in order:
 
-1. FP8 weights only where the GPU has FP8 tensor cores; elsewhere they rank last (they still
-   save memory, but run as W8A16 and gain no FP8 GEMM). Next-to-last: combinations the engine
-   accepts but runs on a silent slow path (llama.cpp attention on the CPU, bitsandbytes).
-2. KV below 8 bits ranks after every fitting combination with an 8-bit-or-wider cache unless
-   wkvlab has measured that combination: lower the weights before the KV cache, and stop KV at
-   8 bits — its penalty grows with context and W4 x KV4 can collapse (seeds 000, 002).
-3. Quality tier of the weights' KLD (the whole combination's when measured): <= 0.005
-   (near-lossless, FP8 W8A8 class), <= 0.02 (4-bit weight class), above. 8-bit KV adds
-   < 0.001 (seed 002: "essentially free"), so it does not move a combination between tiers.
-4. Within a tier, decode tokens/s (estimate) at the requested batch — but speeds within 5% of
-   the fastest remaining one count as a tie (a roofline cannot resolve less), broken by the
-   lower total KLD.
+1. FP8 weights only where the GPU has FP8 tensor cores (elsewhere last: they save memory but gain
+   no FP8 GEMM); next-to-last, combinations an engine accepts but runs on a silent slow path.
+2. Evidence: combinations the user measured on this model first, then transfers from a smaller
+   model of the same family, then priors. Measured ones are ordered by their KLD — two KLDs
+   within two standard errors of each other are a tie, broken by decode speed.
+3. Among priors: KV below 8 bits after every fitting 8-bit-or-wider cache (lower the weights
+   before the KV; its penalty grows with context); then the quality tier of the prior KLD
+   (<= 0.005, <= 0.03, above); then decode tokens/s, speeds within 5% counting as a tie (a
+   roofline cannot resolve less) broken by the lower KLD.
 """
 from __future__ import annotations
 
@@ -24,33 +21,26 @@ from typing import Iterable
 
 from wkvlab import __version__
 from wkvlab.errors import ConfigError
+from wkvlab.kv.spec import KVSpec
 from wkvlab.plan._serde import JsonMixin
-from wkvlab.plan.engines import (COMMAND_ENGINES, ENGINES, LaunchCommand, Support, check_support,
-                                 launch_command, normalize_engine)
+from wkvlab.plan.engines import COMMAND_ENGINES, ENGINES, normalize_engine
+from wkvlab.plan.evaluate import Context, EngineEvaluation, Layout, evaluate_engine, evaluate_speed
 from wkvlab.plan.gpus import GPU, find_gpu, load_gpu_catalog
-from wkvlab.plan.kv import KVBytes, KVLayout, kv_bytes_per_token, parse_kv
-from wkvlab.plan.memory import EngineSettings, FitResult, MemoryBudget, fit, memory_budget
-from wkvlab.plan.models import ModelDescription, resolve_model
-from wkvlab.plan.quality import (MEASURED, MeasuredQuality, QualityEstimate, estimate_quality,
-                                 measured_key)
-from wkvlab.plan.throughput import RooflineAssumptions, ThroughputEstimate, estimate_throughput
-from wkvlab.plan.weights import (WeightBytes, WeightSpec, parse_weight_spec, weight_bytes,
-                                 weight_format)
+from wkvlab.plan.kv import KVBytes, as_kv_spec, kv_bytes_per_token, min_bits
+from wkvlab.plan.launch import LaunchCommand
+from wkvlab.plan.measured import Measurement, index_measurements, spec_key
+from wkvlab.plan.memory import EngineSettings, FitResult, MemoryBudget
+from wkvlab.plan.models import ModelDescription
+from wkvlab.plan.parallel import parallel_for
+from wkvlab.plan.quality import MEASURED, TRANSFER, QualityEstimate, estimate_quality
+from wkvlab.plan.source import ModelSource, resolve_source
+from wkvlab.plan.throughput import RooflineAssumptions, ThroughputEstimate
+from wkvlab.plan.weights import Execution, WeightBytes, as_weight_spec, execution, is_gguf, weight_bytes
+from wkvlab.weights.spec import WeightSpec
 
-QUALITY_TIERS = (0.005, 0.02)
+QUALITY_TIERS = (0.005, 0.03)  # near-lossless; 8-bit class (W8A8 0.0225 on Llama-3-8B); 4-bit class above
 SPEED_TIE = 0.05  # relative decode-speed difference the roofline estimate cannot resolve
-
-
-@dataclass(frozen=True)
-class EngineEvaluation(JsonMixin):
-    """One engine's view of a combination: support, its memory rule, fit and launch line."""
-
-    engine: str
-    support: Support
-    budget: MemoryBudget
-    kv_per_token_bytes: int
-    fit: FitResult
-    command: LaunchCommand | None = None
+NOISE_SE = 2.0  # measured KLDs closer than this many standard errors cannot be told apart
 
 
 @dataclass(frozen=True)
@@ -58,13 +48,16 @@ class Combination(JsonMixin):
     weights: str
     kv: str
     engine: str  # engine whose rule the headline numbers use ("none" if no engine accepts)
-    weight_bytes: WeightBytes
-    kv_bytes: KVBytes
-    fit: FitResult
-    budget: MemoryBudget
+    weight_bytes: WeightBytes  # the whole checkpoint
+    kv_bytes: KVBytes  # the spec's own bytes per token, every layer and head (what wkvlab measures)
+    fit: FitResult  # the headline engine's, on its tightest GPU
+    budget: MemoryBudget  # that GPU's
+    gpu_weights_bytes: int  # weights on that GPU
     throughput: ThroughputEstimate
     quality: QualityEstimate
     evaluations: tuple[EngineEvaluation, ...]
+    execution: Execution  # how the weights' GEMMs run
+    kv_min_bits: float  # bits per value of the cache's least precise format (scales included)
     rank: int | None = None  # 1 = best; None = does not fit or no engine accepts it
     ranking_notes: tuple[str, ...] = ()
 
@@ -75,6 +68,9 @@ class Combination(JsonMixin):
     @property
     def fits(self) -> bool:
         return self.engine != "none" and self.fit.fits
+
+    def evaluation(self, engine: str) -> EngineEvaluation | None:
+        return next((e for e in self.evaluations if e.engine == engine), None)
 
 
 @dataclass(frozen=True)
@@ -89,7 +85,9 @@ class Recommendation(JsonMixin):
 @dataclass(frozen=True)
 class PlanResult(JsonMixin):
     model: ModelDescription
+    source: ModelSource
     gpu: GPU
+    layout: Layout
     batch: int
     ctx: int
     engine: str | None
@@ -98,13 +96,19 @@ class PlanResult(JsonMixin):
     notes: tuple[str, ...]
     settings: EngineSettings
     assumptions: RooflineAssumptions
+    measured: int = 0  # measurements that applied to this model (or transferred to it)
     wkvlab_version: str = __version__
-    label: str = "planning estimate: exact bytes, estimated reserves/speed, prior quality unless measured"
+    label: str = "planning estimate: exact bytes, estimated reserves/speed, measured quality where given, else priors"
     warnings: tuple[str, ...] = field(default=())
 
 
-def default_grid(model: ModelDescription, gpu: GPU, engine: str | None,
-                 weights: list[str] | None, kv: list[str] | None) -> tuple[list[tuple[str, str]], list[str]]:
+def kv_display(spec: KVSpec, model: ModelDescription) -> str:
+    """The 16-bit cache is named after the model's dtype (wkvlab's fp16 means 'model precision')."""
+    return model.dtype if spec == KVSpec() else spec.label
+
+
+def default_grid(model: ModelDescription, gpu: GPU, engine: str | None, weights: list[WeightSpec] | None,
+                 kv: list[KVSpec] | None) -> tuple[list[tuple[WeightSpec, KVSpec]], list[str]]:
     """(weights, kv) pairs to evaluate, and notes on substitutions made."""
     notes: list[str] = []
     d = model.dtype
@@ -114,7 +118,8 @@ def default_grid(model: ModelDescription, gpu: GPU, engine: str | None,
                      "fp8_e5m2 KV (E4M3 KV needs sm_89+ in vLLM/SGLang's Triton kernels, vllm#26431)")
     served_w = [d, "fp8", "w8a8-int8", "int4-g128"]
     served_kv = [d, fp8_kv, "int8", "int4"]
-    gguf_w, gguf_kv = ["q8_0", "q4_0"], [d, "q8_0", "q4_0"]
+    # llama.cpp's own caches: its block types with the rotation it applies (PR #21038)
+    gguf_w, gguf_kv = ["q8_0", "q4_0"], [d, "llamacpp:q8_0", "llamacpp:q4_0"]
     if engine == "llama.cpp":
         served_w, served_kv, gguf_w = [], [], [d, "q8_0", "q4_0"]
     elif engine == "sglang":
@@ -123,124 +128,115 @@ def default_grid(model: ModelDescription, gpu: GPU, engine: str | None,
         gguf_w = []
         if engine == "trtllm":
             served_kv = [d, "fp8_e4m3", "int8"] if gpu.sm >= 89 else [d, "int8"]
+    W = lambda names: [as_weight_spec(n, model) for n in names]  # noqa: E731
+    K = lambda names: [as_kv_spec(n) for n in names]  # noqa: E731
     if weights and kv:
         return [(w, k) for w in weights for k in kv], notes
     if weights:
-        # Pair each given weight format with the KV dtypes of the engines that load it.
-        pairs = [(w, k) for w in weights
-                 for k in (gguf_kv if _is_gguf(w) or engine == "llama.cpp" else served_kv or gguf_kv)]
-        return list(dict.fromkeys(pairs)), notes
+        # Pair each given weight format with the KV caches of the engines that load it.
+        return [(w, k) for w in weights for k in K(gguf_kv if is_gguf(w) or engine == "llama.cpp" else served_kv or gguf_kv)], notes
     if kv:
-        pairs = [(w, k) for k in kv
-                 for w in (gguf_w if _llamacpp_only_kv(k) else (served_w or gguf_w))]
-        return list(dict.fromkeys(pairs)), notes
-    pairs = [(w, k) for w in served_w for k in served_kv]
-    pairs += [(w, k) for w in gguf_w for k in gguf_kv]
-    return list(dict.fromkeys(pairs)), notes
+        return [(w, k) for k in kv for w in W(gguf_w if _llamacpp_only_kv(k) else (served_w or gguf_w))], notes
+    return [(w, k) for w in W(served_w) for k in K(served_kv)] + [(w, k) for w in W(gguf_w) for k in K(gguf_kv)], notes
 
 
-def _is_gguf(weights: str) -> bool:
-    return weight_format(parse_weight_spec(weights).format).gguf
-
-
-def _llamacpp_only_kv(kv: str) -> bool:
-    layout = parse_kv(kv)
-    return layout.is_mixed or any(f.startswith(("q", "iq")) for f in layout.formats())
+def _llamacpp_only_kv(spec: KVSpec) -> bool:
+    return spec.k != spec.v or spec.rotate != 0 or any(f.name.startswith(("q", "iq")) for f in spec.all_formats())
 
 
 def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: int,
-         weights: Iterable[str] | None = None, kv: Iterable[str] | None = None,
-         engine: str | None = None, measured_quality: MeasuredQuality | None = None,
+         weights: Iterable[str | WeightSpec] | None = None, kv: Iterable[str | KVSpec] | None = None,
+         engine: str | None = None, measurements: list[Measurement] | None = None,
          gpu_file: str | Path | None = None, settings: EngineSettings = EngineSettings(),
-         assumptions: RooflineAssumptions = RooflineAssumptions()) -> PlanResult:
+         assumptions: RooflineAssumptions = RooflineAssumptions(), *, gpus: int = 1, tp: int | None = None,
+         pp: int | None = None, split: str | None = None, model_id: str | None = None,
+         versions: dict[str, str] | None = None) -> PlanResult:
     """Evaluate and rank weight x KV combinations (see the module docstring for the rules)."""
-    desc = resolve_model(model)
+    desc, source = resolve_source(model)
     device = find_gpu(gpu, load_gpu_catalog(gpu_file)) if not isinstance(gpu, GPU) else gpu
     if batch < 1 or ctx < 1:
         raise ConfigError(f"batch and ctx must be at least 1 (got batch={batch}, ctx={ctx})")
     if ctx > desc.max_position_embeddings:
-        raise ConfigError(f"ctx {ctx} exceeds {desc.name}'s max_position_embeddings "
-                          f"{desc.max_position_embeddings}; lower --ctx")
+        raise ConfigError(f"--ctx {ctx} exceeds {desc.name}'s max_position_embeddings {desc.max_position_embeddings}; lower --ctx")
     eng = normalize_engine(engine)
-    pairs, notes = default_grid(desc, device, eng, list(weights) if weights else None,
-                                list(kv) if kv else None)
-    measured = _normalize_measured(desc, measured_quality)
+    parallel_for(None, gpus, tp, pp)  # a bad layout is the user's error, not a refusal of every engine
+    parallel_for("llama.cpp", gpus, split=split)
+    measured, notes = index_measurements(measurements or [], desc)
+    w_specs = [as_weight_spec(w, desc) for w in weights] if weights else None
+    k_specs = [as_kv_spec(k) for k in kv] if kv else None
+    pairs, grid_notes = default_grid(desc, device, eng, w_specs, k_specs)
+    notes += grid_notes
+    if measured and not (weights or kv):  # every combination the user measured on this model joins the grid
+        for m in measurements or []:
+            w, k = WeightSpec.from_dict(m.weights_spec), KVSpec.from_dict(m.kv_spec)
+            if spec_key(w, k) in measured and w.method != "none":
+                pairs.append((w, k))
+    unique: dict[tuple, tuple[WeightSpec, KVSpec]] = {}
+    for w, k in pairs:
+        unique.setdefault(spec_key(w, k), (w, k))
+    pairs = list(unique.values())
+    layout = Layout(gpus, tp, pp, split)
+    c = Context(desc, source, device, batch, ctx, layout, settings, assumptions, model_id, versions)
     engines = (eng,) if eng else ENGINES
-    rows = [_evaluate(desc, device, parse_weight_spec(w), parse_kv(k, desc.dtype), batch, ctx,
-                      engines, measured, settings, assumptions)
-            for w, k in pairs]
+    rows = [_evaluate(c, w, k, engines, measured) for w, k in pairs]
     ranked = _rank(rows, device, ctx)
-    recs = _recommend(ranked, desc, device, batch, ctx, eng, settings)
+    recs = _recommend(ranked, eng, ctx, batch)
     notes += ["GB = 10^9 bytes, GiB = 2^30 bytes; bytes are exact, reserves and speeds are estimates",
-              "quality = mean KLD vs bf16 (nats/token); 'prior' values come from the literature "
-              "(data/quality_priors.yaml), not from this model"]
+              "quality = mean KLD vs the 16-bit model (nats/token): 'measured' = your results for this model, 'transfer' = a smaller "
+              "model of its family, 'prior' = data/quality_priors.yaml (each value with its source)"]
     warnings = []
     if eng == "trtllm":
         notes.append("TensorRT-LLM: support and memory only, no launch line is written "
                      "(set KvCacheConfig.dtype and the quantization in its LLM API options)")
     if not any(r.fits for r in ranked):
-        warnings.append(f"nothing fits {desc.name} at batch {batch} x ctx {ctx} on one {device.name}; "
-                        "lower batch or ctx, or use more GPUs (tensor parallelism is not modelled)")
-    return PlanResult(desc, device, batch, ctx, eng, tuple(ranked), tuple(recs), tuple(notes),
-                      settings, assumptions, warnings=tuple(warnings))
+        warnings.append(f"nothing fits {desc.name} at batch {batch} x ctx {ctx} on {layout.gpus} x {device.name}; "
+                        "lower batch or ctx, or use more GPUs (--gpus)")
+    return PlanResult(desc, source, device, layout, batch, ctx, eng, tuple(ranked), tuple(recs), tuple(dict.fromkeys(notes)),
+                      settings, assumptions, len(measured), warnings=tuple(warnings))
 
 
-def _normalize_measured(model: ModelDescription, measured: MeasuredQuality | None) -> dict[tuple[str, str], float]:
-    if not measured:
-        return {}
-    return {measured_key(model, parse_weight_spec(w), parse_kv(k, model.dtype)): float(v)
-            for (w, k), v in measured.items()}
+def _evaluate(c: Context, w: WeightSpec, k: KVSpec, engines: tuple[str, ...], measured: dict) -> Combination:
+    whole = weight_bytes(c.model, w)
+    spec_kv = kv_bytes_per_token(c.model, k, context=c.ctx)
+    results = [evaluate_engine(engine, c, w, k) for engine in engines]
+    evaluations = tuple(r[0] for r in results)
+    accepted = [r for r in results if r[0].support.accepted]
+    head = next((r for r in accepted if r[0].fit.fits), accepted[0] if accepted else results[0])
+    primary = head[0].engine if accepted else "none"
+    binding = min(head[0].gpus, key=lambda g: (g.fit.max_batch, g.fit.headroom_bytes))
+    speed = evaluate_speed(c, w, head[0], *head[1:])
+    quality = estimate_quality(c.model, w, k, measured)
+    return Combination(w.label, kv_display(k, c.model), primary, whole, spec_kv, head[0].fit, binding.budget, binding.weights_bytes,
+                       speed, quality, evaluations, execution(w), min_bits(k, c.model.head_dim))
 
 
-def _evaluate(model: ModelDescription, gpu: GPU, w: WeightSpec, kv: KVLayout, batch: int, ctx: int,
-              engines: tuple[str, ...], measured: MeasuredQuality, settings: EngineSettings,
-              assumptions: RooflineAssumptions) -> Combination:
-    wb = weight_bytes(model, w)
-    evaluations: list[EngineEvaluation] = []
-    for engine in engines:
-        support = check_support(engine, model, w, kv, gpu)
-        per_token = kv_bytes_per_token(model, kv, support.row_scale_bytes)
-        budget = memory_budget(engine, model, gpu, wb.total_bytes, settings)
-        result = fit(budget, per_token, model, batch, ctx, settings)
-        command = None
-        if support.accepted and result.fits and engine in COMMAND_ENGINES:
-            command = launch_command(engine, model, w, kv, gpu, batch, ctx, settings)
-        evaluations.append(EngineEvaluation(engine, support, budget, per_token.total_bytes, result, command))
-    accepted = [e for e in evaluations if e.support.accepted]
-    if accepted:
-        head = next((e for e in accepted if e.fit.fits), accepted[0])
-        primary, per_token = head.engine, kv_bytes_per_token(model, kv, head.support.row_scale_bytes)
-        budget, result = head.budget, head.fit
-    else:
-        primary, per_token = "none", kv_bytes_per_token(model, kv)
-        budget = memory_budget(None, model, gpu, wb.total_bytes, settings)
-        result = fit(budget, per_token, model, batch, ctx, settings)
-    speed = estimate_throughput(model, gpu, wb, per_token, batch, ctx, assumptions)
-    quality = estimate_quality(model, w, kv, ctx, measured)
-    return Combination(str(w), str(kv), primary, wb, per_token, result, budget, speed, quality,
-                       tuple(evaluations))
-
-
-def _rank_key(row: Combination, gpu: GPU) -> tuple[int, int, int, int, float, float]:
-    fmt = weight_format(parse_weight_spec(row.weights).format)
-    fp8_elsewhere = int(fmt.compute == "fp8" and not gpu.has_native("fp8"))
+def _rank_key(row: Combination, gpu: GPU) -> tuple:
+    fp8_elsewhere = int(row.execution.compute == "fp8" and not gpu.has_native("fp8"))
     slow = int(any(e.support.slow_path for e in row.evaluations if e.engine == row.engine))
-    low_kv = int(parse_kv(row.kv).min_bits() < 8 and row.quality.source != MEASURED)
-    anchor = row.quality.weights_kld if row.quality.weights_kld is not None else row.quality.kld
-    tier = sum(anchor > t for t in QUALITY_TIERS)
-    return fp8_elsewhere, slow, low_kv, tier, -row.throughput.decode.tokens_per_s, row.quality.kld
+    evidence = {MEASURED: 0, TRANSFER: 1}.get(row.quality.source, 2)
+    if evidence < 2:
+        return fp8_elsewhere, slow, evidence, 0, 0, row.quality.kld
+    low_kv = int(row.kv_min_bits < 8)
+    tier = sum(row.quality.kld > t for t in QUALITY_TIERS)
+    return fp8_elsewhere, slow, evidence, low_kv, tier, -row.throughput.decode.tokens_per_s
 
 
 def _order(rows: list[Combination], gpu: GPU) -> list[Combination]:
-    """Sort by the rank key; within a group, near-equal speeds yield to lower KLD."""
+    """Sort by the rank key; ties (noise for measured KLD, 5% for estimated speed) go to the other criterion."""
     remaining = sorted(rows, key=lambda r: _rank_key(r, gpu))
     out: list[Combination] = []
     while remaining:
-        group = _rank_key(remaining[0], gpu)[:4]
-        fastest = remaining[0].throughput.decode.tokens_per_s
-        close = [r for r in remaining if _rank_key(r, gpu)[:4] == group
-                 and r.throughput.decode.tokens_per_s >= (1 - SPEED_TIE) * fastest]
-        pick = min(close, key=lambda r: r.quality.kld)
+        first = remaining[0]
+        group = _rank_key(first, gpu)[:5]
+        peers = [r for r in remaining if _rank_key(r, gpu)[:5] == group]
+        if group[2] < 2:  # measured: indistinguishable KLDs go to the faster
+            bound = first.quality.kld + NOISE_SE * max(first.quality.se, 1e-12)
+            close = [r for r in peers if r.quality.kld - NOISE_SE * r.quality.se <= bound]
+            pick = max(close, key=lambda r: r.throughput.decode.tokens_per_s)
+        else:
+            fastest = first.throughput.decode.tokens_per_s
+            close = [r for r in peers if r.throughput.decode.tokens_per_s >= (1 - SPEED_TIE) * fastest]
+            pick = min(close, key=lambda r: r.quality.kld)
         out.append(pick)
         remaining.remove(pick)
     return out
@@ -249,39 +245,45 @@ def _order(rows: list[Combination], gpu: GPU) -> list[Combination]:
 def _rank(rows: list[Combination], gpu: GPU, ctx: int) -> list[Combination]:
     fitting = _order([r for r in rows if r.fits], gpu)
     out = []
+    measured_fitting = [r for r in fitting if r.quality.is_measured]
     for i, row in enumerate(fitting, 1):
-        fp8_elsewhere, slow, low_kv, tier, _, _ = _rank_key(row, gpu)
+        fp8_elsewhere, slow, evidence, low_kv, tier, _ = _rank_key(row, gpu)
         why = []
         if fp8_elsewhere:
             why.append(f"FP8 weights on {gpu.name}: no FP8 tensor cores, ranked last")
         if slow:
             why.append(f"{row.engine} takes a silent slow path here (see warnings): ranked after fast paths")
-        if low_kv:
-            why.append("KV below 8 bits: ranked after 8-bit caches until measured"
-                       + (" (long context: its penalty grows with context)" if ctx >= 16384 else ""))
-        bound = f"<= {QUALITY_TIERS[tier]}" if tier < len(QUALITY_TIERS) else f"> {QUALITY_TIERS[-1]}"
-        why.append(f"quality tier {tier + 1} of {len(QUALITY_TIERS) + 1} (weights KLD {bound})")
+        if evidence < 2:
+            best = min(measured_fitting, key=lambda r: r.quality.kld)
+            why.append(f"decided by {row.quality.label}: KLD {row.quality.kld:.5f} ± {row.quality.se:.5f}"
+                       + (" — the lowest that fits" if row is best else f" (lowest fitting: {best.quality.kld:.5f}; within "
+                          f"{NOISE_SE:g} standard errors counts as a tie, broken by speed)"))
+        else:
+            if low_kv:
+                why.append("KV below 8 bits: ranked after 8-bit caches until measured"
+                           + (" (long context: its penalty grows with context)" if ctx >= 16384 else ""))
+            bound = f"<= {QUALITY_TIERS[tier]}" if tier < len(QUALITY_TIERS) else f"> {QUALITY_TIERS[-1]}"
+            why.append(f"decided by the prior: quality tier {tier + 1} of {len(QUALITY_TIERS) + 1} (KLD {bound}), then speed")
         out.append(replace(row, rank=i, ranking_notes=tuple(why)))
     return out + [r for r in rows if not r.fits]
 
 
-def _recommend(rows: list[Combination], model: ModelDescription, gpu: GPU, batch: int, ctx: int,
-               engine: str | None, settings: EngineSettings) -> list[Recommendation]:
+def _recommend(rows: list[Combination], engine: str | None, ctx: int, batch: int) -> list[Recommendation]:
     recs = []
     for name in ((engine,) if engine else COMMAND_ENGINES):
         for row in rows:
-            if row.rank is None:
+            ev = row.evaluation(name)
+            if row.rank is None or ev is None or ev.command is None:
                 continue
-            ev = next((e for e in row.evaluations if e.engine == name), None)
-            if ev is None or ev.command is None:
-                continue
+            g = min(ev.gpus, key=lambda x: x.fit.max_batch)
+            per = " per GPU" if ev.parallel.gpus > 1 else ""
             why = (f"rank {row.rank} among {sum(r.rank is not None for r in rows)} fitting combinations",
-                   f"{row.weights} weights {row.weight_bytes.gb:.1f} GB + {row.kv} KV "
-                   f"{ev.fit.kv_needed_bytes / 1e9:.1f} GB fit the {ev.budget.kv_pool_bytes / 1e9:.1f} GB "
-                   f"KV pool; up to {ev.fit.max_batch} sequences at {ctx} tokens",
+                   f"{ev.parallel.label}: {row.weights} weights {g.weights_bytes / 1e9:.1f} GB{per} + {row.kv} KV "
+                   f"{g.fit.kv_needed_bytes / 1e9:.1f} GB{per} fit the {g.budget.kv_pool_bytes / 1e9:.1f} GB KV pool"
+                   f"{' of ' + g.name if ev.parallel.gpus > 1 else ''}; up to {ev.fit.max_batch} sequences at {ctx} tokens",
                    f"decode ~{row.throughput.decode.tokens_per_s:.0f} tok/s at batch {batch} "
                    f"({row.throughput.decode.bound}-bound, estimate)",
-                   f"quality KLD ~{row.quality.kld:.4f} ({row.quality.source})",
+                   f"quality KLD ~{row.quality.kld:.4f} ({row.quality.label})",
                    *row.ranking_notes, *ev.support.warnings)
             recs.append(Recommendation(name, row.weights, row.kv, ev.command, why))
             break

@@ -1,120 +1,148 @@
-"""Predicted quality of a weight x KV combination: measured when wkvlab has it, else a prior.
+"""Predicted quality of a weight x KV combination: the user's measurement, a transfer, or a prior.
 
-The unit is the mean KL divergence to the bf16 model (nats/token), the metric wkvlab measures.
-Priors come from ``data/quality_priors.yaml`` (each with its source) and are combined
-additively — the seed study's KV penalties on Q8_0 weights are additive to within noise
-(0.0007 + 0.0027 ~ 0.0034) — with two documented adjustments: K and V weigh differently, and
-sub-8-bit caches get worse with context. Measured values, keyed by the canonical
-``(weights, kv)`` strings, replace the prior for that combination and are labeled "measured".
+The unit is the mean KL divergence to the 16-bit model (nats/token), the metric wkvlab measures.
+Order of evidence: a measurement of this model (:mod:`.measured`, labelled "measured (N tokens,
+ctx C, text)"), then one of a smaller model of the same family ("transfer from ..."), then a
+prior from ``data/quality_priors.yaml`` — every prior names its source (a paper, a table, a URL)
+and the model it was measured on, and is ``prior (literature)`` when every part is a published KLD,
+``prior (extrapolated)`` when a stated rule derived it. Priors combine additively (weights + KV);
+a mixed K/V pair costs max(k_share x prior(K), v_share x prior(V)) (llama.cpp PR #7412).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
 import yaml
 
+from wkvlab.kv.spec import KVSpec
 from wkvlab.plan._serde import JsonMixin
-from wkvlab.plan.kv import KVLayout, KVPair, kv_format, with_16bit_as
-from wkvlab.plan.models import ModelDescription
-from wkvlab.plan.weights import WeightSpec
+from wkvlab.plan.measured import MeasuredQuality, spec_key
+from wkvlab.plan.models import SLIDING, ModelDescription
+from wkvlab.weights.spec import WeightSpec
 
 MEASURED = "measured"
+TRANSFER = "transfer"
 PRIOR_LITERATURE = "prior (literature)"
 PRIOR_EXTRAPOLATED = "prior (extrapolated)"
-
-MeasuredQuality = Mapping[tuple[str, str], float]
 
 
 @dataclass(frozen=True)
 class QualityEstimate(JsonMixin):
     kld: float
-    source: str  # measured | prior (literature) | prior (extrapolated)
+    source: str  # measured | transfer | prior (literature) | prior (extrapolated)
+    label: str  # what the table shows: "measured (4,088 tokens, ctx 512, default)", "prior (extrapolated)"
+    se: float  # standard error of a measurement (0 for a prior)
     weights_kld: float | None
     kv_kld: float | None
-    detail: tuple[str, ...]
+    detail: tuple[str, ...]  # where each number comes from
+
+    @property
+    def is_measured(self) -> bool:
+        return self.source in (MEASURED, TRANSFER)
 
 
-_PRIORS: dict[str, Any] | None = None
-
-
+@lru_cache(maxsize=1)
 def priors() -> dict[str, Any]:
-    global _PRIORS
-    if _PRIORS is None:
-        text = resources.files("wkvlab.plan").joinpath("data/quality_priors.yaml").read_text()
-        _PRIORS = yaml.safe_load(text)
-    return _PRIORS
+    text = resources.files("wkvlab.plan").joinpath("data/quality_priors.yaml").read_text()
+    return yaml.safe_load(text)
 
 
-def estimate_quality(model: ModelDescription, weights: WeightSpec, kv: KVLayout, ctx: int,
-                     measured: MeasuredQuality | None = None) -> QualityEstimate:
-    """KLD estimate for ``weights`` x ``kv`` at ``ctx`` tokens of context."""
-    key = measured_key(model, weights, kv)
-    if measured and key in measured:
-        return QualityEstimate(float(measured[key]), MEASURED, None, None,
-                               (f"measured by wkvlab for {key[0]} x {key[1]}",))
-    table = priors()
-    w = _weight_entry(table, weights.format)
-    kept = 1.0 - len(weights.skip_layers) / model.num_layers  # 16-bit layers add no error
-    w_kld = w["kld"] * kept
-    kv_kld, kv_bases, kv_sources = _kv_prior(model, kv, ctx, table)
-    bases = {w["basis"], *kv_bases}
-    source = PRIOR_LITERATURE if bases == {"literature"} else PRIOR_EXTRAPOLATED
-    detail = (f"weights {weights}: {w['source']}",) + tuple(f"KV {s}" for s in kv_sources)
-    return QualityEstimate(w_kld + kv_kld, source, w_kld, kv_kld, detail)
+@lru_cache(maxsize=1)
+def _weight_keys() -> tuple[tuple[str, str], ...]:
+    """(prior name, its canonical WeightSpec JSON): the table matched by configuration, not by string."""
+    import json
+
+    return tuple((name, json.dumps(_bare(WeightSpec.parse(name)).to_dict(), sort_keys=True)) for name in priors()["weights"])
 
 
-def measured_key(model: ModelDescription, weights: WeightSpec, kv: KVLayout) -> tuple[str, str]:
-    """The key a measured result is stored under: canonical strings, 16-bit caches named after
-    the model dtype (wkvlab calls its unquantized cache ``fp16`` whatever the dtype)."""
-    return str(weights), str(with_16bit_as(kv, model.dtype))
+def _bare(spec: WeightSpec) -> WeightSpec:
+    return replace(spec, label="", skip_layers=(), skip_first=0, skip_last=0, skip_regex=None)
 
 
-def _weight_entry(table: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    if name in table["weights"]:
-        return table["weights"][name]
-    # General int<b>[-g<G>]...: borrow the closest named prior by bit width.
-    bits = int(name[3]) if name.startswith("int") and name[3:4].isdigit() else 4
-    base = "int8" if bits >= 8 else "int4-g128"
-    entry = dict(table["weights"][base])
-    entry["kld"] = entry["kld"] * (4 ** max(0, 4 - bits) if bits < 8 else 1)
-    entry["basis"] = "extrapolated"
-    entry["source"] = f"{base} prior, x4 per bit below 4 (error power), for {name}"
-    return entry
+def _cite(entry: Mapping[str, Any]) -> str:
+    source = priors()["sources"].get(entry["source"], entry["source"])
+    rule = f"; rule: {entry['rule']}" if entry.get("rule") else ""
+    return f"{entry['kld']:g} on {entry.get('model', '-')} — {source}{rule}"
 
 
-def _kv_prior(model: ModelDescription, kv: KVLayout, ctx: int,
-              table: Mapping[str, Any]) -> tuple[float, set[str], list[str]]:
+def weight_prior(spec: WeightSpec) -> tuple[float, str, str]:
+    """(KLD, basis, citation) for a weight spec; general int<b> formats borrow the nearest bit width."""
+    import json
+
+    table = priors()["weights"]
+    wanted = json.dumps(_bare(spec).to_dict(), sort_keys=True)
+    for name, key in _weight_keys():
+        if key == wanted:
+            entry = table[name]
+            return float(entry["kld"]), entry["basis"], f"{name}: " + _cite(entry)
+    if spec.method == "cast":
+        return 0.0, "literature", "16-bit cast: the checkpoint itself"
+    bits = spec.bits
+    base = "q8_0" if bits >= 8 else "q5_1" if bits >= 5 else "q4_1"
+    entry = table[base]
+    factor = 4.0 ** max(0, 4 - bits)  # one bit fewer quadruples the rounding error power
+    return float(entry["kld"]) * factor, "extrapolated", (f"{spec.label}: {base} prior x {factor:g} (4x per bit below 4: error power) — "
+                                                          + _cite(entry))
+
+
+def _kv_entry(name: str, scaled: bool, rotated: bool = False) -> tuple[float, str, str]:
+    table = priors()["kv"]
+    candidates = ([f"{name}+rot"] if rotated else []) + ([f"{name}+scales"] if scaled else []) + [name]
+    key = next((c for c in candidates if c in table), name)
+    if key in table:
+        entry = table[key]
+        return float(entry["kld"]), entry["basis"], f"{key}: " + _cite(entry)
+    from wkvlab.kv.formats import get_kv_format
+
+    bits = round(get_kv_format(name).bytes_per_vector(128) * 8 / 128)
+    base = "int8" if bits >= 8 else "int4" if bits >= 4 else "int2"
+    entry = table[base]
+    return float(entry["kld"]), "extrapolated", f"{name}: the {base} prior (nearest bit width) — " + _cite(entry)
+
+
+def kv_prior(model: ModelDescription, spec: KVSpec) -> tuple[float, set[str], list[str]]:
+    """Mean prior over the cache-holding layers (each layer's own K/V formats)."""
     layers = model.kv_layers
     if not layers:
         return 0.0, {"literature"}, []
+    table = priors()
+    k_share, v_share = table["k_share"]["value"], table["v_share"]["value"]
     bases: set[str] = set()
-    sources: dict[str, str] = {}
+    cites: dict[str, str] = {}
     total = 0.0
+    scaled, rotated = spec.scales != "static", spec.rotate != 0
     for layer in layers:
-        pair = kv.pair_for(model, layer)
-        total += _pair_prior(pair, ctx, table, bases, sources)
-    return total / len(layers), bases, [f"{k}: {v}" for k, v in sources.items()]
+        k, v = spec.formats_for(layer, model.layer_types[layer] == SLIDING)
+        kk, kb, kc = _kv_entry(k.name, scaled, rotated)
+        if k.name == v.name:
+            total += kk
+            bases.add(kb)
+            cites[k.name] = kc
+            continue
+        vk, vb, vc = _kv_entry(v.name, scaled, rotated)
+        total += max(k_share * kk, v_share * vk)
+        bases |= {kb, vb, "extrapolated"}
+        cites[k.name], cites[v.name] = kc, vc
+    if any(getattr(spec, a) for a in ("sinks", "residual", "window", "smooth", "sink_ratio")) or (rotated and not any("+rot" in c for c in cites.values())):
+        cites["options"] = "KV options (sinks, windows, smoothing, rotation of this format) are not in the priors: measure them"
+        bases.add("extrapolated")
+    return total / len(layers), bases, list(cites.values())
 
 
-def _pair_prior(pair: KVPair, ctx: int, table: Mapping[str, Any], bases: set[str],
-                sources: dict[str, str]) -> float:
-    def one(name: str) -> float:
-        entry = table["kv"].get(name)
-        if entry is None:  # general int<b>-g<G>: the per-token-head prior of the same width
-            base = f"int{kv_format(name).bits}"
-            entry = dict(table["kv"].get(base, table["kv"]["int4"]), basis="extrapolated",
-                         source=f"{base} prior used for {name}")
-        bases.add(entry["basis"])
-        sources[name] = entry["source"]
-        growth = table["context_growth"]
-        factor = 1.0
-        if kv_format(name).bits < growth["below_bits"] and ctx > growth["reference_ctx"]:
-            factor += growth["growth_per_doubling"] * math.log2(ctx / growth["reference_ctx"])
-        return float(entry["kld"]) * factor
-
-    if pair.k == pair.v:
-        return one(pair.k)
-    return max(one(pair.k), table["v_only_factor"] * one(pair.v))
+def estimate_quality(model: ModelDescription, weights: WeightSpec, kv: KVSpec,
+                     measured: Mapping[tuple, MeasuredQuality] | None = None) -> QualityEstimate:
+    """KLD of ``weights`` x ``kv`` on ``model``: measured when the user has it, else a prior."""
+    found = (measured or {}).get(spec_key(weights, kv))
+    if found is not None:
+        return QualityEstimate(found.kld, MEASURED if found.kind == "measured" else TRANSFER, found.label, found.se, None, None,
+                               (f"{found.label}: {found.origin}",))
+    w_kld, w_basis, w_cite = weight_prior(weights)
+    kept = 1.0 - len(weights.skip_layers) / model.num_layers  # 16-bit layers add no error
+    kv_kld, kv_bases, kv_cites = kv_prior(model, kv)
+    source = PRIOR_LITERATURE if {w_basis, *kv_bases} == {"literature"} else PRIOR_EXTRAPOLATED
+    detail = (f"weights {w_cite}",) + tuple(f"KV {c}" for c in kv_cites) + (
+        "weights + KV added: " + priors()["sources"][priors()["combination"]["source"]],)
+    return QualityEstimate(w_kld * kept + kv_kld, source, source, 0.0, w_kld * kept, kv_kld, detail)

@@ -5,18 +5,24 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from wkvlab.plan.planner import PlanResult
+from wkvlab.plan.launch import LaunchCommand
+from wkvlab.plan.planner import Combination, PlanResult
 
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.1f}"
 
 
-def render(result: PlanResult, console: Console) -> None:
+def _where(result: PlanResult) -> str:
+    n = result.layout.gpus
+    return f"one {result.gpu.name}" if n == 1 else f"{n} x {result.gpu.name}"
+
+
+def render(result: PlanResult, console: Console, *, brief: bool = False) -> None:
     m, g = result.model, result.gpu
-    console.print(f"[bold]wkvlab plan[/bold]  {escape(m.name)} on one {escape(g.name)} ({escape(g.label)}, "
+    console.print(f"[bold]wkvlab plan[/bold]  {escape(m.name)} on {escape(_where(result))} ({escape(g.label)}, "
                   f"{g.memory_bytes:,} B = {g.memory_bytes / 1e9:.1f} GB = {g.memory_bytes / 2**30:.1f} GiB, "
-                  f"{g.bandwidth_gb_s:.0f} GB/s, sm_{g.sm})  batch {result.batch} x ctx {result.ctx}"
+                  f"{g.bandwidth_gb_s:.0f} GB/s, sm_{g.sm})  batch {result.batch} x context {result.ctx}"
                   + (f"  engine {result.engine}" if result.engine else ""))
     console.print(f"model: {m.num_layers} layers ({len(m.kv_layers)} with KV), hidden {m.hidden_size}, "
                   f"{m.num_heads} heads / {m.num_kv_heads} KV heads x {m.head_dim}, vocab {m.vocab_size}"
@@ -24,53 +30,108 @@ def render(result: PlanResult, console: Console) -> None:
                   + (f", MLA latent {m.mla.cache_dim}" if m.mla else "")
                   + (f", sliding window {m.sliding_window}" if m.sliding_window else "")
                   + f"  (source: {m.source})", highlight=False, markup=False)
-    table = Table(title="weight x KV combinations (GB = 1e9 B; KV = batch x ctx incl. scales)",
-                  show_lines=False, pad_edge=False)
-    for col, just in [("#", "right"), ("weights", "left"), ("KV", "left"), ("engine", "left"),
-                      ("weights GB", "right"), ("KV GB", "right"), ("total GB", "right"),
-                      ("total GiB", "right"), ("fits", "center"), ("max batch", "right"),
-                      ("decode tok/s*", "right"), ("bound", "left"), ("KLD", "right"),
-                      ("quality source", "left")]:
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
-    for row in result.rows:
-        kv_bytes = row.fit.kv_needed_bytes
-        total = row.weight_bytes.total_bytes + kv_bytes
-        fits = "yes" if row.fits else ("no engine" if row.engine == "none" else "no")
-        speed = f"{row.throughput.decode.tokens_per_s:,.0f}" if row.fits else "—"
-        table.add_row(str(row.rank or "—"), row.weights, row.kv, row.engine,
-                      _gb(row.weight_bytes.total_bytes), _gb(kv_bytes), _gb(total),
-                      f"{total / 2**30:.1f}", fits, str(row.fit.max_batch), speed,
-                      row.throughput.decode.bound if row.fits else "—",
-                      f"{row.quality.kld:.4f}", row.quality.source)
-    console.print(table)
-    console.print("* roofline estimate at the requested batch, every sequence at full context; "
-                  "not a measurement", highlight=False)
+    if result.measured:
+        console.print(f"quality: {result.measured} combination(s) measured by you apply to this model; they rank first, by measured KLD",
+                      highlight=False)
+    if not brief:
+        console.print(rows_table(result))
+        console.print("* roofline estimate at the requested batch, every sequence at full context; not a measurement", highlight=False)
     if result.recommendations:
         console.print("\n[bold]Recommended launch lines[/bold]")
     for rec in result.recommendations:
-        console.print(f"\n[bold]{rec.engine}[/bold]: {escape(rec.weights)} weights x {escape(rec.kv)} KV",
-                      highlight=False)
-        console.print(rec.command.text(), soft_wrap=True, highlight=False, markup=False)
+        console.print(f"\n[bold]{rec.engine}[/bold]: {escape(rec.weights)} weights x {escape(rec.kv)} KV", highlight=False)
+        print_command(rec.command, console)
         for line in rec.why + rec.command.notes:
             console.print(f"  - {line}", highlight=False, markup=False)
     best = next((r for r in result.rows if r.rank == 1), None)
-    if best is not None:
-        b = best.budget
-        console.print(f"\n[bold]Memory of #1[/bold] ({escape(best.weights)} x {escape(best.kv)}, {best.engine} rule):",
-                      highlight=False)
-        for label, n in [("weights", best.weight_bytes.total_bytes),
-                         ("KV cache", best.fit.kv_needed_bytes), ("KV pool", b.kv_pool_bytes),
-                         ("reserve (activations, graphs, runtime; estimate)", b.reserve_bytes),
-                         ("engine budget", b.usable_bytes)]:
-            console.print(f"  {label}: {n:,} B = {n / 1e9:.2f} GB = {n / 2**30:.2f} GiB",
-                          highlight=False, markup=False)
-        console.print(f"  rule: {b.rule}", highlight=False, markup=False, soft_wrap=True)
-        t = best.throughput
-        crit = t.critical_batch if t.critical_batch is not None else "none up to 8192 (KV reads dominate)"
-        console.print(f"  speed (roofline estimate, not measured): GEMMs on {t.gemm}; decode turns compute-bound at batch "
-                      f"{crit}; prefill of one {result.ctx}-token prompt ~{t.prefill.tokens_per_s:,.0f} tok/s",
-                      highlight=False, markup=False, soft_wrap=True)
+    if best is not None and not brief:
+        memory_of(best, result, console)
     for line in result.warnings:
         console.print(f"[bold red]warning[/bold red]: {escape(line)}", highlight=False)
     for line in result.notes:
         console.print(f"note: {line}", highlight=False, markup=False)
+
+
+def rows_table(result: PlanResult) -> Table:
+    per = " /GPU" if result.layout.gpus > 1 else ""
+    table = Table(title=f"weight x KV combinations (GB = 1e9 B; KV = batch x context incl. scales{'; per GPU: the tightest one' if per else ''})",
+                  show_lines=False, pad_edge=False)
+    for col, just in [("#", "right"), ("weights", "left"), ("KV", "left"), ("engine", "left"),
+                      (f"weights GB{per}", "right"), (f"KV GB{per}", "right"), (f"total GB{per}", "right"),
+                      ("total GiB", "right"), ("fits", "center"), ("max batch", "right"),
+                      ("decode tok/s*", "right"), ("bound", "left"), ("KLD", "right"), ("quality source", "left")]:
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for row in result.rows:
+        kv_bytes = row.fit.kv_needed_bytes
+        total = row.gpu_weights_bytes + kv_bytes
+        fits = "yes" if row.fits else ("no engine" if row.engine == "none" else "no")
+        speed = f"{row.throughput.decode.tokens_per_s:,.0f}" if row.fits else "—"
+        table.add_row(str(row.rank or "—"), row.weights, row.kv, row.engine, _gb(row.gpu_weights_bytes), _gb(kv_bytes), _gb(total),
+                      f"{total / 2**30:.1f}", fits, str(row.fit.max_batch), speed,
+                      row.throughput.decode.bound if row.fits else "—", f"{row.quality.kld:.4f}", row.quality.label)
+    return table
+
+
+def print_command(cmd: LaunchCommand, console: Console) -> None:
+    for step in cmd.prepare:
+        console.print(step, soft_wrap=True, highlight=False, markup=False)
+    console.print(cmd.text(), soft_wrap=True, highlight=False, markup=False)
+    state = "" if cmd.ready else "  [needs --model-id: see below]"
+    exact = "" if cmd.exact else "  [approximates a per-layer plan]"
+    console.print(f"  (flags checked against {cmd.version}: {cmd.checked}){state}{exact}", highlight=False, markup=False, soft_wrap=True)
+
+
+def memory_of(best: Combination, result: PlanResult, console: Console) -> None:
+    ev = best.evaluation(best.engine)
+    console.print(f"\n[bold]Memory of #1[/bold] ({escape(best.weights)} x {escape(best.kv)}, {best.engine} rule, "
+                  f"{escape(ev.parallel.label if ev else '1 GPU')}):", highlight=False)
+    console.print(f"  checkpoint: {best.weight_bytes.total_bytes:,} B = {best.weight_bytes.gb:.2f} GB; KV of the spec: "
+                  f"{best.kv_bytes.total_bytes:,} B per token", highlight=False, markup=False)
+    for gpu in (ev.gpus if ev else ()):
+        b = gpu.budget
+        head = f"  {gpu.name}" + (f" (x{gpu.count})" if gpu.count > 1 else "") + ":"
+        console.print(head, highlight=False, markup=False)
+        for label, n in [("weights", gpu.weights_bytes), ("KV cache", gpu.fit.kv_needed_bytes), ("KV pool", b.kv_pool_bytes),
+                         ("reserve (activations, graphs, runtime, communication; estimate)", b.reserve_bytes),
+                         ("engine budget", b.usable_bytes)]:
+            console.print(f"    {label}: {n:,} B = {n / 1e9:.2f} GB = {n / 2**30:.2f} GiB", highlight=False, markup=False)
+        console.print(f"    KV per token on this GPU: {gpu.kv_bytes_per_token:,} B; up to {gpu.fit.max_batch} sequences", highlight=False, markup=False)
+    if best.budget.rule:
+        console.print(f"  rule: {best.budget.rule}", highlight=False, markup=False, soft_wrap=True)
+    t = best.throughput
+    crit = t.critical_batch if t.critical_batch is not None else "none up to 8192 (KV reads dominate)"
+    comm = f"; all-reduce {t.decode.comm_time_s * 1e3:.2f} ms per step" if t.decode.comm_time_s else ""
+    console.print(f"  speed (roofline estimate, not measured): GEMMs on {t.gemm}; decode turns compute-bound at batch "
+                  f"{crit}{comm}; prefill of one {result.ctx}-token prompt ~{t.prefill.tokens_per_s:,.0f} tok/s",
+                  highlight=False, markup=False, soft_wrap=True)
+
+
+def render_counts(results: list[PlanResult], console: Console) -> None:
+    """Several GPU counts side by side: each engine's recommendation per count, then their launch lines."""
+    first = results[0]
+    console.print(f"[bold]wkvlab plan[/bold]  {escape(first.model.name)} on {', '.join(str(r.layout.gpus) for r in results)} x "
+                  f"{escape(first.gpu.name)}  batch {first.batch} x context {first.ctx}", highlight=False)
+    table = Table(title="recommendation per engine and GPU count (per-GPU bytes on the tightest GPU)", pad_edge=False)
+    for col, just in [("GPUs", "right"), ("engine", "left"), ("layout", "left"), ("weights", "left"), ("KV", "left"),
+                      ("weights GB/GPU", "right"), ("KV GB/GPU", "right"), ("KV pool GB/GPU", "right"), ("max batch", "right"),
+                      ("decode tok/s*", "right"), ("KLD", "right"), ("quality source", "left")]:
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for result in results:
+        if not result.recommendations:
+            table.add_row(str(result.layout.gpus), "—", "—", "nothing fits", "", "", "", "", "", "", "", "")
+        for rec in result.recommendations:
+            row = next(r for r in result.rows if r.weights == rec.weights and r.kv == rec.kv)
+            ev = row.evaluation(rec.engine)
+            gpu = min(ev.gpus, key=lambda x: x.fit.max_batch)
+            table.add_row(str(result.layout.gpus), rec.engine, ev.parallel.label, rec.weights, rec.kv, _gb(gpu.weights_bytes),
+                          _gb(gpu.fit.kv_needed_bytes), _gb(gpu.budget.kv_pool_bytes), str(ev.fit.max_batch),
+                          f"{row.throughput.decode.tokens_per_s:,.0f}", f"{row.quality.kld:.4f}", row.quality.label)
+    console.print(table)
+    console.print("* roofline estimate; not a measurement", highlight=False)
+    for result in results:
+        console.print(f"\n[bold]{result.layout.gpus} x {escape(result.gpu.name)}[/bold]", highlight=False)
+        for rec in result.recommendations:
+            console.print(f"{rec.engine}: {escape(rec.weights)} x {escape(rec.kv)}", highlight=False)
+            print_command(rec.command, console)
+        for line in result.warnings:
+            console.print(f"[bold red]warning[/bold red]: {escape(line)}", highlight=False)

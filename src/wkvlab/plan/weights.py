@@ -1,103 +1,87 @@
-"""Exact bytes of a model's weights in a given format, with what each part costs.
+"""Exact bytes of a model's weights under a :class:`~wkvlab.weights.spec.WeightSpec`, whole and per GPU.
 
-A format stores ``bits`` per weight plus its metadata: scales and zero points per group of
-``group_size`` inputs (or per output row), per tensor, and GPTQ's ``g_idx`` (one int32 per input
-feature). The definitions match ``wkvlab.weights.rtn.weight_storage_bytes`` for the formats both
-know (tested), and wkvlab's general ``int<b>[-g<G>][-sym|-asym][-fmin]`` names are accepted. Linear layers inside the blocks are quantized; embeddings, lm_head, norms,
-biases and routers stay in the model's 16-bit dtype, as vLLM/SGLang/TensorRT-LLM do by default.
-GGUF formats (llama.cpp) differ: token embeddings are quantized too, the output matrix is Q6_K
-(llama.cpp ``llama_tensor_get_type`` keeps it at Q6_K unless the file type is Q8_0) and norms are
-stored as f32.
+The spec is wkvlab's one weight language (``wkvlab.weights.parse``); the bytes of each matrix are
+:func:`wkvlab.weights.storage.weight_storage_bytes`, the count ``wkvlab eval`` reports for a
+measured model, and which spec a linear gets (``skip=``, ``override=``) is
+:meth:`WeightSpec.for_linear`. What is added here is the deployment side: the inventory of a model
+described by its config.json, what stays 16-bit (embeddings, lm_head, norms, biases, routers —
+as vLLM/SGLang/TensorRT-LLM keep them), a GGUF file's layout, and tensor-parallel shards.
+
+GGUF files (llama.cpp) differ: token embeddings are quantized too, the output matrix is Q6_K
+(llama.cpp ``llama_tensor_get_type`` keeps it at Q6_K unless the file type is Q8_0; rows that are
+not multiples of 256 fall back to Q8_0) and norms are stored as f32.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Mapping
+import math
+from dataclasses import dataclass, replace
 
 from wkvlab.errors import ConfigError
 from wkvlab.plan._serde import JsonMixin
 from wkvlab.plan.models import ModelDescription
-from wkvlab.plan.params import leftover_inventory, linear_inventory
-
-
-@dataclass(frozen=True)
-class WeightFormat(JsonMixin):
-    """How one weight matrix is stored and which GEMM it feeds."""
-
-    name: str
-    bits: int  # stored bits per weight value
-    group_size: int | None = None  # inputs sharing a scale; None = one group per output row
-    group_meta_bits: int = 0  # bits per group (or row): scale (+ zero point or minimum)
-    tensor_scale_bytes: int = 0  # per matrix
-    row_index_bytes: int = 0  # per input feature (GPTQ g_idx, int32)
-    compute: str = "bf16"  # GEMM input format where the GPU runs it natively
-    weight_only: bool = False  # dequantized to 16 bit before/inside the GEMM
-    dequant_overhead: float = 0.0  # extra GEMM time when compute-bound (see throughput.py)
-    gguf: bool = False
-    description: str = ""
-
-
-_16 = dict(bits=16, compute="bf16")
-# dequant_overhead: relative extra GEMM time of weight-only kernels once compute-bound. The
-# seed study 004 reports W4A16 slower than BF16 at batch >= 32 (dequantization in front of an
-# unchanged FP16 GEMM); 0.25 / 0.10 are this planner's assumptions, not measurements.
-FORMATS: Mapping[str, WeightFormat] = {f.name: f for f in (
-    WeightFormat("bf16", **_16, description="16-bit reference"),
-    WeightFormat("fp16", **_16, description="16-bit reference"),
-    WeightFormat("int8", 8, group_meta_bits=16, weight_only=True, dequant_overhead=0.10,
-                 description="INT8 per-channel symmetric, weight-only (W8A16), fp16 scales"),
-    WeightFormat("int4-g128", 4, 128, group_meta_bits=16 + 4, weight_only=True,
-                 dequant_overhead=0.25,
-                 description="asymmetric 4-bit, group 128, fp16 scale + 4-bit zero (W4A16)"),
-    WeightFormat("awq-int4-g128", 4, 128, group_meta_bits=16 + 4, weight_only=True,
-                 dequant_overhead=0.25,
-                 description="AWQ checkpoint: int32-packed qweight/qzeros, fp16 scales per group"),
-    # GPTQ checkpoints also store g_idx (int32 per input feature), even without act-order.
-    WeightFormat("gptq-int4-g128", 4, 128, group_meta_bits=16 + 4, row_index_bytes=4,
-                 weight_only=True, dequant_overhead=0.25,
-                 description="GPTQ checkpoint: like int4-g128 plus int32 g_idx"),
-    WeightFormat("w8a8-int8", 8, group_meta_bits=16, compute="int8",
-                 description="SmoothQuant-style W8A8: INT8 weights per channel, dynamic per-token "
-                             "INT8 activations, INT8 GEMM"),
-    # bitsandbytes stores one fp32 absmax (SCB) per output row; outlier columns (|x| > 6) are
-    # multiplied in fp16 at run time, which makes it slow (LLM.int8() paper, Dettmers 2022).
-    WeightFormat("llm-int8", 8, group_meta_bits=32, compute="int8", dequant_overhead=0.5,
-                 description="LLM.int8(): INT8 vector-wise + fp16 outlier decomposition"),
-    # fp32 scale per output row, as compressed-tensors stores FP8 checkpoints (and wkvlab
-    # simulates them); vLLM's online `--quantization fp8` keeps one per tensor (< 0.1% less).
-    WeightFormat("fp8", 8, group_meta_bits=32, compute="fp8",
-                 description="FP8 E4M3 W8A8, per-channel weight scales, dynamic per-token activations"),
-    WeightFormat("fp8-wo", 8, group_meta_bits=32, weight_only=True, dequant_overhead=0.10,
-                 description="FP8 weights, BF16 activations (W8A16, FP8 Marlin)"),
-    # NVFP4: E2M1 values, E4M3 scale per 16, plus fp32 global weight and input scales per matrix.
-    WeightFormat("nvfp4", 4, 16, group_meta_bits=8, tensor_scale_bytes=8, compute="fp4",
-                 description="NVFP4: E2M1 + E4M3 scale per 16 values + fp32 tensor scales"),
-    WeightFormat("mxfp4", 4, 32, group_meta_bits=8, compute="fp4",
-                 description="MXFP4: E2M1 + E8M0 scale per 32 values"),
-    # GGUF blocks of 32: q8_0 = 32 int8 + fp16 d (34 B), q4_0 = 32 nibbles + fp16 d (18 B).
-    WeightFormat("q8_0", 8, 32, group_meta_bits=16, weight_only=True, dequant_overhead=0.10,
-                 gguf=True, description="GGUF Q8_0 (34 B per 32 weights)"),
-    WeightFormat("q4_0", 4, 32, group_meta_bits=16, weight_only=True, dequant_overhead=0.25,
-                 gguf=True, description="GGUF Q4_0 (18 B per 32 weights), output tensor Q6_K"),
-)}
+from wkvlab.plan.params import KV_HEADS, REPLICATED, ROW, Linear, leftover_inventory, linear_inventory
+from wkvlab.weights.spec import GGML_FORMATS, WeightSpec
+from wkvlab.weights.storage import weight_storage_bytes
 
 # GGUF Q6_K: 256 weights in 210 bytes (ggml-common.h block_q6_K); needs rows divisible by 256,
 # otherwise llama.cpp falls back to Q8_0 for that tensor.
 _Q6K_BYTES, _Q6K_BLOCK = 210, 256
+# vLLM pads the vocabulary of VocabParallelEmbedding / ParallelLMHead to a multiple of 64 before
+# splitting it across tensor-parallel ranks (DEFAULT_VOCAB_PADDING_SIZE).
+VOCAB_PADDING = 64
+
+
+def as_weight_spec(weights: str | WeightSpec, model: ModelDescription | None = None) -> WeightSpec:
+    """The spec of ``weights`` (parsed by the one weight grammar). Unquantized weights (``none``)
+    are served in the checkpoint's 16-bit dtype, so a plan costs them as that cast."""
+    spec = weights if isinstance(weights, WeightSpec) else WeightSpec.parse(str(weights))
+    if spec.method == "none" and not spec.overrides:
+        dtype = model.dtype if model is not None else "bf16"
+        return WeightSpec.parse(dtype)
+    return spec
+
+
+def is_gguf(spec: WeightSpec) -> bool:
+    """A llama.cpp block format: the checkpoint is a GGUF file."""
+    return spec.format in GGML_FORMATS
 
 
 @dataclass(frozen=True)
-class WeightSpec(JsonMixin):
-    """A weight format plus layers kept in 16 bit (``int4-g128;skip=0,79``)."""
+class Execution(JsonMixin):
+    """How the GEMMs of a weight spec run: the tensor-core format and what dequantization costs."""
 
-    format: str
-    skip_layers: tuple[int, ...] = ()
+    compute: str  # bf16 | int8 | fp8 | fp4: the GEMM input format where the GPU runs it natively
+    weight_only: bool  # dequantized to 16 bit before/inside the GEMM
+    dequant_overhead: float  # extra GEMM time once compute-bound (see throughput.py)
+    bits: int
 
-    def __str__(self) -> str:
-        if not self.skip_layers:
-            return self.format
-        return f"{self.format};skip=" + ",".join(str(i) for i in self.skip_layers)
+
+# dequant_overhead: relative extra GEMM time of weight-only kernels once compute-bound; 0.25 / 0.10
+# are this planner's assumptions (dequantization in front of an unchanged 16-bit GEMM), not
+# measurements; LLM.int8()'s outlier decomposition runs part of each GEMM in fp16 (0.5).
+_ACT_COMPUTE = {"int8-token": "int8", "int8-tensor": "int8", "fp8-token": "fp8", "fp8-tensor": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
+
+
+def execution(spec: WeightSpec) -> Execution:
+    if spec.method in ("none", "cast"):
+        return Execution("bf16", False, 0.0, 16)
+    if spec.method == "llm-int8":
+        return Execution("int8", False, 0.5, 8)
+    compute = _ACT_COMPUTE.get(spec.activations, "bf16")
+    weight_only = compute == "bf16"
+    overhead = (0.25 if spec.bits <= 4 else 0.10) if weight_only else 0.0
+    return Execution(compute, weight_only, overhead, spec.bits)
+
+
+@dataclass(frozen=True)
+class Shard(JsonMixin):
+    """The part of a model one GPU holds."""
+
+    tp: int = 1  # tensor-parallel ranks every matrix is split across (vLLM/SGLang)
+    layers: tuple[int, ...] | None = None  # decoder layers on this GPU (pipeline stage); None = all
+    embedding: bool = True  # the token embedding is on this GPU
+    lm_head: bool = True  # the output matrix and final norm are on this GPU
+    row_fraction: float = 1.0  # llama.cpp -sm row: share of every matrix's rows on this GPU
 
 
 @dataclass(frozen=True)
@@ -110,13 +94,12 @@ class WeightPart(JsonMixin):
 
 @dataclass(frozen=True)
 class WeightBytes(JsonMixin):
-    """Bytes of all weights; ``breakdown`` sums to ``total_bytes``."""
+    """Bytes of all weights (or one GPU's shard); ``breakdown`` sums to ``total_bytes``."""
 
     weights: str
     total_bytes: int
-    value_bytes: int  # packed quantized values
-    scale_bytes: int  # scales, zero points, g_idx
-    leftover_bytes: int  # unquantized tensors (embeddings, lm_head, norms, skipped layers, ...)
+    quantized_bytes: int  # linear layers in a quantized format, scales and zero points included
+    leftover_bytes: int  # 16-bit (or f32) tensors: embeddings, lm_head, norms, skipped layers, ...
     quantized_params: int
     leftover_params: int
     routed_expert_bytes: int  # part of the total that lives in routed experts (MoE)
@@ -131,145 +114,104 @@ class WeightBytes(JsonMixin):
         return self.total_bytes / 2**30
 
 
-def weight_format_names() -> tuple[str, ...]:
-    return tuple(FORMATS)
+def _shard_shape(lin: Linear, model: ModelDescription, tp: int) -> tuple[int, int]:
+    """(out, in) of the piece of one matrix a tensor-parallel rank holds."""
+    out, inp = lin.out_features, lin.in_features
+    if tp == 1 or lin.parallel == REPLICATED:
+        return out, inp
+    if lin.parallel == ROW:
+        return out, inp // tp
+    if lin.parallel == KV_HEADS and tp > model.num_kv_heads:
+        return out // model.num_kv_heads, inp  # one replicated KV head per rank
+    return out // tp, inp
 
 
-_GENERIC = re.compile(r"int([2-8])(?:-g(\d+))?((?:-(?:sym|asym|fmin))*)")
-
-
-def weight_format(name: str) -> WeightFormat:
-    """A named format, or wkvlab's general ``int<b>[-g<G>][-sym|-asym][-fmin]`` (weight-only RTN)."""
-    if name in FORMATS:
-        return FORMATS[name]
-    m = _GENERIC.fullmatch(name)
-    flags = set(filter(None, m.group(3).split("-"))) if m else set()
-    if not m or (m.group(2) is not None and int(m.group(2)) < 1) or {"sym", "asym"} <= flags:
-        raise ConfigError(f"unknown weight format {name!r}; use one of: " + ", ".join(FORMATS)
-                          + " or int<b>[-g<G>][-sym|-asym][-fmin]")
-    bits, group = int(m.group(1)), int(m.group(2)) if m.group(2) else None
-    symmetric = "sym" in flags or (bits == 8 and not flags & {"asym", "fmin"})
-    if symmetric and "fmin" in flags:
-        raise ConfigError(f"{name!r}: -fmin (float minimum) only applies to asymmetric weights")
-    # wkvlab.weights.rtn: fp16 scale per group, plus an integer zero point of `bits` bits or an
-    # fp16 minimum (-fmin) when asymmetric.
-    meta = 16 + (0 if symmetric else (16 if "fmin" in flags else bits))
-    return WeightFormat(name, bits, group, group_meta_bits=meta, weight_only=True,
-                        dequant_overhead=0.25 if bits <= 4 else 0.10,
-                        description=f"INT{bits} RTN, {'symmetric' if symmetric else 'asymmetric'}, "
-                                    + (f"groups of {group}" if group else "per output channel"))
-
-
-def parse_weight_spec(spec: str | WeightSpec) -> WeightSpec:
-    """Parse ``<format>[;skip=<layers>]``; layers as ``0,1,5-7``."""
-    if isinstance(spec, WeightSpec):
-        _format(spec.format)
-        return spec
-    parts = [p.strip() for p in str(spec).split(";") if p.strip()]
-    if not parts:
-        raise ConfigError("empty weight format; use one of: " + ", ".join(FORMATS))
-    name = parts[0].lower()
-    _format(name)
-    skip: tuple[int, ...] = ()
-    for item in parts[1:]:
-        key, _, value = item.partition("=")
-        if key.strip() != "skip" or not value:
-            raise ConfigError(f"cannot read {item!r} in weight spec {spec!r}; use '<format>;skip=0,1'")
-        skip = parse_layer_list(value)
-    return WeightSpec(name, skip)
-
-
-def parse_layer_list(text: str) -> tuple[int, ...]:
-    """``"0,1,5-7"`` -> (0, 1, 5, 6, 7)."""
-    out: set[int] = set()
-    for item in text.split(","):
-        item = item.strip()
-        try:
-            if "-" in item:
-                lo, hi = (int(x) for x in item.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(item))
-        except ValueError:
-            raise ConfigError(f"cannot read layer list {text!r}; write layers like 0,1,5-7") from None
-    if any(i < 0 for i in out):
-        raise ConfigError(f"negative layer index in {text!r}; layers count from 0")
-    return tuple(sorted(out))
-
-
-_format = weight_format
-
-
-def matrix_bytes(fmt: WeightFormat, in_features: int, out_features: int) -> tuple[int, int]:
-    """(value bytes, metadata bytes) of one out x in matrix; groups run along the input."""
-    values = -(-in_features * out_features * fmt.bits // 8)
-    groups_per_row = -(-in_features // fmt.group_size) if fmt.group_size else 1
-    meta_bits = groups_per_row * out_features * fmt.group_meta_bits
-    meta = -(-meta_bits // 8) + fmt.tensor_scale_bytes
-    meta += in_features * fmt.row_index_bytes
-    return values, meta
-
-
-def weight_bytes(model: ModelDescription, weight_format: str | WeightSpec) -> WeightBytes:
-    """Bytes of ``model`` stored as ``weight_format`` (exact, integer)."""
-    spec = parse_weight_spec(weight_format)
-    fmt = _format(spec.format)
+def weight_bytes(model: ModelDescription, weights: str | WeightSpec, shard: Shard = Shard()) -> WeightBytes:
+    """Bytes of ``model`` stored under ``weights`` (exact, integer), whole or as one GPU's ``shard``."""
+    spec = as_weight_spec(weights, model)
     bad = [i for i in spec.skip_layers if i >= model.num_layers]
     if bad:
-        raise ConfigError(f"skip layers {bad} do not exist: {model.name} has layers "
-                          f"0..{model.num_layers - 1}")
+        raise ConfigError(f"skip layers {bad} do not exist: {model.name} has layers 0..{model.num_layers - 1}")
+    gguf = is_gguf(spec)
     half = 2  # model dtype bytes (bf16/fp16)
-    norm_bytes = 4 if fmt.gguf else half  # GGUF keeps norms and biases in f32
-    values = meta = skipped = expert = 0
-    q_params = skipped_params = 0
+    held = set(range(model.num_layers) if shard.layers is None else shard.layers)
+    quantized = skipped = expert = q_params = skipped_params = 0
+    formats: set[str] = set()
+    memo: dict[tuple, int] = {}  # layers repeat their shapes: cost each (shape, spec) once
     for lin in linear_inventory(model):
-        if lin.layer in spec.skip_layers:
-            skipped += lin.params * half
-            skipped_params += lin.params
+        if lin.layer not in held:
             continue
-        v, m = matrix_bytes(fmt, lin.in_features, lin.out_features)
-        values, meta, q_params = values + v * lin.count, meta + m * lin.count, q_params + lin.params
+        out, inp = _shard_shape(lin, model, shard.tp)
+        params = out * inp * lin.count
+        sub = spec.for_linear(lin.module_name, lin.layer, model.num_layers)
+        if sub is None or sub.method == "cast":
+            nbytes = math.ceil(params * half * shard.row_fraction)
+            skipped, skipped_params = skipped + nbytes, skipped_params + params
+            expert += nbytes if lin.routed_expert else 0
+            continue
+        key = (out, inp, id(sub))
+        if key not in memo:
+            static = 4 if sub.activations in ("int8-tensor", "fp8-tensor") else 0  # fp32 input scale
+            memo[key] = math.ceil((weight_storage_bytes((out, inp), sub) + static) * shard.row_fraction)
+        one = memo[key]
+        quantized, q_params = quantized + one * lin.count, q_params + params
+        formats.add(sub.label)
         if lin.routed_expert:
-            expert += (v + m) * lin.count
-    parts: list[WeightPart] = [
-        WeightPart("linear layers", q_params, values, fmt.name),
-        WeightPart("scales / zero points / g_idx", 0, meta, "metadata"),
-    ]
+            expert += one * lin.count
+    parts = [WeightPart("linear layers (values, scales, zero points)", q_params, quantized, "+".join(sorted(formats)) or "-")]
     if skipped_params:
-        parts.append(WeightPart(f"skipped layers {list(spec.skip_layers)}", skipped_params, skipped,
-                                model.dtype))
-    leftover_params = skipped_params
+        parts.append(WeightPart("16-bit linear layers (skip=, overrides)", skipped_params, skipped, model.dtype))
     by_kind: dict[str, int] = {}
     for item in leftover_inventory(model):
+        if item.layer is not None and item.layer not in held:
+            continue
         by_kind[item.kind] = by_kind.get(item.kind, 0) + item.params
     for kind, params in by_kind.items():
-        leftover_params += params
-        parts.append(_leftover_part(model, fmt, kind, params, half, norm_bytes))
-    gguf_quantized = sum(p.params for p in parts[2:] if p.stored_as not in (model.dtype, "f32"))
-    leftover_bytes = sum(p.bytes for p in parts[2:])
+        part = _leftover_part(model, spec, kind, params, shard, gguf)
+        if part is not None:
+            parts.append(part)
+    leftover = sum(p.bytes for p in parts[1:])
+    leftover_params = sum(p.params for p in parts[1:] if p.stored_as in (model.dtype, "f32"))
     return WeightBytes(
-        weights=str(spec), total_bytes=sum(p.bytes for p in parts), value_bytes=values,
-        scale_bytes=meta, leftover_bytes=leftover_bytes,
-        quantized_params=q_params + gguf_quantized, leftover_params=leftover_params - gguf_quantized,
+        weights=spec.label, total_bytes=quantized + leftover, quantized_bytes=quantized, leftover_bytes=leftover,
+        quantized_params=q_params + sum(p.params for p in parts[1:]) - leftover_params, leftover_params=leftover_params,
         routed_expert_bytes=expert, breakdown=tuple(parts))
 
 
-def _leftover_part(model: ModelDescription, fmt: WeightFormat, kind: str, params: int, half: int,
-                   norm_bytes: int) -> WeightPart:
-    h = model.hidden_size
-    if fmt.gguf and kind in ("embedding", "lm_head"):
-        # The output matrix (or the tied embedding standing in for it) gets llama.cpp's output
-        # type; an untied token embedding keeps the file's type.
-        is_output = kind == "lm_head" or model.tie_embeddings
-        sub = fmt if not is_output or fmt.name == "q8_0" else None
-        if sub is None and h % _Q6K_BLOCK == 0:
-            return WeightPart(kind, params, params // _Q6K_BLOCK * _Q6K_BYTES, "q6_K")
-        sub = sub or FORMATS["q8_0"]  # llama.cpp's fallback when rows are not multiples of 256
-        v, m = matrix_bytes(sub, h, model.vocab_size)
-        return WeightPart(kind, params, v + m, sub.name)
+def _leftover_part(model: ModelDescription, spec: WeightSpec, kind: str, params: int, shard: Shard, gguf: bool) -> WeightPart | None:
+    h, half = model.hidden_size, 2
+    # a tied embedding is also the output matrix: it is wherever either end is (llama.cpp copies it)
+    if kind == "embedding" and not (shard.embedding or (model.tie_embeddings and shard.lm_head)):
+        return None
+    if kind == "lm_head" and not shard.lm_head:
+        return None
+    if kind in ("embedding", "lm_head"):
+        if gguf:
+            return _gguf_end(model, spec, kind, params)
+        chosen = spec.quantize_embeddings if kind == "embedding" else spec.quantize_lm_head
+        rows = -(-_padded_vocab(model.vocab_size, shard.tp) // shard.tp)
+        if chosen and spec.method not in ("none", "cast"):
+            end = spec.for_embeddings()
+            return WeightPart(kind, rows * h, math.ceil(weight_storage_bytes((rows, h), end)), end.label)
+        return WeightPart(kind, rows * h, rows * h * half, model.dtype)
     if kind in ("norm", "bias"):
-        return WeightPart(kind, params, params * norm_bytes, "f32" if norm_bytes == 4 else model.dtype)
+        size = 4 if gguf else half  # GGUF keeps norms and biases in f32
+        return WeightPart(kind, params, params * size, "f32" if gguf else model.dtype)
+    if kind == "conv":
+        params = -(-params // shard.tp)
     return WeightPart(kind, params, params * half, model.dtype)
 
+
+def _padded_vocab(vocab: int, tp: int) -> int:
+    return -(-vocab // VOCAB_PADDING) * VOCAB_PADDING if tp > 1 else vocab
+
+
+def _gguf_end(model: ModelDescription, spec: WeightSpec, kind: str, params: int) -> WeightPart:
+    """The token embedding keeps the file's type; the output matrix (or the tied embedding standing
+    in for it) gets llama.cpp's output type: Q6_K, Q8_0 in a Q8_0 file or when rows are not multiples of 256."""
+    h = model.hidden_size
+    is_output = kind == "lm_head" or model.tie_embeddings
+    if is_output and spec.format != "q8_0" and h % _Q6K_BLOCK == 0:
+        return WeightPart(kind, params, params // _Q6K_BLOCK * _Q6K_BYTES, "q6_K")
+    sub = spec if not is_output else WeightSpec.parse("q8_0")
+    return WeightPart(kind, params, math.ceil(weight_storage_bytes((model.vocab_size, h), sub)), sub.format)

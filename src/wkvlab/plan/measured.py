@@ -1,0 +1,174 @@
+"""The user's own measurements, as the planner's quality column.
+
+Read from ``wkvlab eval --json`` / ``wkvlab demo --json`` files (one ``EvalResult.to_dict()`` or a
+list of them) and from sweep stores (``wkvlab sweep --store``). A measurement applies to a plan row
+when its weight and KV specs are the row's (compared as parsed configurations, not as strings) and
+it was made on the planned model — or, labelled as a transfer, on a smaller model of the same
+family (``SmolLM2-135M`` for ``SmolLM2-1.7B``): small models usually lose more to quantization than
+large ones, so a transfer is a pessimistic stand-in.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable
+
+from wkvlab.errors import DataError, WkvlabError
+from wkvlab.kv.spec import KVSpec
+from wkvlab.plan._serde import JsonMixin
+from wkvlab.plan.models import ModelDescription
+from wkvlab.weights.spec import WeightSpec
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([mbk])")
+_NOISE = {"instruct", "chat", "it", "base", "hf", "gguf", "meta", "fp16", "bf16", "fp32", "awq", "gptq", "int4", "int8", "fp8"}
+_QUANT_TAG = re.compile(r"(i?q\d(_\w+)?|[qf]\d+|w\d+a\d+.*|\d+bit|g\d+)")
+
+
+@dataclass(frozen=True)
+class Measurement(JsonMixin):
+    model: str
+    data: str
+    ctx: int
+    tokens: int
+    weights: str
+    kv: str
+    kld: float
+    se: float
+    origin: str  # file or store (and config id) it came from
+    weights_spec: dict
+    kv_spec: dict
+
+    def describe(self) -> str:
+        return f"{self.tokens:,} tokens, ctx {self.ctx}, {self.data}"
+
+
+def family_and_size(name: str) -> tuple[str, float | None]:
+    """``"Meta-Llama-3-70B"`` -> ("llama-3", 7e10); ``"SmolLM2-135M-Instruct.Q4_1"`` -> ("smollm2", 1.35e8)."""
+    base = name.strip().rstrip("/").split("/")[-1].lower()
+    base = re.sub(r"\.gguf$", "", base)
+    base = re.sub(r"[.-](i?q\d\w*|f16|bf16|f32)$", "", base)  # a GGUF file's type suffix (.Q4_1, -q4_k_m)
+    words = [w for w in re.split(r"[-\s]+", base) if w]
+    size: float | None = None
+    family = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        m = _SIZE.fullmatch(word)
+        if re.fullmatch(r"\d+x\d+(\.\d+)?[mb]", word):  # Mixtral 8x7b
+            n, rest = word.split("x", 1)
+            size = float(n) * float(rest[:-1]) * (1e9 if rest.endswith("b") else 1e6)
+        elif re.fullmatch(r"a\d+(\.\d+)?b", word):  # active parameters of a MoE
+            pass
+        elif m and size is None:
+            size = float(m.group(1)) * {"m": 1e6, "b": 1e9, "k": 1e3}[m.group(2)]
+        elif word in _NOISE or _QUANT_TAG.fullmatch(word) and family:
+            pass
+        else:
+            family.append(word)
+        i += 1
+    return "-".join(family), size
+
+
+def _from_dict(data: dict, origin: str) -> Measurement:
+    try:
+        kld = data["kld"]
+        return Measurement(model=str(data["model"]), data=str(data["data"]), ctx=int(data["ctx"]), tokens=int(data["tokens"]),
+                           weights=str(data["weights"]), kv=str(data["kv"]), kld=float(kld["mean"]), se=float(kld.get("se") or 0.0),
+                           origin=origin, weights_spec=dict(data["weights_spec"]), kv_spec=dict(data["kv_spec"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{origin} is not a wkvlab result ({type(exc).__name__}: {exc}); pass the JSON of 'wkvlab eval --json'") from None
+
+
+def load_results(path: str | Path) -> list[Measurement]:
+    """Measurements in a ``wkvlab eval --json`` file (one result or a list)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"results file {path} does not exist; write one with 'wkvlab eval ... --json {path}'")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path} is not readable JSON ({type(exc).__name__}); pass the file 'wkvlab eval --json' wrote") from None
+    items = raw if isinstance(raw, list) else [raw]
+    return [_from_dict(item, f"{path}[{i}]" if isinstance(raw, list) else str(path)) for i, item in enumerate(items)]
+
+
+def load_store(path: str | Path) -> list[Measurement]:
+    """Measurements in a sweep store (summary columns and configs; the per-token arrays are not read)."""
+    from wkvlab.store import open_store  # sqlite and the store's schema: only when a store is given
+
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"results store {path} does not exist; run 'wkvlab sweep spec.yaml --store {path}' first")
+    out = []
+    with open_store(path, create=False) as db:
+        for row in db.rows():
+            config = db.config(row.config_id)
+            out.append(Measurement(model=row.model, data=row.data, ctx=row.ctx, tokens=row.tokens, weights=row.weights, kv=row.kv,
+                                   kld=float(row.kld_mean), se=float(row.kld_se or 0.0), origin=f"{path}#{row.config_id[:12]}",
+                                   weights_spec=dict(config["weights"]), kv_spec=dict(config["kv"])))
+    return out
+
+
+def load_measurements(results: Iterable[str | Path] = (), stores: Iterable[str | Path] = ()) -> list[Measurement]:
+    out: list[Measurement] = []
+    for path in results:
+        out += load_results(path)
+    for path in stores:
+        out += load_store(path)
+    return out
+
+
+def spec_key(weights: WeightSpec, kv: KVSpec) -> tuple:
+    """What makes two measurements the same configuration: the specs without their display names."""
+    return (json.dumps(replace(weights, label="").to_dict(), sort_keys=True),
+            json.dumps(replace(kv, name="").to_dict(), sort_keys=True))
+
+
+@dataclass(frozen=True)
+class MeasuredQuality(JsonMixin):
+    kld: float
+    se: float
+    kind: str  # measured | transfer
+    label: str  # "measured (4,088 tokens, ctx 512, default)" / "transfer from ..."
+    origin: str
+
+
+def index_measurements(measurements: list[Measurement], model: ModelDescription) -> tuple[dict[tuple, MeasuredQuality], list[str]]:
+    """The measurements that apply to ``model``, by spec key (most tokens first), and notes on the rest."""
+    names = {_norm(model.name), _norm(model.hf_id)} - {""}
+    family, size = family_and_size(model.hf_id or model.name)
+    if not family:
+        family, size = family_and_size(model.name)
+    own: dict[tuple, Measurement] = {}
+    proxy: dict[tuple, Measurement] = {}
+    ignored: dict[str, str] = {}
+    for m in measurements:
+        try:
+            key = spec_key(WeightSpec.from_dict(m.weights_spec), KVSpec.from_dict(m.kv_spec))
+        except WkvlabError as exc:
+            ignored[m.origin] = f"its specs do not parse ({exc})"
+            continue
+        if _norm(m.model) in names:
+            target = own
+        else:
+            m_family, m_size = family_and_size(m.model)
+            if m_family and m_family == family and m_size is not None and size is not None and m_size < size:
+                target = proxy
+            else:
+                ignored[m.model] = ("a model of another family" if m_family != family else "not smaller than the planned model"
+                                    if m_size and size else "its size is unknown")
+                continue
+        best = target.get(key)
+        if best is None or m.tokens > best.tokens:
+            target[key] = m
+    out = {key: MeasuredQuality(m.kld, m.se, "measured", f"measured ({m.describe()})", m.origin) for key, m in own.items()}
+    for key, m in proxy.items():
+        out.setdefault(key, MeasuredQuality(m.kld, m.se, "transfer", f"transfer from {m.model} ({m.describe()})", m.origin))
+    notes = [f"measurements on {name} not used for {model.name}: {why}" for name, why in ignored.items()]
+    return out, notes
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", (text or "").lower().rsplit("/", 1)[-1])
