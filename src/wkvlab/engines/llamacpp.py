@@ -45,13 +45,22 @@ def import_llama_cpp():
 
 
 def parse_cache_types(kv: str) -> tuple[str, str]:
-    """``q8_0`` or ``q8_0/q4_0`` (K/V) in llama.cpp's names; ``fp16`` is accepted for ``f16``."""
-    k, _, v = kv.strip().lower().partition("/")
-    k, v = k or "f16", v or k or "f16"
-    names = tuple("f16" if n == "fp16" else n for n in (k, v))
+    """A ``--kv`` spec (wkvlab's one KV grammar: ``q8_0``, ``q8_0/q4_0``, ``fp16``/``f16``,
+    ``llamacpp:q4_0``) as llama.cpp's ``-ctk``/``-ctv`` names. Options llama.cpp has no flag for are
+    refused; its rotation is the engine's own (``--no-rotation`` turns it off)."""
+    from wkvlab.kv.spec import KVSpec
+
+    spec = KVSpec.parse(kv or "fp16")
+    simulated = [name for name, on in (("sinks", spec.sinks or spec.sink_ratio), ("residual", spec.residual), ("window", spec.window),
+                                       ("skip", spec.skip), ("per-layer formats", spec.layers), ("smooth", spec.smooth),
+                                       ("prerope", spec.prerope), ("scales", spec.scales != "static")) if on]
+    if simulated:
+        raise ConfigError(f"llama.cpp's cache takes one type for K and one for V; {', '.join(simulated)} in {kv!r} "
+                          "exist only in wkvlab's simulation (wkvlab eval --kv)")
+    names = tuple("f16" if n == "fp16" else n for n in (spec.k, spec.v))
     for name in names:
         if name not in GGML_TYPES:
-            raise ConfigError(f"llama.cpp has no KV cache type {name!r}; use one of {', '.join(t for t in GGML_TYPES if t != 'f32')} (K/V pairs as q8_0/q4_0)")
+            raise ConfigError(f"llama.cpp has no KV cache type {name!r}; use one of {', '.join(t for t in GGML_TYPES if t not in ('f32', 'bf16'))} (K/V pairs as q8_0/q4_0)")
     return names  # type: ignore[return-value]
 
 
