@@ -1,12 +1,10 @@
 """Format choices, and the exported plan in each engine's syntax."""
-import shlex
-
 import pytest
 
 from wkvlab.errors import ConfigError
 from wkvlab.kv.spec import KVSpec
 from wkvlab.search.choices import FP16, choice_bytes, choice_label, parse_choices
-from wkvlab.search.export import layer_recipe, llamacpp_line, plan_kvspec, vllm_line
+from wkvlab.search.export import engine_exports, layer_recipe, plan_kvspec
 
 
 def test_parse_choices():
@@ -19,6 +17,9 @@ def test_parse_choices():
         parse_choices("int2-c32")
     with pytest.raises(ConfigError, match="at least one quantized"):
         parse_choices("fp16")
+    with pytest.raises(ConfigError, match="carries options"):
+        parse_choices("llamacpp:q4_0")
+    assert parse_choices("KV4,bf16") == (FP16, ("int4", "int4"))  # the --kv grammar: shorthands and aliases
 
 
 def test_choice_bytes_match_the_kv_spec():
@@ -39,29 +40,38 @@ def test_plan_spec_file_round_trips_through_eval_syntax(tmp_path):
     assert [tuple(f.name for f in loaded.formats_for(i)) for i in range(4)] == list(plan)
 
 
+def _exports(plan, weights="bf16", gpu="H100"):
+    from wkvlab.plan.models import ModelDescription
+    from wkvlab.plan.source import ModelSource
+    from wkvlab.weights.spec import WeightSpec
+
+    desc = ModelDescription.from_config({"model_type": "llama", "num_hidden_layers": len(plan), "hidden_size": 512, "num_attention_heads": 4,
+                                         "num_key_value_heads": 4, "intermediate_size": 1024, "vocab_size": 256})
+    return engine_exports(desc, ModelSource("org/model", "builtin", hub_id="org/model"), WeightSpec.parse(weights), plan_kvspec(plan),
+                          gpu=gpu, batch=1, context=4096)
+
+
 def test_vllm_exact_when_one_dtype_plus_skips():
-    plan = (FP16, ("fp8_e4m3", "fp8_e4m3"), ("fp8_e4m3", "fp8_e4m3"), FP16)
-    line = vllm_line(plan, "org/model")
-    assert line.exact
-    assert line.argv == ("vllm", "serve", "org/model", "--kv-cache-dtype", "fp8_e4m3", "--kv-cache-dtype-skip-layers", "0", "3")
-    assert shlex.split(line.text()) == list(line.argv)
+    line = _exports((FP16, ("fp8_e4m3", "fp8_e4m3"), ("fp8_e4m3", "fp8_e4m3"), FP16))["vllm"]
+    assert line["exact"] and line["kv_args"] == ["--kv-cache-dtype", "fp8_e4m3", "--kv-cache-dtype-skip-layers", "0", "3"]
+    assert line["argv"][:3] == ["vllm", "serve", "org/model"] and "--kv-cache-dtype-skip-layers" in line["command"]
 
 
 def test_vllm_mixed_plan_is_flagged_not_expressible():
-    plan = (("int8", "int4"), ("int4", "int4"))
-    line = vllm_line(plan, "m")
-    assert not line.exact and "not expressible" in line.notes[0]
-    assert line.argv[-2:] == ("--kv-cache-dtype", "int8_per_token_head")  # the most precise dtype the plan uses
-    assert not vllm_line((("int2", "int2"),), "m").exact
+    line = _exports((("int8", "int4"), ("int4", "int4")))["vllm"]
+    assert not line["exact"] and any("cannot run this per-layer plan exactly" in n for n in line["notes"])
+    assert line["kv_args"] == ["--kv-cache-dtype", "int8_per_token_head"]  # the most precise dtype the plan uses
+    assert _exports((("int2", "int2"),) * 2)["vllm"]["command"] is None  # vLLM has no 2-bit cache
 
 
 def test_llamacpp_per_cache_types_only():
-    uniform = llamacpp_line((("q8_0", "q4_0"),) * 3, "m.gguf")
-    assert uniform.exact and uniform.argv == ("llama-server", "-m", "m.gguf", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0")
-    mixed = llamacpp_line((("q8_0", "q4_0"), ("q8_0", "q4_0"), FP16), "m.gguf")
-    assert not mixed.exact and "not expressible in llama.cpp" in mixed.notes[0]
-    assert mixed.argv[-4:] == ("-ctk", "q8_0", "-ctv", "q4_0")
-    assert llamacpp_line((FP16,), "m.gguf").argv == ("llama-server", "-m", "m.gguf")
+    uniform = _exports((("q8_0", "q4_0"),) * 3, weights="q4_0")["llama.cpp"]
+    assert uniform["exact"] and uniform["kv_args"] == ["-ctk", "q8_0", "-ctv", "q4_0"]
+    assert uniform["env"] == ["LLAMA_ATTN_ROT_DISABLE=1"]  # the plan was measured without llama.cpp's rotation
+    mixed = _exports((("q8_0", "q4_0"), ("q8_0", "q4_0"), FP16), weights="q4_0")["llama.cpp"]
+    assert not mixed["exact"] and "not expressible in llama.cpp" in mixed["notes"][0]
+    assert mixed["kv_args"] == ["-ctk", "q8_0", "-ctv", "q4_0"]
+    assert _exports((FP16, FP16), weights="q4_0")["llama.cpp"]["kv_args"] == []
 
 
 def test_recipe_layers_kvtuner_bits_and_modelopt_globs():

@@ -22,7 +22,7 @@ from wkvlab.models.loading import LoadedModel, cache_dir, load_model
 from wkvlab.search.allocate import candidate_allocations, allocate_exact
 from wkvlab.search.baselines import Candidate, baseline_candidates
 from wkvlab.search.choices import FP16, Choice, choice_bytes, choice_label, parse_choices
-from wkvlab.search.export import layer_recipe, llamacpp_line, plan_kvspec, vllm_line
+from wkvlab.search.export import engine_exports, layer_recipe, plan_kvspec
 from wkvlab.search.measure import Scorer
 from wkvlab.search.pareto import Point, pareto_front
 from wkvlab.search.predict import Predictor, predictor_from_profile, spearman
@@ -183,7 +183,7 @@ def search_windows(reference: torch.nn.Module, profile_windows: WindowSet, heldo
                    fingerprints: dict | None = None, calibration: CalibrationSet | None = None, context: int = 8192,
                    batch: int = 1, candidates: int = 4, joint_weights: bool = False, unaware: bool = True,
                    weight_profile: bool = True, budget_source: str = "", bars: Bars = _no_bars, use_cache: bool = True,
-                   model_id: str | None = None) -> SearchResult:
+                   model_id: str | None = None, gpu: str | None = None, source_model: str | None = None) -> SearchResult:
     """The search on given windows (the model-agnostic core; :func:`search` loads model and text)."""
     fingerprints = fingerprints or {"model_sha256": _module_digest(reference), "data_sha256": ""}
     common = dict(model_name=model_name, data_name=data_name, fingerprints=fingerprints, bars=bars, use_cache=use_cache)
@@ -241,12 +241,9 @@ def search_windows(reference: torch.nn.Module, profile_windows: WindowSet, heldo
         spec = plan_kvspec(chosen_cand.plan)
         spec_dict = spec.to_dict()
         target = model_id or model_name
-        ckpt = target if weights.is_identity else f"./{target}-{weights.label}"
-        exports = {
-            "wkvlab": spec_dict,
-            "vllm": vllm_line(chosen_cand.plan, ckpt).to_dict(),
-            "llama.cpp": llamacpp_line(chosen_cand.plan, f"./{target}-{weights.label}.gguf").to_dict(),
-        }
+        desc, source = _describe(reference, source_model, model_name, model_id)
+        served = replace(weights, skip_layers=tuple(sorted({*weights.skip_layers, *chosen_cand.keep_16bit})))
+        exports = {"wkvlab": spec_dict, **engine_exports(desc, source, served, spec, gpu=gpu, batch=batch, context=context, model_id=model_id)}
         if chosen_cand.keep_16bit:
             # KV flags cannot say it: the checkpoint itself must leave these layers unquantized
             keep = ",".join(map(str, chosen_cand.keep_16bit))
@@ -269,6 +266,20 @@ def search_windows(reference: torch.nn.Module, profile_windows: WindowSet, heldo
         keep_16bit=list(chosen_cand.keep_16bit) if chosen_cand else [],
         spec=spec_dict, exports=exports, heldout_tokens=heldout.n_scored,
     )
+
+
+def _describe(reference: torch.nn.Module, source_model: str | None, name: str, model_id: str | None):
+    """The planner's description of the searched model and where its checkpoint is (for the launch lines)."""
+    from wkvlab.plan.models import ModelDescription
+    from wkvlab.plan.source import ModelSource, resolve_source
+
+    if source_model is not None:
+        try:
+            return resolve_source(source_model)
+        except ConfigError:
+            pass  # a model the planner cannot describe by name: fall back to the loaded config
+    desc = ModelDescription.from_config(reference.config.to_dict(), name=name)
+    return desc, ModelSource(name, "description", hub_id=model_id or "")
 
 
 def _module_digest(model: torch.nn.Module) -> str:
@@ -351,4 +362,5 @@ def search(model: str | LoadedModel = "default", data: str = "default", *, budge
     return search_windows(sd.loaded.model, sd.profile, sd.heldout, spec, choices, float(budget), model_name=sd.loaded.name,
                           data_name=sd.corpus.name, fingerprints=_fingerprints(sd), calibration=calib, context=context, batch=batch,
                           candidates=candidates, joint_weights=joint_weights, unaware=unaware, weight_profile=weight_profile,
-                          budget_source=source, bars=bars, use_cache=use_cache)
+                          budget_source=source, bars=bars, use_cache=use_cache, gpu=gpu,
+                          source_model=model if isinstance(model, str) else None)

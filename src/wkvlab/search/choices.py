@@ -1,8 +1,9 @@
 """What a layer may store: K/V format pairs, the named sets of them, and their bytes.
 
 A choice is a ``(k, v)`` pair of KV element formats (:mod:`wkvlab.kv.formats`). The CLI takes
-``fp16``, KVTuner's ``K8V4`` shorthand (integer per token and head: ``int8``/``int4``/``int2``),
-any format or ``K/V`` pair wkvlab knows (``q8_0/q4_0``, ``fp8_e4m3``), or a named set.
+``--kv`` spec strings without options — ``fp16``, KVTuner's ``K8V4`` shorthand (integer per token
+and head: ``int8``/``int4``/``int2``), any format or ``K/V`` pair (``q8_0/q4_0``, ``fp8_e4m3``) — or
+a named set.
 """
 from __future__ import annotations
 
@@ -23,25 +24,23 @@ NAMED_SETS: dict[str, tuple[str, ...]] = {
     "vllm-int4": ("fp16", "int4_pth"),
 }
 DEFAULT_SET = "kvtuner"
-_KV_BITS = re.compile(r"k([248])v([248])", re.IGNORECASE)
 
 
 def parse_choice(text: str) -> Choice:
-    """``K8V4`` → (int8, int4); ``q8_0/q4_0`` → (q8_0, q4_0); ``fp8_e4m3`` → (fp8_e4m3, fp8_e4m3)."""
-    text = text.strip()
-    match = _KV_BITS.fullmatch(text)
-    if match:
-        return f"int{match.group(1)}", f"int{match.group(2)}"
-    k, _, v = text.partition("/")
-    v = v or k
+    """``K8V4`` → (int8, int4); ``q8_0/q4_0`` → (q8_0, q4_0); ``fp8_e4m3`` → (fp8_e4m3, fp8_e4m3) — KV spec strings
+    (the grammar of ``--kv``) without options: a layer's choice is a pair of element formats."""
+    from wkvlab.kv.spec import KVSpec
+
     try:
-        k_fmt, v_fmt = get_kv_format(k), get_kv_format(v)
+        spec = KVSpec.parse(text.strip())
     except ConfigError as exc:
         raise ConfigError(f"--formats: {exc}") from None
-    for fmt in (k_fmt, v_fmt):
+    if spec.canonical() != (spec.k if spec.k == spec.v else f"{spec.k}/{spec.v}"):
+        raise ConfigError(f"--formats: {text!r} carries options; a layer's choice is a K/V format pair such as K8V4 or q8_0/q4_0")
+    for fmt in (get_kv_format(spec.k), get_kv_format(spec.v)):
         if fmt.token_group or fmt.calibrated:
             raise ConfigError(f"--formats: {fmt.name} depends on other tokens or calibration; the search takes per-vector formats (int8, int4, q8_0, fp8_e4m3, ...)")
-    return k_fmt.name, v_fmt.name
+    return spec.k, spec.v
 
 
 def parse_choices(text: str | None) -> tuple[Choice, ...]:

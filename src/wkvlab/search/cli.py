@@ -20,7 +20,7 @@ Model = Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m
 Data = Annotated[str, typer.Option(help="'default' (pydoc prose), 'code', a .txt/.jsonl file: profiling windows from its start, held-out windows right after")]
 Weights = Annotated[str, typer.Option(help="weight config the profile is measured under (none = 16-bit weights), e.g. int4-g128, gptq-int4-g128")]
 Formats = Annotated[Optional[str], typer.Option(help="allowed per-layer choices: kvtuner (fp16,K8V8,K8V4,K4V4,K4V2,K2V2; default), vllm-fp8, vllm-int8, vllm-int4, or a list such as fp16,K8V4,q8_0/q4_0")]
-Ctx = Annotated[int, typer.Option(help="tokens per window")]
+Ctx = Annotated[int, typer.Option(help="tokens per evaluated window (profiling and held-out text)")]
 
 
 def _bars(title: str, total: int):
@@ -109,7 +109,7 @@ def search_command(
     formats: Formats = None,
     gpu: Annotated[Optional[str], typer.Option(help="instead of --budget: what this GPU leaves for KV at --batch x --context (vLLM's rule)")] = None,
     batch: Annotated[int, typer.Option(help="sequences (GPU budget, total memory)")] = 1,
-    context: Annotated[Optional[int], typer.Option(help="tokens per sequence for the GPU budget and the total memory column (default: min(8192, the model's maximum))")] = None,
+    context: Annotated[Optional[int], typer.Option(help="tokens per served sequence, as in wkvlab plan: the GPU budget and the total memory column (default: min(8192, the model's maximum))")] = None,
     model: Model = "default",
     data: Data = "default",
     ctx: Ctx = 256,
@@ -130,8 +130,10 @@ def search_command(
     print_search(result)
     if out is not None and result.spec:
         _write_spec(out, result.spec)
-        weights = result.weights + (f";skip={','.join(map(str, result.keep_16bit))}" if result.keep_16bit else "")
-        err_console.print(f"wrote {out} (use: wkvlab eval --weights '{weights}' --kv @{out})")
+        weights = result.weights + (f"+skip={','.join(map(str, result.keep_16bit))}" if result.keep_16bit else "")
+        gpu_part = f" --gpu {gpu} --batch {batch} --context {result.budget['context']}" if gpu else ""
+        err_console.print(f"wrote {out} (use: wkvlab eval --weights {weights} --kv @{out}; "
+                          f"wkvlab plan --model {model}{gpu_part or ' --gpu <name> --batch <n> --context <tokens>'} --weights {weights} --kv @{out})")
     if recipe is not None and result.exports:
         write_json_atomic(recipe, result.exports["recipe"])
         err_console.print(f"wrote {recipe}")
@@ -167,6 +169,12 @@ def print_search(result: api.SearchResult) -> None:
         if not line:
             continue
         console.print(f"\n[bold]{engine}[/] ({'exact' if line['exact'] else 'approximation'}):", highlight=False)
-        console.print(line["command"], soft_wrap=True, highlight=False, markup=False)
+        for step in line.get("prepare", []):
+            console.print(step, soft_wrap=True, highlight=False, markup=False)
+        if line["command"]:
+            console.print(line["command"], soft_wrap=True, highlight=False, markup=False)
+            console.print(f"  (flags checked against {line['version']}: {line['checked']})", soft_wrap=True, highlight=False, markup=False)
+        elif line["kv_args"]:
+            console.print("cache flags: " + " ".join([*line["env"], *line["kv_args"]]), soft_wrap=True, highlight=False, markup=False)
         for note in line["notes"]:
             console.print(f"  - {note}", highlight=False, markup=False, soft_wrap=True)

@@ -1,49 +1,26 @@
 """A per-layer plan in the forms engines and tools accept.
 
-* wkvlab's own :class:`~wkvlab.kv.spec.KVSpec` file (``wkvlab eval --kv @plan.yaml``): the most
-  common pair as the default, the other layers in ``layers``.
-* vLLM: one ``--kv-cache-dtype`` for K and V of every layer, plus ``--kv-cache-dtype-skip-layers``
-  (layer indices kept at the model dtype; ``vllm/config/cache.py kv_cache_dtype_skip_layers``). A
-  plan is expressible when its quantized layers all use the same pair, K == V, of a dtype vLLM has.
-* llama.cpp: ``-ctk``/``-ctv`` set one type per cache for *all* layers; per-layer types are not
-  expressible. The line given uses, per cache, the type most of the plan's layers use, and its notes
-  list the layers that differ. A quantized V cache needs ``-fa on`` (llama.cpp #10378).
+* wkvlab's own :class:`~wkvlab.kv.spec.KVSpec` file (``wkvlab eval --kv @plan.yaml``, and
+  ``wkvlab plan --kv @plan.yaml``): the most common pair as the default, the other layers in
+  ``layers``.
+* vLLM and llama.cpp lines: written by the planner's engine translation
+  (:func:`wkvlab.plan.engines.kv_flags`, :func:`wkvlab.plan.launch.launch_command`), so that
+  ``wkvlab plan --kv @plan.yaml`` prints the same flags. vLLM takes one dtype for K and V of every
+  quantized layer plus ``--kv-cache-dtype-skip-layers``; llama.cpp one type per cache for all
+  layers: a plan mixing more is run as the engine's closest line, flagged as an approximation.
 * a layer-wise recipe JSON: per-layer K/V formats and bits (KVTuner's layer-wise K/V bit pairs) and
   the same map as ModelOpt ``quant_cfg`` globs over its ``k_bmm_quantizer``/``v_bmm_quantizer``.
 """
 from __future__ import annotations
 
 import re
-import shlex
 from collections import Counter
-from dataclasses import dataclass
 
-from wkvlab.kv.formats import get_kv_format
 from wkvlab.kv.spec import KVSpec
-from wkvlab.search.choices import FP16, Choice
+from wkvlab.search.choices import Choice
 
-# wkvlab element format -> vLLM --kv-cache-dtype value. wkvlab's int8/int4 are the same per-(token,
-# head) symmetric/asymmetric grids as vLLM's *_per_token_head dtypes; vLLM stores the scale in fp32.
-VLLM_DTYPES = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "int8": "int8_per_token_head", "int8_pth": "int8_per_token_head",
-               "int4": "int4_per_token_head", "int4_pth": "int4_per_token_head", "fp8_pth": "fp8_per_token_head"}
-# wkvlab element format -> llama.cpp cache type; int8/int4 have no per-vector llama.cpp type, the
-# nearest block types (32 values per scale) stand in, and there is no 2-bit cache type at all.
-LLAMACPP_TYPES = {"fp16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1", "q5_0": "q5_0",
-                  "q5_1": "q5_1", "iq4_nl": "iq4_nl", "int8": "q8_0", "int8_pth": "q8_0", "int4": "q4_0", "int4_pth": "q4_0"}
-
-
-@dataclass(frozen=True)
-class EngineLine:
-    engine: str
-    argv: tuple[str, ...]
-    exact: bool  # True: the engine runs exactly this plan's per-layer formats
-    notes: tuple[str, ...] = ()
-
-    def text(self) -> str:
-        return shlex.join(self.argv)
-
-    def to_dict(self) -> dict:
-        return {"engine": self.engine, "command": self.text(), "argv": list(self.argv), "exact": self.exact, "notes": list(self.notes)}
+EXPORT_ENGINES = ("vllm", "llama.cpp")
+DEFAULT_EXPORT_GPU = "H100-80GB"  # the device engine support is checked for when no --gpu was given
 
 
 def plan_kvspec(plan: tuple[Choice, ...], name: str = "") -> KVSpec:
@@ -52,66 +29,32 @@ def plan_kvspec(plan: tuple[Choice, ...], name: str = "") -> KVSpec:
     return KVSpec(k=default[0], v=default[1], layers=layers, name=name)
 
 
-def _bits(fmt: str) -> float:
-    return 16.0 if fmt in ("fp16", "bf16") else get_kv_format(fmt).bytes_per_vector(128) * 8 / 128
+def engine_exports(desc, source, weights, spec: KVSpec, *, gpu: str | None, batch: int, context: int,
+                   model_id: str | None = None) -> dict[str, dict]:
+    """Per engine: the cache flags for ``spec`` and, where the engine also runs ``weights``, the whole line."""
+    from wkvlab.plan.engines import check_support, kv_flags
+    from wkvlab.plan.gpus import find_gpu
+    from wkvlab.plan.launch import launch_command
 
-
-def vllm_line(plan: tuple[Choice, ...], model: str, extra: tuple[str, ...] = ()) -> EngineLine:
-    quantized = sorted({c for c in plan if c != FP16})
-    skips = [str(i) for i, c in enumerate(plan) if c == FP16]
-    argv = ["vllm", "serve", model, *extra]
-    if not quantized:
-        return EngineLine("vllm", tuple(argv), True, ("every layer at the model dtype: no KV flag needed",))
-    notes = []
-    exact = len(quantized) == 1 and quantized[0][0] == quantized[0][1] and quantized[0][0] in VLLM_DTYPES
-    if exact:
-        dtype = VLLM_DTYPES[quantized[0][0]]
-    else:
-        # One dtype for every quantized layer: the most precise one the plan uses that vLLM has.
-        formats = [f for pair in quantized for f in pair if f in VLLM_DTYPES]
-        if not formats:
-            return EngineLine("vllm", tuple(argv), False, (f"vLLM has no KV dtype for {', '.join(sorted({f for p in quantized for f in p}))}; "
-                                                        "not expressible, served at the model dtype",))
-        fmt = max(formats, key=_bits)
-        dtype = VLLM_DTYPES[fmt]
-        notes.append(f"not expressible in vLLM: it takes one dtype for K and V of all quantized layers, the plan mixes "
-                     f"{', '.join(f'{k}/{v}' for k, v in quantized)}; this line uses {dtype} for all of them (more memory, at least as precise)")
-    argv += ["--kv-cache-dtype", dtype]
-    if skips:
-        argv += ["--kv-cache-dtype-skip-layers", *skips]
-    if dtype.endswith("per_token_head"):
-        notes.append(f"{dtype}: recent vLLM (2026) with the Triton attention backend; scales are fp32 per token and head")
-    return EngineLine("vllm", tuple(argv), exact, tuple(notes))
-
-
-def llamacpp_line(plan: tuple[Choice, ...], model_gguf: str) -> EngineLine:
-    """``-ctk``/``-ctv`` for all layers: per cache, the type most layers of the plan use."""
-    notes = []
-    chosen = []
-    for side, used in (("K", [k for k, _ in plan]), ("V", [v for _, v in plan])):
-        counts = Counter(used)
-        missing = sorted(f for f in counts if f not in LLAMACPP_TYPES)
-        if missing:
-            notes.append(f"llama.cpp has no {side} cache type for {', '.join(missing)}")
-        usable = [f for f in counts if f in LLAMACPP_TYPES] or ["fp16"]
-        fmt = max(usable, key=lambda f: (counts[f], _bits(f)))  # most layers; ties to the more precise
-        chosen.append(LLAMACPP_TYPES[fmt])
-        if len(counts) > 1:
-            others = sorted(f for f in counts if f != fmt)
-            notes.append(f"{side}: the plan keeps {sum(counts[f] for f in others)} layers in {', '.join(others)}; "
-                         f"llama.cpp runs every layer's {side} as {LLAMACPP_TYPES[fmt]}")
-        if fmt.startswith("int"):
-            notes.append(f"{side}: wkvlab's per-vector {fmt} is approximated by llama.cpp's {LLAMACPP_TYPES[fmt]} (32-value blocks, not the same grid)")
-    k, v = chosen
-    mixed = len(set(plan)) > 1 and (len({k for k, _ in plan}) > 1 or len({v for _, v in plan}) > 1)
-    if mixed:
-        notes.insert(0, "per-layer cache types are not expressible in llama.cpp (-ctk/-ctv apply to every layer); "
-                        "this line is the plan's majority type per cache")
-    exact = not mixed and not notes
-    argv = ["llama-server", "-m", model_gguf]
-    if (k, v) != ("f16", "f16"):
-        argv += ["-fa", "on", "-ctk", k, "-ctv", v]
-    return EngineLine("llama.cpp", tuple(argv), exact, tuple(notes))
+    device = find_gpu(gpu or DEFAULT_EXPORT_GPU)
+    out = {}
+    for engine in EXPORT_ENGINES:
+        kv, reasons, notes, warnings = kv_flags(engine, desc, spec, device)
+        entry: dict = {"engine": engine, "gpu": device.name, "kv_args": list(kv.args) if kv else [], "env": list(kv.env) if kv else [],
+                       "exact": bool(kv and kv.exact), "command": None, "argv": [], "prepare": [], "notes": reasons + notes + warnings}
+        if gpu is None:
+            entry["notes"].append(f"support checked for an {device.name} (no --gpu given)")
+        if kv is not None:
+            support = check_support(engine, desc, weights, spec, device)
+            if support.accepted:
+                cmd = launch_command(engine, source, weights, support, batch, context, model_id=model_id)
+                entry.update(command=cmd.text(), argv=list(cmd.argv), prepare=list(cmd.prepare), version=cmd.version,
+                             checked=cmd.checked, ready=cmd.ready)
+                entry["notes"] += [n for n in cmd.notes if n not in entry["notes"]]
+            else:
+                entry["notes"].append(f"no launch line for {weights.label} weights: {support.reasons[0]}")
+        out[engine] = entry
+    return out
 
 
 def _nominal_bits(fmt: str) -> int:
