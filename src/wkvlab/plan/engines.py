@@ -19,6 +19,7 @@ Single facts (weight kernels, cache dtypes, compute capabilities, versions) are 
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
@@ -42,8 +43,6 @@ COMMAND_ENGINES = ("vllm", "sglang", "llama.cpp")  # engines the planner writes 
 _ENGINE_ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp",
                    "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm", "trt-llm": "trtllm"}
 _LLAMACPP_FAST_FA = {"f16", "bf16", "q8_0", "q4_0"}
-# a per-layer plan's per-vector integer formats run on llama.cpp as the nearest 32-value block type
-_LLAMACPP_NEAREST = {"int8": "q8_0", "int8_pth": "q8_0", "int4": "q4_0", "int4_pth": "q4_0"}
 _SIM_ONLY = (("sinks", "sinks"), ("residual", "residual="), ("window", "window="), ("smooth", "smooth"),
              ("prerope", "prerope"), ("outliers", "outliers="), ("sink_ratio", "sinks=auto"))
 
@@ -233,27 +232,40 @@ def translate_kv(engine: str, model: ModelDescription, spec: KVSpec, gpu: GPU, f
         reasons.append(f"{display} does not rotate the KV cache (a Hadamard rotation is llama.cpp's or exllamav3's)")
     if spec.q not in ("none", "fp8_e4m3") or (spec.q == "fp8_e4m3" and engine != "vllm"):
         reasons.append(f"{display} does not quantize queries as {spec.q}")
+    per_layer = bool(spec.layers)
     for name in used:
-        if name not in table:
-            reasons.append(f"{display} has no {name} KV cache (it takes: {', '.join(table)})")
-        else:
+        if name in table:
             _check_entry(table[name], display, f"{name} KV cache", model, gpu, features, reasons, warnings, notes)
+        elif not per_layer:  # a per-layer plan may hold formats the engine lacks: a more precise dtype covers them
+            reasons.append(f"{display} has no {name} KV cache (it takes: {', '.join(table)})")
     if len(reasons) > start:
         return None
     quantized = sorted({pair for pair in pairs.values() if pair != ("fp16", "fp16")})
     skips = [i for i, pair in pairs.items() if pair == ("fp16", "fp16")] if quantized else []
-    exact = not spec.layers
-    if spec.layers:
+    exact = not per_layer
+    if per_layer:
         # a per-layer plan: one dtype for every quantized layer, the most precise one the plan uses
         if engine != "vllm":
             reasons.append(f"{display} has no per-layer KV dtypes")
             return None
+        head_dim = model.mla.cache_dim if model.mla is not None else model.head_dim
+        size = lambda f: get_kv_format(f).bytes_per_vector(head_dim)  # noqa: E731
         formats = {f for pair in quantized for f in pair} - {"fp16"}
-        fmt = max(formats, key=lambda f: get_kv_format(table[f]["storage"]).bytes_per_vector(128)) if formats else "fp16"
-        exact = len(quantized) == 1 and quantized[0][0] == quantized[0][1]
+        runnable = [f for f in formats if f in table]
+        if formats and not runnable:
+            reasons.append(f"{display} has no KV dtype for {', '.join(sorted(formats))} (it takes: {', '.join(table)})")
+            return None
+        fmt = max(runnable, key=lambda f: size(table[f]["storage"])) if runnable else "fp16"
+        finer = sorted(f for f in formats if value_bits(f) > value_bits(table[fmt]["storage"]))
+        if finer:
+            reasons.append(f"{display} has no KV dtype at least as precise as {', '.join(finer)}")
+            return None
+        exact = len(quantized) == 1 and quantized[0][0] == quantized[0][1] and quantized[0][0] in table
         if not exact:
-            notes.append(f"{display} cannot run this per-layer plan exactly (one KV dtype for K and V of every quantized layer): "
-                         f"it uses {table[fmt]['arg']} for all of them, at least as precise as the plan, with more memory")
+            lacking = sorted(formats - set(table))
+            notes.append(f"{display} cannot run this per-layer plan exactly (one KV dtype for K and V of every quantized layer"
+                         + (f"; it has no {', '.join(lacking)}" if lacking else "") + f"): it uses {table[fmt]['arg']} for all of them, "
+                         "at least as precise as the plan, with more memory")
     else:
         if spec.k != spec.v:
             reasons.append(f"{display} takes one KV dtype for both K and V")
@@ -288,6 +300,20 @@ def translate_kv(engine: str, model: ModelDescription, spec: KVSpec, gpu: GPU, f
     return EngineKV(tuple(args), (), storage.canonical(), exact, storage_fmt != "fp16")
 
 
+def value_bits(fmt: str) -> int:
+    """Bits a format keeps per value, as its name says (int8_pth 8, q4_0 4, fp8_e4m3 8, fp16 16)."""
+    match = re.match(r"[a-z]*?(\d+)", get_kv_format(fmt).name)
+    return int(match.group(1)) if match else 16
+
+
+def _nearest_llamacpp(fmt: str, head_dim: int) -> str:
+    """For a per-layer plan: the smallest llama.cpp cache type with at least ``fmt``'s bits per value (int8 -> q8_0,
+    int4 and int2 -> q4_0), '' when none has."""
+    table = matrix()["llama.cpp"]["kv"]
+    finer = [t for t in table if t != "fp16" and head_dim % 32 == 0 and value_bits(t) >= value_bits(fmt)]
+    return min(finer, key=lambda t: get_kv_format(t).bytes_per_vector(head_dim)) if finer else ""
+
+
 def _llamacpp_kv(model: ModelDescription, spec: KVSpec, pairs: dict[int, tuple[str, str]], used: list[str], gpu: GPU,
                  features: list[str], reasons: list[str], warnings: list[str], notes: list[str], start: int) -> EngineKV | None:
     table = matrix()["llama.cpp"]["kv"]
@@ -298,10 +324,11 @@ def _llamacpp_kv(model: ModelDescription, spec: KVSpec, pairs: dict[int, tuple[s
     if spec.skip and not spec.layers:
         reasons.append("llama.cpp has no per-layer KV types (-ctk/-ctv apply to every layer): it cannot skip layers")
     per_layer = bool(spec.layers)
+    head_dim = model.mla.cache_dim if model.mla is not None else model.head_dim
     chosen = []
     for side in (0, 1):
         counts = Counter(pair[side] for pair in pairs.values())
-        names = {f: (f if f in table else _LLAMACPP_NEAREST.get(f, "")) if per_layer else f for f in counts}
+        names = {f: (f if f in table else _nearest_llamacpp(f, head_dim)) if per_layer else f for f in counts}
         missing = sorted(f for f, t in names.items() if t not in table)
         if missing:
             reasons.append(f"llama.cpp has no {'K' if side == 0 else 'V'} cache type for {', '.join(missing)} "

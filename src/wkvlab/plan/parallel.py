@@ -41,6 +41,15 @@ class Parallel(JsonMixin):
     split: str = "layer"  # llama.cpp -sm
 
     @property
+    def how(self) -> str:
+        """The split alone: 'tp 2', 'tp 2 x pp 2', '-sm layer', '-' for one GPU."""
+        if self.gpus == 1:
+            return "-"
+        if self.tp == self.pp == 1:
+            return f"-sm {self.split}"
+        return f"tp {self.tp}" + (f" x pp {self.pp}" if self.pp > 1 else "")
+
+    @property
     def label(self) -> str:
         if self.gpus == 1:
             return "1 GPU"

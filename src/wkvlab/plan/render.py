@@ -58,7 +58,7 @@ def rows_table(result: PlanResult) -> Table:
                   show_lines=False, pad_edge=False)
     for col, just in [("#", "right"), ("weights", "left"), ("KV", "left"), ("engine", "left"),
                       (f"weights GB{per}", "right"), (f"KV GB{per}", "right"), (f"total GB{per}", "right"),
-                      ("total GiB", "right"), ("fits", "center"), ("max batch", "right"),
+                      ("fits", "center"), ("max batch", "right"),
                       ("decode tok/s*", "right"), ("bound", "left"), ("KLD", "right"), ("quality source", "left")]:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for row in result.rows:
@@ -67,18 +67,21 @@ def rows_table(result: PlanResult) -> Table:
         fits = "yes" if row.fits else ("no engine" if row.engine == "none" else "no")
         speed = f"{row.throughput.decode.tokens_per_s:,.0f}" if row.fits else "—"
         table.add_row(str(row.rank or "—"), row.weights, row.kv, row.engine, _gb(row.gpu_weights_bytes), _gb(kv_bytes), _gb(total),
-                      f"{total / 2**30:.1f}", fits, str(row.fit.max_batch), speed,
+                      fits, str(row.fit.max_batch), speed,
                       row.throughput.decode.bound if row.fits else "—", f"{row.quality.kld:.4f}", row.quality.label)
     return table
 
 
-def print_command(cmd: LaunchCommand, console: Console) -> None:
+def print_command(cmd: LaunchCommand, console: Console, *, why_not_ready: bool = False) -> None:
     for step in cmd.prepare:
         console.print(step, soft_wrap=True, highlight=False, markup=False)
     console.print(cmd.text(), soft_wrap=True, highlight=False, markup=False)
-    state = "" if cmd.ready else "  [needs --model-id: see below]"
+    state = "" if cmd.ready else "  [needs --model-id" + ("]" if why_not_ready else ": see below]")
     exact = "" if cmd.exact else "  [approximates a per-layer plan]"
     console.print(f"  (flags checked against {cmd.version}: {cmd.checked}){state}{exact}", highlight=False, markup=False, soft_wrap=True)
+    if why_not_ready and not cmd.ready:
+        for note in (n for n in cmd.notes if "--model-id" in n):
+            console.print(f"  - {note}", highlight=False, markup=False, soft_wrap=True)
 
 
 def memory_of(best: Combination, result: PlanResult, console: Console) -> None:
@@ -112,9 +115,9 @@ def render_counts(results: list[PlanResult], console: Console) -> None:
     console.print(f"[bold]wkvlab plan[/bold]  {escape(first.model.name)} on {', '.join(str(r.layout.gpus) for r in results)} x "
                   f"{escape(first.gpu.name)}  batch {first.batch} x context {first.ctx}", highlight=False)
     table = Table(title="recommendation per engine and GPU count (per-GPU bytes on the tightest GPU)", pad_edge=False)
-    for col, just in [("GPUs", "right"), ("engine", "left"), ("layout", "left"), ("weights", "left"), ("KV", "left"),
+    for col, just in [("GPUs", "right"), ("engine", "left"), ("split", "left"), ("weights", "left"), ("KV", "left"),
                       ("weights GB/GPU", "right"), ("KV GB/GPU", "right"), ("KV pool GB/GPU", "right"), ("max batch", "right"),
-                      ("decode tok/s*", "right"), ("KLD", "right"), ("quality source", "left")]:
+                      ("decode tok/s*", "right"), ("KLD", "right"), ("quality", "left")]:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for result in results:
         if not result.recommendations:
@@ -123,15 +126,15 @@ def render_counts(results: list[PlanResult], console: Console) -> None:
             row = next(r for r in result.rows if r.weights == rec.weights and r.kv == rec.kv)
             ev = row.evaluation(rec.engine)
             gpu = min(ev.gpus, key=lambda x: x.fit.max_batch)
-            table.add_row(str(result.layout.gpus), rec.engine, ev.parallel.label, rec.weights, rec.kv, _gb(gpu.weights_bytes),
+            table.add_row(str(result.layout.gpus), rec.engine, ev.parallel.how, rec.weights, rec.kv, _gb(gpu.weights_bytes),
                           _gb(gpu.fit.kv_needed_bytes), _gb(gpu.budget.kv_pool_bytes), str(ev.fit.max_batch),
-                          f"{row.throughput.decode.tokens_per_s:,.0f}", f"{row.quality.kld:.4f}", row.quality.label)
+                          f"{row.throughput.decode.tokens_per_s:,.0f}", f"{row.quality.kld:.4f}", row.quality.source.split(" ")[0])
     console.print(table)
     console.print("* roofline estimate; not a measurement", highlight=False)
     for result in results:
         console.print(f"\n[bold]{result.layout.gpus} x {escape(result.gpu.name)}[/bold]", highlight=False)
         for rec in result.recommendations:
             console.print(f"{rec.engine}: {escape(rec.weights)} x {escape(rec.kv)}", highlight=False)
-            print_command(rec.command, console)
+            print_command(rec.command, console, why_not_ready=True)
         for line in result.warnings:
             console.print(f"[bold red]warning[/bold red]: {escape(line)}", highlight=False)
