@@ -271,13 +271,15 @@ class KVSpec:
 
         spec = lookup_preset(base)
         if spec is None:
+            # nuq keys only validate with prerope set: a canonical string such as "nuq4-c/nuq4+prerope" must read back
+            prerope = any(o.strip().lower() == "prerope" for o in options)
             if "/" in base:
                 k, _, v = base.partition("/")
                 if not k or not v or "/" in v:
                     raise ConfigError(f"bad KV pair {base!r}; write <K format>/<V format>, e.g. q8_0/q4_0")
-                spec = cls(k=k, v=v)
+                spec = cls(k=k, v=v, prerope=prerope)
             else:
-                spec = cls(k=base, v=base)
+                spec = cls(k=base, v=base, prerope=prerope)
         for option in options:
             spec = _apply_option(spec, option.strip())
         return replace(spec, name=text) if (options and spec.name) else spec
