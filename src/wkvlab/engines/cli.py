@@ -28,7 +28,7 @@ ScoreOption = Annotated[str, typer.Option(help="'all' or 'second-half'")]
 def eval_command(
     engine: Annotated[str, typer.Option(help="llamacpp (in-process, llama-cpp-python) or openai (a vLLM / SGLang / llama-cpp-python server)")] = "llamacpp",
     gguf: Annotated[str, typer.Option(help="llamacpp: the GGUF to run ('default' = the packaged SmolLM2)")] = "default",
-    kv: Annotated[str, typer.Option(help="llamacpp: cache type, K/V pair as q8_0/q4_0 (f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)")] = "f16",
+    kv: Annotated[str, typer.Option(help="llamacpp: a --kv spec llama.cpp has types for: q8_0, q8_0/q4_0, f16, llamacpp:q4_0 (f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)")] = "f16",
     flash_attn: Annotated[str, typer.Option(help="llamacpp: auto (on when V is quantized), on, off")] = "auto",
     no_rotation: Annotated[bool, typer.Option("--no-rotation", help="llamacpp: LLAMA_ATTN_ROT_DISABLE=1 (no Hadamard rotation of quantized caches)")] = False,
     url: Annotated[Optional[str], typer.Option(help="openai: base URL, e.g. http://127.0.0.1:8000/v1")] = None,
@@ -97,7 +97,9 @@ def compare_command(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the fidelity report as JSON")] = None,
 ) -> None:
     """Fidelity: llama.cpp's KLD per cache type next to the simulated llamacpp:<type> preset's, with the noise floor."""
-    types = [t.strip() for t in kv.split(",") if t.strip()]
+    from wkvlab.kv.spec import split_kv_list  # the --kv list rule of every command
+
+    types = split_kv_list(kv)
     if not types:
         raise ConfigError("give at least one cache type, e.g. --kv q8_0,q4_0")
     with progress_bar(compare_steps(max(1, tokens // ctx), len(types)), "engine compare") as advance:

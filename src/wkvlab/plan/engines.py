@@ -35,7 +35,7 @@ from wkvlab.plan.gpus import GPU
 from wkvlab.plan.models import ModelDescription
 from wkvlab.plan.params import ROW, linear_inventory
 from wkvlab.plan.parallel import Parallel, parallel_problems
-from wkvlab.plan.weights import _shard_shape, as_weight_spec
+from wkvlab.plan.weights import shard_shape, as_weight_spec
 from wkvlab.weights.spec import WeightSpec
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "trtllm")
@@ -166,7 +166,7 @@ def _marlin_problems(model: ModelDescription, spec: WeightSpec, par: Parallel) -
     for lin in linear_inventory(model):
         if spec.for_linear(lin.module_name, lin.layer, model.num_layers) is None:
             continue
-        out, inp = _shard_shape(lin, model, par.tp)
+        out, inp = shard_shape(lin, model, par.tp)
         if inp % 128 or inp % group:
             bad_in.add(inp)
         if out % 64:

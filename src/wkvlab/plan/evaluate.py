@@ -16,7 +16,7 @@ from wkvlab.plan.params import linear_inventory
 from wkvlab.plan.parallel import GPUShare, Parallel, gpu_shares, parallel_for
 from wkvlab.plan.source import ModelSource
 from wkvlab.plan.throughput import RooflineAssumptions, StageLoad, ThroughputEstimate, estimate_throughput
-from wkvlab.plan.weights import WeightBytes, _shard_shape, execution, weight_bytes
+from wkvlab.plan.weights import WeightBytes, shard_shape, execution, weight_bytes
 from wkvlab.weights.spec import WeightSpec
 
 
@@ -112,7 +112,7 @@ def stage_loads(model: ModelDescription, shares: list[GPUShare], per_tokens: lis
         linear = routed = 0
         for lin in linear_inventory(model):
             if lin.layer in held:
-                out, inp = _shard_shape(lin, model, share.shard.tp)
+                out, inp = shard_shape(lin, model, share.shard.tp)
                 n = int(out * inp * lin.count * share.shard.row_fraction)
                 linear += n
                 routed += n if lin.routed_expert else 0

@@ -114,7 +114,7 @@ class WeightBytes(JsonMixin):
         return self.total_bytes / 2**30
 
 
-def _shard_shape(lin: Linear, model: ModelDescription, tp: int) -> tuple[int, int]:
+def shard_shape(lin: Linear, model: ModelDescription, tp: int) -> tuple[int, int]:
     """(out, in) of the piece of one matrix a tensor-parallel rank holds."""
     out, inp = lin.out_features, lin.in_features
     if tp == 1 or lin.parallel == REPLICATED:
@@ -141,7 +141,7 @@ def weight_bytes(model: ModelDescription, weights: str | WeightSpec, shard: Shar
     for lin in linear_inventory(model):
         if lin.layer not in held:
             continue
-        out, inp = _shard_shape(lin, model, shard.tp)
+        out, inp = shard_shape(lin, model, shard.tp)
         params = out * inp * lin.count
         sub = spec.for_linear(lin.module_name, lin.layer, model.num_layers)
         if sub is None or sub.method == "cast":
