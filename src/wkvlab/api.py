@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from wkvlab.data import Corpus, WindowSet, load_corpus, make_windows, tokenize, tokenizer_wants_bos
+from wkvlab.data import Corpus, WindowSet, load_corpus, make_document_windows, make_windows, tokenize, tokenizer_wants_bos
 from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
 from wkvlab.errors import ConfigError
 from wkvlab.eval.reference import DEFAULT_TOPK
@@ -53,9 +53,13 @@ def prepare(
         raise ConfigError(f"--ctx {ctx} is longer than {loaded.name}'s maximum context {loaded.max_context}; use --ctx {loaded.max_context} or less")
     if tokens < ctx:
         raise ConfigError(f"--tokens {tokens} is less than one window of --ctx {ctx}; ask for at least {ctx} tokens")
-    ids = tokenize(loaded.tokenizer, corpus.text)
     bos = loaded.tokenizer.bos_token_id if tokenizer_wants_bos(loaded.tokenizer) else None
-    windows = make_windows(ids, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]
+    if corpus.documents and stride is None:  # long documents: windows stay inside one document
+        documents = [tokenize(loaded.tokenizer, text) for text in corpus.documents]
+        windows = make_document_windows(documents, ctx=ctx, n_tokens=tokens, bos_id=bos, score=score)  # type: ignore[arg-type]
+    else:
+        ids = tokenize(loaded.tokenizer, corpus.text)
+        windows = make_windows(ids, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]
     return Workload(loaded, corpus, windows)
 
 
