@@ -34,6 +34,11 @@ def keep_freed_memory() -> bool:
     return ok
 
 
+def input_device(model) -> "torch.device":
+    """Where a model's input ids go: its embedding's device (the first GPU of a model spread over several)."""
+    return model.get_input_embeddings().weight.device
+
+
 def device_memory_bytes(device: "torch.device") -> int:
     """Memory a model on ``device`` may use: free GPU memory, or the machine's available RAM."""
     import torch

@@ -19,6 +19,7 @@ from wkvlab.kv.chunked import ChunkedKVCache, token_group_multiple
 from wkvlab.kv.hook import kv_quantization
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
+from wkvlab.runtime import input_device
 
 # The chunk's float32 logits (and the log-probabilities derived from them) should stay around this
 # size: 256 MiB is 1,365 queries of SmolLM2's 49k vocabulary and 256 of Gemma 3's 262k.
@@ -63,11 +64,8 @@ class WindowPass:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[len(tokens), vocab]`` of the next chunk of the window (1-D ``tokens``)."""
-        ids = tokens[None].to(self._device())
+        ids = tokens[None].to(input_device(self.model))
         if self.spec is None:
             return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
         with kv_quantization(self.model, self.spec, storage="chunked", stores=self.stores, cache=self.cache):
             return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
-
-    def _device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device

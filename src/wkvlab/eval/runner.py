@@ -36,7 +36,7 @@ from wkvlab.kv.chunked import check_chunk
 from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
-from wkvlab.runtime import keep_freed_memory
+from wkvlab.runtime import input_device, keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.spec import WeightSpec
@@ -86,11 +86,7 @@ class RunOptions:
 @torch.no_grad()
 def forward_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Logits ``[ctx, vocab]`` of one window in one pass, without a cache (short windows only)."""
-    return model(input_ids=tokens[None].to(_device(model)), use_cache=False).logits[0]
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    return model.get_input_embeddings().weight.device
+    return model(input_ids=tokens[None].to(input_device(model)), use_cache=False).logits[0]
 
 
 def check_kv_specs(model: torch.nn.Module, kv_specs: list[KVSpec]) -> None:
@@ -262,7 +258,7 @@ def _reference_info(stored: StoredReference, path: Path, created: bool, comparis
 def _run_stored(grid: _Grid, weight_specs: list[WeightSpec], model_name: str, data_name: str, run: dict, path: Path, k: int,
                 reload: Callable[[], torch.nn.Module] | None) -> list[EvalResult]:
     stored, created = _stored_reference(grid, path, k, model_name, data_name)
-    device = _device(grid.model)
+    device = input_device(grid.model)
     per_window = grid.windows.scored_per_window
     results = []
     modified = False  # the loaded model was quantized in place by the previous weight config

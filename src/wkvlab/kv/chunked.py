@@ -64,7 +64,7 @@ class _StoredLayer:
         store = self.store
         seen = self.inputs.get(self.layer_index, {})
         key, value = store.key_value_side(key_states, value_states)
-        keep = store.kept_tokens(key.shape[-2], seen.get("residual") if store.sink_peak else None, offset=self.written)
+        keep = store.kept_tokens(key.shape[-2], seen.get("residual") if store.sink_peak else None, offset=self.written, device=key.device)
         stored_k = store.store_keys(key, seen.get("position_embeddings"), keep)
         stored_v = store._store(value, store.v_quant, keep)
         return key, value, stored_k, stored_v
