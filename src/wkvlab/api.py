@@ -8,15 +8,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
-from wkvlab.data import Corpus, WindowSet, load_corpus, make_windows, tokenize, tokenizer_wants_bos
+from wkvlab.data import Corpus, WindowSet, load_corpus, make_document_windows, make_windows, tokenize, tokenizer_wants_bos
 from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
 from wkvlab.errors import ConfigError
+from wkvlab.eval.reference import DEFAULT_TOPK
 from wkvlab.eval.result import EvalResult
-from wkvlab.eval.runner import Progress, check_kv_specs, grid_steps, run_grid
+from wkvlab.eval.runner import Progress, RunOptions, check_kv_specs, grid_steps, run_grid
 from wkvlab.kv.spec import KVSpec
 from wkvlab.models.loading import LoadedModel, load_model
+from wkvlab.runtime import fits_twice
 from wkvlab.weights.calibration import CalibrationSet, CalibrationSpec, calibration_corpus, calibration_set
 from wkvlab.weights.spec import WeightSpec
 
@@ -38,18 +41,25 @@ def prepare(
     tokens: int = 8192,
     score: str = "all",
     stride: int | None = None,
+    device: str = "cpu",
+    dtype: str = "auto",
 ) -> Workload:
+    """Load the model (on ``device``, in ``dtype``; see :func:`wkvlab.models.loading.load_model`) and cut the text into windows."""
     selfgen = parse_selfgen(data, default_tokens=tokens)  # text the model writes itself: needs the model first
     corpus = None if selfgen else load_corpus(data)  # first: a typo in --data should not cost a model load
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
     corpus = corpus or selfgen_corpus(loaded, selfgen)
     if ctx > loaded.max_context:
         raise ConfigError(f"--ctx {ctx} is longer than {loaded.name}'s maximum context {loaded.max_context}; use --ctx {loaded.max_context} or less")
     if tokens < ctx:
         raise ConfigError(f"--tokens {tokens} is less than one window of --ctx {ctx}; ask for at least {ctx} tokens")
-    ids = tokenize(loaded.tokenizer, corpus.text)
     bos = loaded.tokenizer.bos_token_id if tokenizer_wants_bos(loaded.tokenizer) else None
-    windows = make_windows(ids, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]
+    if corpus.documents and stride is None:  # long documents: windows stay inside one document
+        documents = [tokenize(loaded.tokenizer, text) for text in corpus.documents]
+        windows = make_document_windows(documents, ctx=ctx, n_tokens=tokens, bos_id=bos, score=score)  # type: ignore[arg-type]
+    else:
+        ids = tokenize(loaded.tokenizer, corpus.text)
+        windows = make_windows(ids, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]
     return Workload(loaded, corpus, windows)
 
 
@@ -82,8 +92,30 @@ def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: 
     return calibration_set(spec, work.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved)
 
 
+def run_options(work: Workload, weights: list[WeightSpec], *, chunk: int | None = None, reference: str | Path | None = None,
+                topk: int = DEFAULT_TOPK) -> RunOptions:
+    """How to run a grid: chunk size, and with a stored reference whether to quantize in place.
+
+    In place (the loaded model itself quantized, then reloaded for the next weight config) is
+    chosen when the model does not fit its device's memory twice: only then is the reload worth it.
+    """
+    if chunk is not None and chunk < 1:
+        raise ConfigError(f"--chunk {chunk} must be a positive number of tokens")
+    if topk < 1:
+        raise ConfigError(f"--topk {topk} must be at least 1")
+    in_place = reference is not None and any(not w.is_identity for w in weights) and not fits_twice(work.loaded.model)
+    return RunOptions(chunk=chunk, reference=Path(reference) if reference is not None else None, topk=topk, in_place=in_place)
+
+
+def total_steps(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], options: RunOptions) -> int:
+    """Progress steps :func:`evaluate_workload` will report (for a progress bar's total)."""
+    chunk = options.chunk_for(work.loaded.model, work.windows.ctx, kv)
+    reference_runs = options.reference is None or not Path(options.reference).exists()  # an existing file is read back
+    return grid_steps(work.windows, len(weights), len(kv), any(k.needs_calibration for k in kv), chunk, reference_pass=reference_runs)
+
+
 def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], progress: Progress | None = None,
-                      calibration: CalibrationSpec | None = None) -> list[EvalResult]:
+                      calibration: CalibrationSpec | None = None, options: RunOptions | None = None) -> list[EvalResult]:
     return run_grid(
         work.loaded.model,
         work.windows,
@@ -94,6 +126,8 @@ def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec
         fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
         progress=progress,
         calibration=prepare_calibration(work, weights, calibration, kv),
+        options=options or RunOptions(),
+        reload=work.loaded.reload,
     )
 
 
@@ -109,15 +143,61 @@ def evaluate(
     stride: int | None = None,
     progress: Progress | None = None,
     calibration: CalibrationSpec | None = None,
+    device: str = "cpu",
+    dtype: str = "auto",
+    chunk: int | None = None,
+    reference: str | Path | None = None,
+    topk: int = DEFAULT_TOPK,
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination against the unquantized reference.
 
     ``calibration`` (default: 16 × 512 tokens of prose) is used by GPTQ, AWQ, SmoothQuant and
-    static activation scales only.
+    static activation scales only. ``device``/``dtype``: where and in which precision the reference
+    runs (``auto``: bfloat16 on a GPU, float32 on the CPU). ``chunk``: queries per prefill chunk
+    (default: from the vocabulary size). ``reference``: a stored-reference file (read if it exists
+    and matches this model, text and windows; written otherwise) — KLD then becomes the top-``topk``
+    lower bound and weight configs are built one at a time (docs/scale.md).
     """
     weight_specs, kv_specs = parse_weights(weights), parse_kv(kv)
-    work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride)
-    return evaluate_workload(work, weight_specs, kv_specs, progress, calibration)
+    work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride, device=device, dtype=dtype)
+    options = run_options(work, weight_specs, chunk=chunk, reference=reference, topk=topk)
+    return evaluate_workload(work, weight_specs, kv_specs, progress, calibration, options)
+
+
+def check_reference_path(out: str | Path) -> Path:
+    """A new stored-reference file name, refused before any work when it cannot be written."""
+    out = Path(out)
+    if out.exists():
+        raise ConfigError(f"{out} exists; choose a new file name (a stored reference is never overwritten)")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise ConfigError(f"cannot write {out}: folder {out.parent} does not exist; create it or choose another --out")
+    return out
+
+
+def reference_steps(work: Workload, chunk: int | None = None) -> int:
+    """Progress steps of :func:`save_reference` (one per window and chunk)."""
+    chunk = RunOptions(chunk=chunk).chunk_for(work.loaded.model, work.windows.ctx, [])
+    return grid_steps(work.windows, 0, 0, chunk=chunk)
+
+
+def save_reference(work: Workload, out: str | Path, *, chunk: int | None = None, topk: int = DEFAULT_TOPK,
+                   progress: Progress | None = None):
+    """Run the reference over the workload's windows and write a stored reference to ``out``.
+
+    Returns the :class:`~wkvlab.eval.reference.StoredReference`; ``wkvlab eval --reference out``
+    (same model, text, ctx, tokens and score mode) then compares every candidate with it.
+    """
+    from wkvlab.eval.runner import record_reference
+
+    out = check_reference_path(out)
+    if topk < 1:
+        raise ConfigError(f"--topk {topk} must be at least 1")
+    chunk = RunOptions(chunk=chunk).chunk_for(work.loaded.model, work.windows.ctx, [])
+    stored = record_reference(work.loaded.model, work.windows, chunk=chunk, k=topk, progress=progress,
+                              meta={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256,
+                                    "model": work.loaded.name, "data": work.corpus.name})
+    stored.save(out)
+    return stored
 
 
 def sweep(spec, store="results.db", *, dry_run: bool = False, executor=None, progress: Progress | None = None):
@@ -140,4 +220,5 @@ def sweep(spec, store="results.db", *, dry_run: bool = False, executor=None, pro
     return run_sweep(spec, store, executor=executor, progress=progress)
 
 
-__all__ = ["Workload", "sweep", "prepare", "prepare_calibration", "CalibrationSpec", "parse_weights", "parse_kv", "evaluate", "evaluate_workload", "grid_steps", "check_kv_specs"]
+__all__ = ["Workload", "sweep", "prepare", "prepare_calibration", "CalibrationSpec", "parse_weights", "parse_kv", "evaluate", "evaluate_workload",
+           "grid_steps", "check_kv_specs", "run_options", "total_steps", "RunOptions", "save_reference", "reference_steps", "check_reference_path"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,11 +10,14 @@ import typer
 from rich.markup import escape
 
 from wkvlab import api
-from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
+from wkvlab.display import console, depth_table, describe_run, err_console, progress_bar, reference_notes, results_table
 from wkvlab.engines.cli import engine_app
+from wkvlab.eval.cli import reference_app
 from wkvlab.errors import WkvlabError
+from wkvlab.eval.depth import depth_tables
+from wkvlab.eval.reference import DEFAULT_TOPK
 from wkvlab.explain.cli import compare_command, explain_command
-from wkvlab.io import write_json_atomic
+from wkvlab.io import check_json_path, write_json_atomic
 from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
 from wkvlab.report import check_folder as check_report_folder, write_report
@@ -28,6 +32,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Measure, explain and plan the combined quantization of LLM weights and KV cache.",
 )
+
+@dataclass(frozen=True)
+class RunFlags:
+    """Where and how a grid runs (--device, --dtype, --chunk, --reference, --topk); not what it measures."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    chunk: Optional[int] = None
+    reference: Optional[Path] = None
+    topk: int = DEFAULT_TOPK
+
 
 DEMO_WEIGHTS = ("bf16", "int8", "int4-g128")
 DEMO_KV = ("fp16", "fp8_e4m3", "int8", "int4")
@@ -46,16 +61,20 @@ def _split_kv(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
 
 
 def _run_and_print(model: str, data: str, ctx: int, tokens: int, weights: list[str], kv: list[str], score: str, title: str,
-                   calibration: api.CalibrationSpec | None = None):
+                   calibration: api.CalibrationSpec | None = None, run: RunFlags | None = None):
+    run = run or RunFlags()
     weight_specs, kv_specs = api.parse_weights(weights), api.parse_kv(kv)
     with console.status(f"loading {model} and {data} text"):
-        work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score)
+        work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score, device=run.device, dtype=run.dtype)
     api.check_kv_specs(work.loaded.model, kv_specs)
-    total = api.grid_steps(work.windows, len(weight_specs), len(kv_specs), any(k.needs_calibration for k in kv_specs))
+    options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk)
+    total = api.total_steps(work, weight_specs, kv_specs, options)
     with progress_bar(total, title) as advance:
-        results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration)
+        results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options)
     console.print(results_table(results, describe_run(results)))
-    for note in dict.fromkeys(n for r in results for n in r.notes):
+    for table in depth_tables(results):
+        console.print(depth_table(table))
+    for note in dict.fromkeys([*(n for r in results for n in r.notes), *reference_notes(results)]):
         err_console.print(f"[yellow]note:[/] {note}")
     return results
 
@@ -73,12 +92,21 @@ def eval_command(
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq/w8a8-int8/static scales: prose, code, math, or a file (samples come from its end)")] = "prose",
     calib_samples: Annotated[int, typer.Option(help="calibration samples")] = 16,
     calib_len: Annotated[int, typer.Option(help="tokens per calibration sample")] = 512,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda (one GPU, or all visible GPUs when the model needs them) or cuda:<N>")] = "auto",
+    dtype: Annotated[str, typer.Option(help="precision of the reference: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
+    chunk: Annotated[Optional[int], typer.Option(help="queries per prefill chunk (default: from the vocabulary size; the numbers do not depend on it)")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="stored reference file: read if it matches this model/text/windows, written otherwise; KLD becomes its top-k lower bound and weight configs run one at a time (docs/scale.md)")] = None,
+    topk: Annotated[int, typer.Option(help="top-k log-probs a new --reference file keeps per token")] = DEFAULT_TOPK,
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
     calibration = api.CalibrationSpec(calib, calib_samples, calib_len)
-    results = _run_and_print(model, data, ctx, tokens, [w for v in (weights or ["none"]) for w in split_weight_list(v)], _split_kv(kv, ("fp16",)), score, "eval", calibration)
     if json_out is not None:
-        payload = [r.to_dict() for r in results]
+        check_json_path(json_out)  # before the run: a refused path must not cost the evaluation
+    run = RunFlags(device, dtype, chunk, reference, topk)
+    results = _run_and_print(model, data, ctx, tokens, [w for v in (weights or ["none"]) for w in split_weight_list(v)], _split_kv(kv, ("fp16",)), score, "eval", calibration, run)
+    if json_out is not None:
+        depth = {(t.weights, t.kv): t.to_dict() for t in depth_tables(results)}
+        payload = [{**r.to_dict(), **({"depth": depth[(r.weights, r.kv)]} if (r.weights, r.kv) in depth else {})} for r in results]
         write_json_atomic(json_out, payload[0] if len(payload) == 1 else payload)
         err_console.print(f"wrote {json_out}")
 
@@ -154,6 +182,8 @@ app.command("compare")(compare_command)
 app.command("report")(report_command)
 # Real engines (llama.cpp, OpenAI-compatible servers) and the simulation fidelity check (docs/engines.md).
 app.add_typer(engine_app, name="engine")
+# Stored references: the reference's per-token distributions on disk (docs/scale.md).
+app.add_typer(reference_app, name="reference")
 
 
 def main() -> None:

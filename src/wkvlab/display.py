@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from wkvlab.eval.depth import DepthTable
 from wkvlab.eval.result import EvalResult
 
 # When output goes to a file or pipe rich assumes 80 columns and wraps every cell; the results
@@ -50,7 +51,40 @@ def results_table(results: list[EvalResult], title: str) -> Table:
 
 def describe_run(results: list[EvalResult]) -> str:
     first = results[0]
+    run = first.run or {}
+    where = f"{run.get('dtype', 'float32')} on {run.get('device', 'cpu')}"
+    chunk = f", chunks of {run['chunk']}" if run.get("chunk") and run["chunk"] < first.ctx else ""
     return (
-        f"{first.model} on {first.data}: {first.tokens} scored tokens, ctx {first.ctx}, "
-        f"reference PPL {first.ppl_ref:.4f} (float32, unquantized weights and cache)"
+        f"{first.model} on {first.data}: {first.tokens} scored tokens, ctx {first.ctx}{chunk}, "
+        f"reference PPL {first.ppl_ref:.4f} ({where}, unquantized weights and cache)"
     )
+
+
+def reference_notes(results: list[EvalResult]) -> list[str]:
+    """What the KLD column is measured against, when it is not the exact in-memory reference."""
+    stored = [r for r in results if (r.run or {}).get("reference", {}).get("kind") == "stored"]
+    if not stored:
+        return []
+    ref = stored[0].run["reference"]
+    errors = ", ".join(f"{r.weights} × {r.kv} {r.run['reference']['error']['mean']:+.1e} ± {r.run['reference']['error']['se']:.1e}"
+                       f" (bound {r.run['reference']['kld_lower_bound_mean']:.5f})" for r in stored)
+    return [
+        f"KLD against the stored reference {ref['path']}{' (written by this run)' if ref.get('created') else ''}: "
+        f"top-{ref['k']} head exact + tail estimated from {ref['samples']} sampled tokens (unbiased); NLL, PPL, top-1 and Δp exact. "
+        f"Error (exact − estimate) on the {ref['error']['tokens']} tokens whose full reference it keeps, and the top-k lower bound: {errors}"
+    ]
+
+
+def depth_table(table: DepthTable) -> Table:
+    """The seed's depth buckets for one cache config: its penalty and the growth from the first bucket."""
+    title = (f"KV penalty by depth: {table.weights} × {table.kv} (minus {table.paired_with}); intervals: bootstrap over "
+             f"{table.units} blocks of {table.block} positions (penalty autocorrelation < 0.05 after {table.lag}); "
+             f"{table.verdict()}")
+    out = Table(title=title, title_justify="left")
+    for name in ("positions", "tokens", "penalty [95%]", "minus first bucket [95%]", "relative"):
+        out.add_column(name, justify="left" if name == "positions" else "right", no_wrap=True)
+    for row in table.rows:
+        out.add_row(f"{row.start:,}–{row.end:,}", f"{row.tokens:,}", f"{row.penalty:.5f}",
+                    "—" if row.growth is None else f"{row.growth:+.5f}",
+                    "—" if row.relative_growth is None else f"{100 * row.relative_growth:+.1f}%")
+    return out

@@ -29,13 +29,20 @@ def _umask() -> int:
     return current
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
+def check_json_path(path: Path) -> Path:
+    """The folder a JSON file will be written to; refused up front when it cannot be written there."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"--json {path} is a folder; give a file name such as {path / 'results.json'}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
         raise ConfigError(f"folder {parent} does not exist; create it or choose another --json path")
+    return parent
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    path = Path(path)
+    parent = check_json_path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -32,3 +32,35 @@ def keep_freed_memory() -> bool:
     ok = mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(_REUSE_BYTES)) == 1
     ok = mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(_REUSE_BYTES)) == 1 and ok
     return ok
+
+
+def input_device(model) -> "torch.device":
+    """Where a model's input ids go: its embedding's device (the first GPU of a model spread over several)."""
+    return model.get_input_embeddings().weight.device
+
+
+def device_memory_bytes(device: "torch.device") -> int:
+    """Memory a model on ``device`` may use: free GPU memory, or the machine's available RAM."""
+    import torch
+
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def fits_twice(model) -> bool:
+    """Whether a deep copy of ``model`` fits beside it (with a margin for activations and caches)."""
+    by_device: dict = {}
+    for param in model.parameters():
+        by_device[param.device] = by_device.get(param.device, 0) + param.numel() * param.element_size()
+    return all(1.5 * size < device_memory_bytes(device) for device, size in by_device.items())

@@ -5,9 +5,15 @@ The embedded corpora need no download, so tests and the demo run offline on any 
 * ``prose`` (alias ``default``, ``pydoc``): the pydoc topic pages (``pydoc_data.topics``) — about
   460 kB of English technical prose, the language reference in plain text.
 * ``code`` (alias ``stdlib``): the top-level ``*.py`` modules of the standard library (about 4.7 MB).
+* ``code-long`` (alias ``long-code``): the eight longest top-level standard-library modules
+  (``_pydecimal.py``, ``turtle.py``, ``inspect.py``, ``typing.py``, ... 80–230 kB each, 25k–75k
+  tokens), longest first, each a document of its own: windows never cross from one module into the
+  next, so at ctx 32,768 every position of a window is that deep into one real file. For long prose
+  the ``prose`` text is already one document (the language reference, ~110k tokens, in the order
+  the ``pydoc_data`` module keeps its topics).
 
-Both are concatenated in sorted order so the text is byte-for-byte deterministic for a given Python
-version; every result records the text's SHA-256 so a change of Python version is visible.
+The first two are concatenated in sorted order so the text is byte-for-byte deterministic for a given
+Python version; every result records the text's SHA-256 so a change of Python version is visible.
 """
 from __future__ import annotations
 
@@ -19,16 +25,23 @@ from pathlib import Path
 
 from wkvlab.errors import DataError
 
-_ALIASES = {"default": "prose", "pydoc": "prose", "prose": "prose", "stdlib": "code", "code": "code"}
-EMBEDDED_CORPORA = ("prose", "code")
+_ALIASES = {"default": "prose", "pydoc": "prose", "prose": "prose", "stdlib": "code", "code": "code",
+            "code-long": "code-long", "long-code": "code-long"}
+EMBEDDED_CORPORA = ("prose", "code", "code-long")
+LONG_MODULES = 8
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A named text with its fingerprint."""
+    """A named text with its fingerprint.
+
+    ``documents``: when set, the text is these documents joined by blank lines, and evaluation
+    windows are cut inside each document (:func:`wkvlab.data.windows.make_document_windows`).
+    """
 
     name: str
     text: str
+    documents: tuple[str, ...] = ()
 
     @property
     def sha256(self) -> str:
@@ -48,6 +61,13 @@ def _stdlib_source() -> str:
         # A header line per file keeps file boundaries visible to the model, like a code dump.
         parts.append(f"# file: {path.name}\n{path.read_text(encoding='utf-8', errors='replace')}")
     return "\n\n".join(parts)
+
+
+def _long_modules() -> tuple[str, ...]:
+    """The longest top-level standard-library modules, longest first (ties by name), one document each."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(stdlib.glob("*.py"), key=lambda p: (-p.stat().st_size, p.name))[:LONG_MODULES]
+    return tuple(f"# file: {p.name}\n{p.read_text(encoding='utf-8', errors='replace')}" for p in paths)
 
 
 def _read_file(path: Path) -> str:
@@ -93,6 +113,9 @@ def load_corpus(spec: str) -> Corpus:
     key = spec.strip()
     if key.lower() in _ALIASES:
         name = _ALIASES[key.lower()]
+        if name == "code-long":
+            documents = _long_modules()
+            return Corpus(name=name, text="\n\n".join(documents), documents=documents)
         text = _pydoc_topics() if name == "prose" else _stdlib_source()
         return Corpus(name=name, text=text)
     if key.startswith("hf:"):

@@ -96,3 +96,31 @@ def make_windows(
     # llama.cpp: first = n_ctx/2; logits first..n_ctx-2 predict tokens first+1..n_ctx-1.
     score_from = 0 if score == "all" else ctx // 2
     return WindowSet(tokens=tokens, score_from=score_from, bos=bos_id is not None)
+
+
+def make_document_windows(
+    documents: list[torch.Tensor],
+    *,
+    ctx: int,
+    n_tokens: int,
+    bos_id: int | None,
+    score: ScoreMode = "all",
+) -> WindowSet:
+    """Like :func:`make_windows`, but no window crosses from one document into the next.
+
+    Each document gives as many consecutive windows as it holds (its remainder is dropped), in
+    document order, until ``n_tokens // ctx`` windows are cut: a position in a window is that deep
+    into one real document.
+    """
+    wanted = max(1, n_tokens // ctx)
+    body = ctx - 1 if bos_id is not None else ctx
+    parts, cut = [], 0
+    for ids in documents:
+        fits = min(ids.numel() // body, wanted - cut)
+        if fits:
+            parts.append(make_windows(ids, ctx=ctx, n_tokens=fits * ctx, bos_id=bos_id, score=score).tokens)
+            cut += fits
+    if not parts:
+        longest = max((d.numel() for d in documents), default=0)
+        raise DataError(f"no document holds one window of {ctx} tokens (the longest has {longest}); use a smaller --ctx")
+    return WindowSet(tokens=torch.cat(parts), score_from=0 if score == "all" else ctx // 2, bos=bos_id is not None)

@@ -31,6 +31,7 @@ class ReferenceTokens:
 
     @classmethod
     def from_logits(cls, logits: torch.Tensor, targets: torch.Tensor) -> "ReferenceTokens":
+        targets = targets.to(logits.device)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         nll = -logprobs.gather(-1, targets[:, None])[:, 0]
         return cls(logprobs, logprobs.exp(), targets, nll, logits.argmax(-1))
@@ -48,14 +49,20 @@ class TokenMetrics:
 
 
 def compare_tokens(ref: ReferenceTokens, logits: torch.Tensor) -> TokenMetrics:
+    logits = logits.to(ref.logprobs.device)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     # One [T, V] temporary instead of two: this runs once per window and candidate.
     kld = torch.sub(ref.logprobs, logprobs).mul_(ref.probs).sum(-1)
     nll = -logprobs.gather(-1, ref.targets[:, None])[:, 0]
     delta_p = torch.exp(-nll) - torch.exp(-ref.nll)
     agree = logits.argmax(-1) == ref.argmax
-    as_np = lambda t: t.double().numpy()  # noqa: E731 - float64 for the sums that follow
-    return TokenMetrics(as_np(kld), as_np(ref.nll), as_np(nll), agree.numpy(), as_np(delta_p))
+    as_np = lambda t: t.double().cpu().numpy()  # noqa: E731 - float64 for the sums that follow
+    return TokenMetrics(as_np(kld), as_np(ref.nll), as_np(nll), agree.cpu().numpy(), as_np(delta_p))
+
+
+def concat_metrics(parts: list[TokenMetrics]) -> TokenMetrics:
+    """The metrics of consecutive chunks of one window, as one window's."""
+    return TokenMetrics(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("kld", "nll_ref", "nll", "top1_agree", "delta_p")))
 
 
 def kld_summary(kld: np.ndarray) -> dict[str, float]:
@@ -81,8 +88,15 @@ DEFAULT_POSITION_EDGES = (0, 64, 256, 1024, 4096, 8192)
 
 
 def position_buckets(ctx: int, edges: tuple[int, ...] = DEFAULT_POSITION_EDGES) -> list[tuple[int, int]]:
-    """Buckets of query positions, clipped to the window (the last position predicts nothing)."""
+    """Buckets of query positions, clipped to the window (the last position predicts nothing).
+
+    Past the last edge the buckets keep doubling (8k–16k, 16k–32k, 32k–64k, ...), the seed
+    study's depth buckets.
+    """
     last = ctx - 1
+    edges = tuple(edges)
+    while edges[-1] < last:
+        edges += (edges[-1] * 2,)
     cuts = sorted({min(e, last) for e in edges} | {last})
     return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 

@@ -63,6 +63,9 @@ class EvalResult:
     fingerprints: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=library_versions)
+    # how it ran: chunk size, device, dtype, and what the KLD is against (the reference in memory,
+    # or a stored reference with its top-k bound error); empty for results stored before these existed
+    run: dict = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -111,4 +114,5 @@ class EvalResult:
             "fingerprints": self.fingerprints,
             "notes": self.notes,
             "versions": self.versions,
+            "run": self.run,
         }

@@ -1,30 +1,42 @@
-"""Run the reference once and every (weights × KV) candidate against it, window by window.
+"""Run the reference and every (weights × KV) candidate on the same windows, chunk by chunk.
 
-Loop order: windows outside, configurations inside. The reference distribution of a window is
-computed once, compared with every candidate, and dropped — the full-vocabulary reference never
-has to be stored (8k tokens × 49k vocabulary would be 1.6 GB in float32, 8.6 GB for Gemma's 262k).
-The price is that every weight-quantized copy stays in memory for the whole run; each is built
-once and shared by all its KV configs.
+Each window is prefilled in chunks of queries through a cache (:mod:`wkvlab.eval.chunks`), and
+every chunk's logits are reduced to per-token metrics at once, so a window's ``[ctx, vocab]``
+logits never exist. Two ways to hold the reference:
+
+* **in memory** (default, exact KLD): per chunk, the reference runs first and every candidate is
+  compared with it before the next chunk; each weight-quantized copy is built once, kept for the
+  run and shared by its KV configs. The full-vocabulary reference is never stored.
+* **stored** (:mod:`wkvlab.eval.reference`, ``reference=<file>``): the reference runs once (or is
+  read back), keeping per token its NLL, argmax, log-sum-exp and top-k log-probabilities; then the
+  weight configs are built and evaluated one at a time and released, so the reference and a
+  quantized copy never need memory together. NLL, top-1 and Δp are exact; KLD is the top-k lower
+  bound, whose error each run measures on the tokens whose full distribution the file keeps.
 """
 from __future__ import annotations
 
+import gc
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 from wkvlab.data.windows import WindowSet
-from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, position_buckets
-from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.errors import ConfigError
+from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds
+from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, concat_metrics, position_buckets
+from wkvlab.eval.reference import DEFAULT_TOPK, ReferenceRecorder, StoredComparison, StoredReference, compare_stored, windows_fingerprint
+from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.kv.calibrate import KVStats, cached_kv_stats
-from wkvlab.kv.hook import kv_quantization, layer_stores
+from wkvlab.kv.chunked import check_chunk
+from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
-from wkvlab.runtime import keep_freed_memory
+from wkvlab.runtime import input_device, keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.spec import WeightSpec
@@ -49,10 +61,32 @@ class ModelShape:
         return spec.bytes_per_token(layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim, sliding=self.sliding, context=context)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a grid runs (never what it measures: the numbers do not depend on these).
+
+    ``chunk``: queries per chunk (None: the largest power of two whose logits stay near 256 MiB).
+    ``reference``: a stored-reference file (read when it exists and matches, written otherwise);
+    None keeps the reference in memory. ``topk``: k of a stored reference this run writes.
+    ``in_place``: with a stored reference, quantize the loaded model itself and reload it before
+    the next weight config (for a model that does not fit in memory twice; needs ``reload``).
+    """
+
+    chunk: int | None = None
+    reference: Path | None = None
+    topk: int = DEFAULT_TOPK
+    in_place: bool = False
+
+    def chunk_for(self, model: torch.nn.Module, ctx: int, kv_specs: list[KVSpec]) -> int:
+        chunk = self.chunk or auto_chunk(model.config.get_text_config().vocab_size, ctx, kv_specs)
+        check_chunk(chunk, kv_specs)
+        return min(chunk, ctx)
+
+
 @torch.no_grad()
 def forward_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits ``[ctx, vocab]`` of one window, without building a KV cache object."""
-    return model(input_ids=tokens[None], use_cache=False).logits[0]
+    """Logits ``[ctx, vocab]`` of one window in one pass, without a cache (short windows only)."""
+    return model(input_ids=tokens[None].to(input_device(model)), use_cache=False).logits[0]
 
 
 def check_kv_specs(model: torch.nn.Module, kv_specs: list[KVSpec]) -> None:
@@ -62,8 +96,200 @@ def check_kv_specs(model: torch.nn.Module, kv_specs: list[KVSpec]) -> None:
         kv.check_model(head_dim, model.config.num_hidden_layers)
 
 
-def grid_steps(windows: WindowSet, n_weights: int, n_kv: int, kv_calibration: bool = False) -> int:
-    return n_weights * (2 if kv_calibration else 1) + windows.n_windows * (1 + n_weights * n_kv)
+def grid_steps(windows: WindowSet, n_weights: int, n_kv: int, kv_calibration: bool = False, chunk: int | None = None,
+               reference_pass: bool = True) -> int:
+    """Progress steps of :func:`run_grid`: weight builds, calibrations and one per pass and chunk
+    (the reference's passes too, unless a stored reference is read back)."""
+    chunks = len(chunk_bounds(windows.ctx, chunk or windows.ctx))
+    reference = windows.n_windows * chunks if reference_pass else 0
+    return n_weights * (2 if kv_calibration else 1) + reference + windows.n_windows * chunks * n_weights * n_kv
+
+
+def _scored_rows(start: int, end: int, lo: int, hi: int) -> slice:
+    """Rows of a chunk ``[start, end)`` whose query position is scored (``lo <= p < hi``)."""
+    return slice(max(lo, start) - start, max(min(hi, end), max(lo, start)) - start)
+
+
+class _Grid:
+    """What one run needs at every step: windows, chunking, progress, the configs' layer stores."""
+
+    def __init__(self, model, windows: WindowSet, kv_specs: list[KVSpec], options: RunOptions, calibration, fingerprints, progress):
+        self.model, self.windows, self.kv_specs = model, windows, kv_specs
+        self.chunk = options.chunk_for(model, windows.ctx, kv_specs)
+        self.bounds = chunk_bounds(windows.ctx, self.chunk)
+        self.calibration, self.fingerprints = calibration, dict(fingerprints or {})
+        self.tick = progress or (lambda _desc, _n: None)
+        self.lo, self.hi = windows.score_from, windows.ctx - 1
+
+    def build(self, spec: WeightSpec, in_place: bool = False) -> tuple[QuantizedWeights, float]:
+        start = time.perf_counter()
+        built = quantize_model_weights(self.model, spec, self.calibration, model_key=self.fingerprints.get("model_sha256"), in_place=in_place)
+        self.tick(f"quantized weights {spec.label}", 1)
+        return built, time.perf_counter() - start
+
+    def kv_stats(self, built: QuantizedWeights, model_name: str) -> KVStats | None:
+        if not any(kv.needs_calibration for kv in self.kv_specs):
+            return None
+        if self.calibration is None:
+            raise ConfigError("a KV config needs calibration but no calibration text was prepared; pass calibration= (wkvlab eval does)")
+        # K/V statistics under this weight config: quantized weights change the keys they produce
+        key = f"{self.fingerprints.get('model_sha256', model_name)}|{json.dumps(built.spec.to_dict(), sort_keys=True)}|{self.calibration.key}"
+        stats = cached_kv_stats(built.model, self.calibration.tokens, key, {"calibration": self.calibration.spec.label})
+        self.tick(f"calibrated KV statistics under {built.spec.label}", 1)
+        return stats
+
+    def passes(self, built: QuantizedWeights, stats: KVStats | None) -> list[WindowPass]:
+        return [WindowPass(built.model, kv, layer_stores(built.model, kv, stats if kv.needs_calibration else None)) for kv in self.kv_specs]
+
+    def targets(self, tokens: torch.Tensor, start: int, end: int) -> tuple[slice, torch.Tensor]:
+        rows = _scored_rows(start, end, self.lo, self.hi)
+        return rows, tokens[start + rows.start + 1 : start + rows.stop + 1]
+
+
+def _result(grid: _Grid, built: QuantizedWeights, kv: KVSpec, parts: list[TokenMetrics], seconds: float, build_seconds: float,
+            model_name: str, data_name: str, run: dict) -> EvalResult:
+    shape = ModelShape.of(grid.model)
+    return EvalResult(
+        model=model_name,
+        data=data_name,
+        ctx=grid.windows.ctx,
+        weights=built.spec.label,
+        kv=kv.label,
+        weights_spec=built.spec.to_dict(),
+        kv_spec=kv.to_dict(),
+        weight_bytes=built.weight_bytes,
+        # sinks and residual windows held at 16 bits are amortized over the evaluated context
+        kv_bytes_per_token=shape.kv_bytes_per_token(kv, context=grid.windows.ctx),
+        seconds=seconds + build_seconds / len(grid.kv_specs),
+        arrays=TokenArrays.concat(parts, np.arange(grid.lo, grid.hi)),
+        buckets=position_buckets(grid.windows.ctx),
+        fingerprints=grid.fingerprints,
+        notes=list(built.notes),
+        run=dict(run),
+    )
+
+
+def _run_in_memory(grid: _Grid, weight_specs: list[WeightSpec], model_name: str, data_name: str, run: dict) -> list[EvalResult]:
+    built, build_seconds = zip(*(grid.build(spec) for spec in weight_specs))
+    stats = [grid.kv_stats(b, model_name) for b in built]
+    cells = [(wi, ki) for wi in range(len(built)) for ki in range(len(grid.kv_specs))]
+    passes = [p for wi, b in enumerate(built) for p in grid.passes(b, stats[wi])]
+    reference = WindowPass(grid.model)
+    parts: list[list[TokenMetrics]] = [[] for _ in cells]
+    seconds = [0.0] * len(cells)
+    for w in range(grid.windows.n_windows):
+        tokens = grid.windows.tokens[w]
+        reference.reset()
+        for p in passes:
+            p.reset()
+        window_parts: list[list[TokenMetrics]] = [[] for _ in cells]
+        for start, end in grid.bounds:
+            rows, targets = grid.targets(tokens, start, end)
+            ref = ReferenceTokens.from_logits(reference.step(tokens[start:end])[rows], targets)
+            grid.tick("reference", 1)
+            for c, p in enumerate(passes):
+                began = time.perf_counter()
+                window_parts[c].append(compare_tokens(ref, p.step(tokens[start:end])[rows]))
+                seconds[c] += time.perf_counter() - began
+                grid.tick(f"{built[cells[c][0]].spec.label} × {grid.kv_specs[cells[c][1]].label}", 1)
+            del ref
+        for c in range(len(cells)):
+            parts[c].append(concat_metrics(window_parts[c]))
+    return [_result(grid, built[wi], grid.kv_specs[ki], parts[c], seconds[c], build_seconds[wi], model_name, data_name, run)
+            for c, (wi, ki) in enumerate(cells)]
+
+
+def record_reference(model: torch.nn.Module, windows: WindowSet, *, chunk: int, k: int = DEFAULT_TOPK, meta: dict | None = None,
+                     progress: Progress | None = None) -> StoredReference:
+    """Run the reference over every window chunk by chunk and keep what :func:`compare_stored` needs."""
+    tick = progress or (lambda _desc, _n: None)
+    recorder = ReferenceRecorder(k)
+    reference = WindowPass(model)
+    lo, hi = windows.score_from, windows.ctx - 1
+    for w in range(windows.n_windows):
+        tokens = windows.tokens[w]
+        reference.reset()
+        for start, end in chunk_bounds(windows.ctx, chunk):
+            rows = _scored_rows(start, end, lo, hi)
+            logits = reference.step(tokens[start:end])[rows]
+            recorder.add(logits, tokens[start + rows.start + 1 : start + rows.stop + 1], seed=w * windows.ctx + start)
+            tick("reference", 1)
+    info = dict(meta or {}, windows_sha256=windows_fingerprint(windows.tokens, windows.score_from), ctx=windows.ctx,
+                n_windows=windows.n_windows, score_from=windows.score_from, dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
+    return recorder.finish(info)
+
+
+def _stored_reference(grid: _Grid, path: Path, k: int, model_name: str, data_name: str) -> tuple[StoredReference, bool]:
+    """The stored reference at ``path``: read back and checked, or computed and written there."""
+    expected = {**{key: grid.fingerprints[key] for key in ("model_sha256", "data_sha256") if key in grid.fingerprints},
+                "windows_sha256": windows_fingerprint(grid.windows.tokens, grid.windows.score_from), "ctx": grid.windows.ctx}
+    if path.exists():
+        stored = StoredReference.load(path)
+        stored.check_matches(expected)
+        return stored, False
+    if not path.parent.exists():
+        raise ConfigError(f"folder {path.parent} does not exist; create it or choose another --reference path")
+    stored = record_reference(grid.model, grid.windows, chunk=grid.chunk, k=k, progress=grid.tick,
+                              meta={**grid.fingerprints, "model": model_name, "data": data_name})
+    stored.save(path)
+    return stored, True
+
+
+def _reference_info(stored: StoredReference, path: Path, created: bool, comparisons: list[StoredComparison]) -> dict:
+    """What a stored-reference KLD is, and its error measured where the file keeps the full reference."""
+    exact = np.concatenate([c.exact for c in comparisons])
+    estimate = np.concatenate([c.estimate_at_exact for c in comparisons])
+    bound_at = np.concatenate([c.bound_at_exact for c in comparisons])
+    err = exact - estimate
+    tail = 1.0 - stored.topk_logprobs.double().exp().sum(-1)
+    n = int(err.size)
+    return {
+        "kind": "stored", "path": str(path), "k": stored.k, "samples": stored.meta.get("samples"), "created": created,
+        "reference_tail_mass_mean": float(tail.mean()),
+        # the top-k lower bound over all tokens (never above the true KLD), for comparison with the estimate
+        "kld_lower_bound_mean": float(np.concatenate([c.bound for c in comparisons]).mean()),
+        # exact KLD minus the estimate (and minus the bound) on the tokens whose full reference the file keeps
+        "error": {"tokens": n, "mean": float(err.mean()) if n else float("nan"),
+                  "se": float(err.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan"),
+                  "bound_gap_mean": float((exact - bound_at).mean()) if n else float("nan")},
+    }
+
+
+def _run_stored(grid: _Grid, weight_specs: list[WeightSpec], model_name: str, data_name: str, run: dict, path: Path, k: int,
+                reload: Callable[[], torch.nn.Module] | None) -> list[EvalResult]:
+    stored, created = _stored_reference(grid, path, k, model_name, data_name)
+    device = input_device(grid.model)
+    per_window = grid.windows.scored_per_window
+    results = []
+    modified = False  # the loaded model was quantized in place by the previous weight config
+    for spec in weight_specs:
+        if modified:
+            grid.model = reload()
+        built, build_seconds = grid.build(spec, in_place=reload is not None)
+        modified = reload is not None and not spec.is_identity
+        stats = grid.kv_stats(built, model_name)
+        for kv, window_pass in zip(grid.kv_specs, grid.passes(built, stats)):
+            parts, comparisons = [], []
+            began = time.perf_counter()
+            for w in range(grid.windows.n_windows):
+                tokens = grid.windows.tokens[w]
+                window_pass.reset()
+                chunk_parts = []
+                for start, end in grid.bounds:
+                    rows, targets = grid.targets(tokens, start, end)
+                    first = w * per_window + (start + rows.start - grid.lo)
+                    ref = stored.chunk(first, first + (rows.stop - rows.start), device)
+                    comparison = compare_stored(ref, window_pass.step(tokens[start:end])[rows], targets)
+                    chunk_parts.append(comparison.metrics)
+                    comparisons.append(comparison)
+                    grid.tick(f"{built.spec.label} × {kv.label}", 1)
+                parts.append(concat_metrics(chunk_parts))
+            seconds = time.perf_counter() - began
+            info = _reference_info(stored, path, created, comparisons)
+            results.append(_result(grid, built, kv, parts, seconds, build_seconds, model_name, data_name, {**run, "reference": info}))
+        del built, stats  # release the quantized copy before the next weight config is built
+        gc.collect()
+    return results
 
 
 @torch.no_grad()
@@ -78,73 +304,24 @@ def run_grid(
     fingerprints: dict[str, str] | None = None,
     progress: Progress | None = None,
     calibration: CalibrationSet | None = None,
+    options: RunOptions = RunOptions(),
+    reload: Callable[[], torch.nn.Module] | None = None,
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination on the same windows; results in grid order.
 
     ``calibration`` feeds the weight configs that need it (GPTQ, AWQ, SmoothQuant, static
-    activation scales); each is calibrated once here and shared by all its KV configs.
+    activation scales) and calibrated KV configs; each is calibrated once per weight config.
+    ``reload`` (a fresh copy of the reference model) is used with ``options.in_place``.
     """
-    tick = progress or (lambda _desc, _n: None)
+    if options.in_place and (options.reference is None or reload is None):
+        raise ConfigError("building weight configs in place needs a stored reference (--reference FILE) and a model that can be reloaded")
     keep_freed_memory()
-    shape = ModelShape.of(model)
     check_kv_specs(model, kv_specs)
-    built: list[QuantizedWeights] = []
-    build_seconds: list[float] = []
-    for spec in weight_specs:
-        start = time.perf_counter()
-        built.append(quantize_model_weights(model, spec, calibration, model_key=(fingerprints or {}).get("model_sha256")))
-        build_seconds.append(time.perf_counter() - start)
-        tick(f"quantized weights {spec.label}", 1)
-
-    kv_stats: list[KVStats | None] = [None] * len(built)
-    if any(kv.needs_calibration for kv in kv_specs):
-        if calibration is None:
-            raise ConfigError("a KV config needs calibration but no calibration text was prepared; pass calibration= (wkvlab eval does)")
-        for wi, qw in enumerate(built):
-            # K/V statistics under this weight config: quantized weights change the keys they produce
-            key = f"{(fingerprints or {}).get('model_sha256', model_name)}|{json.dumps(qw.spec.to_dict(), sort_keys=True)}|{calibration.key}"
-            kv_stats[wi] = cached_kv_stats(qw.model, calibration.tokens, key, {"calibration": calibration.spec.label})
-            tick(f"calibrated KV statistics under {qw.spec.label}", 1)
-
-    cells = [(wi, kv) for wi in range(len(built)) for kv in kv_specs]
-    # per-layer stores built once per cell and reused by every window
-    cell_stores = [layer_stores(built[wi].model, kv, kv_stats[wi] if kv.needs_calibration else None) for wi, kv in cells]
-    parts: list[list[TokenMetrics]] = [[] for _ in cells]
-    seconds = [0.0] * len(cells)
-    lo, hi = windows.score_from, windows.ctx - 1
-    for w in range(windows.n_windows):
-        tokens = windows.tokens[w]
-        ref = ReferenceTokens.from_logits(forward_logits(model, tokens)[lo:hi], tokens[lo + 1 : hi + 1])
-        tick("reference", 1)
-        for c, (wi, kv) in enumerate(cells):
-            start = time.perf_counter()
-            with kv_quantization(built[wi].model, kv, stores=cell_stores[c]):
-                logits = forward_logits(built[wi].model, tokens)[lo:hi]
-            parts[c].append(compare_tokens(ref, logits))
-            seconds[c] += time.perf_counter() - start
-            tick(f"{built[wi].spec.label} × {kv.label}", 1)
-        del ref
-
-    positions = np.arange(lo, hi)
-    buckets = position_buckets(windows.ctx)
-    results = []
-    for c, (wi, kv) in enumerate(cells):
-        qw = built[wi]
-        results.append(EvalResult(
-            model=model_name,
-            data=data_name,
-            ctx=windows.ctx,
-            weights=qw.spec.label,
-            kv=kv.label,
-            weights_spec=qw.spec.to_dict(),
-            kv_spec=kv.to_dict(),
-            weight_bytes=qw.weight_bytes,
-            # sinks and residual windows held at 16 bits are amortized over the evaluated context
-            kv_bytes_per_token=shape.kv_bytes_per_token(kv, context=windows.ctx),
-            seconds=seconds[c] + build_seconds[wi] / len(kv_specs),
-            arrays=TokenArrays.concat(parts[c], positions),
-            buckets=buckets,
-            fingerprints=dict(fingerprints or {}),
-            notes=list(qw.notes),
-        ))
-    return results
+    grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress)
+    param = next(model.parameters())
+    run = {"chunk": grid.chunk, "device": str(param.device), "dtype": str(param.dtype).replace("torch.", ""),
+           "reference": {"kind": "memory"}}
+    if options.reference is None:
+        return _run_in_memory(grid, weight_specs, model_name, data_name, run)
+    return _run_stored(grid, weight_specs, model_name, data_name, run, Path(options.reference), options.topk,
+                       reload if options.in_place else None)

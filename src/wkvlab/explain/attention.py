@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from wkvlab.runtime import input_device
 from wkvlab.formats.hadamard import rotate
 from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.hook import kv_quantization, layer_stores
@@ -239,11 +240,11 @@ class _Accumulator:
         for term, x in terms.items():
             sq = x.square()
             for g, sel in enumerate(groups):
-                self.sumsq[term][layer, :, g] += (sq * sel).sum((-1, -2)).numpy()
-        self.ref_sumsq[layer] += (scores_ref.square() * allowed).sum((-1, -2)).numpy()
+                self.sumsq[term][layer, :, g] += (sq * sel).sum((-1, -2)).cpu().numpy()
+        self.ref_sumsq[layer] += (scores_ref.square() * allowed).sum((-1, -2)).cpu().numpy()
         for g, sel in enumerate(groups):
             self.pairs[layer, g] += float(sel.sum())
-        self.kl_sum[layer] += kl.sum(-1).numpy()
+        self.kl_sum[layer] += kl.sum(-1).cpu().numpy()
         self.kl_rows[layer] += kl.shape[-1]
 
 
@@ -299,7 +300,7 @@ def attention_decomposition(
             return backend(module, query, key, value, attention_mask, **kwargs)
 
         with attention_override(reference, record):
-            reference(input_ids=ids, use_cache=False)
+            reference(input_ids=ids.to(input_device(reference)), use_cache=False)
 
         with attention_inputs(candidate) as inputs, kv_quantization(candidate, kv, stores=stores):
 
@@ -314,7 +315,7 @@ def attention_decomposition(
                 return backend(module, query, key, value, attention_mask, **kwargs)
 
             with attention_override(candidate, compare):
-                candidate(input_ids=ids, use_cache=False)
+                candidate(input_ids=ids.to(input_device(candidate)), use_cache=False)
         tick("attention decomposition", 1)
     return AttentionDecomposition(
         weights=weights_label, kv=kv.label, ctx=int(tokens.shape[1]), n_windows=int(tokens.shape[0]),

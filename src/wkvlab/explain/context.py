@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from wkvlab.data import Corpus, WindowSet, load_corpus, make_windows, tokenize, tokenizer_wants_bos
-from wkvlab.data.corpora import EMBEDDED_CORPORA
 from wkvlab.errors import ConfigError, DataError
 from wkvlab.eval.result import EvalResult
 from wkvlab.stats import Interval, paired_interval
@@ -44,7 +43,7 @@ def context_buckets(max_ctx: int, edges: tuple[int, ...] = POSITION_EDGES) -> li
 def long_token_stream(corpus: Corpus, tokenizer, needed: int) -> torch.Tensor:
     """The corpus's tokens, followed by the other embedded corpora's when it has fewer than ``needed``."""
     ids = [tokenize(tokenizer, corpus.text)]
-    for other in EMBEDDED_CORPORA:
+    for other in ("prose", "code"):  # code-long repeats modules that code already holds
         if sum(t.numel() for t in ids) >= needed:
             break
         if other != corpus.name:

@@ -111,7 +111,7 @@ def _greedy(model: torch.nn.Module, spec: KVSpec, prompts: torch.Tensor, new_tok
         attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
         min_new_tokens=new_tokens if eos is not None else 0, pad_token_id=pad if pad is not None else 0,
     )
-    return out[:, prompts.shape[1] :].numpy()
+    return out[:, prompts.shape[1] :].cpu().numpy()
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from wkvlab.runtime import input_device
 from wkvlab.eval.metrics import ReferenceTokens, compare_tokens
 from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.hook import kv_quantization
@@ -172,9 +173,9 @@ def layer_diagnostics(
     for w in range(tokens.shape[0]):
         ids = tokens[w : w + 1]
         with layer_outputs(reference) as ref_states:
-            ref_logits = reference(input_ids=ids, use_cache=False).logits[0]
+            ref_logits = reference(input_ids=ids.to(input_device(reference)), use_cache=False).logits[0]
         with layer_outputs(candidate) as cand_states, kv_quantization(candidate, kv, stats=stats, stores=stores):
-            cand_logits = candidate(input_ids=ids, use_cache=False).logits[0]
+            cand_logits = candidate(input_ids=ids.to(input_device(candidate)), use_cache=False).logits[0]
         for i in range(n_layers):
             e = hidden_errors(ref_states[i], cand_states[i])
             rel[i] += e["rel_err"]
@@ -183,7 +184,7 @@ def layer_diagnostics(
             noise[i] += e["noise"]
         ref = ReferenceTokens.from_logits(ref_logits[:-1], ids[0, 1:])
         klds.append(compare_tokens(ref, cand_logits[:-1]).kld)
-        top1.append(ref.probs.max(-1).values.double().numpy())
+        top1.append(ref.probs.max(-1).values.double().cpu().numpy())
         tick("layer diagnostics", 1)
     n_windows, ctx = int(tokens.shape[0]), int(tokens.shape[1])
     with np.errstate(divide="ignore"):

@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from wkvlab.runtime import input_device
 from wkvlab.data.windows import tokenize
 from wkvlab.errors import ConfigError, DataError
 from wkvlab.kv.calibrate import KVStats
@@ -93,9 +94,9 @@ def score_items(model: torch.nn.Module, items: list[RetrievalItem], kv: KVSpec |
     logprob, correct = np.zeros(len(items)), np.zeros(len(items), dtype=bool)
     with kv_quantization(model, spec, stats=stats):
         for i, item in enumerate(items):
-            logits = model(input_ids=item.ids[None], use_cache=False).logits[0]
+            logits = model(input_ids=item.ids[None].to(input_device(model)), use_cache=False).logits[0]
             rows = logits[item.answer_start - 1 : -1].float()  # the positions that predict the answer tokens
-            targets = item.ids[item.answer_start :]
+            targets = item.ids[item.answer_start :].to(rows.device)
             lp = torch.log_softmax(rows, -1).gather(-1, targets[:, None])[:, 0]
             logprob[i] = float(lp.sum())
             correct[i] = bool((rows.argmax(-1) == targets).all())

@@ -53,15 +53,15 @@ def _expand(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
-def _mask_chunk(attention_mask: torch.Tensor | None, rows: slice, query_pos: torch.Tensor, n_keys: int, dtype) -> torch.Tensor:
+def _mask_chunk(attention_mask: torch.Tensor | None, rows: slice, query_pos: torch.Tensor, n_keys: int, dtype, key_offset: int = 0) -> torch.Tensor:
     """Additive mask for a chunk of queries: transformers' mask (bool or float) or plain causal."""
     if attention_mask is None:
-        key_pos = torch.arange(n_keys, device=query_pos.device)
+        key_pos = torch.arange(key_offset, key_offset + n_keys, device=query_pos.device)
         allowed = key_pos[None, :] <= query_pos[:, None]
-        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
     chunk = attention_mask[:, :, rows, :n_keys]
     if chunk.dtype == torch.bool:
-        return torch.zeros(chunk.shape, dtype=dtype).masked_fill(~chunk, torch.finfo(dtype).min)
+        return torch.zeros(chunk.shape, dtype=dtype, device=chunk.device).masked_fill(~chunk, torch.finfo(dtype).min)
     return chunk.to(dtype)
 
 
@@ -76,10 +76,15 @@ def mixed_attention(
     scaling: float,
     selection: Selection,
     query_offset: int = 0,
+    key_offset: int = 0,
     softcap: float | None = None,
     chunk: int = 512,
 ) -> torch.Tensor:
-    """Returns the attention output as ``[batch, queries, heads, head_dim]`` (transformers' layout)."""
+    """Returns the attention output as ``[batch, queries, heads, head_dim]`` (transformers' layout).
+
+    ``query_offset`` and ``key_offset`` are the absolute positions of the first query and the first
+    key passed (chunked evaluation attends a chunk of queries to the keys a cache still holds).
+    """
     n_rep = query.shape[1] // key.shape[1]
     k, kq, v, vq = (_expand(t.float(), n_rep) for t in (key, key_q, value, value_q))
     n_queries, n_keys = query.shape[2], key.shape[2]
@@ -88,11 +93,11 @@ def mixed_attention(
         rows = slice(start, min(start + chunk, n_queries))
         q = query[:, :, rows].float()
         query_pos = torch.arange(rows.start, rows.stop, device=query.device) + query_offset
-        use_q = selection(query_pos, n_keys)[None, None]  # [1, 1, Tc, S]
+        use_q = selection(query_pos, key_offset + n_keys)[None, None, :, key_offset:]  # [1, 1, Tc, S]
         scores = torch.where(use_q, q @ kq.transpose(-1, -2), q @ k.transpose(-1, -2)) * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = scores + _mask_chunk(attention_mask, rows, query_pos, n_keys, scores.dtype)
+        scores = scores + _mask_chunk(attention_mask, rows, query_pos, n_keys, scores.dtype, key_offset)
         probs = torch.softmax(scores, dim=-1)
         out = (probs * use_q) @ vq + (probs * ~use_q) @ v
         outputs.append(out)

@@ -69,7 +69,7 @@ class QuantizeOnWriteLayer(DynamicLayer):
             self.cos = cos if self.cos is None else torch.cat([self.cos, cos], dim=-2)
             self.sin = sin if self.sin is None else torch.cat([self.sin, sin], dim=-2)
         residual = (self.inputs or {}).get(self.layer, {}).get("residual") if store.sink_peak else None
-        keep = store.kept_tokens(key_states.shape[-2], residual, offset=position)
+        keep = store.kept_tokens(key_states.shape[-2], residual, offset=position, device=key_states.device)
         if keep is not None:
             keep = keep.expand(key_states.shape[0], -1)
             self.keep = keep if self.keep is None else torch.cat([self.keep, keep], dim=-1)

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from wkvlab.errors import ConfigError
 from wkvlab.kv.override import attention_inputs, attention_override, undo_rope
+from wkvlab.runtime import input_device
 
 _NAMES = ("k_absmax", "v_absmax", "k_pair_absmax", "k_pre_samples", "v_samples", "hidden_peak_median")
 SAMPLE_TOKENS = 1024  # calibration tokens kept per layer for codebook fitting (evenly spaced)
@@ -80,14 +81,14 @@ def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict 
             old = seen.get(layer)
             seen[layer] = stats if old is None else [torch.maximum(a, b) for a, b in zip(old, stats)]
             cos, sin = inputs[layer]["position_embeddings"]
-            pick = torch.linspace(0, key.shape[2] - 1, min(per_row, key.shape[2])).long()
+            pick = torch.linspace(0, key.shape[2] - 1, min(per_row, key.shape[2]), device=key.device).long()
             samples.setdefault(layer, []).append((undo_rope(key.float(), cos, sin)[0][:, pick], value.float()[0][:, pick]))
             peaks.setdefault(layer, []).append(inputs[layer]["residual"].float().abs().amax(-1).flatten())
             return backend(module, query, key, value, attention_mask, **kwargs)
 
         with attention_override(model, record):
             for row in tokens:
-                model(input_ids=row[None], use_cache=False)
+                model(input_ids=row[None].to(input_device(model)), use_cache=False)
     if len(seen) != n_layers:
         raise ConfigError(f"calibration saw {len(seen)} of {n_layers} attention layers; this architecture is not supported for KV calibration")
     stacked = [torch.stack([seen[i][j] for i in range(n_layers)]) for j in range(3)]

@@ -133,7 +133,7 @@ def _sglang_fp4(x: torch.Tensor) -> torch.Tensor:
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     scale = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / 6.0, min=1e-10))))
     scaled = blocks / scale
-    values = torch.tensor(_E2M1_VALUES)[torch.bucketize(scaled.abs().contiguous(), torch.tensor(_E2M1_BOUNDS))]
+    values = torch.tensor(_E2M1_VALUES, device=x.device)[torch.bucketize(scaled.abs().contiguous(), torch.tensor(_E2M1_BOUNDS, device=x.device))]
     return (torch.sign(scaled) * values * scale).reshape(x.shape)
 
 

@@ -41,6 +41,7 @@ def kv_quantization(
     storage: str = "simulate",
     stats: KVStats | None = None,
     stores: list[LayerStore] | None = None,
+    cache=None,
 ) -> Iterator[None]:
     """Within the block, every attention layer of ``model`` sees K and V as ``spec`` stores them.
 
@@ -48,19 +49,39 @@ def kv_quantization(
     ``storage="cache"``: a :class:`wkvlab.kv.cache.QuantizeOnWriteCache` already stored K/V (in the
     smoothed/rotated space); the hook only handles the query side and un-rotates V's output.
     ``stats``: calibration statistics, required by specs with ``smooth`` or calibrated ``scales``.
+    ``storage="chunked"``: ``cache`` is a :class:`wkvlab.kv.chunked.ChunkedKVCache` fed one chunk
+    of the window at a time; it stores K/V exactly as ``simulate`` does for the whole window, and
+    layers whose view depends on the query get their full-precision copies from it.
     ``stores``: :func:`layer_stores` built once and reused across windows (fitting KVQuant
     codebooks per window would repeat the same work on every pass).
     """
-    if storage not in ("simulate", "cache"):
-        raise ValueError(f"storage must be 'simulate' or 'cache', got {storage!r}")
+    if storage not in ("simulate", "cache", "chunked"):
+        raise ValueError(f"storage must be 'simulate', 'cache' or 'chunked', got {storage!r}")
+    if (storage == "chunked") != (cache is not None):
+        raise ValueError("storage='chunked' needs the ChunkedKVCache (cache=), and only it takes one")
     stores = stores if stores is not None else layer_stores(model, spec, stats)
     selection = spec.selection()
     with attention_inputs(model) as inputs:
+        for layer in cache.layers if cache is not None else ():
+            layer.inputs = inputs
 
         def attention(backend, module, query, key, value, attention_mask, **kwargs):
             store = stores[module.layer_idx]
             if storage == "cache":
                 out, weights = backend(module, store.query_side(query), key, value, attention_mask, **kwargs)
+            elif storage == "chunked":
+                layer = cache.layers[module.layer_idx]
+                query = store.query_side(query)
+                if layer.last_raw is None:  # every key is seen as stored: the model's own backend
+                    out, weights = backend(module, query, key, value, attention_mask, **kwargs)
+                else:
+                    raw_k, raw_v = layer.last_raw
+                    out = mixed_attention(
+                        query, raw_k, key, raw_v, value, attention_mask,
+                        scaling=kwargs.get("scaling") or module.scaling, selection=selection, softcap=kwargs.get("softcap"),
+                        query_offset=layer.query_offset, key_offset=layer.key_offset,
+                    )
+                    weights = None
             else:
                 seen = inputs.get(module.layer_idx, {})
                 query, key, key_q, value, value_q = store.apply(query, key, value, seen.get("position_embeddings"), seen.get("residual"))

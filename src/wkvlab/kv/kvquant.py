@@ -28,11 +28,11 @@ def fit_codebook(samples: torch.Tensor, bits: int, iters: int = 30) -> torch.Ten
     """Sorted ``2**bits`` centroids of 1-D ``samples`` (values in [-1, 1]) by Lloyd's k-means."""
     x = samples.flatten().float()
     n = 2**bits
-    centroids = torch.quantile(x, (torch.arange(n, dtype=torch.float32) + 0.5) / n)
+    centroids = torch.quantile(x, (torch.arange(n, dtype=torch.float32, device=x.device) + 0.5) / n)
     for _ in range(iters):
         index = snap_index(x, centroids)
-        sums = torch.zeros(n).index_add_(0, index, x)
-        counts = torch.zeros(n).index_add_(0, index, torch.ones_like(x))
+        sums = torch.zeros(n, device=x.device).index_add_(0, index, x)
+        counts = torch.zeros(n, device=x.device).index_add_(0, index, torch.ones_like(x))
         centroids = torch.where(counts > 0, sums / counts.clamp_min(1), centroids).sort().values
     return centroids
 
@@ -104,7 +104,7 @@ def normalized_per_token(x: torch.Tensor, outliers: float) -> torch.Tensor:
 def fit_layer(k_pre: torch.Tensor, v: torch.Tensor, k_bits: int, v_bits: int, outliers: float) -> KVQuantLayer:
     """Fit one layer from calibration samples ``[kv_heads, tokens, head_dim]`` of pre-RoPE K and V."""
     if outliers:
-        q = torch.tensor([outliers / 2, 1 - outliers / 2])
+        q = torch.tensor([outliers / 2, 1 - outliers / 2], device=k_pre.device)
         bounds = torch.quantile(k_pre.transpose(1, 2).float(), q, dim=-1)  # [2, heads, head_dim]
         k_lo, k_hi = bounds[0], bounds[1]
     else:

@@ -92,11 +92,11 @@ class LayerStore:
             return self._store(key, self.k_quant, keep)
         return self.restore(key, self.quantize_prerope(key, rope), keep)
 
-    def kept_tokens(self, n_tokens: int, residual: torch.Tensor | None, offset: int = 0) -> torch.Tensor | None:
+    def kept_tokens(self, n_tokens: int, residual: torch.Tensor | None, offset: int = 0, device: torch.device | None = None) -> torch.Tensor | None:
         """Bool ``[batch or 1, tokens]``: positions kept at model precision (first N, detected sinks)."""
         keep = None
         if self.sinks:
-            keep = (torch.arange(offset, offset + n_tokens) < self.sinks)[None]
+            keep = (torch.arange(offset, offset + n_tokens, device=device) < self.sinks)[None]
         if self.sink_peak:
             if residual is None:
                 raise ConfigError("sinks=auto needs the decoder layers' inputs; this architecture does not expose them")
@@ -141,5 +141,5 @@ class LayerStore:
         """Transformed Q, K, V and their stored versions (for the teacher-forced simulation)."""
         query = self.query_side(query)
         key, value = self.key_value_side(key, value)
-        keep = self.kept_tokens(key.shape[-2], residual)
+        keep = self.kept_tokens(key.shape[-2], residual, device=key.device)
         return query, key, self.store_keys(key, rope, keep), value, self._store(value, self.v_quant, keep)

@@ -23,6 +23,37 @@ from wkvlab.errors import ModelError
 from wkvlab.models.packaged import canonical_name, packaged_gguf
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("auto", *_DTYPES)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` → ``cuda`` when a CUDA device is visible, else ``cpu``; ``cuda`` / ``cuda:N`` checked.
+
+    ``cuda`` places the model across every visible GPU when it does not fit on one (accelerate's
+    ``device_map="auto"``); ``cuda:N`` puts all of it on GPU N.
+    """
+    key = device.strip().lower()
+    if key == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if key == "cpu":
+        return key
+    if key == "cuda" or (key.startswith("cuda:") and key[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ModelError(f"--device {device}: no CUDA device is visible to this torch build; use --device cpu (or auto)")
+        if ":" in key and int(key[5:]) >= torch.cuda.device_count():
+            raise ModelError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible; use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        return key
+    raise ModelError(f"unknown --device {device!r}; use auto, cpu, cuda or cuda:<N>")
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto`` → bfloat16 on a GPU (the precision checkpoints ship in), float32 on the CPU."""
+    key = dtype.strip().lower()
+    if key == "auto":
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    if key not in _DTYPES:
+        raise ModelError(f"unknown --dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return key
 
 
 def cache_dir() -> Path:
@@ -40,6 +71,13 @@ class LoadedModel:
     tokenizer: object
     source: str  # the GGUF or folder it came from
     fingerprint: str  # SHA-256 of the GGUF, or of the folder's config + weight file names/sizes
+    device: str = "cpu"
+    dtype: str = "float32"
+    spec: str = ""  # what load_model was given (a packaged name, or the path)
+
+    def reload(self) -> torch.nn.Module:
+        """A fresh copy of the same weights on the same device (after an in-place quantization)."""
+        return load_model(self.spec or self.source, dtype=self.dtype, device=self.device).model
 
     @property
     def config(self):
@@ -67,6 +105,18 @@ def _folder_fingerprint(folder: Path) -> str:
             if path.suffix == ".json":
                 digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def _place(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """Move a model loaded on the CPU to ``device``; ``cuda`` spreads it over the visible GPUs if needed."""
+    if device == "cpu":
+        return model
+    if device != "cuda" or torch.cuda.device_count() == 1:
+        return model.to("cuda:0" if device == "cuda" else device)
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    no_split = getattr(model, "_no_split_modules", None) or []
+    return dispatch_model(model, device_map=infer_auto_device_map(model, no_split_module_classes=no_split))
 
 
 def _from_pretrained(folder: Path, dtype: torch.dtype, **kwargs):
@@ -105,7 +155,7 @@ def _save_plain_copy(model, tokenizer, target: Path) -> None:
         raise
 
 
-def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True) -> LoadedModel:
+def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, device: str = "cpu") -> LoadedModel:
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
     torch_dtype = _DTYPES[dtype]
@@ -126,17 +176,23 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True) -> 
                 os.environ["TQDM_DISABLE"] = previous
         if use_cache:
             _save_plain_copy(model, tokenizer, cached)
-    return LoadedModel(name=path.stem, model=model, tokenizer=tokenizer, source=str(path), fingerprint=fingerprint)
+    return LoadedModel(name=path.stem, model=_place(model, device), tokenizer=tokenizer, source=str(path), fingerprint=fingerprint,
+                       device=device, dtype=dtype)
 
 
-def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True) -> LoadedModel:
-    """Load ``spec``: a packaged name (``default``, ``smollm2``, ``gemma3-270m``), a .gguf file, or an HF folder."""
-    if dtype not in _DTYPES:
-        raise ModelError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, device: str = "cpu") -> LoadedModel:
+    """Load ``spec``: a packaged name (``default``, ``smollm2``, ``gemma3-270m``), a .gguf file, or an HF folder.
+
+    ``device``: ``cpu``, ``cuda`` (one GPU, or all visible GPUs when the model needs them),
+    ``cuda:N`` or ``auto``; ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (bfloat16
+    on a GPU, float32 on the CPU) — the precision of the reference everything is compared with.
+    """
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
     packaged = canonical_name(spec)
     if packaged is not None:
-        loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache)
-        loaded.name = packaged
+        loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache, device=device)
+        loaded.name = loaded.spec = packaged
         return loaded
     path = Path(spec).expanduser()
     if not path.exists():
@@ -144,8 +200,11 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True) -> 
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
-        return load_gguf(path, dtype=dtype, use_cache=use_cache)
+        return load_gguf(path, dtype=dtype, use_cache=use_cache, device=device)
     if not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json; pass a Hugging Face model folder or a .gguf file")
-    model, tokenizer = _from_pretrained(path, _DTYPES[dtype])
-    return LoadedModel(name=path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path))
+    # accelerate places the layers straight onto the GPUs (no full copy on the CPU first)
+    placement = {} if device == "cpu" else {"device_map": "auto" if device == "cuda" else device}
+    model, tokenizer = _from_pretrained(path, _DTYPES[dtype], **placement)
+    return LoadedModel(name=path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path),
+                       device=device, dtype=dtype)

@@ -286,7 +286,7 @@ def _module_digest(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().float().contiguous().numpy().tobytes()[:4096])
+        digest.update(tensor.detach().float().contiguous().cpu().numpy().tobytes()[:4096])
     return digest.hexdigest()
 
 

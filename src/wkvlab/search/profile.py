@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from wkvlab.runtime import input_device
 from wkvlab.data.windows import WindowSet
 from wkvlab.errors import ConfigError
 from wkvlab.kv.override import attention_inputs, attention_override, model_head_dim
@@ -239,7 +240,7 @@ def attention_statistics(model: torch.nn.Module, windows: WindowSet) -> tuple[li
 
         with attention_override(model, record):
             for tokens in windows.tokens:
-                model(input_ids=tokens[None], use_cache=False)
+                model(input_ids=tokens[None].to(input_device(model)), use_cache=False)
     sinks, outliers = [], []
     for layer in sorted(acc):
         entry = acc[layer]

@@ -45,12 +45,14 @@ def run_task(task: GridTask, progress: Progress | None = None, *, workload=None)
     from wkvlab.weights.spec import WeightSpec
 
     first = task.first
-    work = workload or api.prepare(first.model, first.data, ctx=first.ctx, tokens=first.tokens, score=first.score, stride=first.stride)
+    work = workload or api.prepare(first.model, first.data, ctx=first.ctx, tokens=first.tokens, score=first.score, stride=first.stride,
+                                   device=first.device, dtype=first.dtype)
     if work.loaded.fingerprint != first.model_sha256 or work.corpus.sha256 != first.data_sha256:
         raise DataError(f"{first.model} or {first.data} changed since the sweep was planned; run the sweep again to plan it anew")
     calibration = CalibrationSpec.from_dict(task.calibration) if task.calibration else None
-    results = api.evaluate_workload(work, [WeightSpec.from_dict(w) for w in task.weights], [KVSpec.from_dict(k) for k in task.kv],
-                                    progress, calibration)
+    weights = [WeightSpec.from_dict(w) for w in task.weights]
+    options = api.run_options(work, weights, chunk=first.chunk or None, reference=first.reference_file())
+    results = api.evaluate_workload(work, weights, [KVSpec.from_dict(k) for k in task.kv], progress, calibration, options)
     # A result stored under the wrong id would be silently wrong forever: check the pairing.
     for config, result in zip(task.configs, results, strict=True):
         if (result.weights_spec, result.kv_spec) != (config.weights, config.kv):
@@ -73,10 +75,10 @@ class InProcessExecutor:
         from wkvlab.models.loading import load_model
 
         first = task.first
-        if self._model_key != (first.model, first.model_sha256):
+        if self._model_key != (first.model, first.model_sha256, first.device, first.dtype):
             self._loaded = self._work = self._work_key = None  # free the previous model before loading the next
-            self._loaded = load_model(first.model)
-            self._model_key = (first.model, first.model_sha256)
+            self._loaded = load_model(first.model, device=first.device, dtype=first.dtype)
+            self._model_key = (first.model, first.model_sha256, first.device, first.dtype)
         if self._work_key != first.group:
             self._work = api.prepare(self._loaded, first.data, ctx=first.ctx, tokens=first.tokens, score=first.score, stride=first.stride)
             self._work_key = first.group

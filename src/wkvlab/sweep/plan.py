@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 from wkvlab.data import load_corpus
 from wkvlab.errors import ConfigError, ModelError
+from wkvlab.eval.chunks import auto_chunk
 from wkvlab.eval.runner import grid_steps
 from wkvlab.kv.spec import KVSpec
 from wkvlab.sweep.spec import SweepSpec
@@ -38,6 +39,24 @@ DEFAULT_SECONDS_PER_TOKEN = 0.002
 
 def canonical_json(data) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def model_vocab_size(model: str) -> int:
+    """The model's vocabulary size, read from its config or GGUF header without loading weights (0 if unknown)."""
+    from wkvlab.models.packaged import canonical_name, packaged_gguf
+
+    packaged = canonical_name(model)
+    path = packaged_gguf(packaged) if packaged is not None else Path(model).expanduser()
+    try:
+        if path.is_file():
+            from gguf import GGUFReader
+
+            field = GGUFReader(str(path)).fields.get("tokenizer.ggml.tokens")
+            return len(field.data) if field is not None else 0
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0)
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def model_fingerprint(model: str) -> str:
@@ -73,6 +92,11 @@ class SweepConfig:
     weights: dict
     kv: dict
     calibration: dict | None  # None unless the weight or KV config reads calibration text
+    dtype: str = "float32"  # the reference's precision (resolved: never "auto")
+    device: str = "cpu"  # where it runs (resolved); not part of the identity
+    chunk: int = 0  # queries per prefill chunk (0: automatic); not part of the identity
+    vocab: int = 0  # the model's vocabulary, for the automatic chunk (progress counts chunks)
+    reference: str | None = None  # folder of stored references; None: the reference in memory
     config_id: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -80,16 +104,28 @@ class SweepConfig:
 
     def identity(self) -> dict:
         """What the id hashes: the inputs of the numbers, not their names."""
-        return {
-            "id_version": ID_VERSION, "dtype": "float32", "model_sha256": self.model_sha256, "data_sha256": self.data_sha256,
+        identity = {
+            "id_version": ID_VERSION, "dtype": self.dtype, "model_sha256": self.model_sha256, "data_sha256": self.data_sha256,
             "ctx": self.ctx, "tokens": self.tokens, "score": self.score, "stride": self.stride,
             "weights": {**self.weights, "label": None}, "kv": {**self.kv, "name": None}, "calibration": self.calibration,
         }
+        if self.reference is not None:  # KLD against a stored reference is an estimate: another measurement
+            identity["kld"] = "stored-reference"
+        return identity
+
+    def reference_file(self) -> Path | None:
+        """The stored reference of this config's group of windows (in the sweep's reference folder)."""
+        if self.reference is None:
+            return None
+        key = hashlib.sha256(canonical_json([self.model_sha256, self.data_sha256, self.ctx, self.tokens, self.score,
+                                             self.stride, self.dtype]).encode()).hexdigest()[:16]
+        return Path(self.reference).expanduser() / f"reference-{key}.safetensors"
 
     @property
     def group(self) -> tuple:
         """Configs with the same group share windows and the reference pass."""
-        return (self.model, self.model_sha256, self.data, self.data_sha256, self.ctx, self.tokens, self.score, self.stride)
+        return (self.model, self.model_sha256, self.data, self.data_sha256, self.ctx, self.tokens, self.score, self.stride,
+                self.dtype, self.device, self.reference)
 
     @property
     def label(self) -> str:
@@ -118,8 +154,13 @@ def expand(spec: SweepSpec) -> list[SweepConfig]:
         for tokens in spec.tokens:
             if tokens < ctx:
                 raise ConfigError(f"sweep spec: tokens {tokens} is less than one window of ctx {ctx}; ask for at least {ctx} tokens")
+    from wkvlab.models.loading import resolve_device, resolve_dtype
+
     models = {m: model_fingerprint(m) for m in spec.models}
+    vocab = {m: model_vocab_size(m) for m in spec.models}
     texts = {d: load_corpus(d).sha256 for d in spec.data}
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
     configs: dict[str, SweepConfig] = {}
     for model in spec.models:
         for data in spec.data:
@@ -130,7 +171,8 @@ def expand(spec: SweepSpec) -> list[SweepConfig]:
                             for kv in spec.kv:
                                 calib = spec.calibration.to_dict() if (w.needs_calibration or kv.needs_calibration) else None
                                 config = SweepConfig(model, models[model], data, texts[data], ctx, tokens, score, spec.stride,
-                                                     w.to_dict(), kv.to_dict(), calib)
+                                                     w.to_dict(), kv.to_dict(), calib, dtype=dtype, device=device,
+                                                     chunk=spec.chunk or 0, vocab=vocab[model], reference=spec.reference)
                                 configs.setdefault(config.config_id, config)
     return list(configs.values())
 
@@ -166,8 +208,13 @@ class GridTask:
     @property
     def steps(self) -> int:
         """Progress steps the runner will report for this grid."""
+        first = self.first
         kv_calibrated = any(KVSpec.from_dict(k).needs_calibration for k in self.kv)
-        return grid_steps(SimpleNamespace(n_windows=self.n_windows), len(self.weights), len(self.kv), kv_calibrated)
+        # the runner's automatic chunk needs only the vocabulary size and the grid's token groups
+        chunk = first.chunk or auto_chunk(first.vocab or 32000, first.ctx, [KVSpec.from_dict(k) for k in self.kv])
+        reference_runs = first.reference is None or not first.reference_file().exists()
+        return grid_steps(SimpleNamespace(n_windows=self.n_windows, ctx=first.ctx), len(self.weights), len(self.kv), kv_calibrated,
+                          chunk, reference_pass=reference_runs)
 
     def to_dict(self) -> dict:
         return {"configs": [c.to_dict() for c in self.configs]}

@@ -24,7 +24,8 @@ from wkvlab.weights.calibration import CalibrationSpec
 from wkvlab.weights.spec import WeightSpec
 
 GRID_MODES = ("group", "weight")
-_KEYS = ("name", "models", "data", "ctx", "tokens", "score", "stride", "weights", "kv", "calibration", "grid")
+_KEYS = ("name", "models", "data", "ctx", "tokens", "score", "stride", "weights", "kv", "calibration", "grid",
+         "device", "dtype", "chunk", "reference")
 
 
 def _list(raw: dict, key: str, default) -> list:
@@ -72,8 +73,18 @@ class SweepSpec:
     stride: int | None = None
     grid: str = "group"
     name: str = "sweep"
+    # where and how the grids run (as wkvlab eval's --device/--dtype/--chunk); ``reference``: a
+    # folder for stored references, one file per group of windows (KLD then against those files)
+    device: str = "auto"
+    dtype: str = "auto"
+    chunk: int | None = None
+    reference: str | None = None
 
     def __post_init__(self) -> None:
+        if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
+            raise ConfigError(f"sweep spec: chunk must be a positive integer, got {self.chunk!r}")
+        if self.reference is not None and not Path(self.reference).expanduser().is_dir():
+            raise ConfigError(f"sweep spec: reference must be an existing folder for the stored references, got {self.reference!r}; create it")
         if self.grid not in GRID_MODES:
             raise ConfigError(f"sweep spec: grid must be one of {', '.join(GRID_MODES)}, got {self.grid!r}")
         bad = [s for s in self.score if s not in ("all", "second-half")]
@@ -105,6 +116,10 @@ class SweepSpec:
             stride=stride,
             grid=str(raw.get("grid", "group")),
             name=str(raw.get("name", "sweep")),
+            device=str(raw.get("device", "auto")),
+            dtype=str(raw.get("dtype", "auto")),
+            chunk=raw.get("chunk"),
+            reference=None if raw.get("reference") is None else str(raw["reference"]),
         )
 
     def to_dict(self) -> dict:
@@ -113,6 +128,7 @@ class SweepSpec:
             "tokens": list(self.tokens), "score": list(self.score), "stride": self.stride,
             "weights": [w.to_dict() for w in self.weights], "kv": [k.to_dict() for k in self.kv],
             "calibration": self.calibration.to_dict(), "grid": self.grid,
+            "device": self.device, "dtype": self.dtype, "chunk": self.chunk, "reference": self.reference,
         }
 
 

@@ -1,7 +1,10 @@
 """Apply a weight spec to a model: a quantized copy plus a report of what changed.
 
 The reference model is never modified: each weight config gets its own deep copy, built once and
-reused for every KV config it is evaluated with. The steps, in order:
+reused for every KV config it is evaluated with — except with ``in_place=True``, for a model that
+does not fit in memory twice: its reference was already stored (:mod:`wkvlab.eval.reference`),
+so the loaded model itself is quantized and must be reloaded before another weight config is
+built. The steps, in order:
 
 1. resolve which spec each linear gets (16-bit skips, overrides; :func:`resolve_linears`);
 2. SmoothQuant and AWQ fold their per-channel scales (and AWQ clips) on the unquantized weights;
@@ -144,15 +147,20 @@ def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict
 
 
 @torch.no_grad()
-def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None) -> QuantizedWeights:
-    """Quantize a deep copy of ``model`` (no cache); see the module docstring for the steps."""
+def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
+                    *, in_place: bool = False) -> QuantizedWeights:
+    """Quantize a deep copy of ``model`` (or ``model`` itself with ``in_place``; no disk cache).
+
+    In place there is no room for a copy of the original weights either, so whether the config is
+    lossless on this checkpoint is not checked.
+    """
     notes: list[str] = []
-    quantized = copy.deepcopy(model)
+    quantized = model if in_place else copy.deepcopy(model)
     _untie_if_needed(quantized, spec, notes)
     targets = resolve_linears(quantized, spec)
     if any(s.needs_calibration for _, s in targets.values()) and calibration is None:
         raise ConfigError(f"{spec.label} needs calibration data; pass --calib prose (or code, math, a file)")
-    originals = {n: m.weight.detach().clone() for n, (m, _) in targets.items()}
+    originals = {} if in_place else {n: m.weight.detach().clone() for n, (m, _) in targets.items()}
     if calibration is not None and any(s.method in ("smoothquant", "awq", "gptq") for _, s in targets.values()):
         _calibrated_steps(quantized, targets, calibration, notes)
     else:
@@ -162,7 +170,7 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
         module.weight.data = quantize_weight(module.weight.data, spec.for_embeddings())
     if _ends(quantized, spec):
         notes.append("embeddings / lm_head quantized with round-to-nearest in the same format; their inputs stay at 16 bits")
-    unchanged = all(torch.equal(originals[n], m.weight.data) for n, (m, _) in targets.items())
+    unchanged = not in_place and all(torch.equal(originals[n], m.weight.data) for n, (m, _) in targets.items())
     plan = _activation_plan(quantized, targets, calibration)
     attach_activation_quantizers(quantized, plan)
     ragged = ragged_group_note([tuple(m.weight.shape) for m, s in targets.values() if s.format == "int"], spec)
@@ -181,14 +189,18 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
 
 @torch.no_grad()
 def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
-                           *, model_key: str | None = None) -> QuantizedWeights:
+                           *, model_key: str | None = None, in_place: bool = False) -> QuantizedWeights:
     """Return a quantized copy of ``model`` (the identity spec returns the model itself).
 
     With ``model_key`` (the model's fingerprint), configs that read calibration data are cached on
     disk by (model, spec, calibration) and reloaded bit-identically (:mod:`wkvlab.weights.cache`).
+    ``in_place``: quantize ``model`` itself, without the disk cache (a copy of a model that does
+    not fit twice cannot be made or stored either).
     """
     if spec.is_identity:
         return QuantizedWeights(spec, model, model_weight_bytes(model, spec), lossless=True)
+    if in_place:
+        return build_quantized(model, spec, calibration, in_place=True)
     if model_key is None or not spec.needs_calibration or calibration is None:
         return build_quantized(model, spec, calibration)
     from wkvlab.weights.cache import cached_quantize

@@ -20,6 +20,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from wkvlab.runtime import input_device
 from wkvlab.weights.arch import decoder_layers
 
 
@@ -55,7 +56,7 @@ def capture_layer_inputs(model: torch.nn.Module, tokens: Tensor, *, all_layers: 
     handles = [layer.register_forward_pre_hook(make_hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
     try:
         for start in range(0, tokens.shape[0], chunk):
-            _base_model(model)(input_ids=tokens[start:start + chunk], use_cache=False)
+            _base_model(model)(input_ids=tokens[start:start + chunk].to(input_device(model)), use_cache=False)
     finally:
         for handle in handles:
             handle.remove()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from wkvlab.runtime import input_device
 from wkvlab.weights.arch import Architecture, fold_scales, resolve
 from wkvlab.weights.capture import observe_inputs
 
@@ -28,7 +29,7 @@ def observe_model(model: torch.nn.Module, tokens: Tensor, modules: dict[str, tor
     base = getattr(model, "model", model)
     with observe_inputs(modules) as stats:
         for start in range(0, tokens.shape[0], chunk):
-            base(input_ids=tokens[start:start + chunk], use_cache=False)
+            base(input_ids=tokens[start:start + chunk].to(input_device(model)), use_cache=False)
     return stats
 
 

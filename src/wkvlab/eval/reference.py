@@ -1,0 +1,223 @@
+"""The reference's next-token distributions, kept on disk so candidates need not share memory with it.
+
+A model that does not fit in memory twice cannot hold the reference and a quantized copy at once,
+and the full-vocabulary reference of a long run is too big to keep (8k tokens × 262k vocabulary
+is 8.6 GB in float32). A :class:`StoredReference` keeps per scored token what every metric needs:
+
+* ``nll`` (float32), ``argmax`` and ``lse`` (log-sum-exp of the logits): NLL, PPL, top-1
+  agreement and Δp against it are exact;
+* the reference's top-k token ids and their log-probabilities. KLD splits into the top-k head,
+  ``Σ_top-k p (log p − log q)``, exact from these, and the tail ``P_t · E_{v ~ p_tail}[log p_v − log q_v]``
+  over the other tokens (``P_t`` their reference mass);
+* ``samples`` tail tokens per position drawn from the reference's own tail distribution, with
+  their reference log-probabilities: the tail's mean over them is an unbiased estimate of the
+  tail term, so KLD = head + estimated tail is unbiased. The top-k lower bound (both sides'
+  tails merged into one bucket, :mod:`wkvlab.eval.topk`) is kept beside it: on the default model
+  the bound alone is 1.6e-3 nats low for a q4_0 cache at k = 1024 and needs k ≈ 16,384 — a third
+  of the vocabulary — to come within 1e-4, while head + 64 tail samples at k = 256 is within
+  ~1e-4 (docs/scale.md);
+* for a sample of positions (every ``full_every``-th scored token) the full log-probabilities,
+  so each run measures its own error: exact KLD minus the estimate (and minus the bound) there.
+
+Per token that is ``8 (k + samples) + 12`` bytes (2,572 B at k = 256, 64 samples), against
+llama.cpp's ``--kl-divergence-base`` file, which keeps the full vocabulary in 16 bits (2 × vocab
+bytes: 98 kB per token for SmolLM2, 524 kB for Gemma 3). The file is a safetensors archive with a
+JSON header naming the model, text and window fingerprints, so it is refused with anything else.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wkvlab.errors import ConfigError
+from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics
+from wkvlab.eval.topk import coarsened_kld
+
+FORMAT = "wkvlab-reference-v1"
+DEFAULT_TOPK = 256
+DEFAULT_SAMPLES = 64
+DEFAULT_FULL_EVERY = 256
+_TENSORS = ("nll", "argmax", "lse", "topk_ids", "topk_logprobs", "tail_ids", "tail_logprobs", "full_rows", "full_logprobs")
+
+
+def windows_fingerprint(tokens: torch.Tensor, score_from: int) -> str:
+    """SHA-256 of the window tokens and the first scored position: what the reference was run on."""
+    digest = hashlib.sha256(np.ascontiguousarray(tokens.cpu().numpy().astype("<i8")).tobytes())
+    digest.update(f"|score_from={score_from}".encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class ReferenceChunk:
+    """The stored reference of consecutive scored tokens, as the comparison needs them (on a device)."""
+
+    nll: torch.Tensor
+    argmax: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_logprobs: torch.Tensor
+    tail_ids: torch.Tensor
+    tail_logprobs: torch.Tensor
+    full: dict[int, torch.Tensor]  # row within the chunk -> full log-probabilities
+
+
+@dataclass
+class StoredReference:
+    """Per scored token, in window order (window-major), everything :func:`compare_stored` needs."""
+
+    meta: dict
+    nll: torch.Tensor  # [N] float32
+    argmax: torch.Tensor  # [N] int32
+    lse: torch.Tensor  # [N] float32
+    topk_ids: torch.Tensor  # [N, k] int32
+    topk_logprobs: torch.Tensor  # [N, k] float32
+    tail_ids: torch.Tensor  # [N, samples] int32, drawn from the reference's tail distribution
+    tail_logprobs: torch.Tensor  # [N, samples] float32
+    full_rows: torch.Tensor  # [M] int64, indices into N
+    full_logprobs: torch.Tensor  # [M, vocab] float32
+    _full_index: dict[int, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._full_index = {int(r): i for i, r in enumerate(self.full_rows.tolist())}
+
+    @property
+    def k(self) -> int:
+        return int(self.topk_ids.shape[1])
+
+    @property
+    def tokens(self) -> int:
+        return int(self.nll.shape[0])
+
+    def bytes_per_token(self) -> float:
+        total = sum(getattr(self, n).numel() * getattr(self, n).element_size() for n in _TENSORS)
+        return total / max(self.tokens, 1)
+
+    def chunk(self, start: int, end: int, device: torch.device | str = "cpu") -> ReferenceChunk:
+        """Scored tokens ``start..end-1`` (indices into the whole run) for comparison on ``device``."""
+        full = {i - start: self.full_logprobs[self._full_index[i]].to(device) for i in range(start, end) if i in self._full_index}
+        return ReferenceChunk(self.nll[start:end].to(device), self.argmax[start:end].to(device).long(),
+                              self.topk_ids[start:end].to(device).long(), self.topk_logprobs[start:end].to(device),
+                              self.tail_ids[start:end].to(device).long(), self.tail_logprobs[start:end].to(device), full)
+
+    def check_matches(self, expected: dict) -> None:
+        """Refuse a reference made for another model, text or windows (one line naming what differs)."""
+        for key in ("model_sha256", "data_sha256", "windows_sha256", "ctx"):
+            if key in expected and self.meta.get(key) != expected[key]:
+                raise ConfigError(f"the stored reference was made for another {key.replace('_sha256', '')} "
+                                  f"({self.meta.get(key)!s:.16} vs {expected[key]!s:.16}); make a new one with wkvlab reference save, or drop --reference")
+
+    # ---- file ---------------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"--reference {path} is a folder; give a file name such as {path / 'reference.safetensors'}")
+        tensors = {n: getattr(self, n).contiguous().cpu() for n in _TENSORS}
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file(tensors, str(tmp), metadata={"wkvlab": json.dumps(self.meta)})
+        tmp.replace(path)  # atomic: a half-written reference is never read back
+
+    @classmethod
+    def load(cls, path: Path) -> "StoredReference":
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"stored reference not found: {path}; make one with wkvlab reference save (or pass a new path to --reference to create it)")
+        try:
+            with safe_open(str(path), "pt") as handle:
+                meta = json.loads((handle.metadata() or {}).get("wkvlab", "{}"))
+                tensors = {n: handle.get_tensor(n) for n in _TENSORS if n in handle.keys()}
+        except Exception as exc:  # safetensors raises its own error types for a file that is not one
+            raise ConfigError(f"{path} is not a wkvlab stored reference ({type(exc).__name__}); make one with wkvlab reference save") from None
+        if meta.get("format") != FORMAT or set(tensors) != set(_TENSORS):
+            raise ConfigError(f"{path} is not a {FORMAT} file; make one with wkvlab reference save")
+        return cls(meta=meta, **tensors)
+
+
+class ReferenceRecorder:
+    """Collects a reference chunk by chunk while the reference pass runs.
+
+    Tail samples come from a generator seeded per (window, chunk start), so a file is reproducible
+    for the same windows and chunk size.
+    """
+
+    def __init__(self, k: int = DEFAULT_TOPK, samples: int = DEFAULT_SAMPLES, full_every: int = DEFAULT_FULL_EVERY) -> None:
+        if k < 1:
+            raise ConfigError(f"--topk {k} must be at least 1")
+        if samples < 1 or full_every < 1:
+            raise ConfigError(f"tail samples ({samples}) and full_every ({full_every}) must be at least 1")
+        self.k, self.samples, self.full_every = k, samples, full_every
+        self.parts: dict[str, list[torch.Tensor]] = {n: [] for n in _TENSORS}
+        self.count = 0
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor, seed: int = 0) -> None:
+        logits = logits.float()
+        lse = torch.logsumexp(logits, dim=-1)
+        # log_softmax, as the in-memory comparison computes it: NLLs are then bit-identical, and a
+        # candidate equal to the reference gets exactly 0
+        logprobs = torch.log_softmax(logits, dim=-1)
+        top = logprobs.topk(min(self.k, logprobs.shape[-1]), dim=-1)
+        tail = logprobs.exp().scatter(-1, top.indices, 0.0)
+        # a row whose tail has no mass left (k covers every token it gives weight to) samples any
+        # token: the tail term is weighted by the tail mass, 0 there
+        empty = tail.sum(-1, keepdim=True) <= 0
+        tail = torch.where(empty, torch.ones_like(tail), tail)
+        generator = torch.Generator(device=logits.device).manual_seed(seed)
+        tail_ids = torch.multinomial(tail, self.samples, replacement=True, generator=generator)
+        rows = torch.arange(self.count, self.count + logits.shape[0])
+        sampled = (rows % self.full_every) == 0
+        self.parts["nll"].append((-logprobs.gather(-1, targets[:, None].to(logprobs.device))[:, 0]).cpu())
+        self.parts["argmax"].append(logits.argmax(-1).int().cpu())
+        self.parts["lse"].append(lse.cpu())
+        self.parts["topk_ids"].append(top.indices.int().cpu())
+        self.parts["topk_logprobs"].append(top.values.cpu())
+        self.parts["tail_ids"].append(tail_ids.int().cpu())
+        self.parts["tail_logprobs"].append(logprobs.gather(-1, tail_ids).cpu())
+        self.parts["full_rows"].append(rows[sampled])
+        self.parts["full_logprobs"].append(logprobs[sampled.to(logprobs.device)].cpu())
+        self.count += logits.shape[0]
+
+    def finish(self, meta: dict) -> StoredReference:
+        tensors = {n: torch.cat(parts) for n, parts in self.parts.items()}
+        meta = dict(meta, format=FORMAT, k=self.k, samples=self.samples, full_every=self.full_every, tokens=self.count)
+        return StoredReference(meta=meta, **tensors)
+
+
+@dataclass
+class StoredComparison:
+    """One candidate chunk against the stored reference."""
+
+    metrics: TokenMetrics  # KLD = top-k head + sampled tail (unbiased); NLL, top-1, Δp exact
+    bound: np.ndarray  # the top-k lower bound per token (never above the true KLD)
+    exact: np.ndarray  # exact KLD on the rows whose full reference is stored
+    estimate_at_exact: np.ndarray  # the estimate on those rows
+    bound_at_exact: np.ndarray
+
+
+def compare_stored(ref: ReferenceChunk, logits: torch.Tensor, targets: torch.Tensor) -> StoredComparison:
+    """Per-token metrics of a candidate chunk against the stored reference (see the module docstring)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    cand_top = logprobs.gather(-1, ref.topk_ids).double()
+    ref_top = ref.topk_logprobs.double()
+    bound = coarsened_kld(ref.topk_logprobs, logprobs.gather(-1, ref.topk_ids))
+    head = (ref_top.exp() * (ref_top - cand_top)).sum(-1)
+    tail_mass = (1 - ref_top.exp().sum(-1)).clamp_min(0)
+    tail = tail_mass * (ref.tail_logprobs.double() - logprobs.gather(-1, ref.tail_ids).double()).mean(-1)
+    estimate = head + tail
+    nll = -logprobs.gather(-1, targets[:, None].to(logprobs.device))[:, 0]
+    delta_p = torch.exp(-nll) - torch.exp(-ref.nll)
+    agree = logits.argmax(-1) == ref.argmax
+    rows = list(ref.full)
+    exact = [float((full.double().exp() * (full.double() - logprobs[row].double())).sum()) for row, full in ref.full.items()]
+    as_np = lambda t: t.double().cpu().numpy()  # noqa: E731 - float64 for the sums that follow
+    return StoredComparison(
+        TokenMetrics(as_np(estimate), as_np(ref.nll), as_np(nll), agree.cpu().numpy(), as_np(delta_p)),
+        as_np(bound), np.array(exact), as_np(estimate[rows]) if rows else np.array([]), as_np(bound[rows]) if rows else np.array([]),
+    )
