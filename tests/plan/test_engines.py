@@ -161,3 +161,13 @@ def test_marlin_shapes():
     s = support("vllm", "int4-g128", "bf16", model=smol)
     assert not s.accepted and "576" in s.reasons[0]
     assert support("vllm", "int4-g128", "bf16").accepted
+
+
+def test_int8_weight_only_and_whole_groups():
+    """Per-channel INT8 (no groups) takes compressed-tensors W8A16 on SmolLM2, whose widths Marlin would refuse;
+    a group size that does not divide a per-GPU input width is refused by every GPU engine."""
+    smol = ModelDescription.from_name("SmolLM2-135M")
+    int8 = support("vllm", "int8", "bf16", model=smol)
+    assert int8.accepted and int8.weight_arg == "compressed-tensors"
+    ragged = support("sglang", "int8-g128", "bf16", model=smol)
+    assert not ragged.accepted and any("576" in r and "group size" in r for r in ragged.reasons)

@@ -159,22 +159,24 @@ def _check_entry(e: Mapping[str, Any], display: str, what: str, model: ModelDesc
         notes.append(f"{display} {what}: since {e['since']}")
 
 
-def _marlin_problems(model: ModelDescription, spec: WeightSpec, par: Parallel) -> list[str]:
-    """Marlin's shape rules per rank: input widths divisible by 128 and the group size, outputs by 64."""
-    group = spec.group_size or 128
+def _shape_problems(model: ModelDescription, spec: WeightSpec, par: Parallel, marlin: bool) -> list[str]:
+    """Per-rank shape rules: group kernels store whole groups (input widths divisible by the group size);
+    Marlin also wants input widths divisible by 128 and output widths by 64."""
+    group = spec.group_size or (128 if marlin else 0)
     bad_in, bad_out = set(), set()
     for lin in linear_inventory(model):
         if spec.for_linear(lin.module_name, lin.layer, model.num_layers) is None:
             continue
         out, inp = shard_shape(lin, model, par.tp)
-        if inp % 128 or inp % group:
+        if (group and inp % group) or (marlin and inp % 128):
             bad_in.add(inp)
-        if out % 64:
+        if marlin and out % 64:
             bad_out.add(out)
     problems = []
     if bad_in:
-        problems.append(f"per-GPU input widths {sorted(bad_in)} are not multiples of 128 and the group size {group}; "
-                        "its Marlin kernels refuse such shapes")
+        need = "128 and the group size" if marlin else "the group size"
+        problems.append(f"per-GPU input widths {sorted(bad_in)} are not multiples of {need} {group}; "
+                        + ("its Marlin kernels refuse such shapes" if marlin else "its kernels store whole groups"))
     if bad_out:
         problems.append(f"per-GPU output widths {sorted(bad_out)} are not multiples of 64 (Marlin)")
     return problems
@@ -190,8 +192,8 @@ def _check_weights(engine: str, model: ModelDescription, spec: WeightSpec, gpu: 
                        + ", ".join(r["name"] for r in entry["weights"]) + ")")
         return None
     _check_entry(rule, display, f"{spec.label} weights", model, gpu, features, reasons, warnings, notes)
-    if rule.get("marlin"):
-        reasons.extend(f"{display} {spec.label}: {p}" for p in _marlin_problems(model, spec, par))
+    if rule.get("marlin") or (spec.format == "int" and spec.group_size and engine != "llama.cpp"):
+        reasons.extend(f"{display} {spec.label}: {p}" for p in _shape_problems(model, spec, par, bool(rule.get("marlin"))))
     if spec.skip_layers or spec.skip_first or spec.skip_last or spec.skip_regex:
         notes.append("16-bit layers must be left out when the checkpoint is made (llm-compressor ignore=, "
                      "llama-quantize --tensor-type)")

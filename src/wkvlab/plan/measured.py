@@ -135,9 +135,11 @@ class MeasuredQuality(JsonMixin):
     origin: str
 
 
-def index_measurements(measurements: list[Measurement], model: ModelDescription) -> tuple[dict[tuple, MeasuredQuality], list[str]]:
-    """The measurements that apply to ``model``, by spec key (most tokens first), and notes on the rest."""
-    names = {_norm(model.name), _norm(model.hf_id)} - {""}
+def index_measurements(measurements: list[Measurement], model: ModelDescription,
+                       aliases: tuple[str, ...] = ()) -> tuple[dict[tuple, MeasuredQuality], list[str]]:
+    """The measurements that apply to ``model`` (its name, Hub id or ``aliases``), by spec key (most tokens
+    first), and notes on the rest."""
+    names = {_norm(model.name), _norm(model.hf_id), *(_norm(a) for a in aliases)} - {""}
     family, size = family_and_size(model.hf_id or model.name)
     if not family:
         family, size = family_and_size(model.name)

@@ -161,7 +161,7 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     eng = normalize_engine(engine)
     parallel_for(None, gpus, tp, pp)  # a bad layout is the user's error, not a refusal of every engine
     parallel_for("llama.cpp", gpus, split=split)
-    measured, notes = index_measurements(measurements or [], desc)
+    measured, notes = index_measurements(measurements or [], desc, source.aliases)
     w_specs = [as_weight_spec(w, desc) for w in weights] if weights else None
     k_specs = [as_kv_spec(k) for k in kv] if kv else None
     pairs, grid_notes = default_grid(desc, device, eng, w_specs, k_specs)

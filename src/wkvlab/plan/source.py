@@ -28,6 +28,7 @@ class ModelSource(JsonMixin):
     gguf: str = ""  # a GGUF file llama.cpp can load
     gguf_type: str = ""  # that file's weight type (general.file_type), '' if none the planner names
     note: str = ""
+    aliases: tuple[str, ...] = ()  # other names results of this model carry (wkvlab eval names a packaged model 'smollm2')
 
     @property
     def served(self) -> str:
@@ -69,14 +70,16 @@ def _packaged_path(name: str) -> Path:
 
 
 def _from_gguf(given: str, path: Path, kind: str) -> tuple[ModelDescription, ModelSource]:
+    from wkvlab.models.packaged import canonical_name
     from wkvlab.plan.gguf import gguf_config
 
     config, file_type = gguf_config(path)
     hub = ""
     if kind == "packaged":
-        from wkvlab.models.packaged import PACKAGED_MODELS, canonical_name
+        from wkvlab.models.packaged import PACKAGED_MODELS
 
         hub = PACKAGED_MODELS[canonical_name(given) or ""].hub_id
-    desc = ModelDescription.from_config(config, name=path.stem, hf_id=hub)
+    packaged = canonical_name(given) if kind == "packaged" else None
+    desc = ModelDescription.from_config(config, name=packaged or path.stem, hf_id=hub)
     desc = ModelDescription(**{**desc.__dict__, "source": f"GGUF header of {path}"})
-    return desc, ModelSource(given, kind, hub_id=hub, gguf=str(path), gguf_type=file_type)
+    return desc, ModelSource(given, kind, hub_id=hub, gguf=str(path), gguf_type=file_type, aliases=(path.stem, given))
