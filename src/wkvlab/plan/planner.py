@@ -184,6 +184,7 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     notes += ["GB = 10^9 bytes, GiB = 2^30 bytes; bytes are exact, reserves and speeds are estimates",
               "quality = mean KLD vs the 16-bit model (nats/token): 'measured' = your results for this model, 'transfer' = a smaller "
               "model of its family, 'prior' = data/quality_priors.yaml (each value with its source)"]
+    notes += _unrunnable_measurements(ranked)
     warnings = []
     if eng == "trtllm":
         notes.append("TensorRT-LLM: support and memory only, no launch line is written "
@@ -193,6 +194,16 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
                         "lower batch or ctx, or use more GPUs (--gpus)")
     return PlanResult(desc, source, device, layout, batch, ctx, eng, tuple(ranked), tuple(recs), tuple(dict.fromkeys(notes)),
                       settings, assumptions, len(measured), warnings=tuple(warnings))
+
+
+def _unrunnable_measurements(rows: list[Combination]) -> list[str]:
+    """Why no engine runs a combination the user measured: each engine's first reason, once per distinct reason."""
+    by_why: dict[str, list[str]] = {}
+    for row in rows:
+        if row.engine == "none" and row.quality.is_measured:
+            why = "; ".join(e.support.reasons[0] for e in row.evaluations if e.support.reasons)
+            by_why.setdefault(why, []).append(f"{row.weights} x {row.kv}")
+    return [f"measured but no engine runs {', '.join(pairs)} here — {why}" for why, pairs in by_why.items()]
 
 
 def _evaluate(c: Context, w: WeightSpec, k: KVSpec, engines: tuple[str, ...], measured: dict) -> Combination:

@@ -33,7 +33,7 @@ PRIOR_EXTRAPOLATED = "prior (extrapolated)"
 class QualityEstimate(JsonMixin):
     kld: float
     source: str  # measured | transfer | prior (literature) | prior (extrapolated)
-    label: str  # what the table shows: "measured (4,088 tokens, ctx 512, default)", "prior (extrapolated)"
+    label: str  # with its evidence: "measured (4,088 tokens, ctx 512, default)", "prior (extrapolated)"
     se: float  # standard error of a measurement (0 for a prior)
     weights_kld: float | None
     kv_kld: float | None

@@ -35,6 +35,8 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
                       highlight=False)
     if not brief:
         console.print(rows_table(result))
+        for label in dict.fromkeys(r.quality.label for r in result.rows if r.quality.is_measured):
+            console.print(f"{label}", highlight=False, markup=False)
         console.print("* roofline estimate at the requested batch, every sequence at full context; not a measurement", highlight=False)
     if result.recommendations:
         console.print("\n[bold]Recommended launch lines[/bold]")
@@ -59,7 +61,7 @@ def rows_table(result: PlanResult) -> Table:
     for col, just in [("#", "right"), ("weights", "left"), ("KV", "left"), ("engine", "left"),
                       (f"weights GB{per}", "right"), (f"KV GB{per}", "right"), (f"total GB{per}", "right"),
                       ("fits", "center"), ("max batch", "right"),
-                      ("decode tok/s*", "right"), ("bound", "left"), ("KLD", "right"), ("quality source", "left")]:
+                      ("decode tok/s*", "right"), ("bound", "left"), ("KLD", "right"), ("quality", "left")]:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for row in result.rows:
         kv_bytes = row.fit.kv_needed_bytes
@@ -68,7 +70,7 @@ def rows_table(result: PlanResult) -> Table:
         speed = f"{row.throughput.decode.tokens_per_s:,.0f}" if row.fits else "—"
         table.add_row(str(row.rank or "—"), row.weights, row.kv, row.engine, _gb(row.gpu_weights_bytes), _gb(kv_bytes), _gb(total),
                       fits, str(row.fit.max_batch), speed,
-                      row.throughput.decode.bound if row.fits else "—", f"{row.quality.kld:.4f}", row.quality.label)
+                      row.throughput.decode.bound if row.fits else "—", f"{row.quality.kld:.4f}", row.quality.source)
     return table
 
 
@@ -102,10 +104,10 @@ def memory_of(best: Combination, result: PlanResult, console: Console) -> None:
     if best.budget.rule:
         console.print(f"  rule: {best.budget.rule}", highlight=False, markup=False, soft_wrap=True)
     t = best.throughput
-    crit = t.critical_batch if t.critical_batch is not None else "none up to 8192 (KV reads dominate)"
+    crit = (f"turns compute-bound at batch {t.critical_batch}" if t.critical_batch is not None
+            else "stays memory-bound at every batch up to 8192 (KV reads dominate)")
     comm = f"; all-reduce {t.decode.comm_time_s * 1e3:.2f} ms per step" if t.decode.comm_time_s else ""
-    console.print(f"  speed (roofline estimate, not measured): GEMMs on {t.gemm}; decode turns compute-bound at batch "
-                  f"{crit}{comm}; prefill of one {result.ctx}-token prompt ~{t.prefill.tokens_per_s:,.0f} tok/s",
+    console.print(f"  speed (roofline estimate, not measured): GEMMs on {t.gemm}; decode {crit}{comm}; prefill of one {result.ctx}-token prompt ~{t.prefill.tokens_per_s:,.0f} tok/s",
                   highlight=False, markup=False, soft_wrap=True)
 
 
