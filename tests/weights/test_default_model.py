@@ -11,10 +11,10 @@ from wkvlab.weights import CalibrationSpec
 
 @pytest.mark.slow
 def test_gptq_and_awq_beat_rtn_on_the_default_model(default_model):
-    layers = ";skip=8-29"
+    layers = "+skip=8-29"
     work = api.prepare(default_model, "default", ctx=128, tokens=512)
-    weights = api.parse_weights([f"int4-g128{layers}", f"gptq-int4-g128{layers}", f"awq-int4-g128{layers};grid=10"])
+    weights = api.parse_weights([f"int4-g128{layers}", f"gptq-int4-g128{layers}", f"awq-int4-g128{layers}+grid=10"])
     results = api.evaluate_workload(work, weights, api.parse_kv(["fp16"]), calibration=CalibrationSpec("prose", 8, 128))
-    kld = {r.weights.split(";")[0]: r.kld["mean"] for r in results}
+    kld = {r.weights.split("+")[0]: r.kld["mean"] for r in results}
     assert kld["gptq-int4-g128"] < kld["int4-g128"] and kld["awq-int4-g128"] < kld["int4-g128"], kld
     assert any("not multiples of 128" in n for n in results[0].notes)  # 576 columns: ragged last group
