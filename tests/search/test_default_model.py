@@ -19,7 +19,9 @@ def test_search_on_default_model(default_model, tmp_path):
     # the plan spends the spare bytes on fp16 layers; the spec it writes is what wkvlab eval reads
     spec = KVSpec.from_dict(result.spec)
     assert sum(spec.formats_for(i)[0].name == "fp16" for i in range(30)) >= 1
-    assert result.exports["vllm"]["argv"][:3] == ["vllm", "serve", f"./{default_model.name}-int4-g128"]
+    # SmolLM2's 576-wide inputs hold no whole groups of 128: vLLM gets the cache flags but no launch line, and says why
+    vllm = result.exports["vllm"]
+    assert vllm["argv"] == [] and vllm["kv_args"] and any("no launch line for int4-g128" in n for n in vllm["notes"]), vllm
     assert -1.0 <= result.rank_correlation <= 1.0
 
 
