@@ -66,12 +66,13 @@ def reference_notes(results: list[EvalResult]) -> list[str]:
     if not stored:
         return []
     ref = stored[0].run["reference"]
-    errors = ", ".join(f"{r.weights} × {r.kv} {r.run['reference']['error']['mean']:+.1e} ± {r.run['reference']['error']['se']:.1e}"
-                       f" (bound {r.run['reference']['kld_lower_bound_mean']:.5f})" for r in stored)
+    per_config = ", ".join(f"{r.weights} × {r.kv}: ±{r.run['reference']['sampling_se']:.1e}, ≥ {r.run['reference']['kld_lower_bound_mean']:.5f}, "
+                           f"{r.run['reference']['error']['mean']:+.1e}" for r in stored)
     return [
         f"KLD against the stored reference {ref['path']}{' (written by this run)' if ref.get('created') else ''}: "
-        f"top-{ref['k']} head exact + tail estimated from {ref['samples']} sampled tokens (unbiased); NLL, PPL, top-1 and Δp exact. "
-        f"Error (exact − estimate) on the {ref['error']['tokens']} tokens whose full reference it keeps, and the top-k lower bound: {errors}"
+        f"the top-{ref['k']} head exact, the tail estimated from {ref['samples']} sampled tokens per position (unbiased); "
+        f"NLL, PPL, top-1 and Δp exact. Per config: the mean's sampling standard error, the top-k lower bound, and exact − estimate "
+        f"on the {ref['error']['tokens']} tokens whose full reference the file keeps — {per_config}"
     ]
 
 

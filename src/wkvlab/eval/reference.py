@@ -196,6 +196,7 @@ class StoredComparison:
 
     metrics: TokenMetrics  # KLD = top-k head + sampled tail (unbiased); NLL, top-1, Δp exact
     bound: np.ndarray  # the top-k lower bound per token (never above the true KLD)
+    tail_variance: np.ndarray  # per token, the sampling variance of its tail estimate (from its own samples)
     exact: np.ndarray  # exact KLD on the rows whose full reference is stored
     estimate_at_exact: np.ndarray  # the estimate on those rows
     bound_at_exact: np.ndarray
@@ -209,7 +210,10 @@ def compare_stored(ref: ReferenceChunk, logits: torch.Tensor, targets: torch.Ten
     bound = coarsened_kld(ref.topk_logprobs, logprobs.gather(-1, ref.topk_ids))
     head = (ref_top.exp() * (ref_top - cand_top)).sum(-1)
     tail_mass = (1 - ref_top.exp().sum(-1)).clamp_min(0)
-    tail = tail_mass * (ref.tail_logprobs.double() - logprobs.gather(-1, ref.tail_ids).double()).mean(-1)
+    gaps = ref.tail_logprobs.double() - logprobs.gather(-1, ref.tail_ids).double()  # log p − log q at the sampled tokens
+    tail = tail_mass * gaps.mean(-1)
+    samples = gaps.shape[-1]
+    tail_variance = tail_mass.square() * (gaps.var(-1, correction=1) if samples > 1 else torch.zeros_like(tail)) / samples
     estimate = head + tail
     nll = -logprobs.gather(-1, targets[:, None].to(logprobs.device))[:, 0]
     delta_p = torch.exp(-nll) - torch.exp(-ref.nll)
@@ -219,5 +223,6 @@ def compare_stored(ref: ReferenceChunk, logits: torch.Tensor, targets: torch.Ten
     as_np = lambda t: t.double().cpu().numpy()  # noqa: E731 - float64 for the sums that follow
     return StoredComparison(
         TokenMetrics(as_np(estimate), as_np(ref.nll), as_np(nll), agree.cpu().numpy(), as_np(delta_p)),
-        as_np(bound), np.array(exact), as_np(estimate[rows]) if rows else np.array([]), as_np(bound[rows]) if rows else np.array([]),
+        as_np(bound), as_np(tail_variance), np.array(exact), as_np(estimate[rows]) if rows else np.array([]),
+        as_np(bound[rows]) if rows else np.array([]),
     )

@@ -243,9 +243,12 @@ def _reference_info(stored: StoredReference, path: Path, created: bool, comparis
     err = exact - estimate
     tail = 1.0 - stored.topk_logprobs.double().exp().sum(-1)
     n = int(err.size)
+    variance = np.concatenate([c.tail_variance for c in comparisons])
     return {
         "kind": "stored", "path": str(path), "k": stored.k, "samples": stored.meta.get("samples"), "created": created,
         "reference_tail_mass_mean": float(tail.mean()),
+        # standard error of the mean KLD from tail sampling alone, estimated from the samples themselves
+        "sampling_se": float(np.sqrt(variance.sum()) / variance.size) if variance.size else float("nan"),
         # the top-k lower bound over all tokens (never above the true KLD), for comparison with the estimate
         "kld_lower_bound_mean": float(np.concatenate([c.bound for c in comparisons]).mean()),
         # exact KLD minus the estimate (and minus the bound) on the tokens whose full reference the file keeps
