@@ -31,6 +31,7 @@ class Workload:
     loaded: LoadedModel
     corpus: Corpus
     windows: WindowSet
+    tokens: int = 0  # the tokens asked for (the windows hold them rounded down to whole windows)
 
 
 def prepare(
@@ -60,7 +61,7 @@ def prepare(
     else:
         ids = tokenize(loaded.tokenizer, corpus.text)
         windows = make_windows(ids, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]
-    return Workload(loaded, corpus, windows)
+    return Workload(loaded, corpus, windows, tokens)
 
 
 def parse_weights(values: Iterable[str]) -> list[WeightSpec]:
@@ -200,6 +201,35 @@ def save_reference(work: Workload, out: str | Path, *, chunk: int | None = None,
     return stored
 
 
+def store_results(results: list[EvalResult], store: str | Path, *, work: Workload, weights: list[WeightSpec], kv: list[KVSpec],
+                  calibration: CalibrationSpec | None = None, score: str = "all", chunk: int | None = None) -> int:
+    """Write an evaluation's results into a results store under the ids a sweep of the same
+    configs would give them (:mod:`wkvlab.sweep.plan`), so a later sweep or finding skips them.
+
+    Returns how many were new. A stored-reference run is not written (its id depends on the
+    sweep's reference folder): run such grids as a sweep with ``reference:``.
+    """
+    from wkvlab.store import open_store
+    from wkvlab.sweep.plan import SweepConfig, canonical_json
+
+    if any((r.run or {}).get("reference", {}).get("kind") == "stored" for r in results):
+        raise ConfigError("--store keeps in-memory-reference results only; for a stored reference run a sweep with reference: <folder>")
+    run = results[0].run or {}
+    calib = (calibration or CalibrationSpec()).to_dict()
+    written = 0
+    with open_store(store) as db:
+        for w in weights:
+            for k in kv:
+                result = next(r for r in results if canonical_json(r.weights_spec) == canonical_json(w.to_dict())
+                              and canonical_json(r.kv_spec) == canonical_json(k.to_dict()))
+                config = SweepConfig(work.loaded.spec or work.loaded.source, work.loaded.fingerprint, work.corpus.name, work.corpus.sha256,
+                                     work.windows.ctx, work.tokens, score, None, w.to_dict(), k.to_dict(),
+                                     calib if (w.needs_calibration or k.needs_calibration) else None,
+                                     dtype=run.get("dtype", "float32"), device=run.get("device", "cpu"), chunk=chunk or 0)
+                written += db.put(config.config_id, config.to_dict(), result)
+    return written
+
+
 def sweep(spec, store="results.db", *, dry_run: bool = False, executor=None, progress: Progress | None = None):
     """Run a sweep spec (a YAML path or a :class:`wkvlab.sweep.SweepSpec`) into a results store.
 
@@ -221,4 +251,4 @@ def sweep(spec, store="results.db", *, dry_run: bool = False, executor=None, pro
 
 
 __all__ = ["Workload", "sweep", "prepare", "prepare_calibration", "CalibrationSpec", "parse_weights", "parse_kv", "evaluate", "evaluate_workload",
-           "grid_steps", "check_kv_specs", "run_options", "total_steps", "RunOptions", "save_reference", "reference_steps", "check_reference_path"]
+           "grid_steps", "check_kv_specs", "run_options", "total_steps", "RunOptions", "save_reference", "reference_steps", "check_reference_path", "store_results"]

@@ -13,7 +13,7 @@ from wkvlab import api
 from wkvlab.display import console, depth_table, describe_run, err_console, progress_bar, reference_notes, results_table
 from wkvlab.engines.cli import engine_app
 from wkvlab.eval.cli import reference_app
-from wkvlab.errors import WkvlabError
+from wkvlab.errors import ConfigError, WkvlabError
 from wkvlab.eval.depth import depth_tables
 from wkvlab.eval.reference import DEFAULT_TOPK
 from wkvlab.explain.cli import compare_command, explain_command
@@ -42,6 +42,7 @@ class RunFlags:
     chunk: Optional[int] = None
     reference: Optional[Path] = None
     topk: int = DEFAULT_TOPK
+    store: Optional[Path] = None
 
 
 DEMO_WEIGHTS = ("bf16", "int8", "int4-g128")
@@ -71,6 +72,10 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weights: list[s
     total = api.total_steps(work, weight_specs, kv_specs, options)
     with progress_bar(total, title) as advance:
         results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options)
+    if run.store is not None:  # first: a finished evaluation must not be lost to a display error
+        written = api.store_results(results, run.store, work=work, weights=weight_specs, kv=kv_specs, calibration=calibration,
+                                    score=score, chunk=run.chunk)
+        err_console.print(f"wrote {written} result(s) to {run.store}")
     console.print(results_table(results, describe_run(results)))
     for table in depth_tables(results):
         console.print(depth_table(table))
@@ -95,14 +100,17 @@ def eval_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda (one GPU, or all visible GPUs when the model needs them) or cuda:<N>")] = "auto",
     dtype: Annotated[str, typer.Option(help="precision of the reference: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
     chunk: Annotated[Optional[int], typer.Option(help="queries per prefill chunk (default: from the vocabulary size; the numbers do not depend on it)")] = None,
-    reference: Annotated[Optional[Path], typer.Option(help="stored reference file: read if it matches this model/text/windows, written otherwise; KLD becomes its top-k lower bound and weight configs run one at a time (docs/scale.md)")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="stored reference file: read if it matches this model/text/windows, written otherwise; KLD: its top-k head exact + a sampled tail, and weight configs run one at a time (docs/scale.md)")] = None,
+    store: Annotated[Optional[Path], typer.Option(help="also write the results (per-token arrays included) into this results store, under the ids a sweep of the same configs gives them")] = None,
     topk: Annotated[int, typer.Option(help="top-k log-probs a new --reference file keeps per token")] = DEFAULT_TOPK,
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
     calibration = api.CalibrationSpec(calib, calib_samples, calib_len)
     if json_out is not None:
         check_json_path(json_out)  # before the run: a refused path must not cost the evaluation
-    run = RunFlags(device, dtype, chunk, reference, topk)
+    if store is not None and reference is not None:
+        raise ConfigError("--store keeps in-memory-reference results; for a stored reference run a sweep with reference: <folder> (docs/sweeps.md)")
+    run = RunFlags(device, dtype, chunk, reference, topk, store)
     results = _run_and_print(model, data, ctx, tokens, [w for v in (weights or ["none"]) for w in split_weight_list(v)], _split_kv(kv, ("fp16",)), score, "eval", calibration, run)
     if json_out is not None:
         depth = {(t.weights, t.kv): t.to_dict() for t in depth_tables(results)}
