@@ -8,7 +8,7 @@ from wkvlab.eval.metrics import position_buckets
 from wkvlab.eval.result import EvalResult, TokenArrays
 
 
-def result(kld, *, nll=None, agree=None, nll_ref=None, windows: int = 4, ctx: int = 33, weights: str = "w", kv: str = "c",
+def result(kld, *, nll=None, agree=None, nll_ref=None, windows: int = 8, ctx: int = 33, weights: str = "w", kv: str = "c",
            kv_bytes: float = 100.0) -> EvalResult:
     """A result over ``windows`` windows of ``ctx`` (all positions scored); scalars broadcast."""
     n = windows * (ctx - 1)
@@ -23,7 +23,7 @@ def result(kld, *, nll=None, agree=None, nll_ref=None, windows: int = 4, ctx: in
                       fingerprints={"model_sha256": "m" * 64, "data_sha256": "d" * 64})
 
 
-def window_noise(seed: int = 0, windows: int = 4, ctx: int = 33, scale: float = 0.01) -> np.ndarray:
+def window_noise(seed: int = 0, windows: int = 8, ctx: int = 33, scale: float = 0.01) -> np.ndarray:
     """Per-token values that differ from window to window (what pairing must cancel)."""
     rng = np.random.default_rng(seed)
     return np.repeat(rng.random(windows) * scale, ctx - 1)

@@ -16,12 +16,12 @@ from wkvlab.weights.spec import WeightSpec
 
 def test_difference_and_its_interval_by_hand():
     n = window_noise(3)
-    a = result(0.10 + n, nll=1.0, agree=np.arange(128) % 4 != 0)  # agrees on 96 of 128
-    b = result(0.13 + n, nll=1.5, agree=np.arange(128) % 8 != 0, kv="other")  # on 112
+    a = result(0.10 + n, nll=1.0, agree=np.arange(256) % 4 != 0)  # agrees on 192 of 256
+    b = result(0.13 + n, nll=1.5, agree=np.arange(256) % 8 != 0, kv="other")  # on 224
     c = compare_results(a, b, n_resamples=300)
     assert c.kld.estimate == pytest.approx(0.03) and c.kld.low == pytest.approx(0.03) and c.kld.high == pytest.approx(0.03)
     assert c.ppl.estimate == pytest.approx(np.exp(1.5) - np.exp(1.0))
-    assert c.top1.estimate == pytest.approx((112 - 96) / 128)
+    assert c.top1.estimate == pytest.approx((224 - 192) / 256)
     assert c.max_abs_kld_diff == pytest.approx(0.03) and not c.identical
     assert (c.a, c.b) == ("w × c", "w × other")
     assert json.dumps(Comparison.from_dict(json.loads(json.dumps(c.to_dict()))).to_dict()) == json.dumps(c.to_dict())
@@ -71,3 +71,11 @@ def test_noise_floor_on_a_tiny_model():
     floor = NoiseFloor(repeat, backend)
     assert NoiseFloor.from_dict(json.loads(json.dumps(floor.to_dict()))).to_dict() == floor.to_dict()
     assert any("bit-identical" in line for line in floor.lines())
+
+
+def test_one_window_gives_no_interval_and_no_verdict():
+    """Too few windows to resample: the difference is printed, its interval and "significant" are not."""
+    a, b = result(0.10, windows=1), result(0.50, windows=1, kv="other")
+    c = compare_results(a, b)
+    assert c.kld.estimate == pytest.approx(0.4) and not c.kld.decided and not c.kld.excludes_zero
+    assert "no interval: 1 < 8 units" in format(c.kld, ".4f")

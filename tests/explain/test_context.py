@@ -27,7 +27,7 @@ def test_short_corpus_is_extended_with_the_other_corpus_not_repeated():
         long_windows(short, CharTokenizer(), 1024, 1, model_max=512)
 
 
-def _cells(windows=5, ctx=129):
+def _cells(windows=8, ctx=129):
     pos = np.tile(np.arange(ctx - 1), windows).astype(np.float64)
     n = window_noise(2, windows, ctx)
     kw = dict(windows=windows, ctx=ctx)
@@ -42,12 +42,12 @@ def _cells(windows=5, ctx=129):
 def test_curve_by_hand():
     curve = context_curve(_cells(), n_resamples=300)
     assert [(r.start, r.end) for r in curve.rows] == [(0, 4), (4, 64), (64, 128)]
-    n = window_noise(2, 5, 129).mean()
+    n = window_noise(2, 8, 129).mean()
     mid = curve.rows[1]
     # kv excess in positions 4..63: mean of 2e-4·pos + n = 2e-4·33.5 + n
     assert mid.kv_excess.estimate == pytest.approx(2e-4 * 33.5 + n)
     assert mid.kld["c"].estimate == pytest.approx(1e-4 * 33.5 + n)
-    assert mid.tokens == 5 * 60
+    assert mid.tokens == 8 * 60
     last = curve.rows[2]
     assert last.top1["wc"].estimate == pytest.approx(36 / 64)  # positions 64..99 agree
     assert last.kv_top1.estimate == pytest.approx(36 / 64 - 1)
@@ -55,6 +55,11 @@ def test_curve_by_hand():
     assert curve.growth_wc.estimate == pytest.approx(2e-4 * 62) and curve.growth_wc.low == pytest.approx(2e-4 * 62)
     assert curve.growth_c.estimate == pytest.approx(1e-4 * 62)
     assert "grows with context" in curve.lines()[0]
-    assert (curve.documents, curve.max_ctx) == (5, 129)
+    assert (curve.documents, curve.max_ctx) == (8, 129)
     text = json.dumps(curve.to_dict())
     assert json.dumps(ContextCurve.from_dict(json.loads(text)).to_dict()) == text
+
+
+def test_one_document_gives_no_growth_verdict():
+    curve = context_curve(_cells(windows=1), n_resamples=100)
+    assert not curve.growth_wc.decided and "grows with context" not in curve.lines()[0]

@@ -38,18 +38,18 @@ def test_hand_computed_kld_and_ppl_effects():
     assert f.ppl.reference == pytest.approx(e(1.0))
     assert f.ppl.w.estimate == pytest.approx(e(1.1) - e(1.0))
     assert f.ppl.interaction.estimate == pytest.approx(e(1.4) - e(1.1) - e(1.2) + e(1.0))
-    assert (f.windows, f.tokens, f.weights, f.kv, f.identity_kld_max) == (4, 128, "int4-g128", "int4", 0.0)
+    assert (f.windows, f.tokens, f.weights, f.kv, f.identity_kld_max) == (8, 256, "int4-g128", "int4", 0.0)
 
 
 def test_top1_loss_effects():
-    idx = np.arange(128)
+    idx = np.arange(256)
     cells = _cells()
-    cells["w"] = result(0.1, agree=idx % 10 != 0, weights="int4-g128", kv="fp16")  # loses 13 of 128
-    cells["c"] = result(0.1, agree=idx % 20 != 0)  # loses 7
-    cells["wc"] = result(0.3, agree=idx % 5 != 0)  # loses 26
+    cells["w"] = result(0.1, agree=idx % 10 != 0, weights="int4-g128", kv="fp16")  # loses 26 of 256
+    cells["c"] = result(0.1, agree=idx % 20 != 0)  # loses 13
+    cells["wc"] = result(0.3, agree=idx % 5 != 0)  # loses 52
     f = factorial(cells, n_resamples=200)
-    assert f.top1.w.estimate == pytest.approx(13 / 128) and f.top1.c.estimate == pytest.approx(7 / 128)
-    assert f.top1.interaction.estimate == pytest.approx((26 - 13 - 7) / 128)
+    assert f.top1.w.estimate == pytest.approx(26 / 256) and f.top1.c.estimate == pytest.approx(13 / 256)
+    assert f.top1.interaction.estimate == pytest.approx((52 - 26 - 13) / 256)
 
 
 def test_round_trips_through_json():
@@ -67,7 +67,7 @@ def test_refuses_missing_cells_and_other_tokens():
         factorial(cells)
 
 
-def _tiny_windows(ctx=32, n=4):
+def _tiny_windows(ctx=32, n=8):
     ids = torch.randint(0, VOCAB, (n * ctx,), generator=torch.Generator().manual_seed(0))
     return make_windows(ids, ctx=ctx, n_tokens=n * ctx, bos_id=None)
 
@@ -99,3 +99,13 @@ def test_quantized_cells_on_a_tiny_model():
     for e in (f.kld.w, f.kld.c, f.kld.wc, f.kld.interaction):
         assert e.low <= e.estimate <= e.high
     assert f.kld.interaction.estimate == pytest.approx(f.kld.wc.estimate - f.kld.w.estimate - f.kld.c.estimate)
+
+
+def test_a_single_window_factorial_refuses_its_verdict():
+    """The case that printed "[x, x]" and "Not additive": one window cannot be resampled."""
+    n = window_noise(3, windows=1)
+    cells = {"ref": result(0.0, windows=1), "w": result(0.1 + n, nll=1.1, windows=1, weights="int4-g128", kv="fp16"),
+             "c": result(0.05 + n, nll=1.2, windows=1), "wc": result(0.2 + 2 * n, nll=1.4, windows=1, weights="int4-g128", kv="int4")}
+    f = factorial(cells, n_resamples=200)
+    assert f.kld.interaction.estimate == pytest.approx(0.05) and not f.kld.interaction.decided
+    assert f.kld.additive  # not called compounding: nothing is decided

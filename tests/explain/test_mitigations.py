@@ -39,7 +39,7 @@ def test_candidates_follow_the_cross_term():
 
 def test_recovered_share_by_hand():
     n = window_noise(4)
-    cells = {"w": result(0.1 + n), "wc": result(0.3 + 2 * n, agree=np.arange(128) % 2 == 0)}
+    cells = {"w": result(0.1 + n), "wc": result(0.3 + 2 * n, agree=np.arange(256) % 2 == 0)}
     chosen = candidates(KVSpec.parse("int4"), 8, 64, None)[:2]
     mitigated = [result(0.2 + 1.5 * n, kv_bytes=150.0), result(0.35 + 2 * n, kv_bytes=120.0)]
     m = measure(cells, mitigated, chosen, n_resamples=300)

@@ -16,7 +16,7 @@ WEIGHT_BYTES = {"none": 400_000_000, "bf16": 200_000_000, "int8": 100_000_000, "
 KV_BYTES = {"fp16": 1000.0, "fp8_e4m3": 500.0, "int8": 520.0, "int4": 280.0}
 
 
-def make_result(weights: str, kv: str, kld, *, model: str = "tiny", windows: int = 4, ctx: int = 64,
+def make_result(weights: str, kv: str, kld, *, model: str = "tiny", windows: int = 8, ctx: int = 64,
                 weight_bytes: int | None = None, kv_bytes: float | None = None) -> EvalResult:
     """A result whose per-token KLD is ``kld`` (a scalar, or one value per window) on windows × ctx tokens."""
     n = windows * ctx

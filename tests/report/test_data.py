@@ -65,7 +65,7 @@ def test_cross_terms_hand_computed_with_a_cast_baseline():
 
 def test_cross_terms_prefer_the_identity_baseline_and_resample_windows():
     grid = [make_result("none", "fp16", 0.0), make_result("none", "int4", 0.01), make_result("int8", "fp16", 0.004),
-            make_result("int8", "int4", np.array([0.014, 0.016, 0.018, 0.020])), make_result("bf16", "fp16", 0.001)]
+            make_result("int8", "int4", np.array([0.014, 0.016, 0.018, 0.020, 0.014, 0.016, 0.018, 0.020])), make_result("bf16", "fp16", 0.001)]
     (row,) = [r for r in build_report_data(grid, source="t", n_resamples=500).cross_terms if r.weights == "int8"]
     assert row.baseline_weights == "none" and row.kld_baseline == 0.0
     assert row.interaction.estimate == pytest.approx(0.017 - 0.004 - 0.01)
@@ -95,7 +95,7 @@ def test_position_buckets_double_and_average_by_position():
     assert position_edges(512) == [0, 16, 32, 64, 128, 256, 512]
     result = make_result("int8", "int4", 0.01, ctx=64)
     curve = position_curve(0, result)
-    assert curve.starts == (0, 16, 32) and curve.ends == (16, 32, 64) and curve.tokens == (64, 64, 128)
+    assert curve.starts == (0, 16, 32) and curve.ends == (16, 32, 64) and curve.tokens == (128, 128, 256)
     pos, kld = result.arrays.position, result.arrays.kld
     assert curve.kld_mean[2] == pytest.approx(kld[pos >= 32].mean())
     assert curve.kld_mean[0] < curve.kld_mean[1] < curve.kld_mean[2]  # the synthetic KLD grows with position
@@ -104,3 +104,10 @@ def test_position_buckets_double_and_average_by_position():
 def test_no_results_is_a_one_line_error():
     with pytest.raises(DataError, match="holds no results"):
         build_report_data([], source="empty.db")
+
+
+def test_cross_terms_from_too_few_windows_are_not_called_significant():
+    grid = [make_result(w, k, v, windows=2) for w, k, v in (("none", "fp16", 0.0), ("none", "int4", 0.01), ("int8", "fp16", 0.004),
+                                                                ("int8", "int4", 0.03))]
+    (row,) = build_report_data(grid, source="t", n_resamples=200).cross_terms
+    assert row.interaction.estimate == pytest.approx(0.016) and not row.interaction.decided and not row.interaction.excludes_zero
