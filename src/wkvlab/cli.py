@@ -17,6 +17,7 @@ from wkvlab.errors import ConfigError, WkvlabError
 from wkvlab.eval.depth import depth_tables
 from wkvlab.eval.reference import DEFAULT_TOPK
 from wkvlab.explain.cli import compare_command, explain_command
+from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_json_path, write_json_atomic
 from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
@@ -190,6 +191,8 @@ app.command("compare")(compare_command)
 app.command("report")(report_command)
 # Real engines (llama.cpp, OpenAI-compatible servers) and the simulation fidelity check (docs/engines.md).
 app.add_typer(engine_app, name="engine")
+# The seeds' questions, measured (docs/findings.md); the command lives in wkvlab.findings.cli.
+app.command("findings")(findings_command)
 # Stored references: the reference's per-token distributions on disk (docs/scale.md).
 app.add_typer(reference_app, name="reference")
 

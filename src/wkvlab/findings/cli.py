@@ -1,0 +1,37 @@
+"""``wkvlab findings NAME``: run (or resume) one finding into a store and print its tables."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def findings_command(
+    name: Annotated[str, typer.Argument(help="additivity, methods, calibration, depth (docs/findings.md)")],
+    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
+    store: Annotated[Path, typer.Option(help="results store the finding's sweeps write into (resumable)")] = Path("out/findings.db"),
+    ctx: Annotated[Optional[int], typer.Option(help="tokens per window (default: sized per model; for depth, the model's limit)")] = None,
+    tokens: Annotated[Optional[int], typer.Option(help="tokens per grid (default: sized per model, docs/findings.md)")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<N>")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
+    markdown: Annotated[Optional[Path], typer.Option(help="also write the finding's tables as Markdown here")] = None,
+) -> None:
+    """Measure one of the seeds' questions on a model (resumable through the store) and print its tables with intervals."""
+    from wkvlab.display import console, err_console, progress_bar
+    from wkvlab.errors import ConfigError
+    from wkvlab.findings import FINDINGS
+    from wkvlab.findings.run import run_finding
+
+    if name not in FINDINGS:
+        raise ConfigError(f"unknown finding {name!r}; use one of {', '.join(FINDINGS)}")
+    if not (store.parent if str(store.parent) else Path(".")).is_dir():
+        raise ConfigError(f"folder {store.parent} does not exist; create it or choose another --store")
+    if markdown is not None and not (markdown.parent if str(markdown.parent) else Path(".")).is_dir():
+        raise ConfigError(f"folder {markdown.parent} does not exist; create it or choose another --markdown")
+    finding = run_finding(name, model=model, store=store, tokens=tokens, ctx=ctx, device=device, dtype=dtype, progress=progress_bar)
+    console.print(finding.markdown, markup=False, highlight=False, soft_wrap=True)
+    err_console.print(f"{name} on {model}: {finding.seconds:,.0f} s (store {store})")
+    if markdown is not None:
+        markdown.write_text(f"## {name} — {model}\n\n{finding.markdown}\n", encoding="utf-8")
+        err_console.print(f"wrote {markdown}")

@@ -1,0 +1,83 @@
+"""What each finding measures: its sweeps, sized per model (pure data, no model is loaded here).
+
+Sizes are chosen so that a finding runs in about an hour on a 2-core CPU for the packaged models;
+every finding prints, for each interval that did not decide its question, how many tokens would
+(intervals shrink with the square root of the tokens). ``--tokens`` overrides the size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from wkvlab.errors import ConfigError
+from wkvlab.kv.spec import KVSpec
+from wkvlab.sweep.spec import SweepSpec
+from wkvlab.weights.calibration import CalibrationSpec
+from wkvlab.weights.parse import parse_weight_spec
+
+# The seed's weight methods and the caches people deploy, as issue #17 lists them.
+ADDITIVITY_WEIGHTS = ("none", "int4-g128", "gptq-int4-g128", "awq-int4-g128", "w8a8-int8", "fp8", "nvfp4")
+ADDITIVITY_KV = ("fp16", "vllm:fp8_e4m3", "vllm:fp8_e4m3+scales=amax448", "int8", "int4", "llamacpp:q4_0", "kivi4", "kvquant:4-1%")
+CALIBRATED_WEIGHTS = ("gptq-int4-g128", "awq-int4-g128", "w8a8-int8")
+CALIBRATION_TEXTS = ("prose", "code", "math")
+EVALUATION_TEXTS = ("default", "code")
+DEPTH_KV = ("q8_0", "q4_0", "int4")
+
+
+@dataclass(frozen=True)
+class Size:
+    """Windows of a finding on one model: short ones for the grids, long ones for depth."""
+
+    ctx: int = 512
+    tokens: int = 16384
+    depth_ctx: int = 8192
+    depth_tokens: int = 32768
+
+
+# Measured rates on the 2-core machine set these: SmolLM2 runs ~350 token-passes/s, Gemma-3-270M
+# (its 262k-vocabulary head) about a third of that; depth windows go to each model's limit.
+SIZES = {
+    "smollm2": Size(ctx=512, tokens=16384, depth_ctx=8192, depth_tokens=32768),
+    "gemma3-270m": Size(ctx=512, tokens=8192, depth_ctx=32768, depth_tokens=65536),
+}
+DEFAULT_SIZE = Size(ctx=1024, tokens=32768, depth_ctx=32768, depth_tokens=65536)
+
+
+def size_for(model: str, *, tokens: int | None = None, ctx: int | None = None, depth: bool = False) -> Size:
+    """The packaged models' sizes (any other model gets the defaults), with ``--ctx``/``--tokens``
+    overriding the grids' windows — or, for the depth finding (``depth``), the long windows."""
+    from wkvlab.models.packaged import canonical_name
+
+    size = SIZES.get(canonical_name(model) or "", DEFAULT_SIZE)
+    names = ("depth_ctx", "depth_tokens") if depth else ("ctx", "tokens")
+    ctx = ctx if ctx is not None else getattr(size, names[0])
+    tokens = tokens if tokens is not None else max(getattr(size, names[1]), ctx)
+    if ctx < 16:
+        raise ConfigError(f"--ctx {ctx} is too short; use --ctx 16 or more")
+    if tokens < ctx:
+        raise ConfigError(f"--tokens {tokens} is less than one window of --ctx {ctx}; ask for at least {ctx}")
+    return replace(size, **dict(zip(names, (ctx, tokens))))
+
+
+def _spec(name: str, model: str, *, data: str = "default", ctx: int, tokens: int, weights, kv, calibration: CalibrationSpec | None = None,
+          device: str = "auto", dtype: str = "auto") -> SweepSpec:
+    return SweepSpec(models=(model,), data=(data,), ctx=(ctx,), tokens=(tokens,), weights=tuple(parse_weight_spec(w) for w in weights),
+                     kv=tuple(KVSpec.parse(k) for k in kv), calibration=calibration or CalibrationSpec(), name=name, device=device, dtype=dtype)
+
+
+def additivity_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
+    """Every weight method × every cache, fp16 and none included (the factorial's four cells for each pair)."""
+    return [_spec("additivity", model, ctx=size.ctx, tokens=size.tokens, weights=ADDITIVITY_WEIGHTS, kv=ADDITIVITY_KV, **where)]
+
+
+def calibration_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
+    """Calibrated weight methods × calibration text × evaluation text, 16-bit cache."""
+    return [
+        _spec(f"calibration-{calib}-{data}", model, data=data, ctx=size.ctx, tokens=size.tokens, weights=("none", *CALIBRATED_WEIGHTS),
+              kv=("fp16",), calibration=CalibrationSpec(calib), **where)
+        for calib in CALIBRATION_TEXTS for data in EVALUATION_TEXTS
+    ]
+
+
+def depth_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
+    """Long windows of real documents to the model's limit, unquantized weights (as wkvlab eval would run them)."""
+    return [_spec("depth", model, ctx=size.depth_ctx, tokens=size.depth_tokens, weights=("none",), kv=DEPTH_KV, **where)]

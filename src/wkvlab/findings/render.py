@@ -1,0 +1,69 @@
+"""Findings as Markdown: the tables docs/findings.md shows, printed by ``wkvlab findings``."""
+from __future__ import annotations
+
+from wkvlab.findings.analysis import AdditivityRow, CalibrationRow, PenaltyRow
+from wkvlab.stats import Interval
+
+
+def _iv(interval: Interval | None, spec: str = ".4f") -> str:
+    return "—" if interval is None else format(interval, spec)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def additivity_markdown(rows: list[AdditivityRow]) -> str:
+    header = ["weights", "KV", "KLD(W)", "KLD(C)", "KLD(W+C)", "interaction [95%]", "share of sum", "verdict", "decided?"]
+    body = []
+    for r in rows:
+        need = "yes" if r.decided else (f"no: ~{r.tokens_needed:,} tokens" if r.tokens_needed else "no")
+        body.append([r.weights, r.kv, f"{r.w.estimate:.5f}", f"{r.c.estimate:.5f}", f"{r.wc.estimate:.5f}", _iv(r.interaction, "+.5f"),
+                     f"{100 * r.share:+.1f}%", r.verdict, need])
+    return _table(header, body)
+
+
+def penalty_markdown(rows: list[PenaltyRow]) -> str:
+    weights = list(dict.fromkeys(r.weights for r in rows))
+    kvs = list(dict.fromkeys(r.kv for r in rows))
+    cell = {(r.weights, r.kv): r for r in rows}
+    body = []
+    for kv in kvs:
+        line = [kv]
+        for w in weights:
+            r = cell.get((w, kv))
+            line.append("—" if r is None else (format(r.penalty, ".4f") + ("" if r.vs_unquantized is None or not r.vs_unquantized.excludes_zero
+                                                                             else (" ↑" if r.vs_unquantized.low > 0 else " ↓"))))
+        body.append(line)
+    note = ("\n\nEach cell: KLD(W × C) − KLD(W × fp16) with its 95% interval (windows resampled); ↑/↓: the penalty under these "
+            "weights is larger/smaller than under unquantized weights, interval excluding 0.")
+    return _table(["KV \\ weights", *weights], body) + note
+
+
+def calibration_markdown(rows: list[CalibrationRow]) -> str:
+    calibs = list(dict.fromkeys(c for r in rows for c in r.kld))
+    header = ["method", "evaluated on", *[f"calibrated on {c}" for c in calibs], "mismatch cost [95%]"]
+    body = []
+    for r in rows:
+        costs = "; ".join(f"{c}: {format(iv, '+.4f')}" for c, iv in r.mismatch.items())
+        body.append([r.weights, r.data, *[format(r.kld[c], ".4f") if c in r.kld else "—" for c in calibs], costs or "—"])
+    return _table(header, body) + ("\n\nMismatch cost: KLD with that calibration text minus KLD with the evaluation's own domain "
+                                   "(prose for prose, code for code), paired by window.")
+
+
+def depth_markdown(tables: list[dict]) -> str:
+    parts = []
+    for t in tables:
+        rows = []
+        for row in t["rows"]:
+            penalty = Interval.from_dict(row["penalty"])
+            growth = Interval.from_dict(row["growth"]) if row["growth"] else None
+            rel = row["relative_growth"]
+            rows.append([f"{row['start']:,}–{row['end']:,}", f"{row['tokens']:,}", format(penalty, ".5f"),
+                         "—" if growth is None else format(growth, "+.5f"), "—" if rel is None else f"{100 * rel:+.1f}%"])
+        parts.append(f"**{t['weights']} × {t['kv']}** (minus {t['paired_with']}; unit: {t['unit']}, {t['units']} units, "
+                     f"decorrelation lag {t['decorrelation_lag']})\n\n"
+                     + _table(["positions", "tokens", "penalty [95%]", "minus first bucket [95%]", "relative"], rows))
+    return "\n\n".join(parts)

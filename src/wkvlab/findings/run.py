@@ -1,0 +1,84 @@
+"""Run a finding: its sweeps into a results store (resumable), then its analysis.
+
+A finding's sweeps are ordinary sweeps (:mod:`wkvlab.sweep`): a config already in the store — from
+an earlier, interrupted run of the finding, from ``wkvlab sweep``, or from ``wkvlab eval --store``
+— is not run again. The analysis reads the per-token arrays back from the store.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager
+
+from wkvlab.errors import ConfigError
+from wkvlab.findings import FINDINGS, analysis, grids, render
+
+ProgressFactory = Callable[[int, str], ContextManager]  # (total steps, title) -> context yielding tick(desc, n)
+
+
+@contextmanager
+def _silent(_total: int, _title: str):
+    yield lambda _desc, _n: None
+
+
+@dataclass
+class Finding:
+    name: str
+    model: str
+    markdown: str
+    data: dict
+    seconds: float
+    commands: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "model": self.model, "data": self.data, "seconds": self.seconds, "markdown": self.markdown,
+                "commands": self.commands}
+
+
+def _run_sweeps(specs, store: Path, progress: ProgressFactory) -> list[list]:
+    """Run each spec into the store and return its results, in each spec's config order."""
+    from wkvlab.store import open_store
+    from wkvlab.sweep.run import plan_sweep, run_sweep
+
+    out = []
+    with open_store(store) as db:
+        for spec in specs:
+            plan = plan_sweep(spec, db)
+            with progress(plan.steps, f"{spec.name}: {len(plan.missing)} of {len(plan.configs)} configs to run") as tick:
+                report = run_sweep(spec, db, progress=tick, plan=plan)
+            out.append(db.results(report.config_ids))
+    return out
+
+
+def run_finding(name: str, *, model: str = "default", store: str | Path = "out/findings.db", tokens: int | None = None,
+                ctx: int | None = None, device: str = "auto", dtype: str = "auto", progress: ProgressFactory = _silent) -> Finding:
+    """Measure (or read back) one finding on ``model`` and analyse it (``ctx``/``tokens`` override its size)."""
+    if name not in FINDINGS:
+        raise ConfigError(f"unknown finding {name!r}; use one of {', '.join(FINDINGS)}")
+    store = Path(store)
+    size = grids.size_for(model, tokens=tokens, ctx=ctx, depth=name == "depth")
+    where = {"device": device, "dtype": dtype}
+    started = time.perf_counter()
+    if name in ("additivity", "methods"):
+        (results,) = _run_sweeps(grids.additivity_sweeps(model, size, **where), store, progress)
+        if name == "additivity":
+            rows = analysis.additivity(results)
+            markdown, data = render.additivity_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+        else:
+            rows = analysis.penalties(results)
+            markdown, data = render.penalty_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+    elif name == "calibration":
+        specs = grids.calibration_sweeps(model, size, **where)
+        grids_out = _run_sweeps(specs, store, progress)
+        by_text = {(s.calibration.data, s.data[0]): r for s, r in zip(specs, grids_out)}
+        rows = analysis.calibration(by_text)
+        markdown, data = render.calibration_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+    elif name == "depth":
+        (results,) = _run_sweeps(grids.depth_sweeps(model, size, **where), store, progress)
+        tables = analysis.depth(results)
+        markdown, data = render.depth_markdown(tables), {"tables": tables}
+    else:
+        raise ConfigError(f"finding {name!r} is run by its own command; see docs/findings.md")
+    return Finding(name, model, markdown, data, time.perf_counter() - started)

@@ -1,0 +1,73 @@
+"""Findings tables on grids with a known answer (synthetic per-token arrays, no model)."""
+import numpy as np
+import pytest
+
+from wkvlab.eval.metrics import position_buckets
+from wkvlab.eval.result import EvalResult, TokenArrays
+from wkvlab.findings.analysis import additivity, calibration, penalties, tokens_to_decide
+from wkvlab.findings.render import additivity_markdown, calibration_markdown, penalty_markdown
+from wkvlab.kv import KVSpec
+from wkvlab.stats import Interval
+from wkvlab.weights.spec import WeightSpec
+
+WINDOWS, CTX = 32, 65
+
+
+def _result(weights: str, kv: str, kld: np.ndarray) -> EvalResult:
+    n = CTX - 1
+    arrays = TokenArrays(kld=kld, nll_ref=np.zeros(kld.size), nll=np.zeros(kld.size), top1_agree=np.ones(kld.size, bool),
+                         delta_p=np.zeros(kld.size), position=np.tile(np.arange(n), WINDOWS), window=np.repeat(np.arange(WINDOWS), n))
+    return EvalResult("m", "d", CTX, weights, kv, WeightSpec.parse(weights).to_dict(), KVSpec.parse(kv).to_dict(), 0, 0.0, 0.0,
+                      arrays, position_buckets(CTX))
+
+
+def _grid(interaction: float, noise: float = 0.01):
+    rng = np.random.default_rng(0)
+    size = WINDOWS * (CTX - 1)
+    per_window = np.repeat(rng.normal(0, 0.02, WINDOWS), CTX - 1)  # windows differ; pairing should cancel it
+    w = 0.30 + per_window + rng.normal(0, noise, size)
+    c = 0.10 + per_window + rng.normal(0, noise, size)
+    wc = w + c + interaction + rng.normal(0, noise, size)
+    return [_result("none", "fp16", np.zeros(size)), _result("none", "int4", c), _result("int4-g128", "fp16", w), _result("int4-g128", "int4", wc)]
+
+
+def test_compounding_is_found_and_decided():
+    (row,) = additivity(_grid(interaction=0.05), n_resamples=500)
+    assert (row.weights, row.kv) == ("int4-g128", "int4")
+    assert row.interaction.estimate == pytest.approx(0.05 - 0.0, abs=0.01)  # wc − w − c, per_window counted twice in wc
+    assert row.interaction.low > 0 and row.verdict == "compounds (more than the sum)"
+    assert row.decided and row.tokens_needed is None
+    assert row.share == pytest.approx(row.interaction.estimate / (row.w.estimate + row.c.estimate))
+    assert "compounds" in additivity_markdown([row])
+
+
+def test_additive_grid_is_additive():
+    (row,) = additivity(_grid(interaction=0.0), n_resamples=500)
+    assert row.interaction.contains(0.0) and row.verdict == "additive within the interval"
+
+
+def test_penalty_under_quantized_weights_and_its_difference():
+    rows = {(r.weights, r.kv): r for r in penalties(_grid(interaction=0.05), n_resamples=500)}
+    plain, under = rows[("none", "int4")], rows[("int4-g128", "int4")]
+    assert plain.penalty.estimate == pytest.approx(0.10, abs=0.01) and plain.vs_unquantized is None
+    assert under.penalty.estimate == pytest.approx(0.15, abs=0.01)  # c + interaction
+    assert under.vs_unquantized.low > 0
+    assert "↑" in penalty_markdown(list(rows.values()))
+
+
+def test_tokens_to_decide_scales_with_the_square_of_the_width():
+    interval = Interval(0.0, -0.01, 0.01, 0.95, 16, 2000)
+    assert tokens_to_decide(interval, 0.01, 1000) == 4000  # width 0.02 → 0.01 needs 4× the tokens
+    assert tokens_to_decide(interval, 0.05, 1000) is None
+
+
+def test_calibration_mismatch_is_paired_against_the_own_domain():
+    rng = np.random.default_rng(1)
+    size = WINDOWS * (CTX - 1)
+    grid = {}
+    for calib, level in (("prose", 0.10), ("code", 0.13), ("math", 0.12)):
+        grid[(calib, "default")] = [_result("none", "fp16", np.zeros(size)), _result("gptq-int4-g128", "fp16", level + rng.normal(0, 0.01, size))]
+    (row,) = calibration(grid, n_resamples=500)
+    assert row.own == "prose" and set(row.mismatch) == {"code", "math"}
+    assert row.mismatch["code"].estimate == pytest.approx(0.03, abs=0.005) and row.mismatch["code"].low > 0
+    assert "calibrated on code" in calibration_markdown([row])
