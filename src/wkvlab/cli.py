@@ -13,6 +13,7 @@ from wkvlab.display import console, describe_run, err_console, progress_bar, res
 from wkvlab.engines.cli import engine_app
 from wkvlab.errors import WkvlabError
 from wkvlab.explain.cli import compare_command, explain_command
+from wkvlab.export_cli import export_command
 from wkvlab.io import write_json_atomic
 from wkvlab.kv.spec import split_kv_list
 from wkvlab.plan.cli import plan_command
@@ -152,6 +153,8 @@ app.command("explain")(explain_command)
 app.command("compare")(compare_command)
 # The HTML/PNG/Markdown report of a store (docs/report.md); the command lives in wkvlab.report.cli.
 app.command("report")(report_command)
+# Quantized checkpoints written from a weight config (read back with --weights checkpoint:<folder>).
+app.command("export")(export_command)
 # Real engines (llama.cpp, OpenAI-compatible servers) and the simulation fidelity check (docs/engines.md).
 app.add_typer(engine_app, name="engine")
 

@@ -55,8 +55,13 @@ def gptq_quantize(
     block_size: int = 128,
     damp: float = 0.01,
     act_order: bool = False,
+    record: dict | None = None,
 ) -> Tensor:
-    """GPTQ-quantized copy of ``weight`` (``[out, in]``) for inputs whose Hessian is ``hessian``."""
+    """GPTQ-quantized copy of ``weight`` (``[out, in]``) for inputs whose Hessian is ``hessian``.
+
+    With ``record`` (a dict), the grid is kept for writing a checkpoint: ``record["params"]`` lists
+    each group's ``(scale, zero)`` in processing order, ``record["perm"]`` the act-order permutation.
+    """
     w = weight.detach().float().clone()
     h = hessian.detach().float().clone()
     columns = w.shape[1]
@@ -71,6 +76,7 @@ def gptq_quantize(
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     q = torch.zeros_like(w)
     scale, zero = qparams(w) if group_size is None else (None, None)
+    params = [] if group_size is not None else [(scale, zero)]
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
         w1, hinv1 = w[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
@@ -79,6 +85,7 @@ def gptq_quantize(
             col = i1 + i
             if group_size is not None and col % group_size == 0:
                 scale, zero = qparams(w[:, col:col + group_size])  # outer w, as the reference does
+                params.append((scale, zero))
             qcol = fake(w1[:, i], scale, zero)
             q[:, col] = qcol
             e = (w1[:, i] - qcol) / hinv1[i, i]
@@ -87,11 +94,14 @@ def gptq_quantize(
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
     if perm is not None:
         q = q[:, torch.argsort(perm)]
+    if record is not None:
+        record.update(params=params, perm=perm)
     return q.to(weight.dtype)
 
 
 @torch.no_grad()
-def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]], calls, specs: dict[str, WeightSpec]) -> None:
+def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]], calls, specs: dict[str, WeightSpec],
+                record: dict | None = None) -> None:
     """Quantize, in place and layer by layer, every linear named in ``specs`` (full module names).
 
     ``calls`` is :func:`capture_layer_inputs` output with layer 0's inputs; each layer is run once
@@ -107,9 +117,10 @@ def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]
             for name, module in targets.items():
                 spec = specs[f"{layer_name}.{name}"]
                 qparams, fake = affine_quantizer(spec)
+                kept = None if record is None else record.setdefault(f"{layer_name}.{name}", {"method": "gptq"})
                 module.weight.data = gptq_quantize(module.weight.data, stats[name].hessian, qparams, fake,
                                                    group_size=spec.group_size, block_size=spec.block_size,
-                                                   damp=spec.damp, act_order=spec.act_order)
+                                                   damp=spec.damp, act_order=spec.act_order, record=kept)
             del stats
         if index + 1 < len(layers):
             hidden = run_layer(layer, hidden, kwargs)

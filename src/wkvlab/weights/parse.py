@@ -8,7 +8,10 @@
   W8A8), ``mxfp4``, ``mxfp4-wo``; ``none``/``fp32``, ``bf16``, ``fp16``;
 * formats: ``int<b>[-g<G>][-sym|-asym][-fmin]`` (round to nearest; 8-bit defaults to symmetric,
   fewer bits to asymmetric with an integer zero point), with an optional method prefix
-  ``rtn-``, ``gptq-`` or ``awq-`` (``gptq-int3-g64``), or a ``.json``/``.yaml`` spec file.
+  ``rtn-``, ``gptq-`` or ``awq-`` (``gptq-int3-g64``), or a ``.json``/``.yaml`` spec file;
+* ``checkpoint:<path>``: a quantized checkpoint on disk (a compressed-tensors, GPTQ or AWQ folder,
+  or a ``.gguf`` file), decompressed with the activation rules it declares
+  (:mod:`wkvlab.weights.checkpoints`). The path keeps its case and takes no options.
 
 Options (``;``-separated): ``a=<act>`` activations (``none``, ``int8`` = per-token dynamic,
 ``int8-tensor``/``fp8-tensor`` = static per-tensor, ``fp8`` = per-token, ``nvfp4``, ``mxfp4``);
@@ -143,9 +146,24 @@ def _apply_option(spec: WeightSpec, item: str, text: str) -> WeightSpec:
     )
 
 
+CHECKPOINT_PREFIX = "checkpoint:"
+
+
+def _checkpoint(raw: str) -> WeightSpec:
+    path = raw[len(CHECKPOINT_PREFIX):].strip()
+    if not path:
+        raise ConfigError("checkpoint: needs a path; write checkpoint:<folder> or checkpoint:<file>.gguf")
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise ConfigError(f"checkpoint not found: {path}; give a quantized model folder or a .gguf file")
+    return WeightSpec(method="checkpoint", checkpoint=str(resolved.resolve()), label=raw)
+
+
 def parse_weight_spec(text: str) -> WeightSpec:
     """Parse the CLI string form (see the module docstring) into a :class:`WeightSpec`."""
     raw = text.strip()
+    if raw.lower().startswith(CHECKPOINT_PREFIX):
+        return _checkpoint(raw)
     if raw.lower().endswith((".json", ".yaml", ".yml")) and ";" not in raw:
         return WeightSpec.from_file(Path(raw).expanduser())
     key = raw.lower()
