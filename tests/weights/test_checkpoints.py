@@ -170,6 +170,24 @@ def test_ragged_groups_refused_where_the_format_refuses(model, tmp_path):
     assert all(torch.equal(v, loaded.model.state_dict()[k]) for k, v in simulated.model.state_dict().items())
 
 
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0", "q4_0", "q5_1", "iq4_nl"])
+def test_gguf_written_like_llama_cpp_reads_back_as_its_blocks(model, tmp_path, kind):
+    from wkvlab.formats import fake_quant_ggml
+    from wkvlab.weights.checkpoints.gguf_file import write_llama_gguf
+
+    path = tmp_path / f"tiny-{kind}.gguf"
+    write_llama_gguf(model, path, kind, [f"t{i}" for i in range(128)])  # Q/K rows permuted as convert_hf_to_gguf.py does
+    loaded = quantize_model_weights(model, WeightSpec.parse(f"checkpoint:{path}"), tokenizer=_tokenizer([f"t{i}" for i in range(128)]))
+    assert f"GGUF ({kind.upper()} × {16 if kind == 'f32' else 14}" in loaded.notes[0]
+    for name, ref in model.state_dict().items():
+        expected = ref
+        if ".layers." in name and ref.ndim == 2 and kind != "f32":
+            expected = ref.half().float() if kind == "f16" else fake_quant_ggml(ref, kind)
+        assert torch.equal(loaded.model.state_dict()[name], expected), name
+    with pytest.raises(ConfigError, match=r"token 3 is 't3' \(checkpoint\) vs 'x'"):
+        quantize_model_weights(model, WeightSpec.parse(f"checkpoint:{path}"), tokenizer=_tokenizer([f"t{i}" if i != 3 else "x" for i in range(128)]))
+
+
 def test_architecture_mismatch_is_one_line(model, tmp_path):
     write_checkpoint(tiny_llama(num_hidden_layers=3), None, WeightSpec.parse("int4-g16"), "compressed-tensors", tmp_path / "ck")
     with pytest.raises(ConfigError, match=r"num_hidden_layers 3 \(checkpoint\) vs 2 \(reference\)") as info:
