@@ -75,6 +75,13 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(args.threads)
+    if not torch.cuda.is_available():
+        # llm-compressor 0.14's AWQ pins its cached activations (IntermediatesCache.pin_memory, called
+        # unconditionally in AWQModifier._apply_smoothing) for faster host-to-GPU copies; torch refuses to
+        # pin without an accelerator. Pinning moves no numbers, so on a CPU-only machine it is skipped.
+        from llmcompressor.pipelines.cache import IntermediatesCache
+
+        IntermediatesCache.pin_memory = lambda self, *a, **k: None
     tokens = json.loads(Path(args.calib_tokens).read_text())
     data = Dataset.from_dict({"input_ids": tokens, "attention_mask": [[1] * len(t) for t in tokens]})
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)

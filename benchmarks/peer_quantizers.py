@@ -137,6 +137,7 @@ def main() -> None:
     for method, text in ours.items():
         print(f"wkvlab {text} ...", file=sys.stderr, flush=True)
         rows.append({"tool": "wkvlab", "method": method, "weights": text, "seconds": build_ours(work, text, calibration, args.threads)})
+        print(f"  {rows[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
         out = workdir / f"llmcompressor-{method}"
         if not (out / "timing.json").is_file():
             print(f"llm-compressor {method} ...", file=sys.stderr, flush=True)
@@ -144,6 +145,7 @@ def main() -> None:
         timing = json.loads((out / "timing.json").read_text())
         rows.append({"tool": f"llm-compressor {timing['llmcompressor']}", "method": method, "weights": f"checkpoint:{out}",
                      "seconds": timing["seconds"], "actorder": timing["actorder"]})
+        print(f"  llm-compressor {method}: {timing['seconds']:.1f} s", file=sys.stderr, flush=True)
     rows += [{"tool": "wkvlab", "method": "extra", "weights": t, "seconds": None} for t in args.ours_extra.split("|") if t]
     results = api.evaluate_workload(work, [WeightSpec.parse(r["weights"]) for r in rows], api.parse_kv(["fp16"]), None, cspec)
     for row, result in zip(rows, results):

@@ -65,7 +65,7 @@ def _venv_python() -> Path | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,symmetric", [("gptq", False), ("gptq", True)])
+@pytest.mark.parametrize("method,symmetric", [("gptq", False), ("gptq", True), ("awq", True)])
 def test_llmcompressor_output_reads_back_as_its_own_fake_quantization(tmp_path, method, symmetric):
     python = _venv_python()
     if python is None:
