@@ -254,3 +254,10 @@ def test_runner_evaluates_a_checkpoint_like_the_config_it_was_written_from(model
     assert results[0].kld["mean"] > 0
     for simulated, loaded in ((results[0], results[2]), (results[1], results[3])):
         assert loaded.kld == simulated.kld and loaded.top1_agreement == simulated.top1_agreement
+
+
+def test_sentencepiece_space_spellings_compare_equal():
+    from wkvlab.weights.checkpoints.compat import _first_difference
+
+    assert _first_difference(["  a", "b"], ["\u2581\u2581a", "b"]) == ""  # GGUF token lists spell SentencePiece's ▁ as a space
+    assert _first_difference(["a", "b"], ["a", "c"]) == "token 1 is 'b' (checkpoint) vs 'c' (reference)"

@@ -70,6 +70,8 @@ def _vocabulary(tokenizer) -> list[str]:
 
 
 def _first_difference(a: list[str], b: list[str]) -> str:
+    """SentencePiece vocabularies spell a space "▁" in HF tokenizers and " " in GGUF token lists: equal here."""
+    a, b = [t.replace("\u2581", " ") for t in a], [t.replace("\u2581", " ") for t in b]
     if len(a) != len(b):
         return f"{len(a)} tokens (checkpoint) vs {len(b)} (reference)"
     for i, (x, y) in enumerate(zip(a, b)):

@@ -21,8 +21,8 @@ from wkvlab.weights.checkpoints.base import CheckpointContents
 
 
 def read_gguf(path: Path, model: torch.nn.Module) -> CheckpointContents:
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from gguf import GGUFReader
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     try:
         reader = GGUFReader(str(path))
@@ -31,18 +31,15 @@ def read_gguf(path: Path, model: torch.nn.Module) -> CheckpointContents:
     types = Counter(t.tensor_type.name for t in reader.tensors if t.name.endswith(".weight") and len(t.shape) > 1)
     nbytes = sum(int(t.n_bytes) for t in reader.tensors)
     del reader
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # transformers' converter draws its own bar; the CLI's status says enough
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = lambda items, **_: items  # its converter draws a tqdm bar of its own; the CLI's status says enough
     try:
-        parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
+        parsed = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
     except Exception as exc:  # unsupported architecture or tensor type: one line, not a traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{path} could not be dequantized ({first[:160]})") from None
     finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+        gguf_utils.tqdm = bar
     tensors = {name: t.float() for name, t in parsed["tensors"].items()}
     summary = ", ".join(f"{name} × {count}" for name, count in types.most_common())
     tokens = parsed.get("tokenizer", {}).get("tokens")
