@@ -78,7 +78,10 @@ def run_llmcompressor(python: Path, folder: Path, calib: Path, method: str, args
 
 
 def build_ours(work, text: str, calibration, threads: int) -> float:
-    """Build (and cache, so the evaluation reloads it) one of wkvlab's configs; returns build seconds."""
+    """Build (and cache, so the evaluation reloads it) one of wkvlab's configs; returns build seconds.
+
+    Configs that read no calibration (RTN) are not cached by wkvlab; the evaluation rebuilds them.
+    """
     import torch
 
     from wkvlab.weights.apply import build_quantized
@@ -95,7 +98,7 @@ def build_ours(work, text: str, calibration, threads: int) -> float:
     finally:
         torch.set_num_threads(before)
     target = entry_dir(cache_key(work.loaded.fingerprint, spec, calibration))
-    if not (target / "meta.json").is_file():
+    if spec.needs_calibration and not (target / "meta.json").is_file():
         save_entry(target, work.loaded.model, built)
     return seconds
 
@@ -128,6 +131,7 @@ def main() -> None:
     suffix = "-sym" if args.symmetric else ""
     ours = {m: f"{m}-int4-g{args.group_size}{suffix}" for m in args.methods.split(",")}
     calibration = api.prepare_calibration(work, [WeightSpec.parse(t) for t in ours.values()], cspec)
+    assert calibration is not None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="wkvlab-peer-"))
     workdir.mkdir(parents=True, exist_ok=True)
     calib_file = workdir / "calibration.json"
@@ -146,7 +150,10 @@ def main() -> None:
         rows.append({"tool": f"llm-compressor {timing['llmcompressor']}", "method": method, "weights": f"checkpoint:{out}",
                      "seconds": timing["seconds"], "actorder": timing["actorder"]})
         print(f"  llm-compressor {method}: {timing['seconds']:.1f} s", file=sys.stderr, flush=True)
-    rows += [{"tool": "wkvlab", "method": "extra", "weights": t, "seconds": None} for t in args.ours_extra.split("|") if t]
+    for text in filter(None, args.ours_extra.split("|")):
+        print(f"wkvlab {text} ...", file=sys.stderr, flush=True)
+        rows.append({"tool": "wkvlab", "method": "extra", "weights": text, "seconds": build_ours(work, text, calibration, args.threads)})
+        print(f"  {rows[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
     results = api.evaluate_workload(work, [WeightSpec.parse(r["weights"]) for r in rows], api.parse_kv(["fp16"]), None, cspec)
     for row, result in zip(rows, results):
         row.update(kld=result.kld["mean"], kld_se=result.kld.get("se"), kld_p99=result.kld.get("p99"), top1=result.top1_agreement,
