@@ -83,12 +83,19 @@ def plan_app():
 
 
 @pytest.mark.parametrize("text", WEIGHTS)
-def test_weight_examples_in_every_command(text, plan_app):
+def test_weight_examples_in_every_command(text, plan_app, tmp_path, monkeypatch):
+    checkpoint = text.startswith("checkpoint:")
+    if checkpoint:  # a checkpoint example names a folder the docs' export command wrote
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / text.split(":", 1)[1]).mkdir(parents=True)
     eval_spec = api.parse_weights(split_weight_list(text))[0]  # eval (and demo's grid)
     assert WeightSpec.parse(text) == eval_spec  # explain, profile, search (--weights)
     assert SweepSpec.from_dict({"weights": [text]}).weights[0] == eval_spec  # sweep spec
     result = CliRunner().invoke(plan_app, ["plan", "-m", "Llama-3-70B", "-g", "H100", "-b", "1", "--context", "1024",
                                            "-e", "vllm", "--weights", text, "--kv", "fp16"])
+    if checkpoint and result.exit_code != 0:  # the planner has no byte arithmetic for a file it has not read: one line
+        assert isinstance(result.exception, ConfigError) and "\n" not in str(result.exception), result.exception
+        return
     assert result.exit_code == 0, f"{text}: {result.exception}"
 
 

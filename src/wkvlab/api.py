@@ -129,6 +129,7 @@ def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec
         calibration=prepare_calibration(work, weights, calibration, kv),
         options=options or RunOptions(),
         reload=work.loaded.reload,
+        tokenizer=work.loaded.tokenizer,
     )
 
 

@@ -17,6 +17,7 @@ from wkvlab.errors import ConfigError, WkvlabError
 from wkvlab.eval.depth import depth_tables
 from wkvlab.eval.reference import DEFAULT_TOPK
 from wkvlab.explain.cli import compare_command, explain_command
+from wkvlab.export_cli import export_command
 from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_json_path, write_json_atomic
 from wkvlab.kv.spec import split_kv_list
@@ -189,6 +190,8 @@ app.command("explain")(explain_command)
 app.command("compare")(compare_command)
 # The HTML/PNG/Markdown report of a store (docs/report.md); the command lives in wkvlab.report.cli.
 app.command("report")(report_command)
+# Quantized checkpoints written from a weight config (read back with --weights checkpoint:<folder>).
+app.command("export")(export_command)
 # Real engines (llama.cpp, OpenAI-compatible servers) and the simulation fidelity check (docs/engines.md).
 app.add_typer(engine_app, name="engine")
 # The seeds' questions, measured (docs/findings.md); the command lives in wkvlab.findings.cli.

@@ -53,3 +53,27 @@ def test_hessian_accumulates_as_a_running_mean():
     h1, n1 = accumulate_hessian(torch.zeros(8, 8), 0, x[:40])
     h2, n2 = accumulate_hessian(h1, n1, x[40:])
     assert n2 == 100 and torch.allclose(h2, 2 * x.T @ x / 100, atol=1e-5)
+
+
+def test_stacked_linears_with_one_hessian_quantize_as_separately_and_fake_matches_affine():
+    """gptq_layers quantizes q/k/v (gate/up) stacked along the rows: bit-identical to one by one."""
+    from wkvlab.formats import affine_dequantize, affine_quantize
+    from wkvlab.weights import WeightSpec
+    from wkvlab.weights.gptq import affine_quantizer, gptq_quantize
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 200, generator=g)
+    h = x.T @ x / 96
+    for text in ("int4-g64-sym", "int4-g64", "int3-g32-fmin", "int4-g64;actorder"):
+        spec = WeightSpec.parse(text)
+        qparams, fake = affine_quantizer(spec)
+        ws = [torch.randn(r, 200, generator=g) for r in (48, 16, 16)]
+        kw = dict(group_size=spec.group_size, act_order=spec.act_order)
+        separate = torch.cat([gptq_quantize(w, h, qparams, fake, **kw) for w in ws])
+        assert torch.equal(gptq_quantize(torch.cat(ws), h, qparams, fake, **kw), separate), text
+        column = torch.randn(64, generator=g) * 3
+        s, z = qparams(torch.randn(64, 10, generator=g))
+        args = dict(symmetric=spec.symmetric, zero_point=spec.zero_point)
+        ref = affine_dequantize(affine_quantize(column[:, None], s[:, :, None], z[:, :, None], spec.bits, **args),
+                                s[:, :, None], z[:, :, None], **args)[:, 0]
+        assert torch.equal(fake(column, s, z), ref), text

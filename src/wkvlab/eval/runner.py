@@ -113,8 +113,9 @@ def _scored_rows(start: int, end: int, lo: int, hi: int) -> slice:
 class _Grid:
     """What one run needs at every step: windows, chunking, progress, the configs' layer stores."""
 
-    def __init__(self, model, windows: WindowSet, kv_specs: list[KVSpec], options: RunOptions, calibration, fingerprints, progress):
-        self.model, self.windows, self.kv_specs = model, windows, kv_specs
+    def __init__(self, model, windows: WindowSet, kv_specs: list[KVSpec], options: RunOptions, calibration, fingerprints, progress,
+                 tokenizer=None):
+        self.model, self.windows, self.kv_specs, self.tokenizer = model, windows, kv_specs, tokenizer
         self.chunk = options.chunk_for(model, windows.ctx, kv_specs)
         self.bounds = chunk_bounds(windows.ctx, self.chunk)
         self.calibration, self.fingerprints = calibration, dict(fingerprints or {})
@@ -123,7 +124,8 @@ class _Grid:
 
     def build(self, spec: WeightSpec, in_place: bool = False) -> tuple[QuantizedWeights, float]:
         start = time.perf_counter()
-        built = quantize_model_weights(self.model, spec, self.calibration, model_key=self.fingerprints.get("model_sha256"), in_place=in_place)
+        built = quantize_model_weights(self.model, spec, self.calibration, model_key=self.fingerprints.get("model_sha256"), in_place=in_place,
+                                       tokenizer=self.tokenizer)
         self.tick(f"quantized weights {spec.label}", 1)
         return built, time.perf_counter() - start
 
@@ -309,18 +311,20 @@ def run_grid(
     calibration: CalibrationSet | None = None,
     options: RunOptions = RunOptions(),
     reload: Callable[[], torch.nn.Module] | None = None,
+    tokenizer=None,
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination on the same windows; results in grid order.
 
     ``calibration`` feeds the weight configs that need it (GPTQ, AWQ, SmoothQuant, static
     activation scales) and calibrated KV configs; each is calibrated once per weight config.
-    ``reload`` (a fresh copy of the reference model) is used with ``options.in_place``.
+    ``reload`` (a fresh copy of the reference model) is used with ``options.in_place``;
+    ``tokenizer`` (the reference's) is checked against a ``checkpoint:`` candidate's.
     """
     if options.in_place and (options.reference is None or reload is None):
         raise ConfigError("building weight configs in place needs a stored reference (--reference FILE) and a model that can be reloaded")
     keep_freed_memory()
     check_kv_specs(model, kv_specs)
-    grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress)
+    grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress, tokenizer)
     param = next(model.parameters())
     run = {"chunk": grid.chunk, "device": str(param.device), "dtype": str(param.dtype).replace("torch.", ""),
            "reference": {"kind": "memory"}}

@@ -3,7 +3,8 @@
 Methods: round-to-nearest (:mod:`.rtn`), GPTQ (:mod:`.gptq`), AWQ (:mod:`.awq`), SmoothQuant
 (:mod:`.smoothquant`), LLM.int8() and W8A8/W4A4 activation quantization (:mod:`.activations`);
 architecture mappings as data (:mod:`.arch`); calibration text (:mod:`.calibration`); the
-layer-wise calibration pipeline (:mod:`.capture`); the on-disk cache (:mod:`.cache`).
+layer-wise calibration pipeline (:mod:`.capture`); the on-disk cache (:mod:`.cache`); quantized
+checkpoints on disk as candidates and their writers (:mod:`.checkpoints`, ``checkpoint:<path>``).
 
 The spec, its parser and the storage byte counts (:mod:`.spec`, :mod:`.parse`, :mod:`.storage`)
 import without torch; everything else is imported on first use (PEP 562), so a command that only

@@ -20,6 +20,9 @@ each quantized linear of the model copy is a faithful simulation. Scales:
   weight's minimum) — blocks of 32 with an fp16 scale, bit-exact with ``gguf.quants`` q8_0.
 
 Each spec is a small frozen record so a quantized model can be cached and rebuilt exactly.
+Static kinds take their scale from ``amax`` (calibrated here) or, for a checkpoint that stores it,
+from ``scale`` directly: the fp32 ``input_scale`` of a static INT8/FP8 checkpoint, or NVFP4's
+per-tensor scale (``1 / input_global_scale`` of compressed-tensors).
 """
 from __future__ import annotations
 
@@ -40,13 +43,20 @@ class ActivationQuant:
     kind: str
     amax: float | None = None
     threshold: float = 6.0
+    scale: float | None = None  # a stored static scale (checkpoints); wins over amax
+
+    def static_scale(self, format_max: float) -> float:
+        """The per-tensor scale: the stored one, else calibrated ``amax / format_max`` (1.0 for amax 0)."""
+        if self.scale is not None:
+            return self.scale
+        amax = self.amax or 0.0
+        return amax / format_max if amax > 0 else 1.0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _int8_static(x: Tensor, amax: float) -> Tensor:
-    scale = amax / _INT8_MAX if amax > 0 else 1.0
+def _int8_static(x: Tensor, scale: float) -> Tensor:
     return (torch.round(x / scale).clamp_(-128, 127) * scale).to(x.dtype)
 
 
@@ -66,12 +76,12 @@ def fake_quant_activation(x: Tensor, quant: ActivationQuant) -> Tensor:
     if kind == "fp8-token":
         return fake_quant_fp8(x, "e4m3", fp8_absmax_scale(x, "e4m3", dim=-1))
     if kind == "fp8-tensor":
-        amax = quant.amax or 0.0
-        return fake_quant_fp8(x, "e4m3", amax / fp8_max("e4m3") if amax > 0 else 1.0)
+        return fake_quant_fp8(x, "e4m3", quant.static_scale(fp8_max("e4m3")))
     if kind == "int8-tensor":
-        return _int8_static(x, quant.amax or 0.0)
+        return _int8_static(x, quant.static_scale(_INT8_MAX))
     if kind == "nvfp4":
-        return fake_quant_fp4(x, "nvfp4", nvfp4_global_scale(quant.amax or 0.0))
+        scale = torch.tensor(quant.scale, dtype=torch.float32) if quant.scale is not None else nvfp4_global_scale(quant.amax or 0.0)
+        return fake_quant_fp4(x, "nvfp4", scale)
     if kind == "mxfp4":
         return fake_quant_fp4(x, "mxfp4")
     if kind == "llm-int8":

@@ -112,7 +112,13 @@ def _untie_if_needed(model: torch.nn.Module, spec: WeightSpec, notes: list[str])
 
 
 @torch.no_grad()
-def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[str]) -> None:
+def _keep_rtn_input(record: dict | None, name: str, module: torch.nn.Linear) -> None:
+    """For checkpoint writing: the weight just before round-to-nearest (its grid is recomputed from it)."""
+    if record is not None:
+        record[name] = {"method": "rtn", "weight": module.weight.detach().clone()}
+
+
+def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[str], record: dict | None = None) -> None:
     tokens = calibration.tokens
     layers = decoder_layers(model)
     by_method = {m: {n: s for n, (_, s) in targets.items() if s.method == m} for m in ("smoothquant", "awq", "gptq")}
@@ -128,9 +134,10 @@ def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[s
         del calls
     for name, (module, sub) in targets.items():
         if sub.method != "gptq":
+            _keep_rtn_input(record, name, module)
             module.weight.data = quantize_weight(module.weight.data, sub)
     if by_method["gptq"]:
-        gptq_layers(model, layers, capture_layer_inputs(model, tokens, all_layers=False), by_method["gptq"])
+        gptq_layers(model, layers, capture_layer_inputs(model, tokens, all_layers=False), by_method["gptq"], record)
 
 
 def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict[str, ActivationQuant]:
@@ -148,11 +155,12 @@ def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict
 
 @torch.no_grad()
 def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
-                    *, in_place: bool = False) -> QuantizedWeights:
+                    *, in_place: bool = False, record: dict | None = None) -> QuantizedWeights:
     """Quantize a deep copy of ``model`` (or ``model`` itself with ``in_place``; no disk cache).
 
     In place there is no room for a copy of the original weights either, so whether the config is
-    lossless on this checkpoint is not checked.
+    lossless on this checkpoint is not checked. ``record`` (a dict) receives, per quantized linear,
+    what a checkpoint writer needs to recover its grid exactly (:mod:`wkvlab.weights.checkpoints.export`).
     """
     notes: list[str] = []
     quantized = model if in_place else copy.deepcopy(model)
@@ -162,9 +170,10 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
         raise ConfigError(f"{spec.label} needs calibration data; pass --calib prose (or code, math, a file)")
     originals = {} if in_place else {n: m.weight.detach().clone() for n, (m, _) in targets.items()}
     if calibration is not None and any(s.method in ("smoothquant", "awq", "gptq") for _, s in targets.values()):
-        _calibrated_steps(quantized, targets, calibration, notes)
+        _calibrated_steps(quantized, targets, calibration, notes, record)
     else:
-        for _, (module, sub) in targets.items():
+        for name, (module, sub) in targets.items():
+            _keep_rtn_input(record, name, module)
             module.weight.data = quantize_weight(module.weight.data, sub)
     for _, module in _ends(quantized, spec):
         module.weight.data = quantize_weight(module.weight.data, spec.for_embeddings())
@@ -189,8 +198,11 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
 
 @torch.no_grad()
 def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
-                           *, model_key: str | None = None, in_place: bool = False) -> QuantizedWeights:
+                           *, model_key: str | None = None, in_place: bool = False, tokenizer=None) -> QuantizedWeights:
     """Return a quantized copy of ``model`` (the identity spec returns the model itself).
+
+    ``checkpoint:<path>`` specs load the checkpoint instead (:mod:`wkvlab.weights.checkpoints`;
+    ``tokenizer``, the reference's, is compared with the checkpoint's).
 
     With ``model_key`` (the model's fingerprint), configs that read calibration data are cached on
     disk by (model, spec, calibration) and reloaded bit-identically (:mod:`wkvlab.weights.cache`).
@@ -199,6 +211,10 @@ def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration
     """
     if spec.is_identity:
         return QuantizedWeights(spec, model, model_weight_bytes(model, spec), lossless=True)
+    if spec.is_checkpoint:
+        from wkvlab.weights.checkpoints import load_checkpoint
+
+        return load_checkpoint(model, spec, tokenizer)
     if in_place:
         return build_quantized(model, spec, calibration, in_place=True)
     if model_key is None or not spec.needs_calibration or calibration is None:

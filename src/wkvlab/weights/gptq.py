@@ -28,18 +28,27 @@ FakeQuant = Callable[[Tensor, Tensor, Tensor], Tensor]  # (column [rows], scale,
 
 
 def affine_quantizer(spec: WeightSpec) -> tuple[QParams, FakeQuant]:
-    """The integer affine grid of ``spec`` as the two callables GPTQ needs (wkvlab.formats.affine)."""
+    """The integer affine grid of ``spec`` as the two callables GPTQ needs (wkvlab.formats.affine).
+
+    ``fake`` runs once per column, so it repeats :func:`wkvlab.formats.affine_quantize` /
+    ``affine_dequantize``'s arithmetic on ``[rows]`` vectors without their argument checks and
+    reshapes (the same operations in the same order: bit-identical, tested).
+    """
     kw = dict(symmetric=spec.symmetric, zero_point=spec.zero_point)
+    half, levels = 2 ** (spec.bits - 1), 2 ** spec.bits - 1
 
     def qparams(w: Tensor) -> tuple[Tensor, Tensor]:
         scale, zero = affine_qparams(w, spec.bits, **kw)  # one group per row: [rows, 1, 1]
         return scale.reshape(-1, 1), zero.reshape(-1, 1)
 
     def fake(column: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
-        x = column[:, None]
-        s, z = scale[:, :, None], zero[:, :, None]
-        q = affine_quantize(x, s, z, spec.bits, **kw)
-        return affine_dequantize(q, s, z, **kw)[:, 0]
+        s, z = scale[:, 0], zero[:, 0]
+        safe = torch.where(s == 0, torch.ones_like(s), s)
+        if spec.symmetric:
+            return torch.round(column / safe).clamp_(-half, half - 1) * s
+        if spec.zero_point == "float":
+            return torch.round((column - z) / safe).clamp_(0, levels) * s + z
+        return ((torch.round(column / safe) + z).clamp_(0, levels) - z) * s
 
     return qparams, fake
 
@@ -55,8 +64,13 @@ def gptq_quantize(
     block_size: int = 128,
     damp: float = 0.01,
     act_order: bool = False,
+    record: dict | None = None,
 ) -> Tensor:
-    """GPTQ-quantized copy of ``weight`` (``[out, in]``) for inputs whose Hessian is ``hessian``."""
+    """GPTQ-quantized copy of ``weight`` (``[out, in]``) for inputs whose Hessian is ``hessian``.
+
+    With ``record`` (a dict), the grid is kept for writing a checkpoint: ``record["params"]`` lists
+    each group's ``(scale, zero)`` in processing order, ``record["perm"]`` the act-order permutation.
+    """
     w = weight.detach().float().clone()
     h = hessian.detach().float().clone()
     columns = w.shape[1]
@@ -71,6 +85,7 @@ def gptq_quantize(
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     q = torch.zeros_like(w)
     scale, zero = qparams(w) if group_size is None else (None, None)
+    params = [] if group_size is not None else [(scale, zero)]
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
         w1, hinv1 = w[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
@@ -79,6 +94,7 @@ def gptq_quantize(
             col = i1 + i
             if group_size is not None and col % group_size == 0:
                 scale, zero = qparams(w[:, col:col + group_size])  # outer w, as the reference does
+                params.append((scale, zero))
             qcol = fake(w1[:, i], scale, zero)
             q[:, col] = qcol
             e = (w1[:, i] - qcol) / hinv1[i, i]
@@ -87,29 +103,72 @@ def gptq_quantize(
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
     if perm is not None:
         q = q[:, torch.argsort(perm)]
+    if record is not None:
+        record.update(params=params, perm=perm)
     return q.to(weight.dtype)
 
 
+def _method_key(spec: WeightSpec) -> tuple:
+    return (spec.bits, spec.group_size, spec.symmetric, spec.zero_point, spec.block_size, spec.damp, spec.act_order)
+
+
+def shared_input_groups(names: list[str], hessians: dict[str, Tensor], specs: dict[str, WeightSpec]) -> list[list[str]]:
+    """Linears that saw the same inputs (equal Hessians: q/k/v, gate/up) and share a spec, in order.
+
+    GPTQ treats the rows of a weight independently given the Hessian, so such linears can be
+    quantized as one matrix stacked along the rows: one column loop instead of one per linear.
+    """
+    groups: list[list[str]] = []
+    for name in names:
+        for group in groups:
+            first = group[0]
+            if _method_key(specs[first]) == _method_key(specs[name]) and torch.equal(hessians[first], hessians[name]):
+                group.append(name)
+                break
+        else:
+            groups.append([name])
+    return groups
+
+
+def _split_record(record: dict, names: list[str], rows: list[int], kept: dict) -> None:
+    """Give each stacked linear its own rows of the recorded per-group parameters."""
+    start = 0
+    for name, count in zip(names, rows):
+        params = [(s[start:start + count], z[start:start + count]) for s, z in kept["params"]]
+        record[name] = {"method": "gptq", "params": params, "perm": kept["perm"]}
+        start += count
+
+
 @torch.no_grad()
-def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]], calls, specs: dict[str, WeightSpec]) -> None:
+def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]], calls, specs: dict[str, WeightSpec],
+                record: dict | None = None) -> None:
     """Quantize, in place and layer by layer, every linear named in ``specs`` (full module names).
 
     ``calls`` is :func:`capture_layer_inputs` output with layer 0's inputs; each layer is run once
-    to accumulate Hessians and once more, quantized, to feed the next layer.
+    to accumulate Hessians and once more, quantized, to feed the next layer. Linears with the same
+    inputs and spec are quantized stacked (:func:`shared_input_groups`).
     """
     hidden = calls.hidden[0]
     for index, (layer_name, layer) in enumerate(layers):
         kwargs = calls.kwargs[index]
-        targets = {n: m for n, m in layer.named_modules() if f"{layer_name}.{n}" in specs}
+        targets = {f"{layer_name}.{n}": m for n, m in layer.named_modules() if f"{layer_name}.{n}" in specs}
         if targets:
             with observe_inputs(targets, hessian=True) as stats:
                 run_layer(layer, hidden, kwargs)
-            for name, module in targets.items():
-                spec = specs[f"{layer_name}.{name}"]
+            hessians = {n: stats[n].hessian for n in targets}
+            for names in shared_input_groups(list(targets), hessians, specs):
+                spec = specs[names[0]]
                 qparams, fake = affine_quantizer(spec)
-                module.weight.data = gptq_quantize(module.weight.data, stats[name].hessian, qparams, fake,
-                                                   group_size=spec.group_size, block_size=spec.block_size,
-                                                   damp=spec.damp, act_order=spec.act_order)
-            del stats
+                weights = [targets[n].weight.data for n in names]
+                kept = None if record is None else {}
+                stacked = gptq_quantize(torch.cat(weights), hessians[names[0]], qparams, fake,
+                                        group_size=spec.group_size, block_size=spec.block_size,
+                                        damp=spec.damp, act_order=spec.act_order, record=kept)
+                rows = [w.shape[0] for w in weights]
+                for n, part in zip(names, torch.split(stacked, rows)):
+                    targets[n].weight.data = part.contiguous()
+                if kept is not None:
+                    _split_record(record, names, rows, kept)
+            del stats, hessians
         if index + 1 < len(layers):
             hidden = run_layer(layer, hidden, kwargs)

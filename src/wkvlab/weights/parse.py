@@ -9,7 +9,10 @@
   ``q5_1``; ``none``/``fp32``, ``bf16``, ``fp16``;
 * formats: ``int<b>[-g<G>][-sym|-asym][-fmin]`` (round to nearest; 8-bit defaults to symmetric,
   fewer bits to asymmetric with an integer zero point), with an optional method prefix
-  ``rtn-``, ``gptq-`` or ``awq-`` (``gptq-int3-g64``), or a ``.json``/``.yaml`` spec file.
+  ``rtn-``, ``gptq-`` or ``awq-`` (``gptq-int3-g64``), or a ``.json``/``.yaml`` spec file;
+* ``checkpoint:<path>``: a quantized checkpoint on disk (a compressed-tensors, GPTQ or AWQ folder,
+  or a ``.gguf`` file), decompressed with the activation rules it declares
+  (:mod:`wkvlab.weights.checkpoints`). The path keeps its case and takes no options.
 
 Options follow ``+`` — the separator ``--kv`` uses too, and one a shell leaves alone (``;`` is
 still read as an alias, for specs written before the two grammars shared a separator):
@@ -156,9 +159,24 @@ def _apply_option(spec: WeightSpec, item: str, text: str) -> WeightSpec:
     )
 
 
+CHECKPOINT_PREFIX = "checkpoint:"
+
+
+def _checkpoint(raw: str) -> WeightSpec:
+    path = raw[len(CHECKPOINT_PREFIX):].strip()
+    if not path:
+        raise ConfigError("checkpoint: needs a path; write checkpoint:<folder> or checkpoint:<file>.gguf")
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise ConfigError(f"checkpoint not found: {path}; give a quantized model folder or a .gguf file")
+    return WeightSpec(method="checkpoint", checkpoint=str(resolved.resolve()), label=raw)
+
+
 def parse_weight_spec(text: str) -> WeightSpec:
     """Parse the CLI string form (see the module docstring) into a :class:`WeightSpec`."""
     raw = text.strip()
+    if raw.lower().startswith(CHECKPOINT_PREFIX):
+        return _checkpoint(raw)
     if raw.lower().endswith((".json", ".yaml", ".yml")) and not _SEPARATOR.search(raw.lower()):
         return WeightSpec.from_file(Path(raw).expanduser())
     key = raw.lower()

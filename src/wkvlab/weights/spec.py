@@ -20,7 +20,9 @@ from pathlib import Path
 from wkvlab.errors import ConfigError
 from wkvlab.specio import reject_unknown_fields
 
-METHODS = ("none", "cast", "rtn", "gptq", "awq", "smoothquant", "llm-int8")
+# "checkpoint": the weights (and activation rules) come from a quantized checkpoint on disk
+# (compressed-tensors, GPTQ/AWQ, GGUF) named by ``checkpoint``; see wkvlab.weights.checkpoints.
+METHODS = ("none", "cast", "rtn", "gptq", "awq", "smoothquant", "llm-int8", "checkpoint")
 # llama.cpp block types as weight formats: blocks of 32 along the input, scales inside the block
 # (ggml-common.h), bit-exact with gguf.quants (wkvlab.formats.ggml).
 GGML_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
@@ -62,6 +64,7 @@ class WeightSpec:
     grid: int = 20  # AWQ: scale-search grid points (AutoAWQ n_grid)
     clip: bool = True  # AWQ: weight clipping search (AutoAWQ apply_clip)
     threshold: float = 6.0  # LLM.int8(): outlier magnitude (Dettmers et al. 2022; bitsandbytes default)
+    checkpoint: str | None = None  # method "checkpoint": the folder or file holding the quantized weights
 
     def __post_init__(self) -> None:
         for name in ("skip_layers", "overrides"):
@@ -82,6 +85,7 @@ class WeightSpec:
         if self.zero_point not in ("int", "float"):
             raise ConfigError(f"zero_point must be 'int' or 'float', got {self.zero_point!r}")
         self._check_method()
+        self._check_checkpoint()
         if any(i < 0 for i in self.skip_layers) or self.skip_first < 0 or self.skip_last < 0:
             raise ConfigError("layer indices and counts to skip must be >= 0; layers count from 0")
         for pattern in [self.skip_regex or ""] + [p for p, _ in self.overrides]:
@@ -108,6 +112,17 @@ class WeightSpec:
             raise ConfigError(f"SmoothQuant alpha must be in [0, 1], got {self.alpha}")
         if not 0.0 <= self.damp < 1.0 or self.block_size < 1 or self.grid < 1 or self.threshold <= 0:
             raise ConfigError("GPTQ damp must be in [0, 1), block size and AWQ grid positive, LLM.int8() threshold positive")
+
+    def _check_checkpoint(self) -> None:
+        if (self.method == "checkpoint") != (self.checkpoint is not None):
+            raise ConfigError("a checkpoint spec needs both method 'checkpoint' and a path; write checkpoint:<folder or .gguf file>")
+        if self.method == "checkpoint" and (self.overrides or self.skip_layers or self.skip_first or self.skip_last or self.skip_regex
+                                             or self.quantize_embeddings or self.quantize_lm_head):
+            raise ConfigError("a checkpoint carries its own layout; skips, overrides, emb and head do not apply to checkpoint:<path>")
+
+    @property
+    def is_checkpoint(self) -> bool:
+        return self.method == "checkpoint"
 
     @property
     def is_identity(self) -> bool:
