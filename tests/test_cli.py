@@ -19,7 +19,7 @@ def _run(*args, **kw):
         (["eval", "--kv", "int9"], "unknown KV format"),
         (["eval", "--weights", "int4-gx"], "unknown weight config"),
         (["eval", "--model", "/no/such/model.gguf", "--kv", "q4_0"], "model not found"),
-        (["eval", "--data", "/no/such/file.txt"], "data file not found"),
+        (["eval", "--data", "/no/such/file.txt", "--kv", "q4_0"], "data file not found"),
     ],
 )
 def test_bad_input_is_one_line(args, message):

@@ -63,6 +63,7 @@ class EvalResult:
     fingerprints: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=library_versions)
+    threads: int | None = None  # torch intra-op threads the candidate passes ran with (wkvlab.threads)
 
     @property
     def tokens(self) -> int:
@@ -111,4 +112,5 @@ class EvalResult:
             "fingerprints": self.fingerprints,
             "notes": self.notes,
             "versions": self.versions,
+            "threads": self.threads,
         }

@@ -25,11 +25,11 @@ from wkvlab.kv.hook import kv_quantization, layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.runtime import keep_freed_memory
-from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
+from wkvlab.weights.apply import QuantizedWeights, quantize_with_progress
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.spec import WeightSpec
 
-Progress = Callable[[str, int], None]  # (description of the step just done, steps advanced)
+Progress = Callable[[str, float], None]  # (description of the step just done, steps advanced; fractions for layers)
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,8 @@ def run_grid(
     build_seconds: list[float] = []
     for spec in weight_specs:
         start = time.perf_counter()
-        built.append(quantize_model_weights(model, spec, calibration, model_key=(fingerprints or {}).get("model_sha256")))
+        built.append(quantize_with_progress(model, spec, calibration, (fingerprints or {}).get("model_sha256"), tick))
         build_seconds.append(time.perf_counter() - start)
-        tick(f"quantized weights {spec.label}", 1)
 
     kv_stats: list[KVStats | None] = [None] * len(built)
     if any(kv.needs_calibration for kv in kv_specs):
@@ -146,5 +145,6 @@ def run_grid(
             buckets=buckets,
             fingerprints=dict(fingerprints or {}),
             notes=list(qw.notes),
+            threads=torch.get_num_threads(),
         ))
     return results

@@ -12,26 +12,15 @@ User-caused errors (bad bits, group size, unknown name) raise
 """
 from __future__ import annotations
 
-from wkvlab.formats.affine import (
-    ZeroPoint,
-    affine_dequantize,
-    affine_qparams,
-    affine_quantize,
-    bytes_per_element_affine,
-    fake_quant_affine,
-)
-from wkvlab.formats.fp4 import E2M1_MAX, FP4_BLOCK, FP4Format, fake_quant_fp4, fp4_bytes, nvfp4_global_scale, round_e2m1
-from wkvlab.formats.fp8 import FP8Format, fake_quant_fp8, fp8_absmax_scale, fp8_dtype, fp8_max
-from wkvlab.formats.ggml import (
-    GGML_TYPES,
-    fake_quant_ggml,
-    ggml_block_shape,
-    ggml_bytes_per_element,
-    ggml_dequantize,
-    ggml_quantize,
-)
-from wkvlab.formats.rounding import Rounding, round_with
+from wkvlab.lazy import lazy_exports, names
 
+_EXPORTS = {
+    **names("affine", "ZeroPoint", "affine_dequantize", "affine_qparams", "affine_quantize", "bytes_per_element_affine", "fake_quant_affine"),
+    **names("fp4", "E2M1_MAX", "FP4_BLOCK", "FP4Format", "fake_quant_fp4", "fp4_bytes", "nvfp4_global_scale", "round_e2m1"),
+    **names("fp8", "FP8Format", "fake_quant_fp8", "fp8_absmax_scale", "fp8_dtype", "fp8_max"),
+    **names("ggml", "GGML_TYPES", "fake_quant_ggml", "ggml_block_shape", "ggml_bytes_per_element", "ggml_dequantize", "ggml_quantize"),
+    **names("rounding", "Rounding", "round_with"),
+}
 __all__ = [
     "Rounding",
     "round_with",
@@ -60,3 +49,4 @@ __all__ = [
     "ggml_dequantize",
     "fake_quant_ggml",
 ]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

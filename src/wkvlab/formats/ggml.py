@@ -30,14 +30,8 @@ from torch import Tensor
 from wkvlab.errors import ConfigError
 from wkvlab.formats._checks import check_float_tensor, const_like
 from wkvlab.formats._iq4nl import iq4nl_encode, iq4nl_values
+from wkvlab.formats.ggml_blocks import GGML_TYPES, QK, TYPE_SIZE as _TYPE_SIZE, check_type as _check_type, ggml_block_shape, ggml_bytes_per_element
 from wkvlab.formats.rounding import round_with
-
-GGML_TYPES: tuple[str, ...] = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
-
-QK = 32  # values per block, the same for every type here
-
-# bytes per block, from ggml-common.h (== gguf.constants.GGML_QUANT_SIZES)
-_TYPE_SIZE: dict[str, int] = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18}
 
 __all__ = [
     "GGML_TYPES",
@@ -49,26 +43,10 @@ __all__ = [
 ]
 
 
-def _check_type(type_name: object) -> str:
-    if type_name not in _TYPE_SIZE:
-        raise ConfigError(f"unknown ggml type {type_name!r}; use one of {', '.join(GGML_TYPES)}")
-    return type_name  # type: ignore[return-value]
-
-
 def _check_ntry(ntry: object) -> int:
     if isinstance(ntry, bool) or not isinstance(ntry, int) or not -1 <= ntry <= 64:
         raise ConfigError(f"ntry must be an integer from -1 to 64 (7: llama-quantize, -1: runtime), got {ntry!r}")
     return ntry
-
-
-def ggml_block_shape(type_name: str) -> tuple[int, int]:
-    """``(values per block, bytes per block)``, e.g. ``(32, 18)`` for q4_0."""
-    return QK, _TYPE_SIZE[_check_type(type_name)]
-
-
-def ggml_bytes_per_element(type_name: str) -> float:
-    """Storage bytes per value including block metadata, e.g. 34/32 for q8_0 (8.5 bits)."""
-    return _TYPE_SIZE[_check_type(type_name)] / QK
 
 
 def _to_blocks(x: Tensor) -> Tensor:

@@ -31,12 +31,22 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from wkvlab.errors import ConfigError
-from wkvlab.formats import GGML_TYPES, fake_quant_affine, fake_quant_fp8, fake_quant_ggml, fp8_absmax_scale, ggml_block_shape
+from wkvlab.formats.ggml_blocks import GGML_TYPES, ggml_block_shape
+
+if TYPE_CHECKING:
+    import torch
+
+# The tensor code (torch, wkvlab.formats) is imported when a format first quantizes, not here:
+# parsing a spec, listing presets and refusing a typo must not wait for torch (``wkvlab --help``).
+
+
+def _tensor_formats():
+    import wkvlab.formats
+
+    return wkvlab.formats
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,7 @@ class KVFormat:
 
 def _affine(bits: int, symmetric: bool, group: int | None = None):
     zero_point = "int" if symmetric else "float"
-    return lambda x: fake_quant_affine(x, bits, group_size=group, symmetric=symmetric, zero_point=zero_point)
+    return lambda x: _tensor_formats().fake_quant_affine(x, bits, group_size=group, symmetric=symmetric, zero_point=zero_point)
 
 
 def _affine_format(bits: int, group: int | None, symmetric: bool) -> KVFormat:
@@ -88,11 +98,13 @@ def _per_channel(bits: int, group: int, symmetric: bool):
     zero_point = "int" if symmetric else "float"
 
     def quantize(x: torch.Tensor) -> torch.Tensor:
+        import torch
+
         complete = x.shape[-2] // group * group
         if complete == 0:
             return x.clone()
         head = x[..., :complete, :].transpose(-1, -2)
-        head = fake_quant_affine(head, bits, group_size=group, symmetric=symmetric, zero_point=zero_point).transpose(-1, -2)
+        head = _tensor_formats().fake_quant_affine(head, bits, group_size=group, symmetric=symmetric, zero_point=zero_point).transpose(-1, -2)
         return torch.cat([head.to(x.dtype), x[..., complete:, :]], dim=-2)
 
     return quantize
@@ -108,19 +120,21 @@ def _per_channel_format(bits: int, group: int, symmetric: bool) -> KVFormat:
     )
 
 
-_E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-_E2M1_BOUNDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
 def _sglang_fp4(x: torch.Tensor) -> torch.Tensor:
     """SGLang's KVFP4 (MX-style): blocks of 16, scale 2^ceil(log2(amax/6)) so nothing saturates,
     magnitudes snapped to E2M1 by ``bucketize`` over the midpoints (a tie goes to the lower value),
     as ``KVFP4QuantizeUtil.batched_quantize`` does."""
+    import torch
+
     blocks = x.float().reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     scale = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / 6.0, min=1e-10))))
     scaled = blocks / scale
-    values = _E2M1_VALUES[torch.bucketize(scaled.abs().contiguous(), _E2M1_BOUNDS)]
+    values = torch.tensor(_E2M1_VALUES)[torch.bucketize(scaled.abs().contiguous(), torch.tensor(_E2M1_BOUNDS))]
     return (torch.sign(scaled) * values * scale).reshape(x.shape)
 
 
@@ -139,7 +153,8 @@ def _nuq_format(bits: int, per_channel: bool) -> KVFormat:
 
 
 def _fp8_per_token_head(x: torch.Tensor) -> torch.Tensor:
-    return fake_quant_fp8(x, "e4m3", fp8_absmax_scale(x.float(), "e4m3", dim=-1))
+    fmt = _tensor_formats()
+    return fmt.fake_quant_fp8(x, "e4m3", fmt.fp8_absmax_scale(x.float(), "e4m3", dim=-1))
 
 
 def _ggml(type_name: str) -> KVFormat:
@@ -148,7 +163,7 @@ def _ggml(type_name: str) -> KVFormat:
     ntry = -1 if type_name == "iq4_nl" else 7
     return KVFormat(
         type_name, f"llama.cpp {type_name} blocks of {values} ({nbytes} bytes)",
-        lambda x: fake_quant_ggml(x, type_name, ntry=ntry), lambda d: d / values * nbytes, values,
+        lambda x: _tensor_formats().fake_quant_ggml(x, type_name, ntry=ntry), lambda d: d / values * nbytes, values,
     )
 
 
@@ -156,8 +171,8 @@ KV_FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
         KVFormat("fp16", "16-bit cache at model precision (no quantization)", None, lambda d: 2.0 * d),
-        KVFormat("fp8_e4m3", "FP8 E4M3, per-tensor scale 1.0", lambda x: fake_quant_fp8(x, "e4m3", 1.0), lambda d: 1.0 * d),
-        KVFormat("fp8_e5m2", "FP8 E5M2, per-tensor scale 1.0", lambda x: fake_quant_fp8(x, "e5m2", 1.0), lambda d: 1.0 * d),
+        KVFormat("fp8_e4m3", "FP8 E4M3, per-tensor scale 1.0", lambda x: _tensor_formats().fake_quant_fp8(x, "e4m3", 1.0), lambda d: 1.0 * d),
+        KVFormat("fp8_e5m2", "FP8 E5M2, per-tensor scale 1.0", lambda x: _tensor_formats().fake_quant_fp8(x, "e5m2", 1.0), lambda d: 1.0 * d),
         KVFormat("int8", "INT8 symmetric per token and head", _affine(8, True), lambda d: d + 2.0),
         KVFormat("int4", "INT4 asymmetric per token and head", _affine(4, False), lambda d: d / 2 + 4.0),
         KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),

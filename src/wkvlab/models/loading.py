@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from wkvlab.errors import ModelError
+from wkvlab.models.facts import check_model_source
 from wkvlab.models.packaged import canonical_name, packaged_gguf
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -133,19 +134,14 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True) -> 
     """Load ``spec``: a packaged name (``default``, ``smollm2``, ``gemma3-270m``), a .gguf file, or an HF folder."""
     if dtype not in _DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+    check_model_source(spec)
     packaged = canonical_name(spec)
     if packaged is not None:
         loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache)
         loaded.name = packaged
         return loaded
     path = Path(spec).expanduser()
-    if not path.exists():
-        raise ModelError(f"model not found: {spec!r}; use 'default', 'gemma3-270m', a .gguf file or a Hugging Face model folder")
     if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
         return load_gguf(path, dtype=dtype, use_cache=use_cache)
-    if not (path / "config.json").is_file():
-        raise ModelError(f"{path} has no config.json; pass a Hugging Face model folder or a .gguf file")
     model, tokenizer = _from_pretrained(path, _DTYPES[dtype])
     return LoadedModel(name=path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from wkvlab.report.data import ConfigRow, PenaltyRow, PositionCurve, ReportData, pareto_front
 from wkvlab.report.profiles import Profile
+from wkvlab.units import GIB, MIB
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 # Marker per KV bit class, after the seed study's final chart: circles for the 16-bit cache,
@@ -16,7 +17,6 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 CLASS_SYMBOL = {16: "circle", 8: "diamond", 4: "triangle-up", 2: "square"}
 CLASS_COLOR = {16: "#7f7f7f", 8: "#1f77b4", 4: "#d62728", 2: "#9467bd"}
 DASHES = ("solid", "dash", "dot", "dashdot")
-MIB, GIB = 2**20, 2**30
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from operator import attrgetter
 from typing import Any, Callable
 
 from wkvlab.report.data import ReportData
+from wkvlab.units import MIB
 
-MIB = 2**20
 
 
 @dataclass(frozen=True)

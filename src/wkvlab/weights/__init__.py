@@ -7,17 +7,21 @@ layer-wise calibration pipeline (:mod:`.capture`); the on-disk cache (:mod:`.cac
 """
 from __future__ import annotations
 
-from wkvlab.weights.activations import ActivationQuant, fake_quant_activation
-from wkvlab.weights.apply import QuantizedWeights, decoder_linears, model_weight_bytes, quantize_model_weights, resolve_linears
-from wkvlab.weights.calibration import DOMAINS, CalibrationSet, CalibrationSpec, calibration_corpus, calibration_set, math_text
-from wkvlab.weights.gptq import gptq_quantize
-from wkvlab.weights.parse import PRESETS, parse_weight_spec, preset_names
-from wkvlab.weights.rtn import quantize_weight, weight_storage_bytes
-from wkvlab.weights.spec import WeightSpec
+from wkvlab.lazy import lazy_exports, names
 
+_EXPORTS = {
+    **names("activations", "ActivationQuant", "fake_quant_activation"),
+    **names("apply", "QuantizedWeights", "decoder_linears", "model_weight_bytes", "quantize_model_weights", "resolve_linears"),
+    **names("calibration", "DOMAINS", "CalibrationSet", "CalibrationSpec", "calibration_corpus", "calibration_set", "math_text"),
+    **names("gptq", "gptq_quantize"),
+    **names("parse", "PRESETS", "parse_weight_spec", "preset_names"),
+    **names("rtn", "quantize_weight", "weight_storage_bytes"),
+    **names("spec", "WeightSpec"),
+}
 __all__ = [
     "ActivationQuant", "fake_quant_activation", "QuantizedWeights", "decoder_linears", "model_weight_bytes",
     "quantize_model_weights", "resolve_linears", "DOMAINS", "CalibrationSet", "CalibrationSpec", "calibration_corpus",
     "calibration_set", "math_text", "gptq_quantize", "PRESETS", "parse_weight_spec", "preset_names", "quantize_weight",
     "weight_storage_bytes", "WeightSpec",
 ]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -13,8 +13,10 @@ reused for every KV config it is evaluated with. The steps, in order:
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -28,6 +30,9 @@ from wkvlab.weights.gptq import gptq_layers
 from wkvlab.weights.rtn import quantize_weight, ragged_group_note, weight_storage_bytes
 from wkvlab.weights.smoothquant import observe_model, smooth_model
 from wkvlab.weights.spec import STATIC_ACTIVATIONS, WeightSpec
+
+# (what was just done, fraction of this build): per-layer progress of the calibrated methods.
+BuildProgress = Callable[[str, float], None]
 
 # Linear layers inside decoder blocks; embeddings and lm_head stay at 16 bits, as engines keep them.
 DECODER_LINEAR = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -125,10 +130,13 @@ def _untie_if_needed(model: torch.nn.Module, spec: WeightSpec, notes: list[str])
 
 
 @torch.no_grad()
-def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[str]) -> None:
+def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[str], progress: BuildProgress | None = None) -> None:
     tokens = calibration.tokens
     layers = decoder_layers(model)
     by_method = {m: {n: s for n, (_, s) in targets.items() if s.method == m} for m in ("smoothquant", "awq", "gptq")}
+    # AWQ's scale search and GPTQ's column loop are the slow parts (minutes on 2 cores): one tick per layer of each.
+    share = 1.0 / (len(layers) * max(1, bool(by_method["awq"]) + bool(by_method["gptq"])))
+    tick = progress or (lambda _d, _f: None)
     if by_method["smoothquant"]:
         smooth_model(model, layers, tokens, {n: s.alpha for n, s in by_method["smoothquant"].items()}, architecture_of(model))
     if by_method["awq"]:
@@ -137,13 +145,15 @@ def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[s
         found: set[str] = set()
         for index, (name, layer) in enumerate(layers):
             awq_layer(layer, name, calls.hidden[index], calls.kwargs[index], by_method["awq"], arch, found)
+            tick(f"AWQ layer {index + 1}/{len(layers)}", share)
         notes.extend(sorted(found))
         del calls
     for name, (module, sub) in targets.items():
         if sub.method != "gptq":
             module.weight.data = quantize_weight(module.weight.data, sub)
     if by_method["gptq"]:
-        gptq_layers(model, layers, capture_layer_inputs(model, tokens, all_layers=False), by_method["gptq"])
+        gptq_layers(model, layers, capture_layer_inputs(model, tokens, all_layers=False), by_method["gptq"],
+                    on_layer=lambda index: tick(f"GPTQ layer {index + 1}/{len(layers)}", share))
 
 
 def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict[str, ActivationQuant]:
@@ -160,7 +170,8 @@ def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict
 
 
 @torch.no_grad()
-def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None) -> QuantizedWeights:
+def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
+                    progress: BuildProgress | None = None) -> QuantizedWeights:
     """Quantize a deep copy of ``model`` (no cache); see the module docstring for the steps."""
     notes: list[str] = []
     quantized = copy.deepcopy(model)
@@ -170,7 +181,7 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
         raise ConfigError(f"{spec.label} needs calibration data; pass --calib prose (or code, math, a file)")
     originals = {n: m.weight.detach().clone() for n, (m, _) in targets.items()}
     if calibration is not None and any(s.method in ("smoothquant", "awq", "gptq") for _, s in targets.values()):
-        _calibrated_steps(quantized, targets, calibration, notes)
+        _calibrated_steps(quantized, targets, calibration, notes, progress)
     else:
         for _, (module, sub) in targets.items():
             module.weight.data = quantize_weight(module.weight.data, sub)
@@ -197,16 +208,33 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
 
 @torch.no_grad()
 def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
-                           *, model_key: str | None = None) -> QuantizedWeights:
+                           *, model_key: str | None = None, progress: BuildProgress | None = None) -> QuantizedWeights:
     """Return a quantized copy of ``model`` (the identity spec returns the model itself).
 
     With ``model_key`` (the model's fingerprint), configs that read calibration data are cached on
     disk by (model, spec, calibration) and reloaded bit-identically (:mod:`wkvlab.weights.cache`).
+    ``progress`` hears of each layer of a calibrated method (fractions of this build summing to at most 1).
     """
     if spec.is_identity:
         return QuantizedWeights(spec, model, model_weight_bytes(model, spec), lossless=True)
+    build = functools.partial(build_quantized, progress=progress)
     if model_key is None or not spec.needs_calibration or calibration is None:
-        return build_quantized(model, spec, calibration)
+        return build(model, spec, calibration)
     from wkvlab.weights.cache import cached_quantize
 
-    return cached_quantize(model, spec, calibration, model_key, build_quantized)
+    return cached_quantize(model, spec, calibration, model_key, build)
+
+
+def quantize_with_progress(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None,
+                           model_key: str | None, tick: Callable[[str, float], None]) -> QuantizedWeights:
+    """:func:`quantize_model_weights` as exactly one progress step: per-layer fractions while a
+    calibrated method runs, the rest when the copy is ready (all of it when cached or plain RTN)."""
+    done = [0.0]
+
+    def layer(description: str, fraction: float) -> None:
+        done[0] += fraction
+        tick(f"quantizing {spec.label}: {description}", fraction)
+
+    built = quantize_model_weights(model, spec, calibration, model_key=model_key, progress=layer)
+    tick(f"quantized weights {spec.label}", max(0.0, 1.0 - done[0]))
+    return built

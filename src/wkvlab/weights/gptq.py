@@ -91,11 +91,13 @@ def gptq_quantize(
 
 
 @torch.no_grad()
-def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]], calls, specs: dict[str, WeightSpec]) -> None:
+def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]], calls, specs: dict[str, WeightSpec],
+                on_layer: Callable[[int], None] | None = None) -> None:
     """Quantize, in place and layer by layer, every linear named in ``specs`` (full module names).
 
     ``calls`` is :func:`capture_layer_inputs` output with layer 0's inputs; each layer is run once
-    to accumulate Hessians and once more, quantized, to feed the next layer.
+    to accumulate Hessians and once more, quantized, to feed the next layer. ``on_layer(index)``
+    is called as each layer is done (progress).
     """
     hidden = calls.hidden[0]
     for index, (layer_name, layer) in enumerate(layers):
@@ -113,3 +115,5 @@ def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]
             del stats
         if index + 1 < len(layers):
             hidden = run_layer(layer, hidden, kwargs)
+        if on_layer is not None:
+            on_layer(index)
