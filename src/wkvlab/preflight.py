@@ -65,6 +65,6 @@ def check_calibration(calib: str, samples: int | None = None, length: int | None
 def require_store(path: Path, create: bool = False) -> None:
     """A results store that exists (reading commands never create one), or with ``create`` one
     that may be created; a folder or a file that is not SQLite is refused (wkvlab.store.schema)."""
-    from wkvlab.store.schema import check_file
+    from wkvlab.store.schema import check_store
 
-    check_file(Path(path), create)
+    check_store(Path(path), create)

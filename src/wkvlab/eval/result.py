@@ -64,6 +64,7 @@ class EvalResult:
     notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=library_versions)
     threads: int | None = None  # torch intra-op threads the candidate passes ran with (wkvlab.threads)
+    model_shape: dict | None = None  # layers, kv_heads, head_dim: what kv_bytes_per_token was computed from
 
     @property
     def tokens(self) -> int:
@@ -113,4 +114,5 @@ class EvalResult:
             "notes": self.notes,
             "versions": self.versions,
             "threads": self.threads,
+            "model_shape": self.model_shape,
         }

@@ -146,5 +146,6 @@ def run_grid(
             fingerprints=dict(fingerprints or {}),
             notes=list(qw.notes),
             threads=torch.get_num_threads(),
+            model_shape={"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim},
         ))
     return results

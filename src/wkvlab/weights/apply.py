@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -229,11 +230,14 @@ def quantize_with_progress(model: torch.nn.Module, spec: WeightSpec, calibration
                            model_key: str | None, tick: Callable[[str, float], None]) -> QuantizedWeights:
     """:func:`quantize_model_weights` as exactly one progress step: per-layer fractions while a
     calibrated method runs, the rest when the copy is ready (all of it when cached or plain RTN)."""
-    done = [0.0]
+    done, start = [0.0], time.monotonic()
 
     def layer(description: str, fraction: float) -> None:
+        # The grid's ETA averages over steps of very different cost (a GPTQ build is worth dozens of
+        # window passes); this step's own rate says when the build itself ends.
         done[0] += fraction
-        tick(f"quantizing {spec.label}: {description}", fraction)
+        left = (time.monotonic() - start) / done[0] * max(0.0, 1.0 - done[0])
+        tick(f"quantizing {spec.label}: {description}, about {int(left // 60)}:{int(left % 60):02d} left in this step", fraction)
 
     built = quantize_model_weights(model, spec, calibration, model_key=model_key, progress=layer)
     tick(f"quantized weights {spec.label}", max(0.0, 1.0 - done[0]))
