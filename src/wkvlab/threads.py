@@ -70,7 +70,7 @@ def choose_threads(option: int | None = None, environ: dict[str, str] | None = N
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return ThreadChoice(1, "auto", cores)
-    # Cores left idle by everything else; a half-busy core is not worth a spinning thread.
+    # Cores left idle by everything else; a core more than a quarter busy is not worth a spinning thread.
     idle = int(cores - load + 0.25)
     return ThreadChoice(max(1, min(cores, idle)), "auto", cores, round(load, 2))
 
