@@ -10,8 +10,8 @@ workload:
 
 * ``eval``: the evaluation loop of ``wkvlab eval`` (reference + one candidate per window, weights
   none, KV int4) on 2 windows of 512 tokens;
-* ``gptq`` / ``awq``: building ``gptq-int4-g128`` / ``awq-int4-g128`` on 4 calibration samples
-  of 256 tokens (no disk cache);
+* ``gptq`` / ``awq``: building ``gptq-int4-g128`` / ``awq-int4-g128`` on ``--calib-samples``
+  calibration samples of ``--calib-len`` tokens (default 4 × 256; no disk cache);
 * ``llamacpp``: llama.cpp (llama-cpp-python) scoring 2 windows of 512 tokens with a q8_0 cache,
   its ``n_threads`` set to the same count.
 
@@ -31,7 +31,7 @@ WORKLOADS = ("eval", "gptq", "awq", "llamacpp")
 CTX, WINDOWS = 512, 2
 
 
-def _child(workload: str, threads: int) -> dict:
+def _child(workload: str, threads: int, calib: tuple[int, int] = (4, 256)) -> dict:
     from wkvlab.threads import apply_threads, choose_threads
 
     choice = apply_threads(choose_threads(threads))
@@ -45,7 +45,7 @@ def _child(workload: str, threads: int) -> dict:
         from wkvlab.weights import CalibrationSpec, quantize_model_weights
 
         spec = api.parse_weights([f"{workload}-int4-g128"])[0]
-        calibration = api.prepare_calibration(work, [spec], CalibrationSpec("prose", 4, 256))
+        calibration = api.prepare_calibration(work, [spec], CalibrationSpec("prose", *calib))
         start = time.perf_counter()
         quantize_model_weights(work.loaded.model, spec, calibration)  # no model_key: never the disk cache
     elif workload == "llamacpp":
@@ -62,14 +62,15 @@ def _child(workload: str, threads: int) -> dict:
     return {"workload": workload, "threads": choice.threads, "seconds": round(time.perf_counter() - start, 2)}
 
 
-def _measure(workload: str, threads: int, loaded: bool) -> dict:
+def _measure(workload: str, threads: int, loaded: bool, calib: tuple[int, int]) -> dict:
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
     try:
         if burner is not None:
             time.sleep(1.0)  # let it take its core before the child starts
         load = os.getloadavg()[0]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        proc = subprocess.run([sys.executable, __file__, "--child", workload, "--threads", str(threads)],
+        proc = subprocess.run([sys.executable, __file__, "--child", workload, "--threads", str(threads),
+                               "--calib-samples", str(calib[0]), "--calib-len", str(calib[1])],
                               capture_output=True, text=True, env=env)
     finally:
         if burner is not None:
@@ -86,20 +87,23 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--calib-samples", type=int, default=4)
+    parser.add_argument("--calib-len", type=int, default=256)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    calib = (args.calib_samples, args.calib_len)
     if args.child:
-        print(json.dumps(_child(args.child, int(args.threads))))
+        print(json.dumps(_child(args.child, int(args.threads), calib)))
         return
     rows = []
     for workload in args.workloads.split(","):
         for _ in range(args.repeats):
             for loaded in (False, True):
                 for threads in (int(t) for t in args.threads.split(",")):
-                    row = _measure(workload, threads, loaded)
+                    row = _measure(workload, threads, loaded, calib)
                     print(json.dumps(row), file=sys.stderr, flush=True)
                     rows.append(row)
-    print(json.dumps({"cores": os.cpu_count(), "ctx": CTX, "windows": WINDOWS, "rows": rows}, indent=1))
+    print(json.dumps({"cores": os.cpu_count(), "ctx": CTX, "windows": WINDOWS, "calibration": calib, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,28 @@ def _symlog_ticks(values: list[float], threshold: float) -> dict:
     return {"tickmode": "array", "tickvals": [_symlog(v, threshold) for v in ticks], "ticktext": [f"{v:g}" for v in ticks]}
 
 
-def _trace(s: Series, symlog: float | None = None) -> dict:
+def _label_positions(chart: Chart) -> dict[int, list[str]]:
+    """plotly's textposition per labelled point: left of points in the right quarter (else clipped at
+    the edge), and below instead of above when a label already sits near the point (close configs)."""
+    points = [(i, j, x, y) for i, s in enumerate(chart.series) if s.labels for j, (x, y) in enumerate(zip(s.x, s.y))]
+    if not points:
+        return {}
+    ys = [(_symlog(y, chart.y_symlog) if chart.y_symlog else y) for *_, y in points]
+    xs = [x for _, _, x, _ in points]
+    x_span, y_span = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    placed: list[tuple[float, float, str]] = []
+    out: dict[int, list[str]] = {i: [""] * len(chart.series[i].x) for i, *_ in points}
+    for (i, j, x, _), y in sorted(zip(points, ys), key=lambda p: (p[0][2], p[1])):
+        side = "left" if x > min(xs) + 0.75 * x_span else "right"
+        crowded = any(abs(x - px) < 0.05 * x_span and abs(y - py) < 0.08 * y_span and pos.endswith(side) and pos.startswith("top")
+                      for px, py, pos in placed)
+        position = f"{'bottom' if crowded else 'top'} {side}"
+        placed.append((x, y, position))
+        out[i][j] = position
+    return out
+
+
+def _trace(s: Series, symlog: float | None = None, label_positions: list[str] | None = None) -> dict:
     symbol = s.symbol if s.filled or s.symbol.endswith("-open") else f"{s.symbol}-open"
     ys = [_symlog(y, symlog) for y in s.y] if symlog else list(s.y)
     trace = {
@@ -75,7 +96,8 @@ def _trace(s: Series, symlog: float | None = None) -> dict:
         "hovertemplate": "%{customdata}<extra></extra>", "customdata": [plotly_text(h) for h in s.hover] or None,
     }
     if s.labels:
-        trace.update(text=[plotly_text(label) for label in s.labels], textposition="top right", textfont={"size": 10, "color": "#333"})
+        trace.update(text=[plotly_text(label) for label in s.labels], textposition=label_positions or "top right",
+                     textfont={"size": 10, "color": "#333"})
     if s.x and isinstance(s.x[0], str):
         trace["x"] = [plotly_text(x) for x in s.x]
     if s.error_low is not None:
@@ -111,7 +133,8 @@ def plotly_figure(chart: Chart | Heatmap) -> dict:
     layout["yaxis"] = _axis(chart.y_title, zeroline=chart.zero_line, zerolinecolor="#444", zerolinewidth=1)
     if chart.y_symlog:
         layout["yaxis"].update(_symlog_ticks([y for s in chart.series for y in s.y], chart.y_symlog))
-    return {"id": chart.id, "data": [_trace(s, chart.y_symlog) for s in chart.series], "layout": layout}
+    positions = _label_positions(chart)
+    return {"id": chart.id, "data": [_trace(s, chart.y_symlog, positions.get(i)) for i, s in enumerate(chart.series)], "layout": layout}
 
 
 def _figure_block(chart: Chart | Heatmap) -> str:
@@ -128,7 +151,7 @@ table.data { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em 
 table.data th, table.data td { border: 1px solid #ddd; padding: 3px 6px; text-align: right; }
 table.data td { white-space: nowrap; }
 table.data th { background: #f3f3f3; white-space: normal; overflow-wrap: anywhere; vertical-align: bottom; }
-table.data td:nth-child(-n+2) { text-align: left; }
+table.data td:nth-child(-n+2), table.data th:nth-child(-n+2) { text-align: left; }
 p.empty, p.meta { color: #555; }
 code { background: #f3f3f3; padding: 1px 4px; }
 """
