@@ -93,6 +93,7 @@ def eval_command(
     for note in result.notes:
         err_console.print(f"[yellow]note:[/] {note}")
     if json_out is not None:
+        result.threads = choice.threads  # torch's (the reference) and llama.cpp's n_threads alike
         write_json_atomic(json_out, result.to_dict())
         err_console.print(f"wrote {json_out}")
 
@@ -145,5 +146,5 @@ def compare_command(
                               rotation=not no_rotation, threads=choice.threads, progress=advance)
     console.print(fidelity_table(report))
     if json_out is not None:
-        write_json_atomic(json_out, report.to_dict())
+        write_json_atomic(json_out, {**report.to_dict(), "threads": choice.to_dict()})
         err_console.print(f"wrote {json_out}")

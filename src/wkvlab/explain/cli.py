@@ -145,7 +145,7 @@ def explain_command(
         check_context_fits(max_ctx, None, facts.max_context, model, option="--max-ctx")
     _check_explain_data(data, tokens)
     check_output_file(json_out, "--json")
-    start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens")
+    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens")
     from wkvlab.explain.run import explain
 
     total = planned_steps(options, max(1, tokens // ctx))
@@ -154,7 +154,7 @@ def explain_command(
                          diag_windows=diag_windows, skip=skipped, n_resamples=resamples, progress=advance)
     print_report(report)
     if json_out is not None:
-        write_json_atomic(json_out, report.to_dict())
+        write_json_atomic(json_out, {**report.to_dict(), "threads": choice.to_dict()})
         err_console.print(f"wrote {json_out}")
 
 

@@ -159,7 +159,7 @@ def search_command(
     check_output_file(out, "--out", SPEC_SUFFIXES)
     check_output_file(recipe, "--recipe")
     check_output_file(json_out, "--json")
-    start_run("search", threads, f"{model} on {data} under {weights} weights, " + (f"budget {budget:,.0f} B/token" if budget is not None else f"GPU {gpu}"))
+    choice = start_run("search", threads, f"{model} on {data} under {weights} weights, " + (f"budget {budget:,.0f} B/token" if budget is not None else f"GPU {gpu}"))
     from wkvlab.search import api
 
     result = api.search(model, data, budget=budget, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats, ctx=ctx,
@@ -174,7 +174,7 @@ def search_command(
         write_json_atomic(recipe, result.exports["recipe"], "--recipe")
         err_console.print(f"wrote {recipe}")
     if json_out is not None:
-        write_json_atomic(json_out, result.to_dict())
+        write_json_atomic(json_out, {**result.to_dict(), "threads": choice.to_dict()})
         err_console.print(f"wrote {json_out}")
 
 
