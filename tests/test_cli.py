@@ -44,7 +44,7 @@ def test_eval_writes_the_documented_json(tmp_path):
 def test_short_text_and_group_errors(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("just a few words")
-    proc = _run("eval", "--data", str(short), "--ctx", "64", "--tokens", "64")
+    proc = _run("eval", "--data", str(short), "--kv", "q8_0", "--ctx", "64", "--tokens", "64")
     assert proc.returncode == 2 and "fewer than one window" in proc.stderr
     proc = _run("eval", "--kv", "int4-g48", "--ctx", "64", "--tokens", "64")
     assert proc.returncode == 2 and "does not divide head_dim 64" in proc.stderr and "Traceback" not in proc.stderr
