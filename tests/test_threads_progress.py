@@ -12,6 +12,7 @@ from wkvlab.threads import ThreadChoice, choose_threads
 
 def test_option_beats_environment_beats_load(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr("wkvlab.threads.runnable_now", lambda: 0.0)
     monkeypatch.setattr("wkvlab.threads.available_cores", lambda: 2)
     assert choose_threads(3, {"WKVLAB_THREADS": "1"}) == ThreadChoice(3, "--threads", 2)
     assert choose_threads(None, {"WKVLAB_THREADS": " 1 "}) == ThreadChoice(1, "WKVLAB_THREADS", 2)
@@ -22,10 +23,27 @@ def test_option_beats_environment_beats_load(monkeypatch):
 def test_default_leaves_busy_cores_alone(monkeypatch, load, threads):
     # idle cores = int(cores - load + 0.25): a core more than a quarter busy gets no thread of ours
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr("wkvlab.threads.runnable_now", lambda: 0.0)
     monkeypatch.setattr("wkvlab.threads.available_cores", lambda: 2)
     choice = choose_threads(None, {})
     assert choice.threads == threads and choice.source == "auto"
     assert f"load {load:.1f} on 2 cores" in choice.describe() and "WKVLAB_THREADS" in choice.describe()
+
+
+def test_a_job_that_just_started_counts_before_the_average_sees_it(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.0, 0.0))  # the average still says idle
+    monkeypatch.setattr("wkvlab.threads.available_cores", lambda: 2)
+    monkeypatch.setattr("wkvlab.threads.runnable_now", lambda: 1.0)  # but one other process runs now
+    assert choose_threads(None, {}) == ThreadChoice(1, "auto", 2, 1.0)
+
+
+def test_runnable_now_reads_the_running_count(monkeypatch, tmp_path):
+    from wkvlab import threads
+
+    reads = iter(["0.00 0.00 0.00 3/100 7\n", "0.00 0.00 0.00 1/100 7\n", "0.00 0.00 0.00 2/100 7\n"])
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: __import__("io").StringIO(next(reads)) if path == "/proc/loadavg" else real_open(path, *a, **k))
+    assert threads.runnable_now(samples=3, pause=0.0) == 1.0  # median of 2, 0, 1 others
 
 
 @pytest.mark.parametrize("option, env, message", [(0, {}, "--threads 0 must be at least 1"),

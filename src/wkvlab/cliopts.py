@@ -14,7 +14,7 @@ from wkvlab.display import run_header
 from wkvlab.threads import ENV, ThreadChoice, apply_threads, choose_threads
 
 ThreadsOption = Annotated[Optional[int], typer.Option(
-    "--threads", help=f"CPU threads (torch, llama.cpp); default: the cores the load average leaves idle, at least 1 "
+    "--threads", help=f"CPU threads (torch, llama.cpp); default: the cores other work leaves idle, at least 1 "
                       f"(docs/threads.md); also {ENV}", show_default=False)]
 
 

@@ -5,8 +5,9 @@ between operations. On a machine whose cores are shared with another busy proces
 lost its core holds up the others at every barrier, and the small, sequential operations of a
 forward pass or of GPTQ's column loop then run many times slower than on one thread (measured:
 docs/threads.md, ``benchmarks/threads.py``). So the default is one thread unless the machine looks
-free: the number of cores the 1-minute load average leaves idle, at least 1. ``--threads`` (every
-command that computes) or ``WKVLAB_THREADS`` overrides it.
+free: the number of cores that other work leaves idle — by the 1-minute load average, or by what
+runs right now when that is more — at least 1. ``--threads`` (every command that computes) or
+``WKVLAB_THREADS`` overrides it.
 
 The choice is printed in each run's header and recorded in its JSON (``threads``).
 This module imports no torch at load time: the CLI parses and checks options before heavy imports.
@@ -14,6 +15,7 @@ This module imports no torch at load time: the CLI parses and checks options bef
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass
 
 from wkvlab.errors import ConfigError
@@ -66,13 +68,40 @@ def choose_threads(option: int | None = None, environ: dict[str, str] | None = N
     env = os.environ if environ is None else environ
     if env.get(ENV, "").strip():
         return ThreadChoice(_parse(env[ENV].strip(), ENV, cores), ENV, cores)
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
+    load = busy_cores()
+    if load is None:
         return ThreadChoice(1, "auto", cores)
     # Cores left idle by everything else; a core more than a quarter busy is not worth a spinning thread.
     idle = int(cores - load + 0.25)
     return ThreadChoice(max(1, min(cores, idle)), "auto", cores, round(load, 2))
+
+
+def runnable_now(samples: int = 5, pause: float = 0.02) -> float | None:
+    """Other processes running right now: the median over a few reads of /proc/loadavg's
+    running-task count, less this process (Linux only; None elsewhere)."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg", encoding="ascii") as handle:
+                counts.append(int(handle.read().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            return None
+        if i + 1 < samples:
+            time.sleep(pause)
+    return float(sorted(counts)[len(counts) // 2])
+
+
+def busy_cores() -> float | None:
+    """How many cores other work keeps busy: the 1-minute load average, or what is running right now
+    when that is more (the average lags a minute behind a job that has just started)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    now = runnable_now()
+    if load is None:
+        return now
+    return load if now is None else max(load, now)
 
 
 def apply_threads(choice: ThreadChoice) -> ThreadChoice:
