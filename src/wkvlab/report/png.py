@@ -51,12 +51,21 @@ def _draw_chart(ax, chart: Chart) -> list[tuple[float, float, str]]:
         ax.set_xscale("log")
     if chart.y_symlog:
         ax.set_yscale("symlog", linthresh=chart.y_symlog, linscale=0.5)
+        lowest = min((y - (s.error_low[k] if s.error_low is not None else 0.0) for s in chart.series for k, y in enumerate(s.y)), default=0.0)
+        if lowest >= 0:  # no negative values: no negative decades (the zero line would otherwise pull them in)
+            highest = max(y + (s.error_high[k] if s.error_high is not None else 0.0) for s in chart.series for k, y in enumerate(s.y))
+            ax.set_ylim(bottom=0.0, top=_symlog_top(highest, chart.y_symlog))
     if chart.zero_line:
         ax.axhline(0.0, color="#444", linewidth=0.8, linestyle="--")
     ax.grid(True, alpha=0.3)
     # Outside the axes, right of the plot: a legend inside covers data points (the position chart's first buckets).
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return labelled
+
+
+def _symlog_top(highest: float, threshold: float) -> float:
+    """An upper limit a quarter decade above the highest value, so the top markers are not cut."""
+    return max(highest, threshold) * 10 ** 0.25
 
 
 # Label offsets in points, tried in order: a label goes to the first place where it overlaps no
