@@ -6,6 +6,7 @@ then :func:`start_run` chooses the threads and prints the run header; only then 
 """
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
@@ -20,6 +21,9 @@ ThreadsOption = Annotated[Optional[int], typer.Option(
 
 def start_run(command: str, threads: int | None, facts: str = "") -> ThreadChoice:
     """Choose and set the threads, print the header line; call after all checks, before heavy work."""
+    # transformers' GGUF converter draws a tqdm bar that our status line already says; tqdm reads
+    # TQDM_DISABLE only when it is imported, so it must be set before the API imports transformers.
+    os.environ.setdefault("TQDM_DISABLE", "1")
     choice = apply_threads(choose_threads(threads))
     run_header(command, choice, facts)
     return choice
