@@ -40,7 +40,7 @@ $(TEST_STAMP): $(STAMP)
 	fi
 	touch $(TEST_STAMP)
 
-# llama-cpp-python compiles llama.cpp from source: about 6 minutes on 2 free cores (up to 40 on a
+# llama-cpp-python compiles llama.cpp from source: about 9 minutes on this 2-core machine (issue #18; up to 40 on a
 # busy machine). Only `make test` needs it (tests/engines run the real engine and its server), so
 # it is a separate, stamped step and `make demo` does not wait for it.
 # GGML_NATIVE=OFF: the default -march=native build compiles ggml's AMX kernels on CPUs that list
