@@ -19,7 +19,7 @@ def _run(*args, **kw):
         (["eval", "--kv", "int9"], "unknown KV format"),
         (["eval", "--weights", "int4-gx"], "unknown weight config"),
         (["eval", "--model", "/no/such/model.gguf", "--kv", "q4_0"], "model not found"),
-        (["eval", "--data", "/no/such/file.txt"], "data file not found"),
+        (["eval", "--data", "/no/such/file.txt", "--kv", "q4_0"], "data file not found"),
     ],
 )
 def test_bad_input_is_one_line(args, message):
@@ -44,7 +44,7 @@ def test_eval_writes_the_documented_json(tmp_path):
 def test_short_text_and_group_errors(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("just a few words")
-    proc = _run("eval", "--data", str(short), "--ctx", "64", "--tokens", "64")
+    proc = _run("eval", "--data", str(short), "--kv", "q8_0", "--ctx", "64", "--tokens", "64")
     assert proc.returncode == 2 and "fewer than one window" in proc.stderr
     proc = _run("eval", "--kv", "int4-g48", "--ctx", "64", "--tokens", "64")
     assert proc.returncode == 2 and "does not divide head_dim 64" in proc.stderr and "Traceback" not in proc.stderr

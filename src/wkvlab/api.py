@@ -20,6 +20,7 @@ from wkvlab.eval.runner import Progress, RunOptions, check_kv_specs, grid_steps,
 from wkvlab.kv.spec import KVSpec
 from wkvlab.models.loading import LoadedModel, load_model
 from wkvlab.runtime import fits_twice
+from wkvlab.preflight import check_context_fits
 from wkvlab.weights.calibration import CalibrationSet, CalibrationSpec, calibration_corpus, calibration_set
 from wkvlab.weights.spec import WeightSpec
 
@@ -50,10 +51,7 @@ def prepare(
     corpus = None if selfgen else load_corpus(data)  # first: a typo in --data should not cost a model load
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
     corpus = corpus or selfgen_corpus(loaded, selfgen)
-    if ctx > loaded.max_context:
-        raise ConfigError(f"--ctx {ctx} is longer than {loaded.name}'s maximum context {loaded.max_context}; use --ctx {loaded.max_context} or less")
-    if tokens < ctx:
-        raise ConfigError(f"--tokens {tokens} is less than one window of --ctx {ctx}; ask for at least {ctx} tokens")
+    check_context_fits(ctx, tokens, loaded.max_context, loaded.name)
     bos = loaded.tokenizer.bos_token_id if tokenizer_wants_bos(loaded.tokenizer) else None
     if corpus.documents and stride is None:  # long documents: windows stay inside one document
         documents = [tokenize(loaded.tokenizer, text) for text in corpus.documents]

@@ -1,43 +1,67 @@
-"""The ``wkvlab`` command line: parse, call :mod:`wkvlab.api`, print. Errors are one line."""
+"""The ``wkvlab`` command line: parse, check, call :mod:`wkvlab.api`, print. Errors are one line.
+
+Start-up stays under a second: this module and the command modules it registers import only
+typer, rich and torch-free checks when loaded. Each command checks its options, the model's files
+and its output paths first (:mod:`wkvlab.preflight`), then imports the API (torch, transformers)
+inside its body. A new command follows the same pattern: heavy imports go in the function body.
+"""
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
 
-from wkvlab import api
-from wkvlab.display import console, depth_table, describe_run, err_console, progress_bar, reference_notes, results_table
+from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.display import console, describe_run, err_console, progress_bar, results_table, status
 from wkvlab.engines.cli import engine_app
-from wkvlab.eval.cli import reference_app
 from wkvlab.errors import ConfigError, WkvlabError
-from wkvlab.eval.depth import depth_tables
-from wkvlab.eval.reference import DEFAULT_TOPK
+from wkvlab.eval.cli import reference_app
+from wkvlab.eval.constants import DEFAULT_TOPK
 from wkvlab.explain.cli import compare_command, explain_command
 from wkvlab.export_cli import export_command
 from wkvlab.findings.cli import findings_command
-from wkvlab.io import check_json_path, write_json_atomic
-from wkvlab.kv.spec import split_kv_list
+from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.plan.cli import plan_command
-from wkvlab.report import check_folder as check_report_folder, write_report
-from wkvlab.report.cli import print_written as print_report_written, report_command
+from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, parse_configs
+from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
-from wkvlab.weights.parse import split_weight_list
 
+try:  # typer 0.29 vendors click; usage errors are raised as its classes
+    from typer._click import exceptions as click_errors
+except ImportError:  # older typer: click itself
+    from click import exceptions as click_errors
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from wkvlab.kv.spec import KVSpec
+    from wkvlab.weights.calibration import CalibrationSpec
+    from wkvlab.weights.spec import WeightSpec
+
+# rich_markup_mode=None: click's plain help. typer's rich help labels every flag "<bool>" (--help
+# included) and draws boxes; the plain text says the same in fewer lines.
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help="Measure, explain and plan the combined quantization of LLM weights and KV cache.",
 )
 
+DEMO_WEIGHTS = ("bf16", "int8", "int4-g128")
+DEMO_KV = ("fp16", "fp8_e4m3", "int8", "int4")
+NO_CONFIG = ("give --weights, --kv, or both, e.g. 'wkvlab eval --weights int4-g128 --kv q4_0' (weights alone: 16-bit cache; "
+             "KV alone: unquantized weights); 'wkvlab demo' runs the main grid and 'wkvlab presets' lists every name")
+
+
 @dataclass(frozen=True)
 class RunFlags:
-    """Where and how a grid runs (--device, --dtype, --chunk, --reference, --topk); not what it measures."""
+    """Where and how a grid runs (--device, --dtype, --chunk, --reference, --topk, --store); not what it measures."""
 
     device: str = "auto"
     dtype: str = "auto"
@@ -47,78 +71,95 @@ class RunFlags:
     store: Optional[Path] = None
 
 
-DEMO_WEIGHTS = ("bf16", "int8", "int4-g128")
-DEMO_KV = ("fp16", "fp8_e4m3", "int8", "int4")
+def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: list[WeightSpec], kv_specs: list[KVSpec],
+                   score: str, title: str, calibration: CalibrationSpec | None = None, run: RunFlags | None = None):
+    from wkvlab import api
+    from wkvlab.display import depth_table, reference_notes
+    from wkvlab.eval.depth import depth_tables
 
-
-def _split(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
-    """Accept both repeated options and comma-separated lists."""
-    out = [item.strip() for value in (values or []) for item in value.split(",") if item.strip()]
-    return out or list(default)
-
-
-def _split_kv(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
-    """Like :func:`_split`, but ``skip=0,1`` inside a KV spec keeps its commas."""
-    out = [item for value in (values or []) for item in split_kv_list(value)]
-    return out or list(default)
-
-
-def _run_and_print(model: str, data: str, ctx: int, tokens: int, weights: list[str], kv: list[str], score: str, title: str,
-                   calibration: api.CalibrationSpec | None = None, run: RunFlags | None = None):
     run = run or RunFlags()
-    weight_specs, kv_specs = api.parse_weights(weights), api.parse_kv(kv)
-    with console.status(f"loading {model} and {data} text"):
+    with status(f"loading {model} and {data} text"):
         work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score, device=run.device, dtype=run.dtype)
     api.check_kv_specs(work.loaded.model, kv_specs)
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk)
-    total = api.total_steps(work, weight_specs, kv_specs, options)
-    with progress_bar(total, title) as advance:
+    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title) as advance:
         results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options)
     if run.store is not None:  # first: a finished evaluation must not be lost to a display error
         written = api.store_results(results, run.store, work=work, weights=weight_specs, kv=kv_specs, calibration=calibration,
                                     score=score, chunk=run.chunk)
-        err_console.print(f"wrote {written} result(s) to {run.store}")
+        err_console.print(f"wrote {written} result(s) to {escape(str(run.store))}")
     console.print(results_table(results, describe_run(results)))
     for table in depth_tables(results):
         console.print(depth_table(table))
     for note in dict.fromkeys([*(n for r in results for n in r.notes), *reference_notes(results)]):
-        err_console.print(f"[yellow]note:[/] {note}")
+        err_console.print(f"[yellow]note:[/] {escape(note)}")
     return results
+
+
+def check_run_flags(chunk: Optional[int], reference: Optional[Path], topk: int, store: Optional[Path]) -> None:
+    """--chunk, --reference, --topk and --store checked before anything loads."""
+    if chunk is not None and chunk < 1:
+        raise ConfigError(f"--chunk {chunk} must be a positive number of tokens")
+    if topk < 1:
+        raise ConfigError(f"--topk {topk} must be at least 1")
+    if reference is not None and not reference.exists():
+        check_output_file(reference, "--reference")  # a new file: its folder must take it
+    if store is not None:
+        if reference is not None:
+            raise ConfigError("--store keeps in-memory-reference results; for a stored reference run a sweep with reference: <folder> (docs/sweeps.md)")
+        from wkvlab.preflight import require_store
+
+        require_store(store, create=True)
+
+
+def _grid_facts(model: str, data: str, ctx: int, tokens: int, weights: list[WeightSpec], kv: list[KVSpec]) -> str:
+    return (f"{model} on {data}, ctx {ctx}, {tokens} tokens, {len(weights)} weight × {len(kv)} KV config(s)")
 
 
 @app.command("eval")
 def eval_command(
     model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
-    data: Annotated[str, typer.Option(help="'default' (pydoc prose), 'code' (stdlib source), a .txt/.jsonl file, hf:<dataset>, or selfgen[:<tokens>] (text the model samples itself, cached)")] = "default",
+    data: Annotated[str, typer.Option(help="'default' (pydoc prose), 'code' (stdlib source), a UTF-8 .txt/.jsonl file, hf:<dataset>, or selfgen[:<tokens>] (text the model samples itself, cached)")] = "default",
     ctx: Annotated[int, typer.Option(help="tokens per window (BOS included when the model wants one)")] = 1024,
     tokens: Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")] = 8192,
-    weights: Annotated[Optional[list[str]], typer.Option(help="weight config(s): none, bf16, int8, int4-g128, gptq-int4-g128, awq-int4-g128, w8a8-int8, llm-int8, fp8, fp8-wo, nvfp4, nvfp4-mlp, mxfp4, q8_0, q4_0, options after '+' (+skip=0,1, +wo) (repeat or comma-separate)")] = None,
-    kv: Annotated[Optional[list[str]], typer.Option(help="KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ..., K/V pairs (q8_0/q4_0), K8V4, presets (llamacpp:q4_0, vllm:fp8_e4m3, exl3:k4v4), options (+rot, +sinks=4, +residual=128, +skip=0,1, +0-3=int8, +q=q8_0), @spec.yaml")] = None,
+    weights: Annotated[Optional[list[str]], typer.Option(help="weight config(s): none, bf16, fp16, int8, int4-g128, int<b>[-g<G>], gptq-int4-g128, awq-int4-g128, w8a8-int8, llm-int8, fp8, fp8-wo, nvfp4, nvfp4-mlp, mxfp4, options after ';' (repeat or comma-separate; 'wkvlab presets' lists all)")] = None,
+    kv: Annotated[Optional[list[str]], typer.Option(help="KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ..., K/V pairs (q8_0/q4_0), presets (llamacpp:q4_0, vllm:fp8_e4m3, exl3:k4v4), options (+rot, +sinks=4, +residual=128, +skip=0,1, +q=q8_0), @spec.yaml")] = None,
     score: Annotated[str, typer.Option(help="'all' positions or 'second-half' of each window (llama.cpp)")] = "all",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON (a list when several configs run)")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq/w8a8-int8/static scales: prose, code, math, or a file (samples come from its end)")] = "prose",
     calib_samples: Annotated[int, typer.Option(help="calibration samples")] = 16,
     calib_len: Annotated[int, typer.Option(help="tokens per calibration sample")] = 512,
+    threads: ThreadsOption = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda (one GPU, or all visible GPUs when the model needs them) or cuda:<N>")] = "auto",
     dtype: Annotated[str, typer.Option(help="precision of the reference: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
     chunk: Annotated[Optional[int], typer.Option(help="queries per prefill chunk (default: from the vocabulary size; the numbers do not depend on it)")] = None,
     reference: Annotated[Optional[Path], typer.Option(help="stored reference file: read if it matches this model/text/windows, written otherwise; KLD: its top-k head exact + a sampled tail, and weight configs run one at a time (docs/scale.md)")] = None,
-    store: Annotated[Optional[Path], typer.Option(help="also write the results (per-token arrays included) into this results store, under the ids a sweep of the same configs gives them")] = None,
     topk: Annotated[int, typer.Option(help="top-k log-probs a new --reference file keeps per token")] = DEFAULT_TOPK,
+    store: Annotated[Optional[Path], typer.Option(help="also write the results (per-token arrays included) into this results store, under the ids a sweep of the same configs gives them")] = None,
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
-    calibration = api.CalibrationSpec(calib, calib_samples, calib_len)
-    if json_out is not None:
-        check_json_path(json_out)  # before the run: a refused path must not cost the evaluation
-    if store is not None and reference is not None:
-        raise ConfigError("--store keeps in-memory-reference results; for a stored reference run a sweep with reference: <folder> (docs/sweeps.md)")
+    from wkvlab.data.corpora import check_data, is_selfgen
+    from wkvlab.weights.calibration import CalibrationSpec
+
+    if not weights and not kv:
+        raise ConfigError(NO_CONFIG)
+    weight_specs, kv_specs = parse_configs(weights or ["none"], kv or ["fp16"])
+    check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
+    if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
+        check_data(data)
+    check_calibration(calib, calib_samples, calib_len)
+    check_output_file(json_out, "--json")
+    check_run_flags(chunk, reference, topk, store)
+    start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs))
     run = RunFlags(device, dtype, chunk, reference, topk, store)
-    results = _run_and_print(model, data, ctx, tokens, [w for v in (weights or ["none"]) for w in split_weight_list(v)], _split_kv(kv, ("fp16",)), score, "eval", calibration, run)
+    results = _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", CalibrationSpec(calib, calib_samples, calib_len), run)
     if json_out is not None:
+        from wkvlab.eval.depth import depth_tables
+
         depth = {(t.weights, t.kv): t.to_dict() for t in depth_tables(results)}
         payload = [{**r.to_dict(), **({"depth": depth[(r.weights, r.kv)]} if (r.weights, r.kv) in depth else {})} for r in results]
         write_json_atomic(json_out, payload[0] if len(payload) == 1 else payload)
-        err_console.print(f"wrote {json_out}")
+        err_console.print(f"wrote {escape(str(json_out))}")
 
 
 @app.command("demo")
@@ -128,54 +169,86 @@ def demo_command(
     ctx: Annotated[int, typer.Option(help="tokens per window")] = 512,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the grid as JSON")] = None,
     report: Annotated[Optional[Path], typer.Option(help="also write the grid's HTML report, PNGs and tables into this folder (docs/report.md)")] = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """The main job: weights {bf16, int8, int4-g128} × KV {fp16, fp8_e4m3, int8, int4} on the default model and text."""
+    from wkvlab.report.output import check_folder as check_report_folder
+
+    weight_specs, kv_specs = parse_configs(DEMO_WEIGHTS, DEMO_KV)
+    check_kv_for_model(kv_specs, check_model(model, ctx, tokens))
+    check_output_file(json_out, "--json")
     if report is not None:
         check_report_folder(report)  # before the grid: a refused folder must not cost the whole run
-    results = _run_and_print(model, "default", ctx, tokens, list(DEMO_WEIGHTS), list(DEMO_KV), "all", "demo")
+    start_run("demo", threads, _grid_facts(model, "default", ctx, tokens, weight_specs, kv_specs))
+    results = _run_and_print(model, "default", ctx, tokens, weight_specs, kv_specs, "all", "demo")
     if report is not None:
-        print_report_written(write_report(results, report, source=f"wkvlab demo ({model}, {tokens} tokens, ctx {ctx})"))
+        from wkvlab.report import write_report
+        from wkvlab.report.cli import print_written as print_report_written
+
+        with status(f"writing the report to {report}"):
+            written = write_report(results, report, source=f"wkvlab demo ({model}, {tokens} tokens, ctx {ctx})")
+        print_report_written(written)
     if json_out is not None:
         write_json_atomic(json_out, [r.to_dict() for r in results])
-        err_console.print(f"wrote {json_out}")
+        err_console.print(f"wrote {escape(str(json_out))}")
+
+
+def _forms_table(title: str, forms) -> Table:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in ("accepted", "example", "meaning"):
+        table.add_column(column, overflow="fold")
+    for form in forms:
+        table.add_row(escape(form.pattern), escape(form.example), escape(form.meaning))
+    return table
 
 
 @app.command("presets")
 def presets_command() -> None:
-    """List the weight and KV-cache presets, KV element formats, and where each comes from."""
+    """List every name and form --weights and --kv accept: presets, formats, grammar, options, and where each comes from."""
     from rich.table import Table
 
+    from wkvlab import listing
     from wkvlab.kv import KV_FORMATS, KVSpec
     from wkvlab.kv.presets import describe_preset, preset_names as kv_preset_names
-    from wkvlab.weights import PRESETS
+    from wkvlab.weights import PRESETS, WeightSpec
 
-    weights = Table(title="weight presets (--weights)", title_justify="left")
-    for column in ("name", "method", "format", "bits", "group", "activations"):
-        weights.add_column(column)
-    for name, spec in PRESETS.items():
-        weights.add_row(name, spec.method, spec.format, str(spec.bits), str(spec.group_size or "-"), spec.activations)
+    listing.check_examples()
+    weights = Table(title="weights (--weights): names and presets", title_justify="left")
+    for column in ("name", "method", "format", "bits", "group", "activations", "what"):
+        weights.add_column(column, overflow="fold")
+    rows = [(form.pattern, WeightSpec.parse(form.example), form.meaning) for form in listing.WEIGHT_NAMES]
+    rows += [(name, spec, "preset (docs/weights.md)") for name, spec in PRESETS.items()]
+    for name, spec, what in rows:
+        weights.add_row(name, spec.method, spec.format, str(spec.bits), str(spec.group_size or "-"), spec.activations, what)
     console.print(weights)
-    kv = Table(title="KV presets (--kv)", title_justify="left")
-    kv.add_column("name")
-    kv.add_column("spec")
-    kv.add_column("source")
-    for name in kv_preset_names():
-        if "<" in name:
-            kv.add_row(name, "", "any bit widths / pair of the types above")
-            continue
-        source = describe_preset(name.split("+")[0]).source
-        if "+scales=" in name:
-            source = "vLLM FP8 KV with calibrated k_scale/v_scale (calculate_kv_scales or checkpoint scales)"
-        kv.add_row(name, KVSpec.parse(name).canonical(), source)
-    console.print(kv)
-    formats = Table(title="KV element formats", title_justify="left")
+    console.print(_forms_table("weights: grammar", listing.WEIGHT_GRAMMAR))
+    console.print(_forms_table("weights: options after ';' (several allowed)", listing.WEIGHT_OPTIONS))
+    formats = Table(title="KV element formats (--kv)", title_justify="left")
     formats.add_column("name")
-    formats.add_column("what")
+    formats.add_column("what", overflow="fold")
     formats.add_column("bytes per head vector (head_dim 64)", justify="right")
     for fmt in KV_FORMATS.values():
         formats.add_row(fmt.name, fmt.description, f"{fmt.bytes_per_vector(64):g}")
     console.print(formats)
-    console.print("also: int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), nuq<b>[-c] (KVQuant); see docs/kv.md")
+    console.print(_forms_table("KV: grammar", listing.KV_GRAMMAR))
+    console.print(_forms_table("KV: options after '+' (several allowed)", listing.KV_OPTIONS))
+    kv = Table(title="KV presets (--kv): engines and papers", title_justify="left")
+    for column in ("name", "spec", "source"):
+        kv.add_column(column, overflow="fold")
+    for name in kv_preset_names():
+        example = listing.KV_PRESET_EXAMPLES.get(name)
+        spec_text = KVSpec.parse(example or name).canonical()
+        if example:
+            kv.add_row(escape(name), f"e.g. {escape(example)} = {escape(spec_text)}", "any bit widths / pair of the types above")
+            continue
+        source = describe_preset(name.split("+")[0]).source
+        if "+scales=" in name:
+            source = "vLLM FP8 KV with calibrated k_scale/v_scale (calculate_kv_scales or checkpoint scales)"
+        kv.add_row(escape(name), escape(spec_text), escape(source))
+    console.print(kv)
+    console.print("Details: docs/weights.md, docs/kv.md. Weight sizes are MiB (2^20 bytes) everywhere; KV caches are bytes per token.")
 
 
 app.command("plan", help="Will it fit, how fast, which combination: memory, roofline throughput and engine command lines.")(plan_command)
@@ -200,17 +273,30 @@ app.command("findings")(findings_command)
 app.add_typer(reference_app, name="reference")
 
 
+def _usage_line(exc: click_errors.UsageError) -> str:
+    """click's 4-line usage error ('Usage: ...', 'Try ...', blank, 'Error: ...') as one line."""
+    command = exc.ctx.command_path if exc.ctx is not None else "wkvlab"
+    return f"{exc.format_message()} (see '{command} --help')"
+
+
 def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit code 2."""
+    """Console entry point: user errors and usage errors become one line on stderr and exit code 2."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:  # 'wkvlab' alone or 'wkvlab engine' alone: the help is the answer
+        print(exc.ctx.get_help() if exc.ctx is not None else str(exc))
+        sys.exit(0)
+    except click_errors.UsageError as exc:
+        err_console.print(f"[red]error:[/] {escape(_usage_line(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
     except WkvlabError as exc:
         # escaped: a message naming e.g. an install extra in [brackets] must not be read as rich markup
         err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, click_errors.Abort):
         err_console.print("interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

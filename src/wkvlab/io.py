@@ -29,20 +29,33 @@ def _umask() -> int:
     return current
 
 
-def check_json_path(path: Path) -> Path:
-    """The folder a JSON file will be written to; refused up front when it cannot be written there."""
+def check_output_file(path: Path | None, option: str = "--json", suffixes: tuple[str, ...] = ()) -> None:
+    """Refuse an output file that could not be written, before the work that produces it.
+
+    Nothing is created: the folder must exist and be writable, the path must not be a folder, and
+    (with ``suffixes``) the name must end in one of them. Writing is still atomic and re-checked.
+    """
+    if path is None:
+        return
     path = Path(path)
+    example = f"results{suffixes[0] if suffixes else '.json'}"
     if path.is_dir():
-        raise ConfigError(f"--json {path} is a folder; give a file name such as {path / 'results.json'}")
+        raise ConfigError(f"{option} {path} is a folder; give a file name such as {path / example}")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ConfigError(f"{option} {path}: use a file name ending in {' or '.join(suffixes)}")
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.exists():
-        raise ConfigError(f"folder {parent} does not exist; create it or choose another --json path")
-    return parent
+    if not parent.is_dir():
+        raise ConfigError(f"folder {parent} does not exist; create it or choose another {option} path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"folder {parent} is not writable; choose another {option} path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{option} {path} exists and is not writable; choose another path")
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
+def write_json_atomic(path: Path, payload: Any, option: str = "--json") -> None:
     path = Path(path)
-    parent = check_json_path(path)
+    check_output_file(path, option)
+    parent = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -19,11 +19,12 @@ def _wkvlab(*args):
 
 def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     """The command as a user runs it (tables, verdict, JSON), on a tiny random model instead of a packaged one."""
-    import wkvlab.explain.cli as explain_cli
+    import wkvlab.explain.run as explain_run
     from wkvlab.cli import app
     from wkvlab.explain.run import explain
 
-    monkeypatch.setattr(explain_cli, "explain", functools.partial(explain, loaded=tiny_loaded()))
+    # the command imports explain from wkvlab.explain.run when it runs (after its checks)
+    monkeypatch.setattr(explain_run, "explain", functools.partial(explain, loaded=tiny_loaded()))
     out = tmp_path / "explain.json"
     args = ["explain", "--weights", "int4-g32", "--kv", "int2", "--ctx", "32", "--tokens", "96", "--max-ctx", "256",
             "--context-docs", "2", "--resamples", "200", "--json", str(out)]

@@ -24,7 +24,7 @@ FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "-
 
 # Skipped on a machine without Chromium, but never in CI (CI=true), where 'make install' has put it there.
 pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()) and not os.environ.get("CI"),
-                                reason="Chromium missing: 'make install' adds Debian's chromium and chromium-driver")
+                                reason="Chromium missing: make test installs chromium and chromium-driver when run as root on Debian/Ubuntu; otherwise: sudo apt-get install chromium chromium-driver")
 
 
 @pytest.fixture(scope="module")

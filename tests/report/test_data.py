@@ -111,3 +111,23 @@ def test_cross_terms_from_too_few_windows_are_not_called_significant():
                                                                 ("int8", "int4", 0.03))]
     (row,) = build_report_data(grid, source="t", n_resamples=200).cross_terms
     assert row.interaction.estimate == pytest.approx(0.016) and not row.interaction.decided and not row.interaction.excludes_zero
+
+
+@pytest.mark.parametrize("kv, head_dim, bits", [("int8", 64, 8.25), ("int4", 64, 4.5), ("int8", 128, 8.125), ("int4", 128, 4.25),
+                                                ("q8_0", 64, 8.5), ("int4", 256, 4.125)])
+def test_kv_bits_count_scales_at_the_model_head_dim(kv, head_dim, bits):
+    # int8: d bytes + a 2-byte scale per head vector; int4: d/2 + 2-byte scale + 2-byte minimum
+    assert kv_bits(KVSpec.parse(kv).to_dict(), head_dim) == pytest.approx(bits)
+
+
+def test_report_rows_use_the_recorded_head_dim():
+    from wkvlab.report.data import head_dim_of
+
+    grid = demo_like_grid()
+    for r in grid:
+        r.model_shape = {"layers": 30, "kv_heads": 3, "head_dim": 64}
+    data = build_report_data(grid, source="t", n_resamples=20)
+    assert {r.kv: r.kv_bits for r in data.configs if r.weights == "bf16"} == pytest.approx(
+        {"fp16": 16.0, "fp8_e4m3": 8.0, "int8": 8.25, "int4": 4.5})
+    unknown = demo_like_grid()[0]  # no recorded shape and a model name that is no file: the nominal 128
+    assert head_dim_of(unknown) == 128

@@ -43,7 +43,7 @@ def test_csv_holds_raw_numbers_for_every_config(data):
 def test_markdown_escapes_cells_and_formats_intervals(data):
     text = markdown_document(data, report_tables(data))
     assert "a&#124;b &lt;i&gt;" in text and "a|b <i>" not in text  # a '|' in a name must not split the table
-    assert "| int4-g128 | int4 | bf16 | 0.04300 | 0.03000 | 0.01100 | 0.00100 | 0.04000 | +0.00300 [+0.00300, +0.00300]" in text
+    assert "| int4-g128 | int4 | 0 | +0.00300 [+0.00300, +0.00300] | yes | 0.04300 | 0.04000 | 0.03000 | 0.01100 | 0.00100 | bf16 |" in text
     assert "## Cross-terms" in text and "## KV-cache penalty" in text
 
 

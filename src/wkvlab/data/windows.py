@@ -15,11 +15,12 @@ Which positions are scored:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from wkvlab.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # torch loads when text is tokenized, not when options are checked
+    import torch
 
 ScoreMode = Literal["all", "second-half"]
 SCORE_MODES = ("all", "second-half")
@@ -60,8 +61,18 @@ def tokenizer_wants_bos(tokenizer) -> bool:
 
 
 def tokenize(tokenizer, text: str) -> torch.Tensor:
+    import torch
+
     ids = tokenizer(text, add_special_tokens=False).input_ids
     return torch.tensor(ids, dtype=torch.long)
+
+
+def check_window_options(ctx: int, score: str = "all") -> None:
+    """The window options every command shares; also called by the CLI before any model loads."""
+    if ctx < 2:
+        raise ConfigError(f"context length {ctx} is too short; use --ctx 16 or more")
+    if score not in SCORE_MODES:
+        raise ConfigError(f"unknown scoring mode {score!r}; use one of {', '.join(SCORE_MODES)}")
 
 
 def make_windows(
@@ -74,10 +85,9 @@ def make_windows(
     score: ScoreMode = "all",
 ) -> WindowSet:
     """Cut ``ids`` into ``n_tokens // ctx`` windows of ``ctx`` tokens (at least one)."""
-    if ctx < 2:
-        raise ConfigError(f"context length {ctx} is too short; use --ctx 16 or more")
-    if score not in SCORE_MODES:
-        raise ConfigError(f"unknown scoring mode {score!r}; use one of {', '.join(SCORE_MODES)}")
+    import torch
+
+    check_window_options(ctx, score)
     body = ctx - 1 if bos_id is not None else ctx
     step = body if stride is None else stride
     if step < 1:
@@ -112,6 +122,8 @@ def make_document_windows(
     document order, until ``n_tokens // ctx`` windows are cut: a position in a window is that deep
     into one real document.
     """
+    import torch
+
     wanted = max(1, n_tokens // ctx)
     body = ctx - 1 if bos_id is not None else ctx
     parts, cut = [], 0

@@ -12,9 +12,10 @@ Positions are query positions within the window: position ``i`` predicts token `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: the CLI checks engine options before torch loads
+    import torch
 
 PAD_ID = -1  # padding of ragged per-position token lists
 

@@ -2,17 +2,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
+from wkvlab.cliopts import ThreadsOption, start_run
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
-from wkvlab.engines import api
-from wkvlab.engines.compare import FidelityReport, compare_steps
-from wkvlab.engines.openai import FLAVORS, ServerSpec
-from wkvlab.errors import ConfigError
-from wkvlab.io import write_json_atomic
+from wkvlab.engines.flavors import FLAVORS
+from wkvlab.engines.llamacpp import flash_attention_on, parse_cache_types
+from wkvlab.errors import ConfigError, ModelError
+from wkvlab.io import check_output_file, write_json_atomic
+from wkvlab.models.packaged import canonical_name
+from wkvlab.preflight import check_model
+
+if TYPE_CHECKING:  # the engines' API (torch, llama-cpp-python) is imported by the commands, after their checks
+    from wkvlab.engines.compare import FidelityReport
 
 engine_app = typer.Typer(no_args_is_help=True, help="Real engines: llama.cpp and OpenAI-compatible servers against the reference; simulation fidelity.")
 
@@ -22,6 +27,18 @@ DataOption = Annotated[str, typer.Option(help="'default', 'code', a .txt/.jsonl 
 CtxOption = Annotated[int, typer.Option(help="tokens per window")]
 TokensOption = Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")]
 ScoreOption = Annotated[str, typer.Option(help="'all' or 'second-half'")]
+
+
+def _check_gguf(gguf: str) -> None:
+    """What engines.api.resolve_gguf refuses, without importing it."""
+    if canonical_name(gguf) is None and not (Path(gguf).expanduser().is_file() and gguf.lower().endswith(".gguf")):
+        raise ModelError(f"--gguf {gguf!r} is not a .gguf file; give a GGUF path or 'default'")
+
+
+def _check_text(data: str) -> None:
+    from wkvlab.data.corpora import check_data
+
+    check_data(data)
 
 
 @engine_app.command("eval")
@@ -44,26 +61,39 @@ def eval_command(
     tokens: TokensOption = 4096,
     score: ScoreOption = "all",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result as JSON (the same as wkvlab eval, plus engine/kld_method/tail_mass)")] = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Run a real engine on the reference's token windows and compare: PPL, KLD, top-1, Δp, by position."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
-    spec = None
-    if engine == "openai":  # checked before any model loads
+    # Everything below is checked before any model loads.
+    if engine == "openai":
         if not url or not model:
             raise ConfigError("--engine openai needs --url (e.g. http://127.0.0.1:8000/v1) and --model (the served name)")
-        spec = ServerSpec(url=url, model=model, flavor=flavor, topk=topk, batch=batch, timeout=timeout, retries=retries)
+        if flavor not in FLAVORS:
+            raise ConfigError(f"unknown server flavour {flavor!r}; use one of {', '.join(FLAVORS)}")
+    else:
+        flash_attention_on(flash_attn, parse_cache_types(kv)[1])
+        _check_gguf(gguf)
+    check_model(reference or (gguf if engine == "llamacpp" else "default"), ctx, tokens, score)
+    _check_text(data)
+    check_output_file(json_out, "--json")
+    choice = start_run("engine eval", threads, f"{engine} ({gguf if engine == 'llamacpp' else url}) on {data}, ctx {ctx}, {tokens} tokens")
+    from wkvlab.engines import api
+
     steps = max(1, tokens // ctx) * 2
     with progress_bar(steps, f"engine {engine}") as advance:
-        if spec is None:
+        if engine == "llamacpp":
             result = api.evaluate_llamacpp(gguf, kv, reference=reference, data=data, ctx=ctx, tokens=tokens, score=score,
-                                           flash_attn=flash_attn, rotation=not no_rotation, progress=advance)
+                                           flash_attn=flash_attn, rotation=not no_rotation, threads=choice.threads, progress=advance)
         else:
+            spec = api.ServerSpec(url=url, model=model, flavor=flavor, topk=topk, batch=batch, timeout=timeout, retries=retries)
             result = api.evaluate_server(spec, reference=reference or "default", data=data, ctx=ctx, tokens=tokens, score=score, progress=advance)
     console.print(results_table([result], describe_run([result])))
     for note in result.notes:
         err_console.print(f"[yellow]note:[/] {note}")
     if json_out is not None:
+        result.threads = choice.threads  # torch's (the reference) and llama.cpp's n_threads alike
         write_json_atomic(json_out, result.to_dict())
         err_console.print(f"wrote {json_out}")
 
@@ -95,6 +125,7 @@ def compare_command(
     tokens: TokensOption = 4096,
     score: ScoreOption = "all",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the fidelity report as JSON")] = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Fidelity: llama.cpp's KLD per cache type next to the simulated llamacpp:<type> preset's, with the noise floor."""
     from wkvlab.kv.spec import split_kv_list  # the --kv list rule of every command
@@ -102,10 +133,20 @@ def compare_command(
     types = split_kv_list(kv)
     if not types:
         raise ConfigError("give at least one cache type, e.g. --kv q8_0,q4_0")
+    for kv_type in types:
+        parse_cache_types(kv_type)
+    _check_gguf(gguf)
+    check_model(reference or gguf, ctx, tokens, score)
+    _check_text(data)
+    check_output_file(json_out, "--json")
+    choice = start_run("engine compare", threads, f"llama.cpp ({gguf}) vs simulation, {len(types)} cache type(s), ctx {ctx}, {tokens} tokens")
+    from wkvlab.engines import api
+    from wkvlab.engines.compare import compare_steps
+
     with progress_bar(compare_steps(max(1, tokens // ctx), len(types)), "engine compare") as advance:
         report = api.fidelity(gguf, types, reference=reference, data=data, ctx=ctx, tokens=tokens, score=score,
-                              rotation=not no_rotation, progress=advance)
+                              rotation=not no_rotation, threads=choice.threads, progress=advance)
     console.print(fidelity_table(report))
     if json_out is not None:
-        write_json_atomic(json_out, report.to_dict())
+        write_json_atomic(json_out, {**report.to_dict(), "threads": choice.to_dict()})
         err_console.print(f"wrote {json_out}")

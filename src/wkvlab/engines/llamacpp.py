@@ -23,12 +23,13 @@ import contextlib
 import os
 from importlib import metadata
 from pathlib import Path
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from wkvlab.engines.base import EngineInfo, WindowScores
 from wkvlab.errors import ConfigError, ModelError
+
+if TYPE_CHECKING:  # torch and numpy load with the engine, not with option checking (parse_cache_types)
+    import torch
 
 INSTALL_HINT = "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'llama-cpp-python[server]==0.3.36' (what make test does; it compiles llama.cpp)"
 # ggml type ids (ggml.h); llama-cpp-python exposes the same numbers as llama_cpp.GGML_TYPE_*.
@@ -128,6 +129,9 @@ class LlamaCppEngine:
         })
 
     def score_window(self, tokens: torch.Tensor, score_from: int) -> WindowScores:
+        import numpy as np
+        import torch
+
         ids = [int(t) for t in tokens]
         if len(ids) > self.ctx:
             raise ConfigError(f"a window of {len(ids)} tokens does not fit the engine's context {self.ctx}")

@@ -31,18 +31,13 @@ from dataclasses import asdict, dataclass
 import torch
 
 from wkvlab.engines.base import PAD_ID, EngineInfo, WindowScores
+from wkvlab.engines.flavors import FLAVORS
 from wkvlab.engines.http import RetryPolicy, ServerRefused, post_json
 from wkvlab.engines.pieces import token_texts, unique_text_ids
 from wkvlab.errors import ConfigError, DataError
 
 APIS = ("prompt_logprobs", "echo")
 PROMPTS = ("ids", "text")
-# Known servers: how each one scores prompts, and whether windows must start with BOS.
-FLAVORS = {
-    "vllm": ("prompt_logprobs", "ids", False),
-    "sglang": ("echo", "ids", False),
-    "llama-cpp-python": ("echo", "text", True),
-}
 # How servers word "you asked for more log-probs than I allow" (vLLM: "Requested prompt logprobs of
 # 200, which is greater than max allowed: 20"; others: "max_logprobs", "top_logprobs ... <= 20").
 _CAP_PATTERN = re.compile(r"(max(imum)?[ _]?(allowed|logprobs)|greater than|at most|less than or equal|<=)", re.IGNORECASE)

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from wkvlab.eval.reference import DEFAULT_TOPK
+from wkvlab.eval.constants import DEFAULT_TOPK
 
 reference_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Stored references: the reference's per-token distributions on disk (docs/scale.md).")
 

@@ -35,12 +35,11 @@ import numpy as np
 import torch
 
 from wkvlab.errors import ConfigError
+from wkvlab.eval.constants import DEFAULT_SAMPLES, DEFAULT_TOPK
 from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics
 from wkvlab.eval.topk import coarsened_kld
 
 FORMAT = "wkvlab-reference-v1"
-DEFAULT_TOPK = 256
-DEFAULT_SAMPLES = 64
 DEFAULT_FULL_EVERY = 256
 _TENSORS = ("nll", "argmax", "lse", "topk_ids", "topk_logprobs", "tail_ids", "tail_logprobs", "full_rows", "full_logprobs")
 

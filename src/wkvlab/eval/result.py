@@ -66,6 +66,8 @@ class EvalResult:
     # how it ran: chunk size, device, dtype, and what the KLD is against (the reference in memory,
     # or a stored reference with its top-k bound error); empty for results stored before these existed
     run: dict = field(default_factory=dict)
+    threads: int | None = None  # torch intra-op threads the candidate passes ran with (wkvlab.threads)
+    model_shape: dict | None = None  # layers, kv_heads, head_dim: what kv_bytes_per_token was computed from
 
     @property
     def tokens(self) -> int:
@@ -115,4 +117,6 @@ class EvalResult:
             "notes": self.notes,
             "versions": self.versions,
             "run": self.run,
+            "threads": self.threads,
+            "model_shape": self.model_shape,
         }

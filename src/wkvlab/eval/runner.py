@@ -37,11 +37,11 @@ from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.runtime import input_device, keep_freed_memory
-from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
+from wkvlab.weights.apply import QuantizedWeights, quantize_with_progress
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.spec import WeightSpec
 
-Progress = Callable[[str, int], None]  # (description of the step just done, steps advanced)
+Progress = Callable[[str, float], None]  # (description of the step just done, steps advanced; fractions for layers)
 
 
 @dataclass(frozen=True)
@@ -124,9 +124,8 @@ class _Grid:
 
     def build(self, spec: WeightSpec, in_place: bool = False) -> tuple[QuantizedWeights, float]:
         start = time.perf_counter()
-        built = quantize_model_weights(self.model, spec, self.calibration, model_key=self.fingerprints.get("model_sha256"), in_place=in_place,
-                                       tokenizer=self.tokenizer)
-        self.tick(f"quantized weights {spec.label}", 1)
+        built = quantize_with_progress(self.model, spec, self.calibration, self.fingerprints.get("model_sha256"), self.tick,
+                                       in_place=in_place, tokenizer=self.tokenizer)
         return built, time.perf_counter() - start
 
     def kv_stats(self, built: QuantizedWeights, model_name: str) -> KVStats | None:
@@ -168,6 +167,8 @@ def _result(grid: _Grid, built: QuantizedWeights, kv: KVSpec, parts: list[TokenM
         fingerprints=grid.fingerprints,
         notes=list(built.notes),
         run=dict(run),
+        threads=torch.get_num_threads(),
+        model_shape={"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim},
     )
 
 

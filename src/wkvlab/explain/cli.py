@@ -2,19 +2,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
+from wkvlab.cliopts import ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import ConfigError, DataError
-from wkvlab.explain.compare import Comparison, compare_results
-from wkvlab.explain.context import ContextCurve
-from wkvlab.explain.factorial import METRIC_LABELS, METRICS, Factorial
-from wkvlab.explain.mitigations import Mitigations
-from wkvlab.explain.run import STEPS, ExplainReport, explain, planned_steps
-from wkvlab.io import write_json_atomic
+from wkvlab.explain.options import STEPS, ExplainOptions, planned_steps
+from wkvlab.io import check_output_file, write_json_atomic
+from wkvlab.preflight import check_kv_for_model, check_model, parse_configs, require_store
+
+if TYPE_CHECKING:  # the explain pipeline (torch) is imported by the commands, after their checks
+    from wkvlab.explain.compare import Comparison
+    from wkvlab.explain.context import ContextCurve
+    from wkvlab.explain.factorial import Factorial
+    from wkvlab.explain.mitigations import Mitigations
+    from wkvlab.explain.run import ExplainReport
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -36,6 +41,8 @@ def _mark(excludes_zero: bool) -> str:
 
 
 def factorial_table(f: Factorial, ppl_ref: float) -> Table:
+    from wkvlab.explain.factorial import METRIC_LABELS, METRICS
+
     table = _table(f"2×2 factorial: {f.weights} × {f.kv} on {f.model}/{f.data}, {f.tokens} tokens in {f.windows} windows of {f.ctx} "
                    f"(effects vs the unquantized reference, PPL {ppl_ref:.3f}; 95% paired bootstrap over windows)",
                    ["metric", "W", "C", "W+C", "interaction", "≠ 0", "ratio (W+C)/(W + C)"])
@@ -121,34 +128,41 @@ def explain_command(
     skip: Annotated[Optional[str], typer.Option(help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")] = None,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples per interval")] = 2000,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
     skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
-    from wkvlab.explain.run import ExplainOptions
-
     options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples)
     if "," in weights:
         raise ConfigError("explain takes one weight config; to evaluate a grid use 'wkvlab eval'")
-    # Parse both specs before the progress bar draws: a typo should be one error line, not a bar and an error.
-    from wkvlab.kv.spec import KVSpec
-    from wkvlab.weights.spec import WeightSpec
+    # Everything that can be refused without the model, before the progress bar draws: a typo is one error line.
+    _, kv_specs = parse_configs([weights], [kv])
+    facts = check_model(model, ctx, tokens)
+    check_kv_for_model(kv_specs, facts)
+    if facts is not None and options.runs("context"):
+        from wkvlab.preflight import check_context_fits
 
-    WeightSpec.parse(weights), KVSpec.parse(kv)
+        check_context_fits(max_ctx, None, facts.max_context, model, option="--max-ctx")
+    _check_explain_data(data, tokens)
+    check_output_file(json_out, "--json")
+    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens")
+    from wkvlab.explain.run import explain
+
     total = planned_steps(options, max(1, tokens // ctx))
     with progress_bar(total, "explain") as advance:
-        done = [0]
-
-        def counted(description: str, steps: int) -> None:
-            done[0] += steps
-            advance(description, steps)
-
         report = explain(weights, kv, model=model, data=data, ctx=ctx, tokens=tokens, max_ctx=max_ctx, context_docs=context_docs,
-                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, progress=counted)
-        advance("done", max(0, total - done[0]))  # the mitigation count was an upper bound
+                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, progress=advance)
     print_report(report)
     if json_out is not None:
-        write_json_atomic(json_out, report.to_dict())
+        write_json_atomic(json_out, {**report.to_dict(), "threads": choice.to_dict()})
         err_console.print(f"wrote {json_out}")
+
+
+def _check_explain_data(data: str, tokens: int) -> None:
+    from wkvlab.data.corpora import check_data, is_selfgen
+
+    if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
+        check_data(data)
 
 
 def _resolve(db, ident: str) -> str:
@@ -179,10 +193,11 @@ def compare_command(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the comparison as JSON")] = None,
 ) -> None:
     """Compare two stored results scored on the same tokens: b − a for KLD, PPL and top-1, with paired intervals."""
+    require_store(store)
+    check_output_file(json_out, "--json")
+    from wkvlab.explain.compare import compare_results
     from wkvlab.store import open_store
 
-    if not store.exists():
-        raise DataError(f"results store {store} does not exist; run 'wkvlab sweep spec.yaml --store {store}' first")
     with open_store(store, create=False) as db:
         first, second = db.get(_resolve(db, a)), db.get(_resolve(db, b))
     comparison = compare_results(first, second, n_resamples=resamples)

@@ -71,7 +71,7 @@ def build_items(tokenizer, text: str, *, ctx: int = 1024, depths=DEPTHS, per_dep
             answer = tokenize(tokenizer, f" {code}")
             n_filler = ctx - fact.numel() - question.numel() - answer.numel() - (1 if bos_id is not None else 0)
             if n_filler < 16:
-                raise ConfigError(f"retrieval context {ctx} leaves no room for filler; use at least {ctx - n_filler + 64} tokens")
+                raise ConfigError(f"--max-ctx {ctx} leaves the retrieval step no room for filler; use --max-ctx {ctx - n_filler + 64} or more, or --skip retrieval")
             if filler.numel() <= n_filler:
                 raise DataError(f"the filler text has {filler.numel()} tokens, fewer than the {n_filler} one item needs; use a smaller context")
             start = int(rng.integers(0, filler.numel() - n_filler))

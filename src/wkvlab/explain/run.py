@@ -31,59 +31,12 @@ from wkvlab.explain.compare import NoiseFloor, backend_result, compare_results, 
 from wkvlab.explain.context import ContextCurve, context_curve, long_windows
 from wkvlab.explain.factorial import Factorial, cells_from_grid, factorial, factorial_specs
 from wkvlab.explain.mitigations import Mitigations, candidates, measure
+from wkvlab.explain.options import (CANDIDATE_STEPS, GENERATION_NEW_TOKENS, GENERATION_PROMPT_TOKENS, GENERATION_PROMPTS,
+                                    RETRIEVAL_PER_DEPTH, STEPS, ExplainOptions, planned_steps, selfgen_tokens)
 from wkvlab.explain.verdict import verdict
 from wkvlab.kv.spec import KVSpec
 from wkvlab.specio import reject_unknown_fields
 from wkvlab.weights.spec import WeightSpec
-
-STEPS = ("noise", "attention", "hidden", "context", "mitigations", "generation", "retrieval", "selfgen")
-CANDIDATE_STEPS = ("attention", "hidden", "generation", "retrieval")  # steps that run the weight-quantized model directly
-GENERATION_PROMPTS = 4
-GENERATION_PROMPT_TOKENS = 64
-GENERATION_NEW_TOKENS = 32
-RETRIEVAL_PER_DEPTH = 2  # × 5 depths, each item one pass of max_ctx tokens per model
-
-
-@dataclass(frozen=True)
-class ExplainOptions:
-    """Everything that determines an explain run (round-trips through JSON)."""
-
-    weights: str
-    kv: str
-    model: str = "default"
-    data: str = "default"
-    ctx: int = 512
-    tokens: int = 2048
-    max_ctx: int = 1024
-    context_docs: int = 4
-    diag_windows: int = 1
-    skip: tuple = ()
-    n_resamples: int = 2000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        skip = tuple(sorted({s.strip() for s in self.skip if s.strip()}))
-        unknown = [s for s in skip if s not in STEPS]
-        if unknown:
-            raise ConfigError(f"unknown step(s) to skip: {', '.join(unknown)}; use any of {', '.join(STEPS)}")
-        object.__setattr__(self, "skip", skip)
-        for name in ("ctx", "tokens", "max_ctx", "context_docs", "diag_windows", "n_resamples"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-
-    def runs(self, step: str) -> bool:
-        return step not in self.skip
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["skip"] = list(self.skip)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "ExplainOptions":
-        reject_unknown_fields(cls, dict(data), "explain options")
-        return cls(**{**data, "skip": tuple(data.get("skip") or ())})
-
 
 @dataclass(frozen=True, eq=False)
 class ExplainReport:
@@ -116,28 +69,6 @@ class ExplainReport:
 
 def _noop(_desc: str, _n: int) -> None:
     pass
-
-
-def planned_steps(options: ExplainOptions, n_windows: int) -> int:
-    """Progress-bar units (window passes) the run will take; an upper bound for mitigations."""
-    grid = lambda windows, n_w, n_kv: windows * (1 + n_w * n_kv) + n_w  # noqa: E731 - as runner.grid_steps
-    steps = grid(n_windows, 2, 2)
-    if options.runs("noise"):
-        steps += grid(n_windows, 1, 1) + n_windows
-    diag = min(options.diag_windows, n_windows)
-    steps += diag * (options.runs("attention") + options.runs("hidden"))
-    if options.runs("context") and options.max_ctx > options.ctx:
-        steps += grid(options.context_docs, 2, 2)
-    if options.runs("mitigations"):
-        steps += grid(n_windows, 1, 5)
-    if options.runs("generation"):
-        steps += 2
-    if options.runs("retrieval"):
-        steps += 2 * 5 * RETRIEVAL_PER_DEPTH
-    if options.runs("selfgen"):
-        n = selfgen_tokens(options)
-        steps += -(-n // 256) + 1 + grid(max(1, n // options.ctx), 2, 2)  # sampled documents (if not cached), then the grid
-    return steps
 
 
 def _kv_stats(quantized, kv: KVSpec, calibration, fingerprint: str):
@@ -288,11 +219,6 @@ def _bos(work) -> int | None:
     from wkvlab.data import tokenizer_wants_bos
 
     return work.loaded.tokenizer.bos_token_id if tokenizer_wants_bos(work.loaded.tokenizer) else None
-
-
-def selfgen_tokens(options: ExplainOptions) -> int:
-    """Tokens of self-generated text: half the evaluation's, at least one window (sampling is slow)."""
-    return max(options.ctx, options.tokens // 2)
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,20 +16,17 @@ build on them must not pull in torch, so ``import wkvlab.formats.sizes`` stays c
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from wkvlab.lazy import lazy_exports, names
 
-from wkvlab.formats.sizes import FP4_BLOCK, GGML_TYPES, FP4Format, fp4_bytes, ggml_block_shape, ggml_bytes_per_element
-
-_LAZY = {
-    "ZeroPoint": "affine", "affine_dequantize": "affine", "affine_qparams": "affine", "affine_quantize": "affine",
-    "bytes_per_element_affine": "affine", "fake_quant_affine": "affine",
-    "E2M1_MAX": "fp4", "fake_quant_fp4": "fp4", "nvfp4_global_scale": "fp4", "round_e2m1": "fp4",
-    "FP8Format": "fp8", "fake_quant_fp8": "fp8", "fp8_absmax_scale": "fp8", "fp8_dtype": "fp8", "fp8_max": "fp8",
-    "fake_quant_ggml": "ggml", "ggml_dequantize": "ggml", "ggml_quantize": "ggml",
-    "Rounding": "rounding", "round_with": "rounding",
+_EXPORTS = {
+    **names("affine", "ZeroPoint", "affine_dequantize", "affine_qparams", "affine_quantize", "bytes_per_element_affine", "fake_quant_affine"),
+    **names("fp4", "E2M1_MAX", "fake_quant_fp4", "nvfp4_global_scale", "round_e2m1"),
+    **names("fp8", "FP8Format", "fake_quant_fp8", "fp8_absmax_scale", "fp8_dtype", "fp8_max"),
+    **names("ggml", "fake_quant_ggml", "ggml_dequantize", "ggml_quantize"),
+    **names("rounding", "Rounding", "round_with"),
+    # byte counts and block shapes: torch-free (the planner and the parsers need them)
+    **names("sizes", "FP4_BLOCK", "FP4Format", "GGML_TYPES", "fp4_bytes", "ggml_block_shape", "ggml_bytes_per_element"),
 }
-
 __all__ = [
     "Rounding",
     "round_with",
@@ -58,9 +55,4 @@ __all__ = [
     "ggml_dequantize",
     "fake_quant_ggml",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"wkvlab.formats.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'wkvlab.formats' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

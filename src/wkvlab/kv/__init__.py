@@ -5,17 +5,12 @@ planner and the parsers); the hooks that quantize a model's cache are imported o
 """
 from __future__ import annotations
 
-from typing import Any
+from wkvlab.lazy import lazy_exports, names
 
-from wkvlab.kv.formats import KV_FORMATS, KVFormat, get_kv_format
-from wkvlab.kv.spec import KVSpec
-
+_EXPORTS = {
+    **names("formats", "KV_FORMATS", "KVFormat", "get_kv_format"),
+    **names("hook", "kv_quantization"),
+    **names("spec", "KVSpec"),
+}
 __all__ = ["KV_FORMATS", "KVFormat", "get_kv_format", "kv_quantization", "KVSpec"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "kv_quantization":
-        from wkvlab.kv.hook import kv_quantization
-
-        return kv_quantization
-    raise AttributeError(f"module 'wkvlab.kv' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -103,7 +103,7 @@ def _per_channel(bits: int, group: int, symmetric: bool):
         if complete == 0:
             return x.clone()
         head = x[..., :complete, :].transpose(-1, -2)
-        head = fake_quant_affine(head, bits, group_size=group, symmetric=symmetric, zero_point=zero_point).transpose(-1, -2)
+        head = _kernels().fake_quant_affine(head, bits, group_size=group, symmetric=symmetric, zero_point=zero_point).transpose(-1, -2)
         return torch.cat([head.to(x.dtype), x[..., complete:, :]], dim=-2)
 
     return quantize

@@ -5,16 +5,11 @@ is imported on first use (PEP 562).
 """
 from __future__ import annotations
 
-from typing import Any
+from wkvlab.lazy import lazy_exports, names
 
-from wkvlab.models.packaged import PACKAGED_MODELS, packaged_gguf
-
+_EXPORTS = {
+    **names("loading", "LoadedModel", "cache_dir", "load_model"),
+    **names("packaged", "PACKAGED_MODELS", "packaged_gguf"),
+}
 __all__ = ["LoadedModel", "cache_dir", "load_model", "PACKAGED_MODELS", "packaged_gguf"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("LoadedModel", "cache_dir", "load_model"):
-        from wkvlab.models import loading
-
-        return getattr(loading, name)
-    raise AttributeError(f"module 'wkvlab.models' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

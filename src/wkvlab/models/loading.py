@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from wkvlab.errors import ModelError
+from wkvlab.models.facts import check_model_source
 from wkvlab.models.packaged import canonical_name, packaged_gguf
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -189,14 +190,13 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
     """
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
+    check_model_source(spec)
     packaged = canonical_name(spec)
     if packaged is not None:
         loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache, device=device)
         loaded.name = loaded.spec = packaged
         return loaded
     path = Path(spec).expanduser()
-    if not path.exists():
-        raise ModelError(f"model not found: {spec!r}; use 'default', 'gemma3-270m', a .gguf file or a Hugging Face model folder")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")

@@ -5,10 +5,12 @@ two can never disagree. Text here is plain text; each renderer escapes it for it
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from wkvlab.report.data import ConfigRow, PenaltyRow, PositionCurve, ReportData, pareto_front
 from wkvlab.report.profiles import Profile
+from wkvlab.units import GIB, MIB
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 # Marker per KV bit class, after the seed study's final chart: circles for the 16-bit cache,
@@ -16,7 +18,6 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 CLASS_SYMBOL = {16: "circle", 8: "diamond", 4: "triangle-up", 2: "square"}
 CLASS_COLOR = {16: "#7f7f7f", 8: "#1f77b4", 4: "#d62728", 2: "#9467bd"}
 DASHES = ("solid", "dash", "dot", "dashdot")
-MIB, GIB = 2**20, 2**30
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Series:
     hover: tuple[str, ...] = ()  # one text per point, lines separated by "\n"
     error_low: tuple[float, ...] | None = None  # distances below/above y
     error_high: tuple[float, ...] | None = None
+    labels: tuple[str, ...] = ()  # a short label drawn next to each point (empty: none)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class Chart:
     x_categories: tuple[str, ...] | None = None  # categorical x axis, in this order
     zero_line: bool = False
     caption: str = ""
+    # Symmetric log y axis, linear within ±y_symlog: KLDs and penalties span 1e-5 to 1, and on a
+    # linear axis every 8-bit cache sits flat on zero. None: linear.
+    y_symlog: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,13 @@ class Heatmap:
     colorbar: str
     caption: str = ""
     kind: str = field(default="heatmap", init=False)
+
+
+def symlog_threshold(values) -> float:
+    """The linear range of a symmetric log axis: the decade of the smallest non-zero |value|
+    (within 1e-6 .. 1e-2), so the smallest effect still gets its own decade above the linear band."""
+    small = min((abs(v) for v in values if v), default=1e-4)
+    return min(1e-2, max(1e-6, 10 ** math.floor(math.log10(small))))
 
 
 def memory_unit(max_bytes: float) -> tuple[str, float]:
@@ -79,15 +91,17 @@ def memory_chart(data: ReportData, group: int) -> Chart:
         members = [r for r in rows if r.kv_class == cls]
         series.append(Series(f"{cls}-bit KV", tuple(r.memory_bytes / scale for r in members), tuple(r.kld_mean for r in members),
                              symbol=CLASS_SYMBOL[cls], color=CLASS_COLOR[cls], hover=tuple(_config_hover(r, unit, scale) for r in members),
-                             error_low=tuple(r.kld_se for r in members), error_high=tuple(r.kld_se for r in members)))
+                             error_low=tuple(r.kld_se for r in members), error_high=tuple(r.kld_se for r in members),
+                             labels=tuple(f"{r.weights} × {r.kv}" for r in members)))
     front = [rows[i] for i in pareto_front([r.memory_bytes for r in rows], [r.kld_mean for r in rows])]
     series.append(Series("Pareto front", tuple(r.memory_bytes / scale for r in front), tuple(r.kld_mean for r in front),
                          mode="lines", color="#000000", hover=tuple(_config_hover(r, unit, scale) for r in front)))
     context = f"{data.context:,} tokens" + (f" × batch {data.batch}" if data.batch > 1 else "")
     return Chart(f"g{group}-memory", "KLD versus memory (weights + KV cache)", f"weights + KV cache at {context} ({unit})",
-                 "mean KLD vs unquantized (nats/token)", tuple(series),
-                 caption=f"Each marker is one weights × KV config; its memory is the weights plus the KV cache of {context}. "
-                         "The line joins the configs no other config beats on both memory and KLD. Bars: ± standard error over tokens.")
+                 "mean KLD vs unquantized (nats/token, symlog)", tuple(series), y_symlog=symlog_threshold(r.kld_mean for r in rows),
+                 caption=f"Each marker is one weights × KV config (labelled weights × KV); its memory is the weights plus the KV cache of {context}. "
+                         "The line joins the configs no other config beats on both memory and KLD. Bars: ± standard error over tokens. "
+                         "The KLD axis is logarithmic above its smallest decade and linear below it, so small and large losses both show.")
 
 
 def penalty_chart(data: ReportData, group: int) -> Chart | None:
@@ -113,10 +127,12 @@ def penalty_chart(data: ReportData, group: int) -> Chart | None:
                              error_low=tuple(r.penalty.estimate - r.penalty.low for r in members),
                              error_high=tuple(r.penalty.high - r.penalty.estimate for r in members)))
     return Chart(f"g{group}-penalty", "KV-cache penalty versus weight precision", "weight config (size)",
-                 "KLD added by the KV cache (nats/token)", tuple(series), x_categories=tuple(ticks[w] for w in order), zero_line=True,
+                 "KLD added by the KV cache (nats/token, symlog)", tuple(series), x_categories=tuple(ticks[w] for w in order), zero_line=True,
+                 y_symlog=symlog_threshold(r.penalty.estimate for r in rows),
                  caption="Height: KLD(weights, KV) − KLD(same weights, 16-bit KV), paired on the same tokens. "
                          "Open markers: 8-bit KV; filled: 4-bit KV (triangles: below 4 bits). "
-                         "Bars: 95% paired bootstrap interval over windows.")
+                         "Bars: 95% paired bootstrap interval over windows. The axis is logarithmic above its smallest decade "
+                         "(linear below), so an 8-bit cache's small penalty does not vanish next to a 4-bit one.")
 
 
 def position_chart(data: ReportData, group: int) -> Chart:
@@ -131,7 +147,8 @@ def position_chart(data: ReportData, group: int) -> Chart:
                              hover=tuple(f"weights {c.weights}, KV {c.kv}\npositions {a}–{b - 1} ({n} tokens)\nKLD {k:.5f}"
                                          for a, b, k, n in zip(c.starts, c.ends, c.kld_mean, c.tokens))))
     return Chart(f"g{group}-position", "KLD by position in the context window", "query position (bucket centre, log scale)",
-                 "mean KLD (nats/token)", tuple(series), x_log=True,
+                 "mean KLD (nats/token, symlog)", tuple(series), x_log=True,
+                 y_symlog=symlog_threshold(k for c in curves for k in c.kld_mean),
                  caption="Mean KLD of the tokens in each position bucket (buckets double in width); colour: KV config, dash: weight config. "
                          "A KV cache whose damage grows with context rises to the right.")
 

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from wkvlab.display import console, err_console
-from wkvlab.report.build import ReportFiles, report_from_store
-from wkvlab.report.profiles import load_profile
+from wkvlab.display import err_console, status
+from wkvlab.preflight import require_store
+from wkvlab.report.output import check_folder
+
+if TYPE_CHECKING:
+    from wkvlab.report.build import ReportFiles
 
 
 def print_written(report: ReportFiles) -> None:
@@ -23,7 +26,13 @@ def report_command(
     profile: Annotated[Optional[list[Path]], typer.Option(help="per-layer sensitivity JSON from 'wkvlab profile' (repeatable)")] = None,
 ) -> None:
     """Write an offline HTML report (interactive charts), PNGs, Markdown and CSV tables of a results store."""
+    from wkvlab.report.profiles import load_profile
+
+    require_store(store)
+    check_folder(out)
     profiles = [load_profile(p) for p in profile or []]
-    with console.status(f"building the report of {store}"):
+    from wkvlab.report.build import report_from_store
+
+    with status(f"building the report of {store}"):
         report = report_from_store(store, out, context=context, batch=batch, profiles=profiles)
     print_written(report)

@@ -9,12 +9,13 @@ groups (two models, two contexts); the report draws each on its own.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
 
-from wkvlab.errors import ConfigError, DataError
+from wkvlab.errors import ConfigError, DataError, WkvlabError
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats.bootstrap import Interval, paired_interval
@@ -23,7 +24,7 @@ from wkvlab.stats.bootstrap import Interval, paired_interval
 # 'cast' rounds it to bf16/fp16. 'none' is preferred as the baseline because its KLD is zero.
 SIXTEEN_BIT_WEIGHT_METHODS = ("none", "cast")
 KV_BIT_CLASSES = (16, 8, 4, 2)  # marker classes; a config's class is the nearest one from above
-NOMINAL_HEAD_DIM = 128  # for bits per element of formats whose scale overhead depends on head_dim
+NOMINAL_HEAD_DIM = 128  # only when a result's head_dim is unknown (see head_dim_of)
 
 
 def memory_bytes(weight_bytes: float, kv_bytes_per_token: float, context: int, batch: int = 1) -> float:
@@ -50,12 +51,32 @@ def pareto_front(xs: Sequence[float], ys: Sequence[float]) -> list[int]:
     return front
 
 
-def kv_bits(kv_spec: dict) -> float:
-    """Average stored bits per K/V element of a config's main formats (16 for model precision)."""
+@functools.lru_cache(maxsize=None)
+def _model_head_dim(model: str) -> int | None:
+    from wkvlab.models.facts import model_facts
+
+    try:
+        facts = model_facts(model)
+    except WkvlabError:
+        return None
+    return facts.head_dim if facts else None
+
+
+def head_dim_of(result: EvalResult) -> int:
+    """The head_dim a result's model has: recorded with the result (``model_shape``), else read from the
+    model's files when its name still resolves (stores written before the shape was recorded), else 128."""
+    shape = getattr(result, "model_shape", None) or {}
+    return int(shape.get("head_dim") or _model_head_dim(result.model) or NOMINAL_HEAD_DIM)
+
+
+def kv_bits(kv_spec: dict, head_dim: int = NOMINAL_HEAD_DIM) -> float:
+    """Average stored bits per K/V element of a config's main formats (16 for model precision), scale
+    and zero-point bytes included: they are per group or per head vector, so they depend on head_dim
+    (int4 is 4.5 bits at head_dim 64, 4.25 at 128)."""
     spec = KVSpec.from_dict(kv_spec)
     if spec.is_identity:
         return 16.0
-    per_format = [f.bytes_per_vector(NOMINAL_HEAD_DIM) * 8 / NOMINAL_HEAD_DIM for f in (spec.k_format, spec.v_format)]
+    per_format = [f.bytes_per_vector(head_dim) * 8 / head_dim for f in (spec.k_format, spec.v_format)]
     return float(np.mean(per_format))
 
 
@@ -130,7 +151,7 @@ def config_rows(group: Group, context: int, batch: int) -> list[ConfigRow]:
     front = set(pareto_front(memory, [k["mean"] for k in kld]))
     rows = []
     for i, r in enumerate(group.results):
-        bits = kv_bits(r.kv_spec)
+        bits = kv_bits(r.kv_spec, head_dim_of(r))
         rows.append(ConfigRow(group.index, r.model, r.data, r.ctx, r.tokens, r.weights, r.kv,
                               r.weights_spec.get("method") in SIXTEEN_BIT_WEIGHT_METHODS, bits, kv_bit_class(bits),
                               int(r.weight_bytes), float(r.kv_bytes_per_token), memory[i], kld[i]["mean"], kld[i]["se"],
@@ -190,7 +211,7 @@ def penalty_rows(group: Group, n_resamples: int) -> list[PenaltyRow]:
             continue
         interval = paired_interval(lambda m: m["wc"] - m["w"], {"wc": r.arrays.kld, "w": base.arrays.kld}, r.arrays.window,
                                    n_resamples=n_resamples)
-        rows.append(PenaltyRow(group.index, r.weights, r.kv, kv_bit_class(kv_bits(r.kv_spec)), int(r.weight_bytes),
+        rows.append(PenaltyRow(group.index, r.weights, r.kv, kv_bit_class(kv_bits(r.kv_spec, head_dim_of(r))), int(r.weight_bytes),
                                base.kld["mean"], r.kld["mean"], interval))
     return rows
 

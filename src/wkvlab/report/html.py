@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from functools import lru_cache
 from importlib import resources
@@ -50,18 +51,61 @@ def script_json(payload) -> str:
     return text
 
 
-def _trace(s: Series) -> dict:
+def _symlog(y: float, threshold: float) -> float:
+    """plotly has no symmetric log axis: values are drawn at sign(y)·log10(1 + |y|/t) and the ticks
+    relabelled with the real values (hover texts always show the real numbers)."""
+    return math.copysign(math.log10(1.0 + abs(y) / threshold), y)
+
+
+def _symlog_ticks(values: list[float], threshold: float) -> dict:
+    top = max((abs(v) for v in values), default=threshold)
+    decades = [threshold * 10 ** k for k in range(0, max(1, math.ceil(math.log10(max(top / threshold, 1.0)))) + 1)]
+    ticks = [0.0] + decades + ([-d for d in decades] if any(v < 0 for v in values) else [])
+    ticks.sort()
+    return {"tickmode": "array", "tickvals": [_symlog(v, threshold) for v in ticks], "ticktext": [f"{v:g}" for v in ticks]}
+
+
+def _label_positions(chart: Chart) -> dict[int, list[str]]:
+    """plotly's textposition per labelled point: left of points in the right quarter (else clipped at
+    the edge), and below instead of above when a label already sits near the point (close configs)."""
+    points = [(i, j, x, y) for i, s in enumerate(chart.series) if s.labels for j, (x, y) in enumerate(zip(s.x, s.y))]
+    if not points:
+        return {}
+    ys = [(_symlog(y, chart.y_symlog) if chart.y_symlog else y) for *_, y in points]
+    xs = [x for _, _, x, _ in points]
+    x_span, y_span = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    placed: list[tuple[float, float, str]] = []
+    out: dict[int, list[str]] = {i: [""] * len(chart.series[i].x) for i, *_ in points}
+    for (i, j, x, _), y in sorted(zip(points, ys), key=lambda p: (p[0][2], p[1])):
+        side = "left" if x > min(xs) + 0.75 * x_span else "right"
+        crowded = any(abs(x - px) < 0.05 * x_span and abs(y - py) < 0.08 * y_span and pos.endswith(side) and pos.startswith("top")
+                      for px, py, pos in placed)
+        position = f"{'bottom' if crowded else 'top'} {side}"
+        placed.append((x, y, position))
+        out[i][j] = position
+    return out
+
+
+def _trace(s: Series, symlog: float | None = None, label_positions: list[str] | None = None) -> dict:
     symbol = s.symbol if s.filled or s.symbol.endswith("-open") else f"{s.symbol}-open"
+    ys = [_symlog(y, symlog) for y in s.y] if symlog else list(s.y)
     trace = {
-        "type": "scatter", "mode": s.mode, "name": plotly_text(s.name), "x": list(s.x), "y": list(s.y),
+        "type": "scatter", "mode": s.mode + ("+text" if s.labels else ""), "name": plotly_text(s.name), "x": list(s.x), "y": ys,
         "marker": {"symbol": symbol, "color": s.color, "size": 10, "line": {"width": 2, "color": s.color}},
         "line": {"color": s.color, "width": 2, "dash": s.dash},
-        "hovertemplate": "%{text}<extra></extra>", "text": [plotly_text(h) for h in s.hover] or None,
+        "hovertemplate": "%{customdata}<extra></extra>", "customdata": [plotly_text(h) for h in s.hover] or None,
     }
+    if s.labels:
+        trace.update(text=[plotly_text(label) for label in s.labels], textposition=label_positions or "top right",
+                     textfont={"size": 10, "color": "#333"})
     if s.x and isinstance(s.x[0], str):
         trace["x"] = [plotly_text(x) for x in s.x]
     if s.error_low is not None:
-        trace["error_y"] = {"type": "data", "symmetric": False, "array": list(s.error_high), "arrayminus": list(s.error_low),
+        high, low = list(s.error_high), list(s.error_low)
+        if symlog:  # the bar ends, transformed like the points
+            high = [_symlog(y + h, symlog) - _symlog(y, symlog) for y, h in zip(s.y, high)]
+            low = [_symlog(y, symlog) - _symlog(y - lo, symlog) for y, lo in zip(s.y, low)]
+        trace["error_y"] = {"type": "data", "symmetric": False, "array": high, "arrayminus": low,
                             "color": s.color, "thickness": 1.2, "width": 4}
     return trace
 
@@ -87,7 +131,10 @@ def plotly_figure(chart: Chart | Heatmap) -> dict:
         layout["xaxis"]["categoryorder"] = "array"
         layout["xaxis"]["categoryarray"] = [plotly_text(c) for c in chart.x_categories]
     layout["yaxis"] = _axis(chart.y_title, zeroline=chart.zero_line, zerolinecolor="#444", zerolinewidth=1)
-    return {"id": chart.id, "data": [_trace(s) for s in chart.series], "layout": layout}
+    if chart.y_symlog:
+        layout["yaxis"].update(_symlog_ticks([y for s in chart.series for y in s.y], chart.y_symlog))
+    positions = _label_positions(chart)
+    return {"id": chart.id, "data": [_trace(s, chart.y_symlog, positions.get(i)) for i, s in enumerate(chart.series)], "layout": layout}
 
 
 def _figure_block(chart: Chart | Heatmap) -> str:
@@ -100,9 +147,11 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
 h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; } h3 { margin-top: 1.5em; }
 .chart { width: 100%; height: 480px; }
 figure { margin: 1em 0 2em 0; } figcaption { color: #555; font-size: 0.9em; }
-table.data { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1.5em 0; display: block; overflow-x: auto; }
-table.data th, table.data td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; white-space: nowrap; }
-table.data th { background: #f3f3f3; }
+table.data { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em 0; max-width: 100%; }
+table.data th, table.data td { border: 1px solid #ddd; padding: 3px 6px; text-align: right; }
+table.data td { white-space: nowrap; }
+table.data th { background: #f3f3f3; white-space: normal; overflow-wrap: anywhere; vertical-align: bottom; }
+table.data td:nth-child(-n+2), table.data th:nth-child(-n+2) { text-align: left; }
 p.empty, p.meta { color: #555; }
 code { background: #f3f3f3; padding: 1px 4px; }
 """

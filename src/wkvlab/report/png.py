@@ -26,9 +26,11 @@ def _figure(width: float, height: float):
     return fig
 
 
-def _draw_chart(ax, chart: Chart) -> None:
+def _draw_chart(ax, chart: Chart) -> list[tuple[float, float, str]]:
+    """Draw the series; returns the labelled points (x, y, label) for :func:`_place_labels`."""
     categories = list(chart.x_categories or ())
     width = 0.5 / max(len(chart.series), 1)  # series side by side within a category, as plotly's scattermode "group"
+    labelled = []
     for i, s in enumerate(chart.series):
         dodge = (i - (len(chart.series) - 1) / 2) * width
         x = [categories.index(v) + dodge for v in s.x] if categories else list(s.x)
@@ -41,15 +43,51 @@ def _draw_chart(ax, chart: Chart) -> None:
             ax.errorbar(x, s.y, yerr=[s.error_low, s.error_high], elinewidth=1, capsize=3, **kwargs)
         else:
             ax.plot(x, s.y, **kwargs)
+        labelled += list(zip(x, s.y, s.labels))
     if categories:
         ax.set_xticks(range(len(categories)), categories, rotation=15, ha="right")
         ax.set_xlim(-0.5, len(categories) - 0.5)
     if chart.x_log:
         ax.set_xscale("log")
+    if chart.y_symlog:
+        ax.set_yscale("symlog", linthresh=chart.y_symlog, linscale=0.5)
+        lowest = min((y - (s.error_low[k] if s.error_low is not None else 0.0) for s in chart.series for k, y in enumerate(s.y)), default=0.0)
+        if lowest >= 0:  # no negative values: no negative decades (the zero line would otherwise pull them in)
+            highest = max(y + (s.error_high[k] if s.error_high is not None else 0.0) for s in chart.series for k, y in enumerate(s.y))
+            ax.set_ylim(bottom=0.0, top=_symlog_top(highest, chart.y_symlog))
     if chart.zero_line:
         ax.axhline(0.0, color="#444", linewidth=0.8, linestyle="--")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    # Outside the axes, right of the plot: a legend inside covers data points (the position chart's first buckets).
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return labelled
+
+
+def _symlog_top(highest: float, threshold: float) -> float:
+    """An upper limit a quarter decade above the highest value, so the top markers are not cut."""
+    return max(highest, threshold) * 10 ** 0.25
+
+
+# Label offsets in points, tried in order: a label goes to the first place where it overlaps no
+# label already drawn (points close in memory, such as fp8 and int8 caches, get labels apart).
+LABEL_OFFSETS = ((6, 4), (6, -12), (-6, 4), (-6, -12), (6, 14), (6, -22), (-6, 14), (-6, -22))
+
+
+def _place_labels(fig, ax, points: list[tuple[float, float, str]]) -> None:
+    if not points:
+        return
+    renderer = fig.canvas.get_renderer()
+    fig.draw_without_rendering()  # final axes limits and layout before measuring label boxes
+    placed = []
+    for x, y, text in sorted(points, key=lambda p: (p[0], p[1])):
+        for dx, dy in LABEL_OFFSETS:
+            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7, color="#333",
+                                ha="left" if dx > 0 else "right")
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed) or (dx, dy) == LABEL_OFFSETS[-1]:
+                placed.append(box)
+                break
+            label.remove()
 
 
 def _draw_heatmap(fig, ax, chart: Heatmap) -> None:
@@ -65,15 +103,15 @@ def _draw_heatmap(fig, ax, chart: Heatmap) -> None:
 
 def render_png(chart: Chart | Heatmap) -> bytes:
     """One chart as PNG bytes."""
-    fig = _figure(8.5, 5.0)
+    fig = _figure(8.5 if isinstance(chart, Heatmap) else 10.5, 5.0)
     ax = fig.add_subplot()
-    if isinstance(chart, Heatmap):
-        _draw_heatmap(fig, ax, chart)
-    else:
-        _draw_chart(ax, chart)
     ax.set_title(chart.title)
     ax.set_xlabel(chart.x_title)
     ax.set_ylabel(chart.y_title)
+    if isinstance(chart, Heatmap):
+        _draw_heatmap(fig, ax, chart)
+    else:
+        _place_labels(fig, ax, _draw_chart(ax, chart))
     out = io.BytesIO()
     fig.savefig(out, format="png", metadata={"Software": "wkvlab"})  # no matplotlib version/date: same chart, same bytes
     return out.getvalue()

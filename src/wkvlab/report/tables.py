@@ -13,8 +13,8 @@ from operator import attrgetter
 from typing import Any, Callable
 
 from wkvlab.report.data import ReportData
+from wkvlab.units import MIB
 
-MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class Column:
     header: str
     raw: Callable[[Any], Any]
     text: Callable[[Any], str] | None = None  # None: str(raw)
+    shown: bool = True  # False: CSV only (an interval's ends, facts the group heading already states)
 
     def format(self, row) -> str:
         return self.text(row) if self.text is not None else str(self.raw(row))
@@ -34,11 +35,16 @@ class Table:
     columns: tuple[Column, ...]
     rows: tuple
 
+    @property
+    def shown(self) -> tuple[Column, ...]:
+        """The columns the page and Markdown show, decisive ones first (CSV keeps them all)."""
+        return tuple(c for c in self.columns if c.shown)
+
     def raw_rows(self) -> list[list]:
         return [[c.raw(r) for c in self.columns] for r in self.rows]
 
     def text_rows(self) -> list[list[str]]:
-        return [[c.format(r) for c in self.columns] for r in self.rows]
+        return [[c.format(r) for c in self.shown] for r in self.rows]
 
 
 def _signed(x: float) -> str:
@@ -54,31 +60,32 @@ def _number(header: str, attribute: str, spec: str) -> Column:
     return Column(header, attrgetter(attribute), lambda r: format(getattr(r, attribute), spec))
 
 
-KEY_COLUMNS = (Column("group", attrgetter("group")), Column("weights", attrgetter("weights")), Column("kv", attrgetter("kv")))
+KEY_COLUMNS = (Column("weights", attrgetter("weights")), Column("kv", attrgetter("kv")), Column("group", attrgetter("group")))
 
 
 def _interval_columns(name: str, interval: Callable) -> tuple[Column, ...]:
     """Estimate (shown with its interval), low and high: three CSV columns, readable in Markdown."""
     return (Column(name, lambda r: interval(r).estimate, lambda r: _interval_text(interval(r))),
-            Column(f"{name}_low", lambda r: interval(r).low, lambda r: _signed(interval(r).low)),
-            Column(f"{name}_high", lambda r: interval(r).high, lambda r: _signed(interval(r).high)))
+            Column(f"{name}_low", lambda r: interval(r).low, lambda r: _signed(interval(r).low), shown=False),
+            Column(f"{name}_high", lambda r: interval(r).high, lambda r: _signed(interval(r).high), shown=False))
 
 
 def configs_table(data: ReportData) -> Table:
     ctx = f"{data.context:,}" + (f"×{data.batch}" if data.batch > 1 else "")
     columns = (
-        *(Column(name, attrgetter(name)) for name in ("group", "model", "data", "ctx", "tokens", "weights", "kv")),
-        _number("kv_bits", "kv_bits", ".2f"),
-        Column("weight_bytes", lambda r: r.weight_bytes, lambda r: f"{r.weight_bytes / MIB:,.1f} MiB"),
-        Column("kv_bytes_per_token", lambda r: r.kv_bytes_per_token, lambda r: f"{r.kv_bytes_per_token:,.0f} B"),
-        Column(f"memory_at_{data.context}", lambda r: r.memory_bytes, lambda r: f"{r.memory_bytes / MIB:,.1f} MiB"),
+        *KEY_COLUMNS,
+        Column("pareto", lambda r: int(r.pareto), lambda r: "yes" if r.pareto else ""),
         _number("kld_mean", "kld_mean", ".5f"),
         _number("kld_se", "kld_se", ".5f"),
+        Column(f"memory_at_{data.context}", lambda r: r.memory_bytes, lambda r: f"{r.memory_bytes / MIB:,.1f} MiB"),
+        Column("weight_bytes", lambda r: r.weight_bytes, lambda r: f"{r.weight_bytes / MIB:,.1f} MiB"),
+        Column("kv_bytes_per_token", lambda r: r.kv_bytes_per_token, lambda r: f"{r.kv_bytes_per_token:,.0f} B"),
+        _number("kv_bits", "kv_bits", ".2f"),
         _number("kld_p99", "kld_p99", ".4f"),
         Column("top1", lambda r: r.top1, lambda r: f"{100 * r.top1:.2f}%"),
         _number("ppl", "ppl", ".3f"),
         _number("ppl_ref", "ppl_ref", ".3f"),
-        Column("pareto", lambda r: int(r.pareto), lambda r: "yes" if r.pareto else ""),
+        *(Column(name, attrgetter(name), shown=False) for name in ("model", "data", "ctx", "tokens")),  # in the group heading
     )
     return Table("configs", f"Configs (memory: weights + KV cache at {ctx} tokens)", columns, data.configs)
 
@@ -86,10 +93,10 @@ def configs_table(data: ReportData) -> Table:
 def penalty_table(data: ReportData) -> Table:
     columns = (
         *KEY_COLUMNS,
+        *_interval_columns("kv_penalty", lambda r: r.penalty),
         Column("kv_class_bits", lambda r: r.kv_class),
         _number("kld_16bit_kv", "kld_16bit_kv", ".5f"),
         _number("kld", "kld", ".5f"),
-        *_interval_columns("kv_penalty", lambda r: r.penalty),
     )
     return Table("kv_penalty", "KV-cache penalty: KLD(W, C) − KLD(W, 16-bit KV), 95% paired bootstrap interval", columns, data.penalties)
 
@@ -97,14 +104,14 @@ def penalty_table(data: ReportData) -> Table:
 def cross_term_table(data: ReportData) -> Table:
     columns = (
         *KEY_COLUMNS,
-        Column("baseline_weights", lambda r: r.baseline_weights),
+        *_interval_columns("interaction", lambda r: r.interaction),
+        Column("significant", lambda r: int(r.interaction.excludes_zero), lambda r: "yes" if r.interaction.excludes_zero else "no"),
         _number("kld_both", "kld_both", ".5f"),
+        _number("additive", "additive", ".5f"),
         _number("kld_weights_only", "kld_weights", ".5f"),
         _number("kld_kv_only", "kld_kv", ".5f"),
         _number("kld_baseline", "kld_baseline", ".5f"),
-        _number("additive", "additive", ".5f"),
-        *_interval_columns("interaction", lambda r: r.interaction),
-        Column("significant", lambda r: int(r.interaction.excludes_zero), lambda r: "yes" if r.interaction.excludes_zero else "no"),
+        Column("baseline_weights", lambda r: r.baseline_weights),
     )
     return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% paired bootstrap interval",
                  columns, data.cross_terms)
@@ -131,8 +138,8 @@ def to_markdown(table: Table, empty: str) -> str:
     lines = [f"## {table.title}", ""]
     if not table.rows:
         return "\n".join(lines + [empty, ""])
-    lines.append("| " + " | ".join(c.header for c in table.columns) + " |")
-    lines.append("|" + "|".join("---" for _ in table.columns) + "|")
+    lines.append("| " + " | ".join(c.header for c in table.shown) + " |")
+    lines.append("|" + "|".join("---" for _ in table.shown) + "|")
     lines += ["| " + " | ".join(_markdown_cell(t) for t in row) + " |" for row in table.text_rows()]
     return "\n".join(lines + [""])
 
@@ -140,7 +147,7 @@ def to_markdown(table: Table, empty: str) -> str:
 def to_html(table: Table, empty: str) -> str:
     if not table.rows:
         return f"<p class=\"empty\">{html.escape(empty)}</p>"
-    head = "".join(f"<th>{html.escape(c.header)}</th>" for c in table.columns)
+    head = "".join(f"<th>{html.escape(c.header.replace('_', ' '))}</th>" for c in table.shown)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(t)}</td>" for t in row) + "</tr>" for row in table.text_rows())
     return f"<table class=\"data\" id=\"table-{html.escape(table.name)}\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

@@ -21,7 +21,7 @@ from wkvlab.errors import ConfigError, DataError
 from wkvlab.models.loading import LoadedModel, cache_dir, load_model
 from wkvlab.search.allocate import candidate_allocations, allocate_exact
 from wkvlab.search.baselines import Candidate, baseline_candidates
-from wkvlab.search.choices import FP16, Choice, choice_bytes, choice_label, parse_choices
+from wkvlab.search.choices import FP16, Choice, check_budget_options, choice_bytes, choice_label, nothing_fits, parse_choices
 from wkvlab.search.export import engine_exports, layer_recipe, plan_kvspec
 from wkvlab.search.measure import Scorer
 from wkvlab.search.pareto import Point, pareto_front
@@ -209,8 +209,7 @@ def search_windows(reference: torch.nn.Module, profile_windows: WindowSet, heldo
         limit = budget
     allocations = candidate_allocations(values, costs, limit, candidates)
     if not allocations:
-        smallest = n * min(per_choice.values())
-        raise ConfigError(f"nothing fits {budget:,.0f} B/token: the smallest allowed format needs {smallest:,.0f} B/token on this model; raise --budget or allow smaller --formats")
+        raise nothing_fits(budget, n * min(per_choice.values()))
     cands: list[Candidate] = []
     for i, alloc in enumerate(allocations):
         plan = tuple(options[o][0] for o in alloc.options)
@@ -344,12 +343,7 @@ def search(model: str | LoadedModel = "default", data: str = "default", *, budge
            bars: Bars = _no_bars, use_cache: bool = True) -> SearchResult:
     """Find the per-layer KV assignment (and, with ``joint_weights``, 16-bit weight layers) that minimizes
     measured KLD under a budget of ``budget`` bytes/token, or what ``gpu`` leaves at ``batch`` x ``context``."""
-    if (budget is None) == (gpu is None):
-        raise ConfigError("give either --budget <bytes per token> or --gpu <name> (with --batch and --context)")
-    if budget is not None and budget <= 0:
-        raise ConfigError(f"--budget must be a positive number of bytes per token, got {budget}")
-    if batch < 1 or (context is not None and context < 1):
-        raise ConfigError("--batch and --context must be positive")
+    check_budget_options(budget, gpu, batch, context)
     spec, choices = WeightSpec.parse(weights), parse_choices(formats)
     sd = prepare_search(model, data, ctx=ctx, profile_tokens=profile_tokens, heldout_tokens=heldout_tokens)
     context = context or min(8192, sd.loaded.max_context)

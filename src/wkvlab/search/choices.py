@@ -69,6 +69,26 @@ def choice_bytes(choice: Choice, *, kv_heads: int, head_dim: int) -> float:
     return kv_heads * (k.bytes_per_vector(head_dim) + v.bytes_per_vector(head_dim))
 
 
+def smallest_plan_bytes(choices: tuple[Choice, ...], *, layers: int, kv_heads: int, head_dim: int) -> float:
+    """KV bytes per token of the cheapest plan: every layer in the smallest allowed choice."""
+    return layers * min(choice_bytes(c, kv_heads=kv_heads, head_dim=head_dim) for c in choices)
+
+
+def check_budget_options(budget: float | None, gpu: str | None, batch: int, context: int | None) -> None:
+    """How the budget is given: bytes per token or a GPU, not both, and positive sizes."""
+    if (budget is None) == (gpu is None):
+        raise ConfigError("give either --budget <bytes per token> or --gpu <name> (with --batch and --context)")
+    if budget is not None and budget <= 0:
+        raise ConfigError(f"--budget must be a positive number of bytes per token, got {budget}")
+    if batch < 1 or (context is not None and context < 1):
+        raise ConfigError("--batch and --context must be positive")
+
+
+def nothing_fits(budget: float, smallest: float) -> ConfigError:
+    return ConfigError(f"nothing fits --budget {budget:,.0f} B/token: the smallest allowed format needs {smallest:,.0f} B/token on this model; "
+                       "raise --budget or allow smaller --formats")
+
+
 def single_formats(choices: tuple[Choice, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The distinct quantized K formats and V formats the choices use (what a profile must measure)."""
     ks = tuple(dict.fromkeys(k for k, _ in choices if not get_kv_format(k).is_identity))

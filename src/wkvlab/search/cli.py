@@ -4,17 +4,24 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
+from wkvlab.cliopts import ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import ConfigError
-from wkvlab.io import write_json_atomic
-from wkvlab.search import api
-from wkvlab.search.profile import SensitivityProfile
+from wkvlab.io import check_output_file, write_json_atomic
+from wkvlab.preflight import check_calibration, check_model, parse_configs
+from wkvlab.units import mib
 from wkvlab.weights.calibration import CalibrationSpec
+
+if TYPE_CHECKING:  # the search API (torch) is imported by the commands, after their checks
+    from wkvlab.search.api import SearchResult
+    from wkvlab.search.profile import SensitivityProfile
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 Model = Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")]
 Data = Annotated[str, typer.Option(help="'default' (pydoc prose), 'code', a .txt/.jsonl file: profiling windows from its start, held-out windows right after")]
@@ -35,18 +42,28 @@ def _write_spec(path: Path, data: dict) -> None:
     """The plan as a KV spec file ``wkvlab eval --kv @path`` reads; written atomically."""
     import yaml
 
-    if path.suffix.lower() not in (".yaml", ".yml", ".json"):
-        raise ConfigError(f"--out {path}: use a .yaml or .json file name")
+    check_output_file(path, "--out", SPEC_SUFFIXES)
     if path.suffix.lower() == ".json":
-        write_json_atomic(path, data)
+        write_json_atomic(path, data, "--out")
         return
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError(f"folder {parent} does not exist; create it or choose another --out path")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(yaml.safe_dump(data, sort_keys=False))
     os.replace(tmp, path)
+
+
+def _check_common(model: str, data: str, weights: str, formats: str | None, ctx: int, calib: str):
+    """What profile and search refuse before any model loads; returns the allowed choices and the model's facts."""
+    from wkvlab.data.corpora import check_data
+    from wkvlab.search.choices import parse_choices
+
+    parse_configs([weights], [])
+    choices = parse_choices(formats)
+    facts = check_model(model, ctx)
+    check_data(data)
+    check_calibration(calib)
+    return choices, facts
 
 
 def profile_command(
@@ -59,8 +76,14 @@ def profile_command(
     weight_profile: Annotated[bool, typer.Option(help="also measure per-layer and per-module weight sensitivity")] = True,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the profile (plain JSON, docs/search.md)")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq weights")] = "prose",
+    threads: ThreadsOption = None,
 ) -> None:
     """Per-layer K and V sensitivity under a weight config, per-layer/per-module weight sensitivity, sinks, outlier channels."""
+    _check_common(model, data, weights, formats, ctx, calib)
+    check_output_file(json_out, "--json")
+    start_run("profile", threads, f"{model} on {data} under {weights} weights, ctx {ctx}, {tokens} tokens")
+    from wkvlab.search import api
+
     prof = api.profile(model, data, weights=weights, formats=formats, ctx=ctx, tokens=tokens, weight_profile=weight_profile,
                        bars=_bars, calibration=_calib(calib))
     print_profile(prof)
@@ -122,8 +145,23 @@ def search_command(
     recipe: Annotated[Optional[Path], typer.Option(help="write the layer-wise recipe JSON (KVTuner bits, ModelOpt quant_cfg)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the full result as JSON")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq weights")] = "prose",
+    threads: ThreadsOption = None,
 ) -> None:
     """Per-layer KV formats (optionally 16-bit weight layers) minimizing measured KLD under a memory budget."""
+    from wkvlab.search.choices import check_budget_options, nothing_fits, smallest_plan_bytes
+
+    check_budget_options(budget, gpu, batch, context)
+    choices, facts = _check_common(model, data, weights, formats, ctx, calib)
+    if budget is not None and facts is not None and not joint_weights:
+        smallest = smallest_plan_bytes(choices, layers=facts.layers, kv_heads=facts.kv_heads, head_dim=facts.head_dim)
+        if budget < smallest:  # known from the model's files: refuse before minutes of profiling
+            raise nothing_fits(budget, smallest)
+    check_output_file(out, "--out", SPEC_SUFFIXES)
+    check_output_file(recipe, "--recipe")
+    check_output_file(json_out, "--json")
+    choice = start_run("search", threads, f"{model} on {data} under {weights} weights, " + (f"budget {budget:,.0f} B/token" if budget is not None else f"GPU {gpu}"))
+    from wkvlab.search import api
+
     result = api.search(model, data, budget=budget, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats, ctx=ctx,
                         profile_tokens=profile_tokens, heldout_tokens=heldout_tokens, candidates=candidates,
                         joint_weights=joint_weights, unaware=unaware, calibration=_calib(calib), bars=_bars)
@@ -135,28 +173,28 @@ def search_command(
         err_console.print(f"wrote {out} (use: wkvlab eval --weights {weights} --kv @{out}; "
                           f"wkvlab plan --model {model}{gpu_part or ' --gpu <name> --batch <n> --context <tokens>'} --weights {weights} --kv @{out})")
     if recipe is not None and result.exports:
-        write_json_atomic(recipe, result.exports["recipe"])
+        write_json_atomic(recipe, result.exports["recipe"], "--recipe")
         err_console.print(f"wrote {recipe}")
     if json_out is not None:
-        write_json_atomic(json_out, result.to_dict())
+        write_json_atomic(json_out, {**result.to_dict(), "threads": choice.to_dict()})
         err_console.print(f"wrote {json_out}")
 
 
-def print_search(result: api.SearchResult) -> None:
+def print_search(result: SearchResult) -> None:
     b = result.budget
     console.print(f"[bold]search[/] {result.model} on {result.data}, weights {result.weights}: budget {b['bytes_per_token']:,.1f} B/token "
                   f"({b['source']}); profile {result.profile['tokens']} tokens"
                   f"{' (cached)' if result.profile['cached'] else ''}, held-out {result.heldout_tokens} tokens", highlight=False)
     table = Table(title=f"held-out KLD vs the unquantized reference (total = weights + KV for {b['batch']} x {b['context']} tokens)", title_justify="left")
     for name, just in (("config", "left"), ("kind", "left"), ("KV B/token", "right"), ("fits", "center"), ("predicted", "right"),
-                       ("held-out KLD ± se", "right"), ("total MB", "right"), ("pareto", "center")):
+                       ("held-out KLD ± se", "right"), ("total MiB", "right"), ("pareto", "center")):
         table.add_column(name, justify=just)  # type: ignore[arg-type]
     front = set(result.pareto)
     for row in sorted(result.rows, key=lambda r: r.kld):
         mark = "[bold green]» [/]" if result.chosen and row.name == result.chosen.name else ""
         table.add_row(mark + row.name, row.kind, f"{row.kv_bytes_per_token:,.0f}", "yes" if row.fits else "no",
                       "-" if row.predicted is None else f"{row.predicted:.5f}", f"{row.kld:.5f} ± {row.se:.5f}",
-                      f"{row.total_bytes / 1e6:,.1f}", "*" if row.name in front else "")
+                      mib(row.total_bytes), "*" if row.name in front else "")
     console.print(table)
     console.print(f"plan: {' '.join(f'{i}:{c}' for i, c in enumerate(result.plan))}"
                   + (f"; 16-bit weight layers {result.keep_16bit}" if result.keep_16bit else ""), highlight=False)

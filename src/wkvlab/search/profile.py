@@ -38,7 +38,7 @@ from wkvlab.kv.spec import AUTO_SINK_RATIO, KVSpec
 from wkvlab.search.choices import Choice, single_formats
 from wkvlab.search.measure import Score, Scorer, WeightSwap, layer_of
 from wkvlab.specio import reject_unknown_fields
-from wkvlab.weights.apply import quantize_model_weights
+from wkvlab.weights.apply import quantize_with_progress
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.spec import WeightSpec
 
@@ -157,8 +157,7 @@ def collect_profile(reference: torch.nn.Module, windows: WindowSet, weights: Wei
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     for k, v in choices:
         KVSpec(k=k, v=v).check_model(head_dim, n_layers)
-    qw = quantize_model_weights(reference, weights, calibration, model_key=(fingerprints or {}).get("model_sha256"))
-    tick(f"quantized weights {weights.label}", 1)
+    qw = quantize_with_progress(reference, weights, calibration, (fingerprints or {}).get("model_sha256"), tick)
     scorer = scorer or Scorer(reference, windows)
     base = scorer.score(qw.model)
     tick("base", 1)

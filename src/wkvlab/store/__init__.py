@@ -3,7 +3,13 @@
 See docs/sweeps.md for the schema. The quantized-model disk cache is a separate, content-addressed
 folder (:mod:`wkvlab.weights.cache`); reference passes are not cached (docs/sweeps.md says why).
 """
-from wkvlab.store.db import ResultStore, StoredRow, open_store
-from wkvlab.store.schema import APPLICATION_ID, SCHEMA_VERSION
+from __future__ import annotations
 
+from wkvlab.lazy import lazy_exports, names
+
+_EXPORTS = {
+    **names("db", "ResultStore", "StoredRow", "open_store"),
+    **names("schema", "APPLICATION_ID", "SCHEMA_VERSION"),
+}
 __all__ = ["ResultStore", "StoredRow", "open_store", "APPLICATION_ID", "SCHEMA_VERSION"]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -89,14 +89,36 @@ def identify(conn: sqlite3.Connection, path: Path) -> tuple[int, int, int]:
     return app_id, version, tables
 
 
-def ensure_schema(conn: sqlite3.Connection, path: Path, create: bool) -> None:
-    """Create or migrate the schema, or refuse the file. ``conn`` is in autocommit mode."""
-    app_id, version, tables = identify(conn, path)
+def _refuse_unless_usable(path: Path, app_id: int, version: int, tables: int, create: bool) -> bool:
+    """True when the file is a current store; raises when it can never be one; False: to be created or migrated."""
     if app_id == APPLICATION_ID and version == SCHEMA_VERSION:
-        return
+        return True
     if app_id == 0 and tables == 0 and not create:
         raise DataError(f"{path} is an empty database, not a results store; run 'wkvlab sweep <spec.yaml> --store {path}' first")
     _check_ours(path, app_id, version, tables)
+    return False
+
+
+def check_store(path: Path, create: bool) -> None:
+    """Everything :func:`open_store <wkvlab.store.db.open_store>` would refuse, read-only and without
+    numpy or torch: the CLI calls it before long work."""
+    check_file(path, create)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise DataError(f"cannot open results store {path} ({exc}); check the path and its permissions") from None
+    try:
+        _refuse_unless_usable(path, *identify(conn, path), create)
+    finally:
+        conn.close()
+
+
+def ensure_schema(conn: sqlite3.Connection, path: Path, create: bool) -> None:
+    """Create or migrate the schema, or refuse the file. ``conn`` is in autocommit mode."""
+    if _refuse_unless_usable(path, *identify(conn, path), create):
+        return
     # EXCLUSIVE: two sweeps creating the same new store must not both run the migrations.
     conn.execute("BEGIN EXCLUSIVE")
     try:

@@ -6,18 +6,23 @@ as one line (exit 2).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from wkvlab.display import console, err_console, progress_bar
+from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.display import console, err_console, progress_bar, status
 from wkvlab.errors import ConfigError
-from wkvlab.io import write_json_atomic
-from wkvlab.store import StoredRow, open_store
-from wkvlab.sweep.executor import Executor, InProcessExecutor
-from wkvlab.sweep.run import SweepPlan, plan_sweep, run_sweep
+from wkvlab.io import check_output_file, write_json_atomic
+from wkvlab.preflight import require_store
 from wkvlab.sweep.spec import load_spec
+from wkvlab.units import mib
+
+if TYPE_CHECKING:  # the store and the runner (numpy, torch) are imported by the commands, after their checks
+    from wkvlab.store import StoredRow
+    from wkvlab.sweep.executor import Executor
+    from wkvlab.sweep.run import SweepPlan
 
 
 def _duration(seconds: float) -> str:
@@ -39,11 +44,11 @@ def plan_table(plan: SweepPlan) -> Table:
 
 def rows_table(rows: list[StoredRow], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for name in ("model", "data", "ctx", "tokens", "weights", "KV", "KLD mean ± se", "top-1", "PPL", "weights MB", "KV B/token"):
+    for name in ("model", "data", "ctx", "tokens", "weights", "KV", "KLD mean ± se", "top-1", "PPL", "weights MiB", "KV B/token"):
         table.add_column(name, justify="left" if name in ("model", "data", "weights", "KV") else "right", no_wrap=True)
     for r in rows:
         table.add_row(r.model, r.data, str(r.ctx), str(r.tokens), r.weights, r.kv, f"{r.kld_mean:.5f} ± {r.kld_se:.5f}",
-                      f"{100 * r.top1:.2f}%", f"{r.ppl:.3f}", f"{r.weight_bytes / 1e6:,.1f}", f"{r.kv_bytes_per_token:,.0f}")
+                      f"{100 * r.top1:.2f}%", f"{r.ppl:.3f}", mib(r.weight_bytes), f"{r.kv_bytes_per_token:,.0f}")
     return table
 
 
@@ -60,6 +65,8 @@ def make_executor(name: str, *, address: str | None = None, cpus_per_task: float
     given = [flag for flag, value in (("--address", address), ("--cpus-per-task", cpus_per_task), ("--max-workers", max_workers)) if value is not None]
     if given or gpus_per_task:
         raise ConfigError(f"{(given or ['--gpus-per-task'])[0]} is an option of the Ray executor; add --executor ray")
+    from wkvlab.sweep.executor import InProcessExecutor
+
     return InProcessExecutor()
 
 
@@ -72,12 +79,18 @@ def sweep_command(
     cpus_per_task: Annotated[Optional[float], typer.Option(help="CPUs per Ray worker (default: all CPUs of the largest node)")] = None,
     gpus_per_task: Annotated[float, typer.Option(help="GPUs Ray reserves per worker (places workers on GPU nodes; the evaluation runs on CPU)")] = 0,
     max_workers: Annotated[Optional[int], typer.Option(help="at most this many Ray workers (default: as many as the cluster holds)")] = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Run every weights × KV config of a spec that the store lacks; resumes after a crash without redoing finished configs."""
+    sweep_spec = load_spec(spec)  # before the executor: a typo in the spec must not start a Ray cluster
+    require_store(store, create=True)  # a folder, a missing folder or a foreign file: refused before the run starts
     runner = make_executor(executor, address=address, cpus_per_task=cpus_per_task, gpus_per_task=gpus_per_task, max_workers=max_workers)
-    sweep_spec = load_spec(spec)
+    start_run("sweep", threads, f"{spec} into {store}")  # this process; Ray workers set their own (--cpus-per-task)
+    from wkvlab.store import open_store
+    from wkvlab.sweep.run import plan_sweep, run_sweep
+
     if dry_run:  # never creates the store: a dry run against a new path plans everything
-        with console.status("planning (hashing models and data)"):
+        with status("planning (hashing models and data)"):
             if store.exists():
                 with open_store(store, create=False) as db:
                     plan = plan_sweep(sweep_spec, db)
@@ -86,7 +99,7 @@ def sweep_command(
         console.print(plan_table(plan))
         return
     with open_store(store) as db:
-        with console.status("planning (hashing models and data)"):
+        with status("planning (hashing models and data)"):
             plan = plan_sweep(sweep_spec, db)
         err_console.print(f"sweep {sweep_spec.name}: {len(plan.configs)} configs, {len(plan.done)} already in {store}, "
                           f"{len(plan.missing)} to run (about {_duration(plan.seconds)})")
@@ -102,6 +115,10 @@ def results_command(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write every stored result (summaries, configs, by-position) as JSON")] = None,
 ) -> None:
     """List the results in a store: model, data, weights, KV, KLD mean ± se, top-1, PPL, bytes."""
+    require_store(store)
+    check_output_file(json_out, "--json")
+    from wkvlab.store import open_store
+
     with open_store(store, create=False) as db:
         rows = db.rows()
         console.print(rows_table(rows, f"{len(rows)} result(s) in {store}"))

@@ -12,31 +12,22 @@ parses or plans never loads torch.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from wkvlab.lazy import lazy_exports, names
 
-from wkvlab.weights.parse import PRESETS, parse_weight_spec, preset_names
-from wkvlab.weights.spec import WeightSpec
-from wkvlab.weights.storage import weight_storage_bytes
-
-_LAZY = {
-    "ActivationQuant": "activations", "fake_quant_activation": "activations",
-    "QuantizedWeights": "apply", "decoder_linears": "apply", "model_weight_bytes": "apply",
-    "quantize_model_weights": "apply", "resolve_linears": "apply",
-    "DOMAINS": "calibration", "CalibrationSet": "calibration", "CalibrationSpec": "calibration",
-    "calibration_corpus": "calibration", "calibration_set": "calibration", "math_text": "calibration",
-    "gptq_quantize": "gptq", "quantize_weight": "rtn",
+_EXPORTS = {
+    **names("activations", "ActivationQuant", "fake_quant_activation"),
+    **names("apply", "QuantizedWeights", "decoder_linears", "model_weight_bytes", "quantize_model_weights", "resolve_linears"),
+    **names("calibration", "DOMAINS", "CalibrationSet", "CalibrationSpec", "calibration_corpus", "calibration_set", "math_text"),
+    **names("gptq", "gptq_quantize"),
+    **names("parse", "PRESETS", "parse_weight_spec", "preset_names"),
+    **names("rtn", "quantize_weight"),
+    **names("storage", "weight_storage_bytes"),
+    **names("spec", "WeightSpec"),
 }
-
 __all__ = [
     "ActivationQuant", "fake_quant_activation", "QuantizedWeights", "decoder_linears", "model_weight_bytes",
     "quantize_model_weights", "resolve_linears", "DOMAINS", "CalibrationSet", "CalibrationSpec", "calibration_corpus",
     "calibration_set", "math_text", "gptq_quantize", "PRESETS", "parse_weight_spec", "preset_names", "quantize_weight",
     "weight_storage_bytes", "WeightSpec",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"wkvlab.weights.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'wkvlab.weights' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -16,8 +16,11 @@ built. The steps, in order:
 from __future__ import annotations
 
 import copy
+import functools
 import re
+import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -32,6 +35,9 @@ from wkvlab.weights.rtn import quantize_weight, ragged_group_note
 from wkvlab.weights.storage import weight_storage_bytes
 from wkvlab.weights.smoothquant import observe_model, smooth_model
 from wkvlab.weights.spec import STATIC_ACTIVATIONS, WeightSpec
+
+# (what was just done, fraction of this build): per-layer progress of the calibrated methods.
+BuildProgress = Callable[[str, float], None]
 
 # Linear layers inside decoder blocks; embeddings and lm_head stay at 16 bits, as engines keep them.
 DECODER_LINEAR = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -118,10 +124,14 @@ def _keep_rtn_input(record: dict | None, name: str, module: torch.nn.Linear) -> 
         record[name] = {"method": "rtn", "weight": module.weight.detach().clone()}
 
 
-def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[str], record: dict | None = None) -> None:
+def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[str], record: dict | None = None,
+                      progress: BuildProgress | None = None) -> None:
     tokens = calibration.tokens
     layers = decoder_layers(model)
     by_method = {m: {n: s for n, (_, s) in targets.items() if s.method == m} for m in ("smoothquant", "awq", "gptq")}
+    # AWQ's scale search and GPTQ's column loop are the slow parts (minutes on 2 cores): one tick per layer of each.
+    share = 1.0 / (len(layers) * max(1, bool(by_method["awq"]) + bool(by_method["gptq"])))
+    tick = progress or (lambda _d, _f: None)
     if by_method["smoothquant"]:
         smooth_model(model, layers, tokens, {n: s.alpha for n, s in by_method["smoothquant"].items()}, architecture_of(model))
     if by_method["awq"]:
@@ -130,6 +140,7 @@ def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[s
         found: set[str] = set()
         for index, (name, layer) in enumerate(layers):
             awq_layer(layer, name, calls.hidden[index], calls.kwargs[index], by_method["awq"], arch, found)
+            tick(f"AWQ layer {index + 1}/{len(layers)}", share)
         notes.extend(sorted(found))
         del calls
     for name, (module, sub) in targets.items():
@@ -137,7 +148,8 @@ def _calibrated_steps(model, targets, calibration: CalibrationSet, notes: list[s
             _keep_rtn_input(record, name, module)
             module.weight.data = quantize_weight(module.weight.data, sub)
     if by_method["gptq"]:
-        gptq_layers(model, layers, capture_layer_inputs(model, tokens, all_layers=False), by_method["gptq"], record)
+        gptq_layers(model, layers, capture_layer_inputs(model, tokens, all_layers=False), by_method["gptq"], record,
+                    on_layer=lambda index: tick(f"GPTQ layer {index + 1}/{len(layers)}", share))
 
 
 def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict[str, ActivationQuant]:
@@ -155,7 +167,7 @@ def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict
 
 @torch.no_grad()
 def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
-                    *, in_place: bool = False, record: dict | None = None) -> QuantizedWeights:
+                    *, in_place: bool = False, record: dict | None = None, progress: BuildProgress | None = None) -> QuantizedWeights:
     """Quantize a deep copy of ``model`` (or ``model`` itself with ``in_place``; no disk cache).
 
     In place there is no room for a copy of the original weights either, so whether the config is
@@ -170,7 +182,7 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
         raise ConfigError(f"{spec.label} needs calibration data; pass --calib prose (or code, math, a file)")
     originals = {} if in_place else {n: m.weight.detach().clone() for n, (m, _) in targets.items()}
     if calibration is not None and any(s.method in ("smoothquant", "awq", "gptq") for _, s in targets.values()):
-        _calibrated_steps(quantized, targets, calibration, notes, record)
+        _calibrated_steps(quantized, targets, calibration, notes, record, progress)
     else:
         for name, (module, sub) in targets.items():
             _keep_rtn_input(record, name, module)
@@ -198,7 +210,8 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
 
 @torch.no_grad()
 def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
-                           *, model_key: str | None = None, in_place: bool = False, tokenizer=None) -> QuantizedWeights:
+                           *, model_key: str | None = None, in_place: bool = False, tokenizer=None,
+                           progress: BuildProgress | None = None) -> QuantizedWeights:
     """Return a quantized copy of ``model`` (the identity spec returns the model itself).
 
     ``checkpoint:<path>`` specs load the checkpoint instead (:mod:`wkvlab.weights.checkpoints`;
@@ -207,7 +220,8 @@ def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration
     With ``model_key`` (the model's fingerprint), configs that read calibration data are cached on
     disk by (model, spec, calibration) and reloaded bit-identically (:mod:`wkvlab.weights.cache`).
     ``in_place``: quantize ``model`` itself, without the disk cache (a copy of a model that does
-    not fit twice cannot be made or stored either).
+    not fit twice cannot be made or stored either). ``progress`` hears of each layer of a
+    calibrated method (fractions of this build summing to at most 1).
     """
     if spec.is_identity:
         return QuantizedWeights(spec, model, model_weight_bytes(model, spec), lossless=True)
@@ -215,10 +229,30 @@ def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration
         from wkvlab.weights.checkpoints import load_checkpoint
 
         return load_checkpoint(model, spec, tokenizer)
+    build = functools.partial(build_quantized, progress=progress)
     if in_place:
-        return build_quantized(model, spec, calibration, in_place=True)
+        return build(model, spec, calibration, in_place=True)
     if model_key is None or not spec.needs_calibration or calibration is None:
-        return build_quantized(model, spec, calibration)
+        return build(model, spec, calibration)
     from wkvlab.weights.cache import cached_quantize
 
-    return cached_quantize(model, spec, calibration, model_key, build_quantized)
+    return cached_quantize(model, spec, calibration, model_key, build)
+
+
+def quantize_with_progress(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None,
+                           model_key: str | None, tick: Callable[[str, float], None], *, in_place: bool = False,
+                           tokenizer=None) -> QuantizedWeights:
+    """:func:`quantize_model_weights` as exactly one progress step: per-layer fractions while a
+    calibrated method runs, the rest when the copy is ready (all of it when cached or plain RTN)."""
+    done, start = [0.0], time.monotonic()
+
+    def layer(description: str, fraction: float) -> None:
+        # The grid's ETA averages over steps of very different cost (a GPTQ build is worth dozens of
+        # window passes); this step's own rate says when the build itself ends.
+        done[0] += fraction
+        left = (time.monotonic() - start) / done[0] * max(0.0, 1.0 - done[0])
+        tick(f"quantizing {spec.label}: {description}, about {int(left // 60)}:{int(left % 60):02d} left in this step", fraction)
+
+    built = quantize_model_weights(model, spec, calibration, model_key=model_key, progress=layer, in_place=in_place, tokenizer=tokenizer)
+    tick(f"quantized weights {spec.label}", max(0.0, 1.0 - done[0]))
+    return built

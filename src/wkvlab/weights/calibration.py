@@ -20,12 +20,14 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from wkvlab.data import Corpus, load_corpus, tokenize, tokenizer_wants_bos
+from wkvlab.data.corpora import Corpus, load_corpus
 from wkvlab.errors import ConfigError, DataError
 from wkvlab.specio import reject_unknown_fields
+
+if TYPE_CHECKING:  # torch only where tokens are cut: CalibrationSpec is parsed with the options, before heavy imports
+    import torch
 
 DOMAINS = ("prose", "code", "math")
 
@@ -116,6 +118,10 @@ def calibration_set(spec: CalibrationSpec, tokenizer, *, corpus: Corpus | None =
     ``reserved_tokens`` leading tokens belong to evaluation and are never used. Each chunk starts
     with BOS when the tokenizer adds one, like the evaluation windows.
     """
+    import torch
+
+    from wkvlab.data.windows import tokenize, tokenizer_wants_bos
+
     corpus = corpus or calibration_corpus(spec.data)
     ids = tokenize(tokenizer, corpus.text)
     bos = tokenizer.bos_token_id if tokenizer_wants_bos(tokenizer) else None

@@ -141,12 +141,13 @@ def _split_record(record: dict, names: list[str], rows: list[int], kept: dict) -
 
 @torch.no_grad()
 def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]], calls, specs: dict[str, WeightSpec],
-                record: dict | None = None) -> None:
+                record: dict | None = None, on_layer: Callable[[int], None] | None = None) -> None:
     """Quantize, in place and layer by layer, every linear named in ``specs`` (full module names).
 
     ``calls`` is :func:`capture_layer_inputs` output with layer 0's inputs; each layer is run once
     to accumulate Hessians and once more, quantized, to feed the next layer. Linears with the same
-    inputs and spec are quantized stacked (:func:`shared_input_groups`).
+    inputs and spec are quantized stacked (:func:`shared_input_groups`). ``on_layer(index)`` is
+    called as each layer is done (progress).
     """
     hidden = calls.hidden[0]
     for index, (layer_name, layer) in enumerate(layers):
@@ -172,3 +173,5 @@ def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]
             del stats, hessians
         if index + 1 < len(layers):
             hidden = run_layer(layer, hidden, kwargs)
+        if on_layer is not None:
+            on_layer(index)

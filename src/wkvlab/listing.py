@@ -1,0 +1,94 @@
+"""Everything ``--weights`` and ``--kv`` accept, as ``wkvlab presets`` lists it.
+
+The grammars themselves live in :mod:`wkvlab.weights.parse` and :mod:`wkvlab.kv.spec`; this module
+only names what they accept, with an example each. Every example is parsed when the listing is
+built, so an example that stops parsing breaks ``wkvlab presets`` and its test (which also checks
+that each name the README mentions appears here).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Form:
+    """One accepted form: its pattern, a concrete example, and what it means."""
+
+    pattern: str
+    example: str
+    meaning: str
+
+
+# Weight names that are not presets but are what most runs use (parse.py's _base); each example is
+# shown with the spec it parses to.
+WEIGHT_NAMES = (
+    Form("none", "none", "the checkpoint in float32: the reference itself (aliases fp32, ref)"),
+    Form("bf16", "bf16", "linear weights rounded to bfloat16 (what 16-bit serving costs)"),
+    Form("fp16", "fp16", "linear weights rounded to float16"),
+    Form("int8", "int8", "round-to-nearest INT8, symmetric, one scale per output row"),
+    Form("int4", "int4", "round-to-nearest INT4, asymmetric, one scale + zero per row"),
+    Form("int4-g128", "int4-g128", "round-to-nearest INT4 in groups of 128 inputs (GPTQ/AWQ checkpoints' grouping)"),
+)
+
+WEIGHT_GRAMMAR = (
+    Form("int<b>[-g<G>][-sym|-asym][-fmin]", "int3-g64-sym", "round-to-nearest, 2-8 bits, groups of G (default: per row); -fmin: float minimum (GGUF Q4_1 style)"),
+    Form("rtn-|gptq-|awq-int<b>[-g<G>]...", "gptq-int3-g64", "the same grid, chosen by RTN, GPTQ or AWQ (calibrated: --calib)"),
+    Form("<file>.json | <file>.yaml", "spec.yaml", "a WeightSpec written as a mapping (docs/weights.md)"),
+    Form("q8_0 | q4_0 | q4_1 | q5_0 | q5_1", "q4_0", "llama.cpp block types as weight formats (bit-exact with gguf.quants)"),
+    Form("checkpoint:<folder|file.gguf>", "checkpoint:smollm2-w4a16", "a quantized checkpoint as it is: compressed-tensors, GPTQ, AWQ or GGUF ('wkvlab export' writes one)"),
+)
+
+WEIGHT_OPTIONS = (
+    # ';' is read as the same separator (specs written before the grammars shared '+')
+    Form("+a=<act>", "int8+a=int8", "activations: none, int8 (per token), int8-tensor, fp8, fp8-tensor, nvfp4, mxfp4"),
+    Form("+wo", "fp8+wo", "weight-only execution: activations stay 16-bit"),
+    Form("+wscale=tensor", "int8+wscale=tensor", "one weight scale per matrix"),
+    Form("+skip=<i,j,a-b>", "int4-g128+skip=0,1", "decoder layers kept at 16 bits"),
+    Form("+skip-first=N +skip-last=N +skip-re=<regex>", "int4+skip-first=1", "more ways to keep layers or modules at 16 bits"),
+    Form("+emb +head", "int8+head", "also quantize the embeddings / lm_head"),
+    Form("+override=<regex>:<config>", "nvfp4+override=self_attn:fp8", "another config for matching modules"),
+    Form("+damp= +block= +actorder +alpha= +grid= +noclip +threshold=", "gptq-int4-g128+actorder", "method parameters (GPTQ, AWQ, SmoothQuant, LLM.int8())"),
+)
+
+KV_GRAMMAR = (
+    Form("<format>", "q8_0", "one element format for K and V (table above); aliases none/f16/auto = fp16, fp8 = fp8_e4m3"),
+    Form("<K format>/<V format>", "q8_0/q4_0", "different formats for keys and values"),
+    Form("int<b>[-g<G>][-sym|-asym]", "int4-g32", "INT2-8 per token and head, in groups of G along head_dim"),
+    Form("int<b>-c<G>[-sym|-asym]", "int2-c32", "per channel over groups of G tokens (KIVI's keys)"),
+    Form("K<b>V<b> | KV<b>", "K8V4", "KVTuner's bit pairs (8/4/2 bits: int8/int4/int2; 16: the model's precision)"),
+    Form("nuq<b>[-c]", "kvquant:3", "KVQuant non-uniform codebooks (calibrated), through the kvquant:<b> presets"),
+    Form("@<file>.yaml | @<file>.json", "@plan.yaml", "a KVSpec file, e.g. written by 'wkvlab search --out'"),
+)
+
+KV_OPTIONS = (
+    Form("+rot | +rot=<block> | +rot=full | +norot", "q4_0+rot", "Hadamard rotation of Q/K/V along head_dim (llama.cpp's rule by default)"),
+    Form("+sinks=<N>", "int4+sinks=4", "the first N positions kept at model precision"),
+    Form("+sinks=auto | +sinkratio=<t>", "int4+sinks=auto", "KVSink: outlier tokens kept at model precision (calibrated)"),
+    Form("+residual=<R>", "int2+residual=128", "KIVI/HF QuantizedCache: R tokens at full precision until flushed"),
+    Form("+window=<W>", "int4+window=128", "SKVQ: the W most recent tokens of every query at model precision"),
+    Form("+skip=<i,j,...|sliding_window>", "int4+skip=0,1,sliding_window", "layers kept at model precision"),
+    Form("+<layers>=<K>[/<V>]", "int4+0-3,76-79=int8", "these decoder layers with their own formats (a per-layer map)"),
+    Form("+q=<fp8_e4m3|q8_0>", "q8_0+q=q8_0", "queries quantized too, where K is"),
+    Form("+prerope", "int4+prerope", "keys quantized before RoPE"),
+    Form("+smooth[=a]", "int4+smooth", "QServe's SmoothAttention (calibrated)"),
+    Form("+scales=tensor|head", "fp8_e4m3+scales=tensor", "calibrated FP8 scales instead of 1.0"),
+    Form("+outliers=<f>", "kvquant:3+outliers=0.02", "a fraction of values kept in fp16 (KVQuant's dense-and-sparse)"),
+)
+
+# Presets whose name is a pattern: the example parsed for them.
+KV_PRESET_EXAMPLES = {"llamacpp:<k>/<v>": "llamacpp:q8_0/q4_0", "exl3:k<b>v<b>": "exl3:k4v4", "K<b>V<b>": "K8V4", "KV<b>": "KV4"}
+
+
+def check_examples() -> None:
+    """Parse every example (ConfigError if one no longer parses)."""
+    from wkvlab.kv.spec import KVSpec
+    from wkvlab.weights.spec import WeightSpec
+
+    for form in WEIGHT_NAMES + WEIGHT_GRAMMAR + WEIGHT_OPTIONS:
+        if not form.example.endswith((".yaml", ".json")) and not form.example.startswith("checkpoint:"):  # files the docs' commands write
+            WeightSpec.parse(form.example)
+    for form in KV_GRAMMAR + KV_OPTIONS:
+        if not form.example.startswith("@"):
+            KVSpec.parse(form.example)
+    for example in KV_PRESET_EXAMPLES.values():
+        KVSpec.parse(example)

@@ -1,0 +1,173 @@
+"""Bad inputs through every command: one line on stderr, a non-zero exit, no files left behind, and
+no model load — torch is never imported, which is what keeps each answer under a second
+(benchmarks/cli_start.py measures the wall time).
+
+All cases run in one child process (one interpreter start for the whole table): each is the real
+``wkvlab`` entry point with its own argv and working folder, its stderr captured."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+OUT = "{out}"  # replaced by the case's own (empty) working folder
+BINARY = "{binary}"
+TEXT = "{text}"
+SPEC = "{spec}"
+FOREIGN_DB = "{foreign_db}"
+
+# (argv, a fragment the one error line must contain, extra environment)
+CASES = [
+    (["bogus"], "No such command 'bogus'", {}),
+    (["eval"], "give --weights, --kv, or both", {}),
+    (["eval", "--ctx", "abc", "--kv", "int4"], "Invalid value for '--ctx'", {}),
+    (["eval", "--kv", "q4_0", "--bogus"], "No such option", {}),
+    (["eval", "--kv", "int9"], "unknown KV format 'int9'", {}),
+    (["eval", "--kv", "q8_0/"], "bad KV pair", {}),
+    (["eval", "--weights", "int4-gx"], "unknown weight config", {}),
+    (["eval", "--weights", "int4;bogus"], "cannot read option", {}),
+    (["eval", "--kv", "int4-g48"], "does not divide head_dim 64", {}),
+    (["eval", "--kv", "int4+skip=40"], "layer 40 does not exist", {}),
+    (["eval", "--model", "/no/such/model.gguf", "--kv", "q4_0"], "model not found", {}),
+    (["eval", "--model", TEXT, "--kv", "q4_0"], "is not a .gguf file", {}),
+    (["eval", "--data", "/no/such/file.txt", "--kv", "q4_0"], "data file not found", {}),
+    (["eval", "--data", "nosuchcorpus", "--kv", "q4_0"], "unknown data 'nosuchcorpus'", {}),
+    (["eval", "--data", BINARY, "--kv", "q4_0"], "is not UTF-8 text", {}),
+    (["eval", "--kv", "q4_0", "--ctx", "100000"], "maximum context 8192", {}),
+    (["eval", "--kv", "q4_0", "--ctx", "512", "--tokens", "100"], "less than one window", {}),
+    (["eval", "--kv", "q4_0", "--score", "third"], "unknown scoring mode", {}),
+    (["eval", "--kv", "q4_0", "--json", OUT + "/missing/x.json"], "does not exist", {}),
+    (["eval", "--kv", "q4_0", "--json", OUT], "is a folder", {}),
+    (["eval", "--weights", "gptq-int4-g128", "--calib", "/no/calib.txt"], "data file not found", {}),
+    (["eval", "--weights", "gptq-int4-g128", "--calib-samples", "0"], "calibration needs at least 1 sample", {}),
+    (["eval", "--kv", "q4_0", "--threads", "0"], "--threads 0 must be at least 1", {}),
+    (["eval", "--kv", "q4_0"], "WKVLAB_THREADS 'many' is not a whole number", {"WKVLAB_THREADS": "many"}),
+    (["demo", "--report", TEXT], "is a file", {}),
+    (["demo", "--json", OUT + "/missing/d.json"], "does not exist", {}),
+    (["demo", "--ctx", "100000"], "maximum context 8192", {}),
+    (["plan", "--gpu", "a100-80gb", "--batch", "1", "--ctx", "1024"], "Missing option '--model'", {}),
+    (["sweep", "/no/spec.yaml"], "sweep spec not found", {}),
+    (["sweep", SPEC, "--executor", "nope"], "unknown --executor", {}),
+    (["sweep", SPEC, "--store", OUT + "/missing/r.db"], "does not exist", {}),
+    (["sweep", SPEC, "--store", SPEC], "not a wkvlab results store", {}),
+    (["results", "--store", "/no/x.db"], "no results store", {}),
+    (["results", "--store", FOREIGN_DB], "not a wkvlab results store", {}),
+    (["compare", "a", "b", "--store", "/no/x.db"], "no results store", {}),
+    (["report", "--store", "/no/x.db"], "no results store", {}),
+    (["profile", "--weights", "int4-gx"], "unknown weight config", {}),
+    (["profile", "--formats", "K9V9"], "--formats", {}),
+    (["profile", "--json", OUT + "/missing/p.json"], "does not exist", {}),
+    (["search"], "give either --budget", {}),
+    (["search", "--budget", "10"], "nothing fits --budget 10 B/token", {}),
+    (["search", "--budget", "9000", "--out", OUT + "/plan.txt"], "use a file name ending in", {}),
+    (["search", "--budget", "9000", "--recipe", OUT + "/missing/r.json"], "does not exist", {}),
+    (["explain", "--kv", "int4"], "Missing option '--weights'", {}),
+    (["explain", "--weights", "int4,int8", "--kv", "int4"], "one weight config", {}),
+    (["explain", "--weights", "int4", "--kv", "int4", "--skip", "everything"], "unknown step(s) to skip", {}),
+    (["explain", "--weights", "int4", "--kv", "int4", "--max-ctx", "16"], "--max-ctx 16", {}),
+    (["explain", "--weights", "int4", "--kv", "int4", "--max-ctx", "100000"], "--max-ctx 100000 is longer", {}),
+    (["engine", "eval", "--engine", "nope"], "unknown --engine", {}),
+    (["engine", "eval", "--kv", "q9"], "unknown KV format 'q9'", {}),
+    (["engine", "eval", "--kv", "q4_0", "--flash-attn", "off"], "needs flash attention", {}),
+    (["engine", "eval", "--engine", "openai"], "needs --url", {}),
+    (["engine", "eval", "--gguf", "/no/such.gguf"], "is not a .gguf file", {}),
+    (["engine", "compare", "--kv", ","], "give at least one cache type", {}),
+    (["engine", "compare", "--json", OUT + "/missing/f.json"], "does not exist", {}),
+]
+
+RUNNER = textwrap.dedent('''
+    import contextlib, io, json, os, sys, time
+    from wkvlab import cli
+
+    cases = json.loads(sys.argv[1])
+    out = []
+    for case in cases:
+        os.chdir(case["cwd"])
+        saved = {k: os.environ.get(k) for k in case["env"]}
+        os.environ.update(case["env"])
+        err, std = io.StringIO(), io.StringIO()
+        sys.argv = ["wkvlab", *case["args"]]
+        start = time.perf_counter()
+        code = 0
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+                cli.main()
+        except SystemExit as exc:
+            code = exc.code
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        heavy = [m for m in ("torch", "transformers", "llama_cpp") if m in sys.modules]
+        out.append({"code": code, "stderr": err.getvalue(), "stdout": std.getvalue(), "heavy": heavy,
+                    "seconds": time.perf_counter() - start})
+    print(json.dumps(out))
+''')
+
+
+def _fill(arg: str, paths: dict[str, str]) -> str:
+    return arg.format(**paths)
+
+
+def test_every_bad_input_is_one_fast_line_and_leaves_nothing(tmp_path):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "random.bin").write_bytes(os.urandom(4096))
+    (inputs / "notes.txt").write_text("plain text, not a model\n")
+    (inputs / "grid.yaml").write_text("ctx: 64\ntokens: 128\nkv: [q4_0]\n")
+    import sqlite3
+
+    with sqlite3.connect(inputs / "other.db") as conn:
+        conn.execute("CREATE TABLE notes (x)")
+    before = {p: p.read_bytes() for p in inputs.iterdir()}
+    cases = []
+    for i, (args, _, env) in enumerate(CASES):
+        cwd = tmp_path / f"case{i}"
+        cwd.mkdir()
+        paths = {"out": str(cwd), "binary": str(inputs / "random.bin"), "text": str(inputs / "notes.txt"),
+                 "spec": str(inputs / "grid.yaml"), "foreign_db": str(inputs / "other.db")}
+        cases.append({"args": [_fill(a, paths) for a in args], "cwd": str(cwd), "env": env})
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("WKVLAB_THREADS", None)
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(cases)], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    failures = []
+    for (args, fragment, _), case, result in zip(CASES, cases, results):
+        lines = [line for line in result["stderr"].splitlines() if line.strip()]
+        problems = []
+        if result["code"] in (0, None):
+            problems.append(f"exit {result['code']}")
+        if len(lines) != 1 or not lines[0].startswith("error: "):
+            problems.append(f"{len(lines)} stderr lines")
+        if fragment not in result["stderr"]:
+            problems.append(f"no {fragment!r}")
+        if "Traceback" in result["stderr"]:
+            problems.append("traceback")
+        if result["heavy"]:
+            problems.append(f"imported {result['heavy']}")
+        left = sorted(p.name for p in Path(case["cwd"]).rglob("*"))
+        if left:
+            problems.append(f"left {left}")
+        if problems:
+            failures.append(f"{args}: {', '.join(problems)} -> {result['stderr'].strip()[:300]!r}")
+    assert not failures, "\n".join(failures)
+    assert {p: p.read_bytes() for p in inputs.iterdir()} == before  # inputs untouched (a spec given as --store included)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["eval", "--help"], ["engine", "eval", "--help"]])
+def test_help_is_plain_and_has_no_bool_metavar(args):
+    proc = subprocess.run([sys.executable, "-m", "wkvlab.cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage:" in proc.stdout and "<bool>" not in proc.stdout and "╭" not in proc.stdout
+
+
+def test_importing_the_cli_does_not_import_torch():
+    code = "import sys, wkvlab.cli; print(sorted(m for m in ('torch', 'transformers', 'numpy', 'matplotlib', 'plotly') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

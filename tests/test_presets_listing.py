@@ -1,0 +1,38 @@
+"""`wkvlab presets` lists every weight and KV name and form the README promises."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def _readme_names(option: str) -> list[str]:
+    """The `backticked` names of the README bullet that documents ``option``."""
+    text = README.read_text(encoding="utf-8")
+    bullet = re.search(rf"^- `{option}`:(.*?)(?=^- `--|\Z|^\S)", text, re.S | re.M)
+    assert bullet, f"README has no bullet for {option}"
+    names = re.findall(r"`([^`]+)`", bullet.group(1))
+    return [n for n in names if not n.startswith(("--", "wkvlab")) and not n.endswith(".md")]
+
+
+def test_every_name_the_readme_mentions_is_listed():
+    proc = subprocess.run([sys.executable, "-m", "wkvlab.cli", "presets"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    listed = proc.stdout
+    names = _readme_names("--weights") + _readme_names("--kv")
+    assert len(names) > 40  # the bullets were found and read
+    missing = [n for n in names if n not in listed]
+    assert not missing, f"README names missing from 'wkvlab presets': {missing}"
+    for must in ("none", "bf16", "fp16", "int8", "int4-g128", "int<b>[-g<G>][-sym|-asym][-fmin]"):
+        assert re.search(rf"(^|\s|│){re.escape(must)}(\s|│|$)", listed, re.M), must
+
+
+def test_listing_examples_parse():
+    from wkvlab.listing import check_examples
+
+    check_examples()
