@@ -20,6 +20,7 @@ from wkvlab.report import check_folder as check_report_folder, write_report
 from wkvlab.report.cli import print_written as print_report_written, report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
+from wkvlab.tasks.cli import tasks_command
 from wkvlab.weights.parse import split_weight_list
 
 app = typer.Typer(
@@ -152,6 +153,8 @@ app.command("explain")(explain_command)
 app.command("compare")(compare_command)
 # The HTML/PNG/Markdown report of a store (docs/report.md); the command lives in wkvlab.report.cli.
 app.command("report")(report_command)
+# Downstream tasks through lm-evaluation-harness next to KLD (docs/tasks.md); the command imports lm_eval only when it runs.
+app.command("tasks")(tasks_command)
 # Real engines (llama.cpp, OpenAI-compatible servers) and the simulation fidelity check (docs/engines.md).
 app.add_typer(engine_app, name="engine")
 
