@@ -41,7 +41,7 @@ def tasks_command(
     from wkvlab.kv.spec import split_kv_list
     from wkvlab.store import open_store
     from wkvlab.sweep.spec import SweepSpec
-    from wkvlab.tasks.run import TaskRunSpec, lm_eval_version, run_tasks
+    from wkvlab.tasks.run import TaskRunSpec, lm_eval_version, run_tasks, task_manager
     from wkvlab.weights.parse import split_weight_list
 
     weight_specs = api.parse_weights([w for v in (weights or ["none"]) for w in split_weight_list(v)])
@@ -50,6 +50,8 @@ def tasks_command(
     if tokens < 0:
         raise ConfigError(f"--tokens must be 0 (no KLD) or more, got {tokens}")
     lm_eval_version()  # a missing lm-eval is one line, before any model loads
+    with console.status("indexing lm-eval tasks"):
+        manager = task_manager(spec)  # an unknown task name is one line, before any work
     if report is not None:
         from wkvlab.report import check_folder
 
@@ -62,7 +64,7 @@ def tasks_command(
             api.sweep(sweep, store, progress=advance)
     with open_store(store) as db:
         with progress_bar(len(weight_specs) * len(kv_specs), "tasks") as advance:
-            outcome = run_tasks(model, weight_specs, kv_specs, spec, db, calibration=calibration, progress=advance)
+            outcome = run_tasks(model, weight_specs, kv_specs, spec, db, calibration=calibration, progress=advance, manager=manager)
         results = db.results() if tokens else []
     from wkvlab.report.data import group_results
     from wkvlab.report.tasks import task_rows, tasks_table

@@ -22,6 +22,7 @@ from typing import Any
 from tqdm import tqdm
 
 from wkvlab.errors import ConfigError
+from wkvlab.models.loading import LoadedModel
 from wkvlab.tasks.simulation import SimulatedModel
 from wkvlab.weights.calibration import CalibrationSpec
 
@@ -40,7 +41,7 @@ MODEL_ARGS = ("model", "weights", "kv", "calib", "calib_samples", "calib_len")
 class WkvlabLM(TemplateLM):
     """lm-eval's view of a :class:`SimulatedModel`: log-likelihoods and greedy generation, one sequence at a time."""
 
-    def __init__(self, model: str = "default", weights: str = "none", kv: str = "fp16", calib: str = "prose",
+    def __init__(self, model: str | LoadedModel = "default", weights: str = "none", kv: str = "fp16", calib: str = "prose",
                  calib_samples: int = 16, calib_len: int = 512, batch_size: Any = 1, max_batch_size: Any = None,
                  device: str | None = None, simulation: SimulatedModel | None = None, **unknown: Any):
         super().__init__()
@@ -49,7 +50,7 @@ class WkvlabLM(TemplateLM):
         if device not in (None, "cpu"):
             raise ConfigError(f"the wkvlab lm-eval model runs on the CPU; drop --device {device}")
         # batch_size is accepted and ignored: sequences run alone so padding cannot touch KV groups.
-        self.sim = simulation or SimulatedModel.build(str(model), str(weights), str(kv),
+        self.sim = simulation or SimulatedModel.build(model if isinstance(model, LoadedModel) else str(model), str(weights), str(kv),
                                                       CalibrationSpec(str(calib), int(calib_samples), int(calib_len)))
         self.tokenizer = self.sim.loaded.tokenizer
 

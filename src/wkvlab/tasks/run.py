@@ -125,15 +125,18 @@ def task_manager(spec: TaskRunSpec):
 
 
 def run_tasks(model: str, weights: list[WeightSpec], kv: list[KVSpec], spec: TaskRunSpec, store, *,
-              calibration: CalibrationSpec | None = None, progress: Progress | None = None) -> TasksReport:
-    """Score every weights × KV config on ``spec``'s tasks into ``store`` (a :class:`wkvlab.store.ResultStore`)."""
+              calibration: CalibrationSpec | None = None, progress: Progress | None = None, manager=None) -> TasksReport:
+    """Score every weights × KV config on ``spec``'s tasks into ``store`` (a :class:`wkvlab.store.ResultStore`).
+
+    ``manager``: the :func:`task_manager` of ``spec`` when already built (it indexes every lm-eval task: seconds).
+    """
     from lm_eval import simple_evaluate
 
     from wkvlab.tasks.harness import WkvlabLM
 
     tick = progress or (lambda _d, _n: None)
     calibration = calibration or CalibrationSpec()
-    manager = task_manager(spec)
+    manager = manager or task_manager(spec)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its per-task notices would interleave with the progress bar
     loaded = load_model(model)
     for k in kv:  # a cache format the model's head_dim cannot hold fails before any task runs
