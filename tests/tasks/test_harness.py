@@ -109,6 +109,6 @@ def test_bad_model_args_are_one_line_errors(default_model):
     with pytest.raises(ConfigError, match=r"unknown wkvlab model_args \['pretrained'\]"):
         WkvlabLM(model=default_model, pretrained="gpt2")
     with pytest.raises(ConfigError, match="runs on the CPU"):
-        WkvlabLM(model=default_model, device="cuda:0")
+        WkvlabLM(model=default_model, device="mps")
     with pytest.raises(ConfigError, match="unknown KV format"):
         WkvlabLM(model=default_model, kv="int9")

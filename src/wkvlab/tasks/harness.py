@@ -34,6 +34,15 @@ try:
 except ImportError:  # pragma: no cover - the message is the test
     raise ConfigError("downstream tasks need lm-evaluation-harness: pip install 'wkvlab[tasks]' (lm-eval==0.4.13)") from None
 
+def _runs_on_cpu(device: str | None) -> bool:
+    """CPU, or lm-eval's command-line default ``cuda:0`` on a machine without CUDA (what its ``hf`` model falls back to)."""
+    if device in (None, "cpu"):
+        return True
+    import torch
+
+    return str(device).startswith("cuda") and not torch.cuda.is_available()
+
+
 MODEL_ARGS = ("model", "weights", "kv", "calib", "calib_samples", "calib_len")
 
 
@@ -47,8 +56,8 @@ class WkvlabLM(TemplateLM):
         super().__init__()
         if unknown:
             raise ConfigError(f"unknown wkvlab model_args {sorted(unknown)}; use {', '.join(MODEL_ARGS)}")
-        if device not in (None, "cpu"):
-            raise ConfigError(f"the wkvlab lm-eval model runs on the CPU; drop --device {device}")
+        if not _runs_on_cpu(device):
+            raise ConfigError(f"the wkvlab lm-eval model runs on the CPU; pass --device cpu (got {device})")
         # batch_size is accepted and ignored: sequences run alone so padding cannot touch KV groups.
         self.sim = simulation or SimulatedModel.build(model if isinstance(model, LoadedModel) else str(model), str(weights), str(kv),
                                                       CalibrationSpec(str(calib), int(calib_samples), int(calib_len)))
