@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.engines.fake_server import VOCAB, FakeServer, TinyTokenizer, bigram_logits, prompt_logprobs_answer
+from tests.engines.scores import random_window, reported_topk
 from wkvlab.data.corpora import Corpus
 from wkvlab.data.windows import WindowSet
 from wkvlab.engines.base import PAD_ID, WindowScores
@@ -20,24 +21,12 @@ from wkvlab.eval.metrics import ReferenceTokens, compare_tokens
 from wkvlab.eval.result import TokenArrays
 
 
-def _window(seed=0, ctx=12, vocab=300, noise=0.5):
-    torch.manual_seed(seed)
-    ref = torch.randn(ctx, vocab) * 3
-    cand = ref + torch.randn_like(ref) * noise
-    tokens = torch.randint(0, vocab, (ctx,))
-    return ref, cand, tokens
+def _window(seed=0, vocab=300):
+    return random_window(seed, vocab=vocab, noise=0.5)
 
 
 def _topk(logits, tokens, positions, k):
-    """A server's answer: its own top-k per position plus the scored token, padded."""
-    lp = torch.log_softmax(logits.double(), -1)[positions]
-    rows = [list(dict.fromkeys([int(tokens[p + 1])] + lp[r].topk(k).indices.tolist())) for r, p in enumerate(positions.tolist())]
-    ids = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-    logprobs = torch.zeros(ids.shape, dtype=torch.float64)
-    for r, row in enumerate(rows):
-        ids[r, : len(row)] = torch.tensor(row)
-        logprobs[r, : len(row)] = lp[r, row]
-    return WindowScores(positions=positions, ids=ids, logprobs=logprobs, topk=k)
+    return reported_topk(logits[positions], tokens, positions, k)
 
 
 def _full(logits, positions):

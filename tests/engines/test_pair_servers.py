@@ -18,8 +18,8 @@ import torch
 pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed; make test installs the llamacpp extra")
 
 from tests.engines.llama_server import llama_server  # noqa: E402
+from tests.engines.scores import reported_topk  # noqa: E402
 from wkvlab.engines import api  # noqa: E402
-from wkvlab.engines.base import PAD_ID, WindowScores  # noqa: E402
 from wkvlab.engines.llamacpp import GGML_TYPES, LlamaCppEngine  # noqa: E402
 from wkvlab.engines.pair import compare_pair  # noqa: E402
 from wkvlab.engines.tokens import token_workload  # noqa: E402
@@ -37,18 +37,6 @@ def servers(tmp_path_factory):
     with llama_server(gguf, logs / "ref.log", n_ctx=2 * CTX) as ref, \
          llama_server(gguf, logs / "cand.log", n_ctx=2 * CTX, extra=("--type_k", Q4, "--type_v", Q4, "--flash_attn", "true")) as cand:
         yield ref, cand
-
-
-def _topk_like_a_server(logits: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, k: int) -> WindowScores:
-    """In-process logits reduced to what the server reports: top-k + the scored token."""
-    lp = torch.log_softmax(logits.double(), -1)
-    rows = [list(dict.fromkeys([int(tokens[p + 1])] + lp[r].topk(k).indices.tolist())) for r, p in enumerate(positions.tolist())]
-    ids = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-    out = torch.zeros(ids.shape, dtype=torch.float64)
-    for r, row in enumerate(rows):
-        ids[r, : len(row)] = torch.tensor(row)
-        out[r, : len(row)] = lp[r, row]
-    return WindowScores(positions=positions, ids=ids, logprobs=out, topk=k)
 
 
 @pytest.mark.slow
@@ -75,8 +63,8 @@ def test_served_pair_agrees_with_the_in_process_full_vocabulary_kld(servers, tmp
         ref_engine.close()
         cand_engine.close()
     exact = compare_pair(ref_full, cand_full, tokens).metrics
-    bound = compare_pair(_topk_like_a_server(ref_full.logits, tokens, ref_full.positions, TOPK),
-                         _topk_like_a_server(cand_full.logits, tokens, cand_full.positions, TOPK), tokens)
+    bound = compare_pair(reported_topk(ref_full.logits, tokens, ref_full.positions, TOPK),
+                         reported_topk(cand_full.logits, tokens, cand_full.positions, TOPK), tokens)
     print(f"served bound {served['kld']['mean']:.6f}, tail {served['tail_mass']:.4f}; in-process same-k bound "
           f"{bound.metrics.kld.mean():.6f}, tail {bound.tail_mass.mean():.4f}; in-process full KLD {exact.kld.mean():.6f}")
     # The bound holds: the served KLD never exceeds the full one, and is what the same buckets give in-process.
