@@ -10,6 +10,7 @@ from rich.table import Table
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
 from wkvlab.engines import api
 from wkvlab.engines.compare import FidelityReport, compare_steps
+from wkvlab.engines.llamacpp import parse_cache_types
 from wkvlab.engines.openai import FLAVORS, ServerSpec
 from wkvlab.errors import ConfigError
 from wkvlab.io import write_json_atomic
@@ -75,6 +76,8 @@ def eval_command(
     if not engine_reference and tokenizer:
         raise ConfigError("--tokenizer is for engine references only; without --reference-url/--reference-gguf the transformers --reference tokenizes")
     specs, cache_types = [], _names([kv]) if engine == "llamacpp" else []
+    for cache in [*cache_types, reference_kv]:
+        parse_cache_types(cache)  # a typo is one line, before the progress bar draws
     if engine == "openai":  # checked before any model loads
         urls, names = _names(url), _names([model] if model else [])
         if not urls or not names:

@@ -14,7 +14,7 @@ from pathlib import Path
 from wkvlab.data.corpora import Corpus, load_corpus
 from wkvlab.data.windows import WindowSet, make_windows, tokenize, tokenizer_wants_bos
 from wkvlab.errors import ConfigError, ModelError
-from wkvlab.models.loading import _folder_fingerprint, _sha256
+from wkvlab.models.loading import _folder_fingerprint, _sha256, cache_dir
 from wkvlab.models.packaged import canonical_name, packaged_gguf
 
 
@@ -42,7 +42,12 @@ def load_tokenizer(spec: str) -> tuple[str, object, str]:
         if path.is_file():
             if path.suffix.lower() != ".gguf":
                 raise ModelError(f"--tokenizer {spec!r} is not a .gguf file; give 'default', a .gguf file or a Hugging Face folder")
-            return name, AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), _sha256(path)
+            fingerprint = _sha256(path)
+            # A model load already converted this GGUF's tokenizer and kept it (seconds saved on every run).
+            cached = cache_dir() / "models" / f"{fingerprint[:16]}-float32"
+            if (cached / "wkvlab-source.json").is_file():
+                return name, AutoTokenizer.from_pretrained(str(cached)), fingerprint
+            return name, AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), fingerprint
         if path.is_dir():
             return name, AutoTokenizer.from_pretrained(str(path)), _folder_fingerprint(path)
     except ModelError:
