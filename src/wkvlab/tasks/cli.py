@@ -65,7 +65,7 @@ def tasks_command(
     with open_store(store) as db:
         with progress_bar(len(weight_specs) * len(kv_specs), "tasks") as advance:
             outcome = run_tasks(model, weight_specs, kv_specs, spec, db, calibration=calibration, progress=advance, manager=manager)
-        results = db.results() if tokens else []
+        results = db.results()  # KLDs stored earlier (e.g. by wkvlab sweep) count too
     from wkvlab.report.data import group_results
     from wkvlab.report.tasks import task_rows, tasks_table
 
