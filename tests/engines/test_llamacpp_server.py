@@ -5,9 +5,9 @@ import torch
 
 pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed; make test installs the llamacpp extra")
 
-from tests.engines.llama_server import llama_server  # noqa: E402
 from wkvlab.engines.bridge import compare_window  # noqa: E402
 from wkvlab.engines.llamacpp import LlamaCppEngine  # noqa: E402
+from wkvlab.engines.local_server import llama_cpp_server  # noqa: E402
 from wkvlab.engines.openai import OpenAIEngine, ServerSpec  # noqa: E402
 from wkvlab.engines.run import engine_workload, evaluate_engine  # noqa: E402
 from wkvlab.errors import DataError  # noqa: E402
@@ -19,7 +19,7 @@ CTX = 48  # one short window: the server sorts the whole vocabulary in Python fo
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    with llama_server(packaged_gguf("default"), tmp_path_factory.mktemp("llama-server") / "server.log", n_ctx=2 * CTX) as url:
+    with llama_cpp_server(packaged_gguf("default"), n_ctx=2 * CTX, log=tmp_path_factory.mktemp("llama-server") / "server.log") as url:
         yield url
 
 

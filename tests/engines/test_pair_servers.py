@@ -17,25 +17,24 @@ import torch
 
 pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed; make test installs the llamacpp extra")
 
-from tests.engines.llama_server import llama_server  # noqa: E402
 from tests.engines.scores import reported_topk  # noqa: E402
 from wkvlab.engines import api  # noqa: E402
-from wkvlab.engines.llamacpp import GGML_TYPES, LlamaCppEngine  # noqa: E402
+from wkvlab.engines.llamacpp import LlamaCppEngine  # noqa: E402
+from wkvlab.engines.local_server import llama_cpp_server  # noqa: E402
 from wkvlab.engines.pair import compare_pair  # noqa: E402
 from wkvlab.engines.tokens import token_workload  # noqa: E402
 from wkvlab.models.packaged import packaged_gguf  # noqa: E402
 
 CTX = 48  # one short window: the server sorts the whole vocabulary in Python for every echoed position
 TOPK = 20
-Q4 = str(GGML_TYPES["q4_0"])
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     logs = tmp_path_factory.mktemp("llama-servers")
     gguf = packaged_gguf("default")
-    with llama_server(gguf, logs / "ref.log", n_ctx=2 * CTX) as ref, \
-         llama_server(gguf, logs / "cand.log", n_ctx=2 * CTX, extra=("--type_k", Q4, "--type_v", Q4, "--flash_attn", "true")) as cand:
+    with llama_cpp_server(gguf, n_ctx=2 * CTX, log=logs / "ref.log") as ref, \
+         llama_cpp_server(gguf, n_ctx=2 * CTX, cache="q4_0", log=logs / "cand.log") as cand:  # flash attention: on for a quantized V
         yield ref, cand
 
 
