@@ -30,6 +30,7 @@ from wkvlab.preflight import check_calibration, check_kv_for_model, check_model,
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
+from wkvlab.tasks.cli import tasks_command
 
 try:  # typer 0.29 vendors click; usage errors are raised as its classes
     from typer._click import exceptions as click_errors
@@ -265,6 +266,8 @@ app.command("compare")(compare_command)
 app.command("report")(report_command)
 # Quantized checkpoints written from a weight config (read back with --weights checkpoint:<folder>).
 app.command("export")(export_command)
+# Downstream tasks through lm-evaluation-harness next to KLD (docs/tasks.md); the command imports lm_eval only when it runs.
+app.command("tasks")(tasks_command)
 # Real engines (llama.cpp, OpenAI-compatible servers) and the simulation fidelity check (docs/engines.md).
 app.add_typer(engine_app, name="engine")
 # The seeds' questions, measured (docs/findings.md); the command lives in wkvlab.findings.cli.

@@ -18,9 +18,9 @@ torch.manual_seed(123)
 TABLE = torch.randn(VOCAB, VOCAB).double() * 2
 
 
-def bigram_logits(tokens: list[int]) -> torch.Tensor:
+def bigram_logits(tokens: list[int], table: torch.Tensor | None = None) -> torch.Tensor:
     """Logits at every position of ``tokens`` (``[len, VOCAB]``), position i predicting token i + 1."""
-    return TABLE[torch.tensor(tokens)]
+    return (TABLE if table is None else table)[torch.tensor(tokens)]
 
 
 class TinyTokenizer:
@@ -43,8 +43,8 @@ def text_of(i: int) -> str:
     return "" if i == 0 else (" dup" if i >= VOCAB - 2 else f" w{i}")
 
 
-def prompt_logprobs_answer(prompt: list[int], k: int, shift_token: int | None = None) -> dict:
-    lp = torch.log_softmax(bigram_logits(prompt), -1)
+def prompt_logprobs_answer(prompt: list[int], k: int, shift_token: int | None = None, table: torch.Tensor | None = None) -> dict:
+    lp = torch.log_softmax(bigram_logits(prompt, table), -1)
     entries = [None]
     for j in range(1, len(prompt)):
         row = lp[j - 1]

@@ -3,35 +3,19 @@ import numpy as np
 import pytest
 import torch
 
+from tests.engines.scores import random_window, reported_topk
 from wkvlab.engines.base import PAD_ID, WindowScores
 from wkvlab.engines.bridge import compare_window
 from wkvlab.errors import DataError
 from wkvlab.eval.metrics import ReferenceTokens, compare_tokens
 
 
-def _window(seed=0, ctx=12, vocab=300, noise=0.4):
-    torch.manual_seed(seed)
-    ref = torch.randn(ctx, vocab) * 3
-    cand = ref + torch.randn_like(ref) * noise
-    tokens = torch.randint(0, vocab, (ctx,))
-    return ref, cand, tokens
+def _window(seed=0):
+    return random_window(seed)
 
 
 def _topk_scores(cand, tokens, positions, k):
-    """What a server reports: its own top-k per position plus the scored token (deduplicated)."""
-    lp = torch.log_softmax(cand.double(), -1)[positions]
-    top = lp.topk(k, dim=-1).indices
-    rows = []
-    for r, p in enumerate(positions.tolist()):
-        ids = list(dict.fromkeys([int(tokens[p + 1])] + top[r].tolist()))
-        rows.append(ids)
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-    logprobs = torch.zeros(len(rows), width, dtype=torch.float64)
-    for r, row in enumerate(rows):
-        ids[r, : len(row)] = torch.tensor(row)
-        logprobs[r, : len(row)] = lp[r, row]
-    return WindowScores(positions=positions, ids=ids, logprobs=logprobs, topk=k)
+    return reported_topk(cand[positions], tokens, positions, k)
 
 
 def test_full_logits_path_is_the_simulation_path():

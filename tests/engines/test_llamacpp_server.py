@@ -1,11 +1,4 @@
 """End to end: a real llama-cpp-python server on loopback, scored through the OpenAI adapter."""
-import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-
 import numpy as np
 import pytest
 import torch
@@ -14,6 +7,7 @@ pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is 
 
 from wkvlab.engines.bridge import compare_window  # noqa: E402
 from wkvlab.engines.llamacpp import LlamaCppEngine  # noqa: E402
+from wkvlab.engines.local_server import llama_cpp_server  # noqa: E402
 from wkvlab.engines.openai import OpenAIEngine, ServerSpec  # noqa: E402
 from wkvlab.engines.run import engine_workload, evaluate_engine  # noqa: E402
 from wkvlab.errors import DataError  # noqa: E402
@@ -23,43 +17,10 @@ from wkvlab.models.packaged import packaged_gguf  # noqa: E402
 CTX = 48  # one short window: the server sorts the whole vocabulary in Python for every position
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("llama-server") / "server.log"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(packaged_gguf("default")), "--host", "127.0.0.1",
-           "--port", str(port), "--n_ctx", str(2 * CTX), "--n_threads", "2", "--n_threads_batch", "2", "--model_alias", "smollm2"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=2) as r:
-                    if json.loads(r.read())["data"]:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server did not answer within 120 s: {log.read_text()[-2000:]}")
-            time.sleep(0.5)
+    with llama_cpp_server(packaged_gguf("default"), n_ctx=2 * CTX, log=tmp_path_factory.mktemp("llama-server") / "server.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow

@@ -3,17 +3,22 @@
     >>> from wkvlab.engines import api
     >>> r = api.evaluate_llamacpp("default", kv="q4_0", ctx=512, tokens=2048)
     >>> r.kld["mean"], r.to_dict()["engine"]
+    >>> ref = api.ServerSpec(url="http://127.0.0.1:8001/v1", model="bf16", flavor="vllm", topk=200)
+    >>> results = api.evaluate_engines(ref, servers=[api.ServerSpec(url="http://127.0.0.1:8002/v1", model="awq", topk=200)])
     >>> report = api.fidelity("default", ["q8_0", "q4_0", "q8_0/q4_0"], ctx=512, tokens=4096)
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from wkvlab.engines.compare import FidelityReport, compare_engine
 from wkvlab.engines.llamacpp import LlamaCppEngine, import_llama_cpp, parse_cache_types
 from wkvlab.engines.openai import OpenAIEngine, ServerSpec
+from wkvlab.engines.pair_run import evaluate_pair
 from wkvlab.engines.run import EngineEvalResult, engine_workload, evaluate_engine
-from wkvlab.errors import ModelError
+from wkvlab.engines.tokens import token_workload
+from wkvlab.errors import ConfigError, ModelError
 from wkvlab.eval.runner import Progress
 from wkvlab.models.packaged import canonical_name, packaged_gguf
 
@@ -59,6 +64,52 @@ def evaluate_server(spec: ServerSpec, *, reference: str = "default", data: str =
     return evaluate_engine(engine, work, progress=progress, score_from=1 if spec.needs_bos else 0)
 
 
+def evaluate_engines(reference: ServerSpec | str, *, servers: Sequence[ServerSpec] = (), gguf: str | None = None,
+                     kv: Sequence[str] = (), reference_kv: str = "f16", tokenizer: str | None = None, data: str = "default",
+                     ctx: int = 512, tokens: int = 4096, score: str = "all", flash_attn: str = "auto", threads: int = 2,
+                     rotation: bool = True, progress: Progress | None = None) -> list[EngineEvalResult]:
+    """Engine against engine: every candidate against a reference engine, both scoring the same token ids.
+
+    ``reference``: a :class:`ServerSpec` (e.g. the bf16 model served by vLLM) or a GGUF (packaged name or
+    path) that llama.cpp runs in-process with cache ``reference_kv`` (full logits). Candidates: llama.cpp
+    on ``gguf`` with each cache type of ``kv``, then each of ``servers``; the first candidate is the
+    baseline of the others' paired ``kv_delta``. ``tokenizer`` cuts the windows (default: the reference
+    GGUF, else the candidate GGUF, else ``default``); no transformers model is loaded.
+    """
+    cache_types = [parse_cache_types(k) for k in kv]  # fail fast on a typo, before anything loads
+    if cache_types and gguf is None:
+        raise ConfigError("llama.cpp candidates need a GGUF: pass --gguf")
+    if not cache_types and not servers:
+        raise ConfigError("give at least one candidate: --kv for llama.cpp in-process or --url for a server")
+    parse_cache_types(reference_kv)
+    ref_path = None if isinstance(reference, ServerSpec) else resolve_gguf(reference)
+    cand_path = resolve_gguf(gguf) if gguf is not None else None
+    if ref_path is not None or cache_types:
+        import_llama_cpp()
+    specs = list(servers) + ([reference] if isinstance(reference, ServerSpec) else [])
+    bos = any(s.needs_bos for s in specs)
+    source = tokenizer or (reference if ref_path is not None else None) or gguf or "default"
+    work = token_workload(str(source), data, ctx=ctx, tokens=tokens, score=score, bos=bos)
+    engines: list = []
+    try:
+        if ref_path is not None:
+            ref_engine = LlamaCppEngine(ref_path, reference_kv, ctx=ctx, flash_attn=flash_attn, threads=threads, rotation=rotation)
+            engines.append(ref_engine)
+        else:
+            ref_engine = OpenAIEngine(reference, work.tokenizer)  # type: ignore[arg-type]
+        candidates: list = []
+        for k in kv:
+            engine = LlamaCppEngine(cand_path, k, ctx=ctx, flash_attn=flash_attn, threads=threads, rotation=rotation)  # type: ignore[arg-type]
+            engines.append(engine)
+            candidates.append(engine)
+        candidates += [OpenAIEngine(spec, work.tokenizer) for spec in servers]
+        # The first prompt token has no prediction in either API; with a BOS the server strips, neither has the second.
+        return evaluate_pair(ref_engine, candidates, work, score_from=1 if bos else 0, progress=progress)
+    finally:
+        for engine in engines:
+            engine.close()
+
+
 def fidelity(gguf: str = "default", kv: list[str] | tuple[str, ...] = ("q8_0", "q4_0", "q4_1", "q5_0", "q8_0/q4_0"), *,
              reference: str | None = None, data: str = "default", ctx: int = 512, tokens: int = 4096, score: str = "all",
              rotation: bool = True, threads: int = 2, progress: Progress | None = None) -> FidelityReport:
@@ -71,4 +122,4 @@ def fidelity(gguf: str = "default", kv: list[str] | tuple[str, ...] = ("q8_0", "
     return compare_engine(work, str(path), list(kv), rotation=rotation, threads=threads, progress=progress)
 
 
-__all__ = ["ServerSpec", "EngineEvalResult", "FidelityReport", "resolve_gguf", "evaluate_llamacpp", "evaluate_server", "fidelity"]
+__all__ = ["ServerSpec", "EngineEvalResult", "FidelityReport", "resolve_gguf", "evaluate_llamacpp", "evaluate_server", "evaluate_engines", "fidelity"]

@@ -23,7 +23,7 @@ from wkvlab.eval.topk import coarsened_kld
 
 # Padded bucket entries get this log-prob on both sides: probability exactly 0 in float64, so they
 # add nothing to either side's sums and 0 · (a − a) = 0 to the KL.
-_PAD_LOGPROB = -1.0e4
+PAD_LOGPROB = -1.0e4
 
 
 @dataclass
@@ -52,10 +52,11 @@ def compare_window(ref_logits: torch.Tensor, tokens: torch.Tensor, scores: Windo
     # float64 reference log-probs for the buckets: float32 ones sum to 1 ± 1e-6, and that error,
     # landing in a nearly empty rest bucket, would add up to 1e-4 to a bound that should be exact.
     ref_lp64 = torch.log_softmax(ref_logits[scores.positions].double(), dim=-1)
-    return WindowComparison(*_compare_topk(ref, ref_lp64, scores), positions)
+    return WindowComparison(*compare_topk(ref, ref_lp64, scores), positions)
 
 
-def _compare_topk(ref: ReferenceTokens, ref_lp64: torch.Tensor, scores: WindowScores) -> tuple[TokenMetrics, np.ndarray]:
+def compare_topk(ref: ReferenceTokens, ref_lp64: torch.Tensor, scores: WindowScores) -> tuple[TokenMetrics, np.ndarray]:
+    """Full reference (``ref_lp64``: its float64 log-probs at the scored positions) against top-k ``scores``."""
     ids, cand = scores.ids, scores.logprobs.double()
     vocab = ref_lp64.shape[-1]
     if int(ids.max()) >= vocab:
@@ -63,8 +64,8 @@ def _compare_topk(ref: ReferenceTokens, ref_lp64: torch.Tensor, scores: WindowSc
     valid = ids != PAD_ID
     safe = ids.clamp_min(0)
     ref_lp = ref_lp64.gather(-1, safe)
-    ref_lp = torch.where(valid, ref_lp, torch.full_like(ref_lp, _PAD_LOGPROB))
-    cand = torch.where(valid, cand, torch.full_like(cand, _PAD_LOGPROB))
+    ref_lp = torch.where(valid, ref_lp, torch.full_like(ref_lp, PAD_LOGPROB))
+    cand = torch.where(valid, cand, torch.full_like(cand, PAD_LOGPROB))
     kld = coarsened_kld(ref_lp, cand)
     tail = (1 - ref_lp.exp().sum(-1)).clamp_min(0)
 

@@ -75,8 +75,9 @@ def flash_attention_on(mode: str, v_type: str) -> bool:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
-    """llama.cpp logs model loading to fd 2 even with verbose=False in places; keep the CLI clean."""
+def quiet_stderr():
+    """Silence fd 2 (C libraries and subprocesses write there): llama.cpp logs model loading even with
+    verbose=False in places, lm-eval runs `git describe` whose error lands there; keep the CLI clean."""
     try:
         saved = os.dup(2)
     except OSError:  # no real stderr (some test runners): nothing to silence
@@ -108,7 +109,7 @@ class LlamaCppEngine:
         previous = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
         os.environ["LLAMA_ATTN_ROT_DISABLE"] = "0" if rotation else "1"
         try:
-            with _quiet_stderr():
+            with quiet_stderr():
                 self.llm = llama_cpp.Llama(
                     model_path=str(path), n_ctx=ctx, n_batch=ctx, n_ubatch=min(ubatch, ctx), logits_all=True,
                     type_k=GGML_TYPES[self.k_type], type_v=GGML_TYPES[self.v_type], flash_attn=self.flash,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
 
@@ -105,7 +106,9 @@ class OpenAIEngine:
         self.bos_id = tokenizer.bos_token_id
         self.policy = RetryPolicy(spec.timeout, spec.retries, spec.backoff)
         self._sleep = sleep
-        self.info = EngineInfo("openai", _server_version(spec.url), "server", {"server": spec.to_dict()})
+        # The client cannot see the server's cache type: the label names the served model and where it runs,
+        # so several servers in one engine-vs-engine run stay apart.
+        self.info = EngineInfo("openai", _server_version(spec.url), f"{spec.model}@{urllib.parse.urlsplit(spec.url).netloc}", {"server": spec.to_dict()})
 
     # ---- requests ------------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ from wkvlab.eval.runner import ModelShape, Progress, forward_logits
 from wkvlab.kv.spec import KVSpec
 
 
+TRANSFORMERS_REFERENCE = {"name": "transformers", "dtype": "float32"}
+
+
 @dataclass
 class EngineEvalResult(EvalResult):
     """An :class:`EvalResult` whose candidate is a real engine."""
@@ -34,10 +37,14 @@ class EngineEvalResult(EvalResult):
     engine: dict = field(default_factory=dict)
     kld_method: str = "full"
     tail_mass: float = 0.0
+    reference: dict = field(default_factory=lambda: dict(TRANSFORMERS_REFERENCE))  # what the candidate was compared with
+    kv_delta: dict | None = None  # paired difference to the first candidate of an engine-vs-engine run (pair_run.py)
 
     def to_dict(self) -> dict:
         out = super().to_dict()
-        out.update(engine=self.engine, kld_method=self.kld_method, tail_mass=self.tail_mass)
+        out.update(engine=self.engine, kld_method=self.kld_method, tail_mass=self.tail_mass, reference=self.reference)
+        if self.kv_delta is not None:
+            out["kv_delta"] = self.kv_delta
         return out
 
 
@@ -95,23 +102,32 @@ def evaluate_engine(engine: Engine, work: Workload, *, progress: Progress | None
         parts.append(compare_window(ref_logits, tokens, scores))
         tick(engine.info.engine, 1)
         del ref_logits
+    shape = ModelShape.of(work.loaded.model)
+    return engine_result(engine.info, parts, windows, topk=topk, model=work.loaded.name, data=work.corpus.name,
+                         fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
+                         engine_seconds=engine_seconds, wall_seconds=time.perf_counter() - started, shape=shape)
+
+
+def engine_result(info: EngineInfo, parts: list[WindowComparison], windows: WindowSet, *, topk: int, model: str, data: str,
+                  fingerprints: dict, engine_seconds: float, wall_seconds: float, shape: ModelShape | None,
+                  reference: dict | None = None, bound_note: str | None = None) -> EngineEvalResult:
+    """The result of one engine over all windows; ``topk`` > 0 means its KLD is the top-k lower bound."""
     arrays = arrays_from(parts)
     tail = np.concatenate([p.tail_mass for p in parts])
-    shape = ModelShape.of(work.loaded.model)
-    spec = kv_spec_of(engine.info)
+    spec = kv_spec_of(info)
     method = "full" if topk == 0 else "topk-bound"
     notes = [] if method == "full" else [
-        f"KLD is a lower bound from top-{topk} log-probs (+ the scored token, + one rest bucket); "
+        f"KLD is a lower bound from {bound_note or f'top-{topk} log-probs (+ the scored token, + one rest bucket)'}; "
         f"the reference's mean mass outside the reported tokens is {tail.mean():.4f}"]
+    kv_bytes = shape.kv_bytes_per_token(spec) if spec is not None and shape is not None else float("nan")
     return EngineEvalResult(
-        model=work.loaded.name, data=work.corpus.name, ctx=windows.ctx, weights="engine",
-        kv=f"{engine.info.engine}:{engine.info.kv}", weights_spec={}, kv_spec=spec.to_dict() if spec else {},
-        weight_bytes=Path(engine.info.details["gguf"]).stat().st_size if "gguf" in engine.info.details else 0, kv_bytes_per_token=shape.kv_bytes_per_token(spec) if spec else float("nan"),
+        model=model, data=data, ctx=windows.ctx, weights="engine",
+        kv=f"{info.engine}:{info.kv}", weights_spec={}, kv_spec=spec.to_dict() if spec else {},
+        weight_bytes=Path(info.details["gguf"]).stat().st_size if "gguf" in info.details else 0, kv_bytes_per_token=kv_bytes,
         seconds=engine_seconds, arrays=arrays, buckets=position_buckets(windows.ctx),
-        fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
-        notes=notes, engine={"name": engine.info.engine, "version": engine.info.version, **engine.info.details,
-                             "wall_seconds": time.perf_counter() - started},
-        kld_method=method, tail_mass=float(tail.mean()),
+        fingerprints=fingerprints, notes=notes,
+        engine={"name": info.engine, "version": info.version, **info.details, "wall_seconds": wall_seconds},
+        kld_method=method, tail_mass=float(tail.mean()), reference=dict(reference or TRANSFORMERS_REFERENCE),
     )
 
 

@@ -15,6 +15,7 @@ import math
 import re
 from functools import lru_cache
 from importlib import resources
+from typing import Sequence
 
 from wkvlab.errors import ConfigError
 from wkvlab.io import json_safe
@@ -167,7 +168,7 @@ BOOT = """
 
 
 def render_page(data: ReportData, charts: dict[int, list[Chart]], heatmaps: list[Heatmap], tables: list[Table],
-                title: str = "wkvlab report") -> str:
+                title: str = "wkvlab report", task_charts: Sequence[Chart] = ()) -> str:
     """The whole page as one string; every chart's div is filled by the inline script on load."""
     by_name = {t.name: t for t in tables}
     parts = [f"<h1>{html.escape(title)}</h1>",
@@ -190,6 +191,12 @@ def render_page(data: ReportData, charts: dict[int, list[Chart]], heatmaps: list
         table = by_name[name]
         parts.append(f"<h2>{html.escape(table.title)}</h2>")
         parts.append(to_html(table, EMPTY[name]))
+    if "tasks" in by_name:  # only when the store holds downstream-task scores (wkvlab tasks)
+        parts.append(f"<h2 id=\"downstream-tasks\">{html.escape(by_name['tasks'].title)}</h2>")
+        for chart in task_charts:
+            parts.append(_figure_block(chart))
+            figures.append(plotly_figure(chart))
+        parts.append(to_html(by_name["tasks"], EMPTY["tasks"]))
     body = "\n".join(parts)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

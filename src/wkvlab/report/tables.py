@@ -155,6 +155,7 @@ def to_html(table: Table, empty: str) -> str:
 EMPTY = {
     "configs": "No results.",
     "kv_penalty": "No KV penalty: the store holds no weight config with both a 16-bit and a quantized KV cache on the same tokens.",
+    "tasks": "No downstream-task scores: run 'wkvlab tasks --tasks <task> --store <file>' to add them.",
     "cross_terms": "No cross-terms: they need (W, 16-bit KV), (16-bit weights, C), (16-bit weights, 16-bit KV) and (W, C) on the same tokens; "
                    "a grid such as 'wkvlab demo' has them.",
 }

@@ -23,6 +23,7 @@ from wkvlab.errors import DataError
 from wkvlab.eval.result import EvalResult
 from wkvlab.store.arrays import decode_token_arrays, encode_token_arrays
 from wkvlab.store.schema import check_file, ensure_schema
+from wkvlab.store.tasks import TaskScore, put_scores, read_scores, scored_ids
 
 BUSY_TIMEOUT_S = 120  # how long a writer waits for another sweep's transaction before giving up
 _RESULT_FIELDS = tuple(f.name for f in fields(EvalResult) if f.name != "arrays")
@@ -165,6 +166,22 @@ class ResultStore:
     def results(self, config_ids: Iterable[str] | None = None) -> list[EvalResult]:
         ids = [r.config_id for r in self.rows()] if config_ids is None else list(config_ids)
         return [self.get(i) for i in ids]
+
+    # ---- downstream-task scores (schema v2, wkvlab.store.tasks) --------------------------
+
+    def put_task_scores(self, config: dict, scores: list[TaskScore]) -> bool:
+        """Store one config's lm-eval scores in one transaction; False when that config was already scored."""
+        with self._errors():
+            return put_scores(self._conn, config, scores)
+
+    def task_config_ids(self) -> set[str]:
+        with self._errors():
+            return scored_ids(self._conn)
+
+    def task_scores(self) -> list[TaskScore]:
+        """Every stored :class:`wkvlab.store.tasks.TaskScore`, in the order written."""
+        with self._errors():
+            return read_scores(self._conn)
 
     def seconds_per_token(self, model_sha256: str) -> float | None:
         """Median measured seconds per scored token of one config on this model (None if none stored)."""

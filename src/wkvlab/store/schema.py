@@ -45,6 +45,21 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX results_by_group ON results (model_sha256, data_sha256, ctx, tokens)",
     ),
+    (
+        # v2: downstream-task scores from lm-evaluation-harness ('wkvlab tasks', wkvlab.store.tasks), one row
+        # per config × task × metric; a v1 store gains the empty table and keeps every result.
+        """CREATE TABLE task_scores (
+            task_config_id TEXT NOT NULL,    -- sha256 of the canonical run config (model, weights, kv, tasks, limit, fewshot, lm-eval version)
+            task TEXT NOT NULL,              -- lm-eval task name
+            metric TEXT NOT NULL,            -- lm-eval metric key with its filter, e.g. 'acc,none'
+            created_at REAL NOT NULL,
+            model TEXT NOT NULL, model_sha256 TEXT, weights TEXT NOT NULL, kv TEXT NOT NULL,
+            value REAL, stderr REAL, samples INTEGER,
+            config TEXT NOT NULL,            -- JSON: the run config the id hashes
+            PRIMARY KEY (task_config_id, task, metric)
+        )""",
+        "CREATE INDEX task_scores_by_config ON task_scores (model_sha256, weights, kv)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
