@@ -52,3 +52,14 @@ def test_short_windows_have_no_depth_table():
     ctx = 1024
     kld = np.zeros(ctx - 1)
     assert depth_tables([_result("fp16", kld, ctx, 1), _result("q4_0", kld + 0.1, ctx, 1)]) == []
+
+
+def test_a_bucket_with_few_blocks_gets_no_interval():
+    """4,096–4,607 holds two blocks per window: four units, too few to resample (wkvlab.stats.MIN_UNITS)."""
+    ctx, windows = 4608, 2
+    position = np.tile(np.arange(ctx - 1), windows)
+    kld = 0.1 + 0.01 * (position % 7)
+    (table,) = depth_tables([_result("fp16", np.zeros(kld.size), ctx, windows), _result("q4_0", kld, ctx, windows)], n_resamples=200)
+    first, last = table.rows
+    assert first.penalty.decided and not last.penalty.decided and not last.growth.decided
+    assert last.penalty.n_units == 4 and "no growth distinguishable" in table.verdict()

@@ -25,6 +25,7 @@ import numpy as np
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, paired_interval
+from wkvlab.stats.bootstrap import MIN_UNITS
 from wkvlab.stats.units import DEFAULT_BLOCK, block_units, bucket_arrays, bucket_mean, decorrelation_lag
 
 FIRST_EDGE = 4096
@@ -102,13 +103,17 @@ def depth_tables(results: list[EvalResult], *, block: int = DEFAULT_BLOCK, first
         data = bucket_arrays({"p": penalty}, arrays.position, buckets)
         units = block_units(arrays.window, arrays.position, block)
 
-        def interval(statistic) -> Interval:
-            return paired_interval(statistic, data, units, n_resamples=n_resamples, seed=seed)
+        def interval(statistic, *starts: int) -> Interval:
+            found = paired_interval(statistic, data, units, n_resamples=n_resamples, seed=seed)
+            # the rule on units counts those the statistic reads: the blocks inside its buckets
+            inside = min(int(np.unique(units[data[f"n@{s}"] > 0]).size) for s in starts)
+            return found if inside >= MIN_UNITS else Interval(found.estimate, float("nan"), float("nan"), found.level, inside, 0)
 
         first_start = buckets[0][0]
         rows = tuple(
-            DepthRow(start, end, int(data[f"n@{start}"].sum()), interval(bucket_mean("p", start)),
-                     None if start == first_start else interval(lambda m, s=start: bucket_mean("p", s)(m) - bucket_mean("p", first_start)(m)))
+            DepthRow(start, end, int(data[f"n@{start}"].sum()), interval(bucket_mean("p", start), start),
+                     None if start == first_start else
+                     interval(lambda m, s=start: bucket_mean("p", s)(m) - bucket_mean("p", first_start)(m), start, first_start))
             for start, end in buckets
         )
         # the correlation that matters for the bootstrap is around each bucket's mean, not the depth trend itself
