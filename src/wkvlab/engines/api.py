@@ -17,9 +17,12 @@ from wkvlab.engines.llamacpp import LlamaCppEngine, import_llama_cpp, parse_cach
 from wkvlab.engines.openai import OpenAIEngine, ServerSpec
 from wkvlab.engines.pair_run import evaluate_pair
 from wkvlab.engines.run import EngineEvalResult, engine_workload, evaluate_engine
+from wkvlab.engines.stored_run import evaluate_against_stored
 from wkvlab.engines.tokens import token_workload
+from wkvlab.eval.reference import StoredReference
+from wkvlab.models.facts import model_facts
 from wkvlab.errors import ConfigError, ModelError
-from wkvlab.eval.runner import Progress
+from wkvlab.eval.runner import ModelShape, Progress
 from wkvlab.models.packaged import canonical_name, packaged_gguf
 
 
@@ -49,15 +52,33 @@ def evaluate_llamacpp(gguf: str = "default", kv: str = "f16", *, reference: str 
     path = resolve_gguf(gguf)
     engine = LlamaCppEngine(path, kv, ctx=ctx, flash_attn=flash_attn, threads=threads, rotation=rotation)  # first: fails fast
     try:
+        if is_stored_reference(reference):
+            work = token_workload(gguf, data, ctx=ctx, tokens=tokens, score=score)
+            facts = model_facts(gguf)  # the cache's bytes per token, from the GGUF header (no model is loaded)
+            shape = ModelShape(facts.layers, facts.kv_heads, facts.head_dim, ()) if facts else None
+            return evaluate_against_stored(engine, StoredReference.load(Path(reference)), work, progress=progress, shape=shape)
         work = engine_workload(_reference_for(gguf, path, reference), data, ctx=ctx, tokens=tokens, score=score)
         return evaluate_engine(engine, work, progress=progress)
     finally:
         engine.close()
 
 
+def is_stored_reference(reference: str | None) -> bool:
+    """``--reference`` names a stored-reference file (``wkvlab reference save``) rather than a model."""
+    return reference is not None and reference.lower().endswith(".safetensors")
+
+
 def evaluate_server(spec: ServerSpec, *, reference: str = "default", data: str = "default", ctx: int = 512,
-                    tokens: int = 4096, score: str = "all", progress: Progress | None = None) -> EngineEvalResult:
-    """An OpenAI-compatible server serving the reference's model, scored by its prompt log-probs."""
+                    tokens: int = 4096, score: str = "all", progress: Progress | None = None, tokenizer: str = "default") -> EngineEvalResult:
+    """An OpenAI-compatible server serving the reference's model, scored by its prompt log-probs.
+
+    ``reference``: the transformers model, or a stored-reference file (then ``tokenizer`` cuts the windows).
+    """
+    if is_stored_reference(reference):
+        work = token_workload(tokenizer, data, ctx=ctx, tokens=tokens, score=score, bos=spec.needs_bos)
+        engine = OpenAIEngine(spec, work.tokenizer)
+        return evaluate_against_stored(engine, StoredReference.load(Path(reference)), work, progress=progress,
+                                       score_from=1 if spec.needs_bos else 0)
     work = engine_workload(reference, data, ctx=ctx, tokens=tokens, score=score, bos=spec.needs_bos)
     engine = OpenAIEngine(spec, work.loaded.tokenizer)
     # The first prompt token has no prediction in either API; with a BOS the server strips, neither has the second.

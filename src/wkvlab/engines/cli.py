@@ -93,8 +93,8 @@ def eval_command(
     stored = reference is not None and reference.lower().endswith(".safetensors")
     if engine_reference and reference:
         raise ConfigError("--reference names the transformers reference or a stored one; with --reference-url/--reference-gguf use --tokenizer for the windows")
-    if not engine_reference and tokenizer:
-        raise ConfigError("--tokenizer is for engine references only; without --reference-url/--reference-gguf the --reference model tokenizes")
+    if not engine_reference and tokenizer and not stored:
+        raise ConfigError("--tokenizer is for engine or stored references only; otherwise the --reference model tokenizes")
     if stored and not Path(reference).expanduser().is_file():
         raise ConfigError(f"stored reference not found: {reference}; make one with 'wkvlab reference save --out {reference}'")
     if flavor not in FLAVORS:
@@ -138,7 +138,8 @@ def eval_command(
                                            tokenizer=tokenizer, data=data, ctx=ctx, tokens=tokens, score=score, flash_attn=flash_attn,
                                            rotation=not no_rotation, progress=advance)
         elif specs:
-            results = [api.evaluate_server(specs[0], reference=reference or "default", data=data, ctx=ctx, tokens=tokens, score=score, progress=advance)]
+            results = [api.evaluate_server(specs[0], reference=reference or "default", data=data, ctx=ctx, tokens=tokens, score=score,
+                                           progress=advance, tokenizer=tokenizer or "default")]
         else:
             results = [api.evaluate_llamacpp(gguf, cache_types[0], reference=reference, data=data, ctx=ctx, tokens=tokens, score=score,
                                              flash_attn=flash_attn, rotation=not no_rotation, threads=choice.threads, progress=advance)]
