@@ -29,6 +29,7 @@ from wkvlab.formats.ggml import (
     ggml_bytes_per_element,
     ggml_dequantize,
     ggml_quantize,
+    fake_quant_q8_K,
 )
 from wkvlab.formats.rounding import Rounding, round_with
 
@@ -59,4 +60,5 @@ __all__ = [
     "ggml_quantize",
     "ggml_dequantize",
     "fake_quant_ggml",
+    "fake_quant_q8_K",
 ]
