@@ -2,9 +2,10 @@
 
 Each attention call goes through :func:`wkvlab.kv.override.attention_override`; per layer, a
 :class:`wkvlab.kv.store.LayerStore` turns Q/K/V into what the spec stores and then the model's own
-backend (sdpa or eager) runs unchanged. A residual or sliding window, or per-channel groups of
-tokens, make the key a query sees depend on the query; such layers go through
-:func:`wkvlab.kv.attention.mixed_attention` instead.
+backend (sdpa or eager) runs unchanged. A residual or sliding window, past-only quantization or
+per-channel groups of tokens make the key (or value) a query sees depend on the query; such layers
+go through :func:`wkvlab.kv.attention.mixed_attention` instead, with one selection per side
+(:attr:`wkvlab.kv.store.LayerStore.selection`).
 
 With an identity spec the wrapper only forwards to the backend, so logits are bit-identical to the
 untouched model (tested: this is the proof that the hook itself adds no error).
@@ -54,7 +55,6 @@ def kv_quantization(
     if storage not in ("simulate", "cache"):
         raise ValueError(f"storage must be 'simulate' or 'cache', got {storage!r}")
     stores = stores if stores is not None else layer_stores(model, spec, stats)
-    selection = spec.selection()
     with attention_inputs(model) as inputs:
 
         def attention(backend, module, query, key, value, attention_mask, **kwargs):
@@ -64,7 +64,8 @@ def kv_quantization(
             else:
                 seen = inputs.get(module.layer_idx, {})
                 query, key, key_q, value, value_q = store.apply(query, key, value, seen.get("position_embeddings"), seen.get("residual"))
-                if selection is None or (store.k_quant is None and store.v_quant is None):
+                selection = store.selection
+                if selection is None:
                     out, weights = backend(module, query, key_q, value_q, attention_mask, **kwargs)
                 else:
                     out = mixed_attention(
