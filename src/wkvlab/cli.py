@@ -46,14 +46,14 @@ def _split_kv(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
 
 
 def _run_and_print(model: str, data: str, ctx: int, tokens: int, weights: list[str], kv: list[str], score: str, title: str,
-                   calibration: api.CalibrationSpec | None = None):
+                   calibration: api.CalibrationSpec | None = None, baseline: str = "auto"):
     weight_specs, kv_specs = api.parse_weights(weights), api.parse_kv(kv)
     with console.status(f"loading {model} and {data} text"):
         work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score)
     api.check_kv_specs(work.loaded.model, kv_specs)
     total = api.grid_steps(work.windows, len(weight_specs), len(kv_specs), any(k.needs_calibration for k in kv_specs))
     with progress_bar(total, title) as advance:
-        results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration)
+        results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, baseline)
     console.print(results_table(results, describe_run(results)))
     for note in dict.fromkeys(n for r in results for n in r.notes):
         err_console.print(f"[yellow]note:[/] {note}")
@@ -73,10 +73,11 @@ def eval_command(
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq/w8a8-int8/static scales: prose, code, math, or a file (samples come from its end)")] = "prose",
     calib_samples: Annotated[int, typer.Option(help="calibration samples")] = 16,
     calib_len: Annotated[int, typer.Option(help="tokens per calibration sample")] = 512,
+    baseline: Annotated[str, typer.Option(help="what the KLD is against: 'float' reference, 'engine' (llama.cpp's own f16 cache with its q8 activations, for llamacpp: presets on a GGUF), or 'auto' (engine when every KV config is a llamacpp: preset on a GGUF with its own weights)")] = "auto",
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
     calibration = api.CalibrationSpec(calib, calib_samples, calib_len)
-    results = _run_and_print(model, data, ctx, tokens, [w for v in (weights or ["none"]) for w in split_weight_list(v)], _split_kv(kv, ("fp16",)), score, "eval", calibration)
+    results = _run_and_print(model, data, ctx, tokens, [w for v in (weights or ["none"]) for w in split_weight_list(v)], _split_kv(kv, ("fp16",)), score, "eval", calibration, baseline)
     if json_out is not None:
         payload = [r.to_dict() for r in results]
         write_json_atomic(json_out, payload[0] if len(payload) == 1 else payload)
@@ -108,7 +109,7 @@ def presets_command() -> None:
     from rich.table import Table
 
     from wkvlab.kv import KV_FORMATS, KVSpec
-    from wkvlab.kv.presets import describe_preset, preset_names as kv_preset_names
+    from wkvlab.kv.presets import fidelity_of, preset_names as kv_preset_names
     from wkvlab.weights import PRESETS
 
     weights = Table(title="weight presets (--weights)", title_justify="left")
@@ -117,18 +118,16 @@ def presets_command() -> None:
     for name, spec in PRESETS.items():
         weights.add_row(name, spec.method, spec.format, str(spec.bits), str(spec.group_size or "-"), spec.activations)
     console.print(weights)
-    kv = Table(title="KV presets (--kv)", title_justify="left")
-    kv.add_column("name")
-    kv.add_column("spec")
-    kv.add_column("source")
+    kv = Table(title="KV presets (--kv); fidelity: bit-exact > engine-checked > source-faithful > approximate", title_justify="left")
+    for column in ("name", "spec", "fidelity", "source"):
+        kv.add_column(column)
     for name in kv_preset_names():
         if "<" in name:
-            kv.add_row(name, "", "any bit widths / pair of the types above")
+            kv.add_row(name, "", "", "any bit widths / pair of the types above")
             continue
-        source = describe_preset(name.split("+")[0]).source
-        if "+scales=" in name:
-            source = "vLLM FP8 KV with calibrated k_scale/v_scale (calculate_kv_scales or checkpoint scales)"
-        kv.add_row(name, KVSpec.parse(name).canonical(), source)
+        info = fidelity_of(KVSpec.parse(name))
+        label = info["label"] + (f" ({info['differs']})" if info["label"] == "approximate" or "+" in name else "")
+        kv.add_row(name, KVSpec.parse(name).canonical(), label, info["source"])
     console.print(kv)
     formats = Table(title="KV element formats", title_justify="left")
     formats.add_column("name")
