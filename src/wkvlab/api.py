@@ -13,6 +13,7 @@ from typing import Iterable
 from wkvlab.data import Corpus, WindowSet, load_corpus, make_windows, tokenize, tokenizer_wants_bos
 from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
 from wkvlab.errors import ConfigError
+from wkvlab.eval.baseline import choose_baseline
 from wkvlab.eval.result import EvalResult
 from wkvlab.eval.runner import Progress, check_kv_specs, grid_steps, run_grid
 from wkvlab.kv.spec import KVSpec
@@ -83,7 +84,10 @@ def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: 
 
 
 def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], progress: Progress | None = None,
-                      calibration: CalibrationSpec | None = None) -> list[EvalResult]:
+                      calibration: CalibrationSpec | None = None, baseline: str = "auto") -> list[EvalResult]:
+    """``baseline``: ``auto``, ``float`` or ``engine`` — what every pass runs with (see
+    :mod:`wkvlab.eval.baseline`; ``auto`` measures ``llamacpp:`` presets on a GGUF as llama.cpp does)."""
+    chosen, notes = choose_baseline(baseline, model=work.loaded.model, source=work.loaded.source, weights=weights, kv=kv)
     return run_grid(
         work.loaded.model,
         work.windows,
@@ -94,6 +98,8 @@ def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec
         fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
         progress=progress,
         calibration=prepare_calibration(work, weights, calibration, kv),
+        baseline=chosen,
+        notes=notes,
     )
 
 
@@ -109,15 +115,16 @@ def evaluate(
     stride: int | None = None,
     progress: Progress | None = None,
     calibration: CalibrationSpec | None = None,
+    baseline: str = "auto",
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination against the unquantized reference.
 
     ``calibration`` (default: 16 × 512 tokens of prose) is used by GPTQ, AWQ, SmoothQuant and
-    static activation scales only.
+    static activation scales only. ``baseline``: see :func:`evaluate_workload`.
     """
     weight_specs, kv_specs = parse_weights(weights), parse_kv(kv)
     work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride)
-    return evaluate_workload(work, weight_specs, kv_specs, progress, calibration)
+    return evaluate_workload(work, weight_specs, kv_specs, progress, calibration, baseline)
 
 
 def sweep(spec, store="results.db", *, dry_run: bool = False, executor=None, progress: Progress | None = None):

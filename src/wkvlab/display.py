@@ -50,7 +50,8 @@ def results_table(results: list[EvalResult], title: str) -> Table:
 
 def describe_run(results: list[EvalResult]) -> str:
     first = results[0]
+    baseline = first.fidelity.get("baseline", {}).get("label") or "float32, unquantized weights and cache"
     return (
         f"{first.model} on {first.data}: {first.tokens} scored tokens, ctx {first.ctx}, "
-        f"reference PPL {first.ppl_ref:.4f} (float32, unquantized weights and cache)"
+        f"reference PPL {first.ppl_ref:.4f} (KLD against {baseline})"
     )

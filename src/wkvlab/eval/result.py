@@ -63,6 +63,8 @@ class EvalResult:
     fingerprints: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=library_versions)
+    # how sure the KV preset is (label, what differs, source) and what the KLD is against (baseline)
+    fidelity: dict = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -110,5 +112,6 @@ class EvalResult:
             "seconds": self.seconds,
             "fingerprints": self.fingerprints,
             "notes": self.notes,
+            "fidelity": self.fidelity,
             "versions": self.versions,
         }

@@ -17,12 +17,14 @@ import numpy as np
 import torch
 
 from wkvlab.data.windows import WindowSet
+from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline
 from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, position_buckets
 from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.errors import ConfigError
 from wkvlab.kv.calibrate import KVStats, cached_kv_stats
 from wkvlab.kv.hook import kv_quantization, layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
+from wkvlab.kv.presets import fidelity_note, fidelity_of
 from wkvlab.kv.spec import KVSpec
 from wkvlab.runtime import keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_model_weights
@@ -78,11 +80,15 @@ def run_grid(
     fingerprints: dict[str, str] | None = None,
     progress: Progress | None = None,
     calibration: CalibrationSet | None = None,
+    baseline: Baseline = FLOAT_BASELINE,
+    notes: list[str] | None = None,
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination on the same windows; results in grid order.
 
     ``calibration`` feeds the weight configs that need it (GPTQ, AWQ, SmoothQuant, static
     activation scales); each is calibrated once here and shared by all its KV configs.
+    ``baseline`` (:mod:`wkvlab.eval.baseline`) is attached around the reference pass and every
+    candidate pass alike; ``notes`` are added to every result (the baseline's choice).
     """
     tick = progress or (lambda _desc, _n: None)
     keep_freed_memory()
@@ -114,11 +120,12 @@ def run_grid(
     lo, hi = windows.score_from, windows.ctx - 1
     for w in range(windows.n_windows):
         tokens = windows.tokens[w]
-        ref = ReferenceTokens.from_logits(forward_logits(model, tokens)[lo:hi], tokens[lo + 1 : hi + 1])
+        with baseline.attached(model):
+            ref = ReferenceTokens.from_logits(forward_logits(model, tokens)[lo:hi], tokens[lo + 1 : hi + 1])
         tick("reference", 1)
         for c, (wi, kv) in enumerate(cells):
             start = time.perf_counter()
-            with kv_quantization(built[wi].model, kv, stores=cell_stores[c]):
+            with baseline.attached(built[wi].model), kv_quantization(built[wi].model, kv, stores=cell_stores[c]):
                 logits = forward_logits(built[wi].model, tokens)[lo:hi]
             parts[c].append(compare_tokens(ref, logits))
             seconds[c] += time.perf_counter() - start
@@ -145,6 +152,7 @@ def run_grid(
             arrays=TokenArrays.concat(parts[c], positions),
             buckets=buckets,
             fingerprints=dict(fingerprints or {}),
-            notes=list(qw.notes),
+            notes=list(qw.notes) + list(notes or ()) + fidelity_note(kv),
+            fidelity={**fidelity_of(kv), "baseline": baseline.to_dict()},
         ))
     return results
