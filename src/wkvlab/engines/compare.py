@@ -48,13 +48,19 @@ class FidelityRow:
     sim_kld: dict
     engine_top1: float
     sim_top1: float
+    engine_windows: list = field(default_factory=list)  # mean KLD of each window: how much the ratio moves with the text
+    sim_windows: list = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
         return self.sim_kld["mean"] / self.engine_kld["mean"] if self.engine_kld["mean"] > 0 else float("nan")
 
+    @property
+    def window_ratios(self) -> list[float]:
+        return [s / e if e > 0 else float("nan") for s, e in zip(self.sim_windows, self.engine_windows)]
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio}
+        return {**asdict(self), "ratio": self.ratio, "window_ratios": self.window_ratios}
 
 
 @dataclass
@@ -154,7 +160,8 @@ def compare_engine(work: Workload, gguf: str, kv_types: list[str], *, rotation: 
 
     rows = [
         FidelityRow(kv=names[i], preset=specs[i].label, sim_spec=specs[i].canonical(), engine_kld=kld_summary(np.concatenate(eng_kld[i])),
-                    sim_kld=kld_summary(np.concatenate(sim_kld[i])), engine_top1=_top1(eng_top1[i]), sim_top1=_top1(sim_top1[i]))
+                    sim_kld=kld_summary(np.concatenate(sim_kld[i])), engine_top1=_top1(eng_top1[i]), sim_top1=_top1(sim_top1[i]),
+                    engine_windows=[float(w.mean()) for w in eng_kld[i]], sim_windows=[float(w.mean()) for w in sim_kld[i]])
         for i in range(len(kv_types))
     ]
     noise = {**kld_summary(np.concatenate(floor_kld)), "top1_agreement": _top1(floor_top1)}
