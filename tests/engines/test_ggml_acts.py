@@ -127,3 +127,44 @@ def test_packaged_default_gguf_is_q4_1_with_a_q8_0_tied_head():
     assert len(types) == 30 * 7 + 1
     assert types.pop("lm_head") == "Q8_0"
     assert set(types.values()) == {"Q4_1"}
+
+
+def test_gelu_follows_ggml_fp16_table():
+    from wkvlab.engines.ggml_acts import ggml_gelu_f16
+
+    # every fp16 input in (-10, 10): ggml_table_gelu_f16[i] = fp16(ggml_gelu_f32(fp16_to_fp32(i)))
+    h = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    h = h[torch.isfinite(h) & (h > -10) & (h < 10)]
+    import ctypes
+    import ctypes.util
+
+    tanhf = ctypes.CDLL(ctypes.util.find_library("m")).tanhf
+    tanhf.restype, tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
+    a, s = np.float32(0.044715), np.float32(0.79788456080286535587989211986876)
+    sample = h[:: 7].numpy().astype(np.float32)  # every 7th fp16 value, computed one by one as the C loop does
+    table = np.array([np.float32(0.5) * v * (np.float32(1) + np.float32(tanhf(float(s * v * (np.float32(1) + a * v * v)))))
+                      for v in sample], dtype=np.float32).astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(ggml_gelu_f16(h[::7]).numpy(), table)
+    # outside the table: 0 below -10, the input itself from 10 up (not rounded to fp16)
+    edge = torch.tensor([-11.0, 10.0, 12.3456789])
+    assert ggml_gelu_f16(edge).tolist() == [0.0, 10.0, edge[2].item()]
+    # inside: the input is rounded to fp16 first
+    assert ggml_gelu_f16(torch.tensor([1.00001])) == ggml_gelu_f16(torch.tensor([1.0]))
+
+
+def test_gelu_models_get_the_table_on_every_mlp_activation():
+    from tests.conftest import tiny_gemma3
+    from wkvlab.engines.ggml_acts import attach_output_replacements, ggml_output_plan
+
+    model = tiny_gemma3()
+    plan = ggml_output_plan(model)
+    assert sorted(plan) == [f"model.layers.{i}.mlp.act_fn" for i in range(3)] and set(plan.values()) == {"ggml-gelu-f16"}
+    assert ggml_output_plan(tiny_llama()) == {}  # SiLU: float32 in ggml too
+    ids = torch.randint(0, 128, (1, 12))
+    with torch.no_grad():
+        plain = model(ids).logits
+        handles = attach_output_replacements(model, plan)
+        table = model(ids).logits
+        for h in handles:
+            h.remove()
+        assert torch.equal(model(ids).logits, plain) and not torch.equal(table, plain)

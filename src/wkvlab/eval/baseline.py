@@ -37,12 +37,18 @@ class Baseline:
     label: str  # what the KLD is against, as tables and notes say it
     engine: str = ""
     activations: tuple[tuple[str, ActivationQuant], ...] = ()  # (module name, input rounding)
+    outputs: tuple[tuple[str, str], ...] = ()  # (module name, how the engine computes its output)
     description: str = ""  # e.g. "ggml-q8 on 210 linears, ggml-q8k on 27"
 
     @contextmanager
     def attached(self, model: torch.nn.Module) -> Iterator[None]:
-        """Within the block ``model``'s planned linears see their inputs rounded as the engine does."""
+        """Within the block ``model``'s planned linears see their inputs rounded as the engine does
+        (and planned activation functions compute as the engine does)."""
         handles = attach_activation_quantizers(model, dict(self.activations)) if self.activations else []
+        if self.outputs:
+            from wkvlab.engines.ggml_acts import attach_output_replacements
+
+            handles += attach_output_replacements(model, dict(self.outputs))
         try:
             yield
         finally:
@@ -59,10 +65,11 @@ FLOAT_BASELINE = Baseline("float", FLOAT_LABEL)
 def llamacpp_baseline(model: torch.nn.Module, gguf: str | Path) -> Baseline:
     """llama.cpp's CPU activation path for ``model`` (loaded from ``gguf``): the input rounding of
     every matmul as the GGUF's weight types imply (:mod:`wkvlab.engines.ggml_acts`)."""
-    from wkvlab.engines.ggml_acts import describe_plan, ggml_activation_plan
+    from wkvlab.engines.ggml_acts import describe_plan, ggml_activation_plan, ggml_output_plan
 
-    plan = ggml_activation_plan(model, gguf)
-    return Baseline("engine", LLAMACPP_LABEL, "llamacpp", tuple(sorted(plan.items())), describe_plan(plan))
+    plan, outputs = ggml_activation_plan(model, gguf), ggml_output_plan(model)
+    description = describe_plan(plan) + (f", ggml-gelu-f16 on {len(outputs)} activations" if outputs else "")
+    return Baseline("engine", LLAMACPP_LABEL, "llamacpp", tuple(sorted(plan.items())), tuple(sorted(outputs.items())), description)
 
 
 def _is_llamacpp(kv) -> bool:
