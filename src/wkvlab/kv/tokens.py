@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from wkvlab.kv.attention import Selection, flush_selection, past_only, sliding_selection
 
 
@@ -66,7 +64,3 @@ def side_policy(residual: int, window: int, pastonly: bool, token_group: int | N
         residual = token_group
     return TokenPolicy(residual=residual, window=window, pastonly=pastonly)
 
-
-def selection_mask(selection: Selection | None, query_pos: torch.Tensor, n_keys: int) -> torch.Tensor | None:
-    """``selection`` evaluated, or None when every key is quantized for every query."""
-    return None if selection is None else selection(query_pos, n_keys)
