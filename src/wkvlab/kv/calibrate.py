@@ -4,7 +4,7 @@ Collected post-RoPE from the model's own attention calls on calibration windows 
 of a corpus, never overlapping evaluation text — see :mod:`wkvlab.weights.calibration`):
 
 * ``k_absmax``/``v_absmax`` ``[layers, kv_heads, head_dim]``: per-channel maxima of |K| and |V|,
-  for calibrated FP8 scales (amax/448 per layer or per head as llm-compressor/ModelOpt store them,
+  for calibrated FP8 scales (amax/448 per layer or per head as llm-compressor stores them,
   or vLLM's runtime ``calculate_kv_scales``); ``q_absmax`` ``[layers, heads, head_dim]`` likewise
   for vLLM's FP8 query scale.
 * ``k_pair_absmax`` ``[layers, kv_heads, head_dim/2]``: the maximum norm of each RoPE channel pair

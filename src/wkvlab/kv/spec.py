@@ -21,7 +21,7 @@ model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precis
 times the layer's calibrated median — 8 for ``auto`` — stay at model precision, wherever they are),
 ``smooth[=α]`` (QServe's SmoothAttention, α = 0.5 by default; calibrated), ``scales=amax448``
 / ``scales=amax448-head`` (calibrated FP8 scales amax/448 per layer or per KV head, the checkpoint
-convention of llm-compressor and ModelOpt; ``tensor``/``head`` are older names for them) and
+convention of llm-compressor (compressed-tensors ``calculate_qparams``); ``tensor``/``head`` are older names for them) and
 ``scales=calculate`` (vLLM's ``--calculate-kv-scales``: amax/200 for K and Q, amax/100 for V on
 the first batch) instead of vLLM's default 1.0, ``prerope``
 (keys quantized before RoPE, RoPE re-applied after dequantization), ``outliers=<f>`` (a fraction

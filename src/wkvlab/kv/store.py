@@ -9,7 +9,7 @@ Order of operations, each optional, mirroring the engines:
    back by the caller). Scores and outputs are unchanged without quantization.
 3. Quantization of K and V by their formats — keys before RoPE when the spec says ``prerope``
    (RoPE re-applied after dequantization); calibrated FP8 formats use per-layer or per-head scales
-   instead of 1.0 (amax/448, the llm-compressor/ModelOpt checkpoint convention, or vLLM's runtime
+   instead of 1.0 (amax/448, the llm-compressor checkpoint convention — compressed-tensors ``calculate_qparams``, or vLLM's runtime
    ``calculate_kv_scales``: amax/200 for K, amax/100 for V); KVQuant's ``nuq`` formats use
    codebooks fitted on calibration samples.
 4. Sink tokens restored to full precision: the first N, and with ``sinks=auto`` any token whose
@@ -45,7 +45,8 @@ def _quantize_query(query: torch.Tensor, q_format: str, scale: torch.Tensor | fl
 
 def _fp8_scale(absmax: torch.Tensor, mode: str, side: str, fmax: float) -> torch.Tensor:
     """Calibrated scale: amax/448 per layer (``amax448``) or per KV head (``amax448-head``) — what
-    llm-compressor and ModelOpt store as k_scale/v_scale —, or vLLM's ``calculate`` rule."""
+    llm-compressor stores as k_scale/v_scale (vllm-project/compressed-tensors@dc235db7
+    ``calculate_qparams``: symmetric FP8, max|x| / 448) —, or vLLM's ``calculate`` rule."""
     amax = absmax.amax(dim=-1)[None, :, None, None] if mode == "amax448-head" else absmax.amax()
     divisor = VLLM_SCALE_CONSTANTS[side] if mode == "calculate" else fmax
     return torch.where(amax > 0, amax / divisor, torch.ones_like(amax))
