@@ -14,7 +14,8 @@ from typing import Iterable
 from wkvlab.data import Corpus, WindowSet, load_corpus, make_document_windows, make_windows, tokenize, tokenizer_wants_bos
 from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
 from wkvlab.errors import ConfigError
-from wkvlab.eval.reference import DEFAULT_TOPK
+from wkvlab.eval.baseline import choose_baseline
+from wkvlab.eval.constants import DEFAULT_TOPK
 from wkvlab.eval.result import EvalResult
 from wkvlab.eval.runner import Progress, RunOptions, check_kv_specs, grid_steps, run_grid
 from wkvlab.kv.spec import KVSpec
@@ -114,7 +115,11 @@ def total_steps(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], opt
 
 
 def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], progress: Progress | None = None,
-                      calibration: CalibrationSpec | None = None, options: RunOptions | None = None) -> list[EvalResult]:
+                      calibration: CalibrationSpec | None = None, options: RunOptions | None = None,
+                      baseline: str = "auto") -> list[EvalResult]:
+    """``baseline``: ``auto``, ``float`` or ``engine`` — what every pass runs with (see
+    :mod:`wkvlab.eval.baseline`; ``auto`` measures ``llamacpp:`` presets on a GGUF as llama.cpp does)."""
+    chosen, notes = choose_baseline(baseline, model=work.loaded.model, source=work.loaded.source, weights=weights, kv=kv)
     return run_grid(
         work.loaded.model,
         work.windows,
@@ -128,6 +133,8 @@ def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec
         options=options or RunOptions(),
         reload=work.loaded.reload,
         tokenizer=work.loaded.tokenizer,
+        baseline=chosen,
+        notes=notes,
     )
 
 
@@ -148,11 +155,12 @@ def evaluate(
     chunk: int | None = None,
     reference: str | Path | None = None,
     topk: int = DEFAULT_TOPK,
+    baseline: str = "auto",
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination against the unquantized reference.
 
     ``calibration`` (default: 16 × 512 tokens of prose) is used by GPTQ, AWQ, SmoothQuant and
-    static activation scales only. ``device``/``dtype``: where and in which precision the reference
+    static activation scales only. ``baseline``: see :func:`evaluate_workload`. ``device``/``dtype``: where and in which precision the reference
     runs (``auto``: bfloat16 on a GPU, float32 on the CPU). ``chunk``: queries per prefill chunk
     (default: from the vocabulary size). ``reference``: a stored-reference file (read if it exists
     and matches this model, text and windows; written otherwise) — KLD then becomes the top-``topk``
@@ -161,7 +169,7 @@ def evaluate(
     weight_specs, kv_specs = parse_weights(weights), parse_kv(kv)
     work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride, device=device, dtype=dtype)
     options = run_options(work, weight_specs, chunk=chunk, reference=reference, topk=topk)
-    return evaluate_workload(work, weight_specs, kv_specs, progress, calibration, options)
+    return evaluate_workload(work, weight_specs, kv_specs, progress, calibration, options, baseline)
 
 
 def check_reference_path(out: str | Path) -> Path:

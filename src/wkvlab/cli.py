@@ -62,7 +62,7 @@ NO_CONFIG = ("give --weights, --kv, or both, e.g. 'wkvlab eval --weights int4-g1
 
 @dataclass(frozen=True)
 class RunFlags:
-    """Where and how a grid runs (--device, --dtype, --chunk, --reference, --topk, --store); not what it measures."""
+    """Where and how a grid runs (--device, --dtype, --chunk, --reference, --topk, --store) and what its KLD is against (--baseline)."""
 
     device: str = "auto"
     dtype: str = "auto"
@@ -70,6 +70,7 @@ class RunFlags:
     reference: Optional[Path] = None
     topk: int = DEFAULT_TOPK
     store: Optional[Path] = None
+    baseline: str = "auto"
 
 
 def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: list[WeightSpec], kv_specs: list[KVSpec],
@@ -84,7 +85,7 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     api.check_kv_specs(work.loaded.model, kv_specs)
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk)
     with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title) as advance:
-        results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options)
+        results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options, run.baseline)
     if run.store is not None:  # first: a finished evaluation must not be lost to a display error
         written = api.store_results(results, run.store, work=work, weights=weight_specs, kv=kv_specs, calibration=calibration,
                                     score=score, chunk=run.chunk)
@@ -137,6 +138,7 @@ def eval_command(
     reference: Annotated[Optional[Path], typer.Option(help="stored reference file: read if it matches this model/text/windows, written otherwise; KLD: its top-k head exact + a sampled tail, and weight configs run one at a time (docs/scale.md)")] = None,
     topk: Annotated[int, typer.Option(help="top-k log-probs a new --reference file keeps per token")] = DEFAULT_TOPK,
     store: Annotated[Optional[Path], typer.Option(help="also write the results (per-token arrays included) into this results store, under the ids a sweep of the same configs gives them")] = None,
+    baseline: Annotated[str, typer.Option(help="what the KLD is against: 'float' reference, 'engine' (llama.cpp's own f16 cache with its q8 activations, for llamacpp: presets on a GGUF), or 'auto' (engine when every KV config is a llamacpp: preset on a GGUF with its own weights)")] = "auto",
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
     from wkvlab.data.corpora import check_data, is_selfgen
@@ -151,8 +153,10 @@ def eval_command(
     check_calibration(calib, calib_samples, calib_len)
     check_output_file(json_out, "--json")
     check_run_flags(chunk, reference, topk, store)
+    if baseline not in ("auto", "float", "engine"):
+        raise ConfigError(f"unknown --baseline {baseline!r}; use auto, float or engine")
     start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs))
-    run = RunFlags(device, dtype, chunk, reference, topk, store)
+    run = RunFlags(device, dtype, chunk, reference, topk, store, baseline)
     results = _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", CalibrationSpec(calib, calib_samples, calib_len), run)
     if json_out is not None:
         from wkvlab.eval.depth import depth_tables
@@ -212,7 +216,7 @@ def presets_command() -> None:
 
     from wkvlab import listing
     from wkvlab.kv import KV_FORMATS, KVSpec
-    from wkvlab.kv.presets import describe_preset, preset_names as kv_preset_names
+    from wkvlab.kv.presets import fidelity_of, preset_names as kv_preset_names
     from wkvlab.weights import PRESETS, WeightSpec
 
     listing.check_examples()
@@ -225,7 +229,7 @@ def presets_command() -> None:
         weights.add_row(name, spec.method, spec.format, str(spec.bits), str(spec.group_size or "-"), spec.activations, what)
     console.print(weights)
     console.print(_forms_table("weights: grammar", listing.WEIGHT_GRAMMAR))
-    console.print(_forms_table("weights: options after ';' (several allowed)", listing.WEIGHT_OPTIONS))
+    console.print(_forms_table("weights: options after '+' (several allowed)", listing.WEIGHT_OPTIONS))
     formats = Table(title="KV element formats (--kv)", title_justify="left")
     formats.add_column("name")
     formats.add_column("what", overflow="fold")
@@ -235,19 +239,19 @@ def presets_command() -> None:
     console.print(formats)
     console.print(_forms_table("KV: grammar", listing.KV_GRAMMAR))
     console.print(_forms_table("KV: options after '+' (several allowed)", listing.KV_OPTIONS))
-    kv = Table(title="KV presets (--kv): engines and papers", title_justify="left")
-    for column in ("name", "spec", "source"):
+    kv = Table(title="KV presets (--kv): engines and papers; fidelity: bit-exact > engine-checked > source-faithful > approximate",
+               title_justify="left")
+    for column in ("name", "spec", "fidelity", "source"):
         kv.add_column(column, overflow="fold")
     for name in kv_preset_names():
         example = listing.KV_PRESET_EXAMPLES.get(name)
-        spec_text = KVSpec.parse(example or name).canonical()
+        spec = KVSpec.parse(example or name)
+        info = fidelity_of(spec)
+        label = info["label"] + (f" ({info['differs']})" if info.get("differs") else "")
         if example:
-            kv.add_row(escape(name), f"e.g. {escape(example)} = {escape(spec_text)}", "any bit widths / pair of the types above")
+            kv.add_row(escape(name), f"e.g. {escape(example)} = {escape(spec.canonical())}", escape(label), "any bit widths / pair of the types above")
             continue
-        source = describe_preset(name.split("+")[0]).source
-        if "+scales=" in name:
-            source = "vLLM FP8 KV with calibrated k_scale/v_scale (calculate_kv_scales or checkpoint scales)"
-        kv.add_row(escape(name), escape(spec_text), escape(source))
+        kv.add_row(escape(name), escape(spec.canonical()), escape(label), escape(info["source"]))
     console.print(kv)
     console.print("Details: docs/weights.md, docs/kv.md. Weight sizes are MiB (2^20 bytes) everywhere; KV caches are bytes per token.")
 

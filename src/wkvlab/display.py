@@ -144,9 +144,10 @@ def describe_run(results: list[EvalResult]) -> str:
     run = first.run or {}
     where = f"{run.get('dtype', 'float32')} on {run.get('device', 'cpu')}"
     chunk = f", chunks of {run['chunk']}" if run.get("chunk") and run["chunk"] < first.ctx else ""
+    baseline = first.fidelity.get("baseline", {}).get("label") or f"the reference ({where}, unquantized weights and cache)"
     return (
         f"{first.model} on {first.data}: {first.tokens} scored tokens, ctx {first.ctx}{chunk}, "
-        f"reference PPL {first.ppl_ref:.4f} ({where}, unquantized weights and cache)"
+        f"reference PPL {first.ppl_ref:.4f}; KLD against {baseline}"
     )
 
 

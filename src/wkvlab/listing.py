@@ -66,12 +66,16 @@ KV_OPTIONS = (
     Form("+sinks=auto | +sinkratio=<t>", "int4+sinks=auto", "KVSink: outlier tokens kept at model precision (calibrated)"),
     Form("+residual=<R>", "int2+residual=128", "KIVI/HF QuantizedCache: R tokens at full precision until flushed"),
     Form("+window=<W>", "int4+window=128", "SKVQ: the W most recent tokens of every query at model precision"),
+    Form("+k_residual=<R> +k_window=<W> +v_residual=<R> +v_window=<W>", "int4+k_residual=128+v_window=129",
+         "the same for one side only (KIVI: keys flushed every 128, values in a sliding window of 129)"),
+    Form("+pastonly", "int4+pastonly", "WKVQuant: the token being decoded attends to its own K/V at model precision"),
     Form("+skip=<i,j,...|sliding_window>", "int4+skip=0,1,sliding_window", "layers kept at model precision"),
     Form("+<layers>=<K>[/<V>]", "int4+0-3,76-79=int8", "these decoder layers with their own formats (a per-layer map)"),
     Form("+q=<fp8_e4m3|q8_0>", "q8_0+q=q8_0", "queries quantized too, where K is"),
     Form("+prerope", "int4+prerope", "keys quantized before RoPE"),
     Form("+smooth[=a]", "int4+smooth", "QServe's SmoothAttention (calibrated)"),
-    Form("+scales=tensor|head", "fp8_e4m3+scales=tensor", "calibrated FP8 scales instead of 1.0"),
+    Form("+scales=amax448|amax448-head|calculate", "fp8_e4m3+scales=amax448",
+         "calibrated FP8 scales instead of 1.0: amax/448 per layer or per head (llm-compressor checkpoints), vLLM's --calculate-kv-scales rule"),
     Form("+outliers=<f>", "kvquant:3+outliers=0.02", "a fraction of values kept in fp16 (KVQuant's dense-and-sparse)"),
 )
 

@@ -53,21 +53,3 @@ def test_quantized_caches_cost_more_the_fewer_bits(default_model, window):
     full[:-1] = ref
     kld = {kv: compare_window(full, window[0], logits[kv]).metrics.kld.mean() for kv in ("q8_0", "q4_0")}
     assert 0 < kld["q8_0"] < kld["q4_0"]
-
-
-
-@pytest.mark.slow
-def test_fidelity_report_on_one_short_window(default_model):
-    from wkvlab.engines.run import engine_workload
-    from wkvlab.engines.compare import compare_engine
-
-    work = engine_workload(default_model, "default", ctx=CTX, tokens=CTX, score="all")
-    report = compare_engine(work, str(packaged_gguf("default")), ["q8_0", "q4_0"])
-    assert [r.kv for r in report.rows] == ["q8_0", "q4_0"]
-    assert (report.rows[0].preset, report.rows[0].sim_spec) == ("llamacpp:q8_0", "q8_0+rot+q=q8_0")
-    assert report.tokens == CTX - 1 and report.noise_floor["mean"] > 0
-    for row in report.rows:
-        assert row.engine_kld["mean"] > 0 and row.sim_kld["mean"] > 0 and np.isfinite(row.ratio)
-    assert report.rows[1].engine_kld["mean"] > report.rows[0].engine_kld["mean"]
-    out = report.to_dict()
-    assert out["rows"][1]["ratio"] == report.rows[1].ratio

@@ -113,7 +113,7 @@ def test_sliding_window_keeps_recent_tokens_exact():
 def test_residual_window_respects_sliding_masks():
     model = tiny_gemma3()
     ids = torch.randint(0, 128, (1, 32))
-    for text in ("int4+window=4", "kivi2"):
+    for text in ("int4+window=4", "int2-c4/int2-g32-asym+k_residual=8+v_window=9"):  # KIVI's rule, windows < 32 tokens
         with kv_quantization(model, KVSpec.parse(text)):
             assert torch.isfinite(_logits(model, ids)).all()
 
@@ -142,7 +142,7 @@ def test_per_channel_groups_never_leak_future_tokens():
 
 def test_kivi_preset_shape():
     spec = KVSpec.parse("kivi2")
-    assert (spec.k, spec.v, spec.residual) == ("int2-c32-asym", "int2-g32-asym", 128)
+    assert (spec.k, spec.v, spec.k_residual, spec.v_window, spec.residual, spec.window) == ("int2-c32-asym", "int2-g32-asym", 128, 129, 0, 0)
     with pytest.raises(Exception, match="multiple of the token group"):
         KVSpec.parse("int2-c32+residual=48")
 

@@ -34,7 +34,9 @@ def test_bad_options_and_presets(bad):
 def test_llamacpp_preset_rotates_and_converts_q():
     spec = KVSpec.parse("llamacpp:q4_0")
     assert (spec.k, spec.v, spec.rotate, spec.q, spec.label) == ("q4_0", "q4_0", -2, "q8_0", "llamacpp:q4_0")
-    assert spec.rotation_block(64) == 64 and spec.rotation_block(256) == 64 and spec.rotation_block(32) == 0
+    # llama.cpp: K in the largest power of two >= 64 dividing head_dim, V in 64, none below 64
+    assert spec.rotation_blocks(64) == (64, 64) and spec.rotation_blocks(128) == (128, 64)
+    assert spec.rotation_blocks(256) == (256, 64) and spec.rotation_blocks(192) == (64, 64) and spec.rotation_blocks(32) == (0, 0)
     norot = KVSpec.parse("llamacpp:q4_0+norot")
     assert norot.rotate == 0 and norot.label == "llamacpp:q4_0+norot"
     mixed = KVSpec.parse("llamacpp:q8_0/q4_0")
@@ -47,7 +49,7 @@ def test_every_listed_preset_parses():
     for name in preset_names():
         if "<" not in name:
             KVSpec.parse(name)
-    assert KVSpec.parse("exl3:k4v2").v == "int2-g32-sym"
+    assert KVSpec.parse("exl3:k4v2").v == "exl3_2"
     assert KVSpec.parse("vllm:int8_per_token_head").k == "int8_pth"
 
 

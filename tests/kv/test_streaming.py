@@ -26,11 +26,13 @@ def test_streaming_equals_teacher_forced_llama(text):
 
 
 @pytest.mark.parametrize("build", [tiny_qwen3, tiny_gemma3, tiny_mistral])
-@pytest.mark.parametrize("text", ["q4_0", "kivi2", "int4+window=5+sinks=2"])
+@pytest.mark.parametrize("text", ["q4_0", "int4+window=5+sinks=2", "llamacpp:q4_0"])
 def test_streaming_equals_teacher_forced_other_layouts(build, text):
+    # KIVI's rules (keys flushed, values sliding) stream in tests/kv/test_token_policies.py, at a
+    # scale where 40 tokens pass every window; the real kivi2 there over 300 tokens
     model = build()
-    ids = torch.randint(0, 128, (40,))  # longer than Gemma's sliding window of 8
-    spec = KVSpec.parse(text.replace("kivi2", "int2-c4/int2-g32+residual=8") if build in (tiny_qwen3, tiny_mistral) else text)
+    ids = torch.randint(0, 128, (40,))  # longer than Gemma's sliding window of 8 and the window of 5
+    spec = KVSpec.parse(text)
     torch.testing.assert_close(stream_logits(model, spec, ids), _teacher_forced(model, spec, ids), rtol=1e-4, atol=1e-4)
 
 

@@ -5,13 +5,14 @@ For each cache type, on the same token windows:
 * engine: llama.cpp's KLD with that cache against llama.cpp with its 16-bit (f16) cache — same
   weights, same kernels, only the cache differs;
 * simulation: the same model (the GGUF's weights, dequantized) with llama.cpp's input rounding on
-  every quantized matmul (:mod:`wkvlab.engines.ggml_acts`), the ``llamacpp:<type>`` preset's KLD
-  against the same simulation with the ``llamacpp:f16`` cache — both sides measured as the engine's;
+  every matmul (the engine baseline of :mod:`wkvlab.eval.baseline`, which ``wkvlab eval`` uses
+  for ``llamacpp:`` presets on a GGUF too), the ``llamacpp:<type>`` preset's KLD against the same
+  simulation with the ``llamacpp:f16`` cache — both sides measured as the engine's;
 * ratio = simulation / engine on mean KLD (1.0 = the simulation reproduces the engine).
 
 Why the activation rounding: llama.cpp quantizes each quantized linear's input to q8 blocks; a
 small cache error flips those roundings downstream, so the engine pays ~0.004 KLD even for a q8_0
-cache. A float-activation simulation lacks that amplification (measured ratio 0.07 for q8_0, 0.97
+cache. A float-activation simulation lacks that amplification (measured ratio 0.07 for q8_0, ~1
 with it; docs/engines.md).
 
 Flash attention is on for every engine run, the f16 baseline included, so the cache type is the
@@ -29,14 +30,13 @@ import torch
 
 from wkvlab.api import Workload
 from wkvlab.engines.bridge import compare_window
-from wkvlab.engines.ggml_acts import ggml_activation_plan
 from wkvlab.engines.llamacpp import LlamaCppEngine, parse_cache_types
+from wkvlab.eval.baseline import Baseline, llamacpp_baseline
 from wkvlab.eval.metrics import ReferenceTokens, compare_tokens, kld_summary
 from wkvlab.eval.result import library_versions
 from wkvlab.eval.runner import Progress, check_kv_specs, forward_logits
 from wkvlab.kv.hook import kv_quantization, layer_stores
 from wkvlab.kv.spec import KVSpec
-from wkvlab.weights.activations import attach_activation_quantizers
 
 
 @dataclass
@@ -48,13 +48,19 @@ class FidelityRow:
     sim_kld: dict
     engine_top1: float
     sim_top1: float
+    engine_windows: list = field(default_factory=list)  # mean KLD of each window: how much the ratio moves with the text
+    sim_windows: list = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
         return self.sim_kld["mean"] / self.engine_kld["mean"] if self.engine_kld["mean"] > 0 else float("nan")
 
+    @property
+    def window_ratios(self) -> list[float]:
+        return [s / e if e > 0 else float("nan") for s, e in zip(self.sim_windows, self.engine_windows)]
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio}
+        return {**asdict(self), "ratio": self.ratio, "window_ratios": self.window_ratios}
 
 
 @dataclass
@@ -93,10 +99,9 @@ def _top1(values: list[np.ndarray]) -> float:
     return float(np.concatenate(values).mean())
 
 
-def _simulate_window(model, tokens, positions, specs, base_spec, stores, act_plan, sim_kld, sim_top1, tick) -> None:
+def _simulate_window(model, tokens, positions, specs, base_spec, stores, baseline: Baseline, sim_kld, sim_top1, tick) -> None:
     """One window of the simulated side: each preset against the f16-cache run, llama.cpp activations on."""
-    handles = attach_activation_quantizers(model, act_plan)
-    try:
+    with baseline.attached(model):
         with kv_quantization(model, base_spec, stores=stores[0]):
             base_logits = forward_logits(model, tokens)
         ref = ReferenceTokens.from_logits(base_logits[positions], tokens[positions + 1])
@@ -107,9 +112,6 @@ def _simulate_window(model, tokens, positions, specs, base_spec, stores, act_pla
             sim_kld[i].append(metrics.kld)
             sim_top1[i].append(metrics.top1_agree)
             tick(f"simulated {spec.label}", 1)
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @torch.no_grad()
@@ -125,7 +127,7 @@ def compare_engine(work: Workload, gguf: str, kv_types: list[str], *, rotation: 
     # Simulation: llama.cpp's matmul-input rounding on the GGUF's quantized linears, f16 cache as baseline.
     base_spec = KVSpec.parse("llamacpp:f16")
     check_kv_specs(model, [base_spec, *specs])
-    act_plan = ggml_activation_plan(model, gguf)
+    baseline = llamacpp_baseline(model, gguf)
     stores = [layer_stores(model, spec) for spec in [base_spec, *specs]]
     sim_kld: list[list[np.ndarray]] = [[] for _ in specs]
     sim_top1: list[list[np.ndarray]] = [[] for _ in specs]
@@ -151,19 +153,20 @@ def compare_engine(work: Workload, gguf: str, kv_types: list[str], *, rotation: 
                 eng_kld[i].append(metrics.kld)
                 eng_top1[i].append(metrics.top1_agree)
                 tick(f"llama.cpp {names[i]}", 1)
-            _simulate_window(model, tokens, e0.positions, specs, base_spec, stores, act_plan, sim_kld, sim_top1, tick)
+            _simulate_window(model, tokens, e0.positions, specs, base_spec, stores, baseline, sim_kld, sim_top1, tick)
     finally:
         for engine in [base, *engines]:
             engine.close()
 
     rows = [
         FidelityRow(kv=names[i], preset=specs[i].label, sim_spec=specs[i].canonical(), engine_kld=kld_summary(np.concatenate(eng_kld[i])),
-                    sim_kld=kld_summary(np.concatenate(sim_kld[i])), engine_top1=_top1(eng_top1[i]), sim_top1=_top1(sim_top1[i]))
+                    sim_kld=kld_summary(np.concatenate(sim_kld[i])), engine_top1=_top1(eng_top1[i]), sim_top1=_top1(sim_top1[i]),
+                    engine_windows=[float(w.mean()) for w in eng_kld[i]], sim_windows=[float(w.mean()) for w in sim_kld[i]])
         for i in range(len(kv_types))
     ]
     noise = {**kld_summary(np.concatenate(floor_kld)), "top1_agreement": _top1(floor_top1)}
     return FidelityReport(
         model=work.loaded.name, gguf=str(gguf), data=work.corpus.name, ctx=ctx, tokens=int(sum(len(k) for k in floor_kld)),
-        rotation=rotation, sim_activations=f"ggml-q8 inputs on {len(act_plan)} linears (the GGUF's quantized weights)", noise_floor=noise, rows=rows, seconds=time.perf_counter() - started,
+        rotation=rotation, sim_activations=baseline.description, noise_floor=noise, rows=rows, seconds=time.perf_counter() - started,
         engine={"name": "llamacpp", "version": base.info.version, "flash_attn": True, "threads": threads},
     )

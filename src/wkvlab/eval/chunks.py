@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
+from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline
 from wkvlab.kv.chunked import ChunkedKVCache, token_group_multiple
 from wkvlab.kv.hook import kv_quantization
 from wkvlab.kv.spec import KVSpec
@@ -45,10 +46,15 @@ def chunk_bounds(ctx: int, chunk: int) -> list[tuple[int, int]]:
 
 
 class WindowPass:
-    """One model and KV spec on one window at a time; call :meth:`reset` before each window."""
+    """One model and KV spec on one window at a time; call :meth:`reset` before each window.
 
-    def __init__(self, model: torch.nn.Module, spec: KVSpec | None = None, stores: list[LayerStore] | None = None) -> None:
-        self.model, self.spec, self.stores = model, spec, stores
+    ``baseline`` (:mod:`wkvlab.eval.baseline`) is attached around every chunk: the engine's own
+    activation path (llama.cpp's q8 matmul inputs) when the KLD is against the engine's 16-bit cache.
+    """
+
+    def __init__(self, model: torch.nn.Module, spec: KVSpec | None = None, stores: list[LayerStore] | None = None,
+                 baseline: Baseline = FLOAT_BASELINE) -> None:
+        self.model, self.spec, self.stores, self.baseline = model, spec, stores, baseline
         if spec is not None and stores is None:
             raise ValueError("a KV spec needs its layer stores (wkvlab.kv.hook.layer_stores)")
         self.cache = None
@@ -65,7 +71,8 @@ class WindowPass:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[len(tokens), vocab]`` of the next chunk of the window (1-D ``tokens``)."""
         ids = tokens[None].to(input_device(self.model))
-        if self.spec is None:
-            return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
-        with kv_quantization(self.model, self.spec, storage="chunked", stores=self.stores, cache=self.cache):
-            return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
+        with self.baseline.attached(self.model):  # the engine's activation path, on every pass alike
+            if self.spec is None:
+                return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
+            with kv_quantization(self.model, self.spec, storage="chunked", stores=self.stores, cache=self.cache):
+                return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]

@@ -104,8 +104,8 @@ class StoredReference:
 
     def check_matches(self, expected: dict) -> None:
         """Refuse a reference made for another model, text or windows (one line naming what differs)."""
-        for key in ("model_sha256", "data_sha256", "windows_sha256", "ctx"):
-            if key in expected and self.meta.get(key) != expected[key]:
+        for key in ("model_sha256", "data_sha256", "windows_sha256", "ctx", "baseline"):
+            if key in expected and self.meta.get(key, expected[key] if key == "baseline" else None) != expected[key]:
                 raise ConfigError(f"the stored reference was made for another {key.replace('_sha256', '')} "
                                   f"({self.meta.get(key)!s:.16} vs {expected[key]!s:.16}); make a new one with wkvlab reference save, or drop --reference")
 

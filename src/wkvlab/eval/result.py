@@ -68,6 +68,8 @@ class EvalResult:
     run: dict = field(default_factory=dict)
     threads: int | None = None  # torch intra-op threads the candidate passes ran with (wkvlab.threads)
     model_shape: dict | None = None  # layers, kv_heads, head_dim: what kv_bytes_per_token was computed from
+    # how sure the KV preset is (label, what differs, source) and what the KLD is against (baseline)
+    fidelity: dict = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -115,6 +117,7 @@ class EvalResult:
             "seconds": self.seconds,
             "fingerprints": self.fingerprints,
             "notes": self.notes,
+            "fidelity": self.fidelity,
             "versions": self.versions,
             "run": self.run,
             "threads": self.threads,

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from wkvlab.data.windows import WindowSet
+from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline
 from wkvlab.errors import ConfigError
 from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds
 from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, concat_metrics, position_buckets
@@ -35,6 +36,7 @@ from wkvlab.kv.calibrate import KVStats, cached_kv_stats
 from wkvlab.kv.chunked import check_chunk
 from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
+from wkvlab.kv.presets import fidelity_note, fidelity_of
 from wkvlab.kv.spec import KVSpec
 from wkvlab.runtime import input_device, keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_with_progress
@@ -114,8 +116,9 @@ class _Grid:
     """What one run needs at every step: windows, chunking, progress, the configs' layer stores."""
 
     def __init__(self, model, windows: WindowSet, kv_specs: list[KVSpec], options: RunOptions, calibration, fingerprints, progress,
-                 tokenizer=None):
+                 tokenizer=None, baseline: Baseline = FLOAT_BASELINE, notes: list[str] | None = None):
         self.model, self.windows, self.kv_specs, self.tokenizer = model, windows, kv_specs, tokenizer
+        self.baseline, self.notes = baseline, list(notes or ())
         self.chunk = options.chunk_for(model, windows.ctx, kv_specs)
         self.bounds = chunk_bounds(windows.ctx, self.chunk)
         self.calibration, self.fingerprints = calibration, dict(fingerprints or {})
@@ -140,7 +143,8 @@ class _Grid:
         return stats
 
     def passes(self, built: QuantizedWeights, stats: KVStats | None) -> list[WindowPass]:
-        return [WindowPass(built.model, kv, layer_stores(built.model, kv, stats if kv.needs_calibration else None)) for kv in self.kv_specs]
+        return [WindowPass(built.model, kv, layer_stores(built.model, kv, stats if kv.needs_calibration else None), self.baseline)
+                for kv in self.kv_specs]
 
     def targets(self, tokens: torch.Tensor, start: int, end: int) -> tuple[slice, torch.Tensor]:
         rows = _scored_rows(start, end, self.lo, self.hi)
@@ -165,7 +169,8 @@ def _result(grid: _Grid, built: QuantizedWeights, kv: KVSpec, parts: list[TokenM
         arrays=TokenArrays.concat(parts, np.arange(grid.lo, grid.hi)),
         buckets=position_buckets(grid.windows.ctx),
         fingerprints=grid.fingerprints,
-        notes=list(built.notes),
+        notes=list(built.notes) + grid.notes + fidelity_note(kv),
+        fidelity={**fidelity_of(kv), "baseline": grid.baseline.to_dict()},
         run=dict(run),
         threads=torch.get_num_threads(),
         model_shape={"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim},
@@ -177,7 +182,7 @@ def _run_in_memory(grid: _Grid, weight_specs: list[WeightSpec], model_name: str,
     stats = [grid.kv_stats(b, model_name) for b in built]
     cells = [(wi, ki) for wi in range(len(built)) for ki in range(len(grid.kv_specs))]
     passes = [p for wi, b in enumerate(built) for p in grid.passes(b, stats[wi])]
-    reference = WindowPass(grid.model)
+    reference = WindowPass(grid.model, baseline=grid.baseline)
     parts: list[list[TokenMetrics]] = [[] for _ in cells]
     seconds = [0.0] * len(cells)
     for w in range(grid.windows.n_windows):
@@ -203,11 +208,11 @@ def _run_in_memory(grid: _Grid, weight_specs: list[WeightSpec], model_name: str,
 
 
 def record_reference(model: torch.nn.Module, windows: WindowSet, *, chunk: int, k: int = DEFAULT_TOPK, meta: dict | None = None,
-                     progress: Progress | None = None) -> StoredReference:
+                     progress: Progress | None = None, baseline: Baseline = FLOAT_BASELINE) -> StoredReference:
     """Run the reference over every window chunk by chunk and keep what :func:`compare_stored` needs."""
     tick = progress or (lambda _desc, _n: None)
     recorder = ReferenceRecorder(k)
-    reference = WindowPass(model)
+    reference = WindowPass(model, baseline=baseline)
     lo, hi = windows.score_from, windows.ctx - 1
     for w in range(windows.n_windows):
         tokens = windows.tokens[w]
@@ -217,7 +222,7 @@ def record_reference(model: torch.nn.Module, windows: WindowSet, *, chunk: int, 
             logits = reference.step(tokens[start:end])[rows]
             recorder.add(logits, tokens[start + rows.start + 1 : start + rows.stop + 1], seed=w * windows.ctx + start)
             tick("reference", 1)
-    info = dict(meta or {}, windows_sha256=windows_fingerprint(windows.tokens, windows.score_from), ctx=windows.ctx,
+    info = dict(meta or {}, baseline=baseline.label, windows_sha256=windows_fingerprint(windows.tokens, windows.score_from), ctx=windows.ctx,
                 n_windows=windows.n_windows, score_from=windows.score_from, dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
     return recorder.finish(info)
 
@@ -225,14 +230,15 @@ def record_reference(model: torch.nn.Module, windows: WindowSet, *, chunk: int, 
 def _stored_reference(grid: _Grid, path: Path, k: int, model_name: str, data_name: str) -> tuple[StoredReference, bool]:
     """The stored reference at ``path``: read back and checked, or computed and written there."""
     expected = {**{key: grid.fingerprints[key] for key in ("model_sha256", "data_sha256") if key in grid.fingerprints},
-                "windows_sha256": windows_fingerprint(grid.windows.tokens, grid.windows.score_from), "ctx": grid.windows.ctx}
+                "windows_sha256": windows_fingerprint(grid.windows.tokens, grid.windows.score_from), "ctx": grid.windows.ctx,
+                "baseline": grid.baseline.label}
     if path.exists():
         stored = StoredReference.load(path)
         stored.check_matches(expected)
         return stored, False
     if not path.parent.exists():
         raise ConfigError(f"folder {path.parent} does not exist; create it or choose another --reference path")
-    stored = record_reference(grid.model, grid.windows, chunk=grid.chunk, k=k, progress=grid.tick,
+    stored = record_reference(grid.model, grid.windows, chunk=grid.chunk, k=k, progress=grid.tick, baseline=grid.baseline,
                               meta={**grid.fingerprints, "model": model_name, "data": data_name})
     stored.save(path)
     return stored, True
@@ -313,6 +319,8 @@ def run_grid(
     options: RunOptions = RunOptions(),
     reload: Callable[[], torch.nn.Module] | None = None,
     tokenizer=None,
+    baseline: Baseline = FLOAT_BASELINE,
+    notes: list[str] | None = None,
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination on the same windows; results in grid order.
 
@@ -320,12 +328,14 @@ def run_grid(
     activation scales) and calibrated KV configs; each is calibrated once per weight config.
     ``reload`` (a fresh copy of the reference model) is used with ``options.in_place``;
     ``tokenizer`` (the reference's) is checked against a ``checkpoint:`` candidate's.
+    ``baseline`` (:mod:`wkvlab.eval.baseline`) is attached around the reference pass and every
+    candidate pass alike; ``notes`` are added to every result (the baseline's choice).
     """
     if options.in_place and (options.reference is None or reload is None):
         raise ConfigError("building weight configs in place needs a stored reference (--reference FILE) and a model that can be reloaded")
     keep_freed_memory()
     check_kv_specs(model, kv_specs)
-    grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress, tokenizer)
+    grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress, tokenizer, baseline, notes)
     param = next(model.parameters())
     run = {"chunk": grid.chunk, "device": str(param.device), "dtype": str(param.dtype).replace("torch.", ""),
            "reference": {"kind": "memory"}}

@@ -22,7 +22,7 @@ _EXPORTS = {
     **names("affine", "ZeroPoint", "affine_dequantize", "affine_qparams", "affine_quantize", "bytes_per_element_affine", "fake_quant_affine"),
     **names("fp4", "E2M1_MAX", "fake_quant_fp4", "nvfp4_global_scale", "round_e2m1"),
     **names("fp8", "FP8Format", "fake_quant_fp8", "fp8_absmax_scale", "fp8_dtype", "fp8_max"),
-    **names("ggml", "fake_quant_ggml", "ggml_dequantize", "ggml_quantize"),
+    **names("ggml", "fake_quant_ggml", "fake_quant_q8_K", "ggml_dequantize", "ggml_quantize"),
     **names("rounding", "Rounding", "round_with"),
     # byte counts and block shapes: torch-free (the planner and the parsers need them)
     **names("sizes", "FP4_BLOCK", "FP4Format", "GGML_TYPES", "fp4_bytes", "ggml_block_shape", "ggml_bytes_per_element"),
@@ -54,5 +54,6 @@ __all__ = [
     "ggml_quantize",
     "ggml_dequantize",
     "fake_quant_ggml",
+    "fake_quant_q8_K",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

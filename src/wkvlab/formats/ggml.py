@@ -18,6 +18,8 @@ tested byte-for-byte against it. Details that matter for bit-identity:
   a 32-bit ``qh`` whose bit j is bit 4 of code j, then 16 bytes ``qs[j] = q[j] | q[j+16] << 4``
   (q8_0: 32 int8 codes).
 * iq4_nl: a 16-entry non-uniform codebook with a fp16 scale found by search; see ``_iq4nl``.
+* q8_K (matmul inputs of K-quant weights only, never stored in a file): blocks of 256 with a
+  float32 scale, see :func:`fake_quant_q8_K`.
 
 Divisions use device tensors as divisors (see ``_checks.const_like``): on CUDA a Python-number
 divisor is turned into a multiplication by its reciprocal, which is not bit-identical.
@@ -44,7 +46,11 @@ __all__ = [
     "ggml_quantize",
     "ggml_dequantize",
     "fake_quant_ggml",
+    "fake_quant_q8_K",
+    "QK_K",
 ]
+
+QK_K = 256  # values per q8_K block (ggml-common.h)
 
 
 def _check_ntry(ntry: object) -> int:
@@ -193,3 +199,27 @@ def fake_quant_ggml(x: Tensor, type_name: str, *, ntry: int = 7) -> Tensor:
     _check_ntry(ntry)
     b = _to_blocks(x)
     return _decode(*_encode(b, t, ntry), t).reshape(x.shape)
+
+
+def fake_quant_q8_K(x: Tensor) -> Tensor:
+    """Float32 values of ``x`` rounded to llama.cpp's q8_K blocks (the vec_dot_type of K-quants).
+
+    Follows ``quantize_row_q8_K_ref`` in ``ggml/src/ggml-quants.c`` (llama-cpp-python 0.3.36 vendors
+    ggml-org/llama.cpp@0c1e57098; the x86 ``quantize_row_q8_K`` calls the reference, and the AVX2
+    repacked path ``ggml_quantize_mat_q8_K_4x8`` gives the same values): per block of 256, ``max``
+    is the element of largest magnitude (the first on ties), ``iscale = -127 / max`` in float32,
+    codes ``nearest_int(iscale * x)`` — round half to EVEN, ggml's magic-number trick — capped at
+    127, the scale stored as the float32 ``d = 1 / iscale``; values are ``d * q``. An all-zero
+    block stays zero. Unlike q8_0 there is no fp16 rounding of the scale.
+    """
+    check_float_tensor(x)
+    if x.shape[-1] % QK_K != 0:
+        raise ConfigError(f"q8_K blocks hold {QK_K} values; the last dimension {x.shape[-1]} is not a multiple of {QK_K}")
+    b = x.float().reshape(-1, QK_K)
+    imax = b.abs().argmax(dim=-1, keepdim=True)  # torch returns the first index on ties, like the C loop's strict '>'
+    peak = b.gather(-1, imax)
+    zero = peak == 0
+    iscale = const_like(b, -127.0) / torch.where(zero, torch.ones_like(peak), peak)
+    q = torch.round(iscale * b).clamp_(-128, 127)
+    d = torch.where(zero, torch.zeros_like(iscale), const_like(b, 1.0) / iscale)
+    return (d * q).reshape(x.shape)

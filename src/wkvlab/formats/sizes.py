@@ -43,3 +43,17 @@ def fp4_bytes(rows: int, columns: int, fmt: FP4Format) -> int:
     block = FP4_BLOCK[fmt]
     blocks = rows * -(-columns // block)
     return -(-rows * columns // 2) + blocks + (8 if fmt == "nvfp4" else 0)
+
+
+# ExLlamaV3's cache (exllamav3_ext/cache/q_cache_kernels.cuh): groups of 32 values, fp16 scale each
+EXL3_GROUP = 32
+
+
+def exl3_bytes_per_vector(head_dim: int, bits: int) -> float:
+    """``bits`` bits per value plus an fp16 scale per 32 values."""
+    return head_dim * bits / 8 + 2.0 * head_dim / EXL3_GROUP
+
+
+def vllm_int4_bytes_per_vector(head_dim: int) -> float:
+    """vLLM int4_per_token_head: packed nibbles plus one fp32 holding the scale and the zero point."""
+    return head_dim / 2 + 4.0

@@ -9,6 +9,10 @@ key) selection picks one:
     scores[t, j] = q_t · (K_q[j] if quantized[t, j] else K[j]) * scaling (+ mask)
     out[t]       = Σ_j softmax(scores)[t, j] · (V_q[j] if quantized[t, j] else V[j])
 
+Keys and values may follow different rules (KIVI flushes keys in blocks and keeps a sliding
+window of values), so ``selection`` is either one function for both sides or a
+:class:`KVSelection` with one per side (None: that side is always seen quantized).
+
 Queries are processed in chunks so the [heads, chunk, keys] score blocks stay small at 8k context.
 This is an eager implementation (float32 softmax like transformers' eager path), so it is close
 to, not bit-identical with, sdpa; the fast path (no query-dependent selection) keeps the model's
@@ -16,11 +20,20 @@ own backend.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 Selection = Callable[[torch.Tensor, int], torch.Tensor]  # (query positions [Tc], n_keys) -> bool [Tc, S]
+
+
+@dataclass(frozen=True)
+class KVSelection:
+    """Per-side selections; ``None`` on a side means every key (value) is seen quantized."""
+
+    k: Selection | None = None
+    v: Selection | None = None
 
 
 def sliding_selection(window: int) -> Selection:
@@ -49,6 +62,23 @@ def flush_selection(residual: int) -> Selection:
     return select
 
 
+def past_only(selection: Selection | None) -> Selection:
+    """WKVQuant's past-only rule on top of ``selection``: a query never sees its own token quantized."""
+
+    def select(query_pos: torch.Tensor, n_keys: int) -> torch.Tensor:
+        key_pos = torch.arange(n_keys, device=query_pos.device)
+        past = key_pos[None, :] < query_pos[:, None]
+        return past if selection is None else past & selection(query_pos, n_keys)
+
+    return select
+
+
+def _side_mask(selection: Selection | None, query_pos: torch.Tensor, n_keys: int) -> torch.Tensor:
+    if selection is None:
+        return torch.ones(len(query_pos), n_keys, dtype=torch.bool, device=query_pos.device)
+    return selection(query_pos, n_keys)
+
+
 def _expand(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
@@ -74,7 +104,7 @@ def mixed_attention(
     attention_mask: torch.Tensor | None,
     *,
     scaling: float,
-    selection: Selection,
+    selection: Selection | KVSelection,
     query_offset: int = 0,
     key_offset: int = 0,
     softcap: float | None = None,
@@ -85,6 +115,7 @@ def mixed_attention(
     ``query_offset`` and ``key_offset`` are the absolute positions of the first query and the first
     key passed (chunked evaluation attends a chunk of queries to the keys a cache still holds).
     """
+    sides = selection if isinstance(selection, KVSelection) else KVSelection(selection, selection)
     n_rep = query.shape[1] // key.shape[1]
     k, kq, v, vq = (_expand(t.float(), n_rep) for t in (key, key_q, value, value_q))
     n_queries, n_keys = query.shape[2], key.shape[2]
@@ -93,12 +124,13 @@ def mixed_attention(
         rows = slice(start, min(start + chunk, n_queries))
         q = query[:, :, rows].float()
         query_pos = torch.arange(rows.start, rows.stop, device=query.device) + query_offset
-        use_q = selection(query_pos, key_offset + n_keys)[None, None, :, key_offset:]  # [1, 1, Tc, S]
-        scores = torch.where(use_q, q @ kq.transpose(-1, -2), q @ k.transpose(-1, -2)) * scaling
+        use_kq = _side_mask(sides.k, query_pos, key_offset + n_keys)[None, None, :, key_offset:]  # [1, 1, Tc, S]
+        use_vq = use_kq if sides.v is sides.k else _side_mask(sides.v, query_pos, key_offset + n_keys)[None, None, :, key_offset:]
+        scores = torch.where(use_kq, q @ kq.transpose(-1, -2), q @ k.transpose(-1, -2)) * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         scores = scores + _mask_chunk(attention_mask, rows, query_pos, n_keys, scores.dtype, key_offset)
         probs = torch.softmax(scores, dim=-1)
-        out = (probs * use_q) @ vq + (probs * ~use_q) @ v
+        out = (probs * use_vq) @ vq + (probs * ~use_vq) @ v
         outputs.append(out)
     return torch.cat(outputs, dim=2).transpose(1, 2).to(query.dtype)

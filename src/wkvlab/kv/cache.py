@@ -5,10 +5,14 @@ version of the key the query sees. This cache reaches the same state the way an 
 layer keeps its tokens, and quantizes a token once the spec's rule says it is stored quantized —
 
 * plain formats: on write, the new token included (llama.cpp, vLLM);
-* ``residual=R`` (KIVI, HF QuantizedCache): when R full-precision tokens have piled up they are
-  quantized together (per-channel formats quantize whole groups of tokens);
-* ``window=W`` (SKVQ): a token is quantized when it is W tokens old;
+* ``residual=R`` (KIVI keys, HF QuantizedCache): when R full-precision tokens have piled up they
+  are quantized together (per-channel formats quantize whole groups of tokens);
+* ``window=W`` (SKVQ, KIVI values): a token is quantized when it is W tokens old;
+* ``pastonly`` (WKVQuant): a token is quantized once the step that wrote it is over;
 * sinks (the first N, or tokens detected by their activation peak) are never quantized.
+
+Keys and values follow their own rule (:mod:`wkvlab.kv.tokens`), so each side keeps its own
+quantized prefix.
 
 Storage holds dequantized values in the rotated space (when the spec rotates), which is what the
 attention reads; the query side (rotation, query quantization, un-rotating V's output) stays in
@@ -38,19 +42,8 @@ class QuantizeOnWriteLayer(DynamicLayer):
         self.cos = self.sin = None  # rotary angles of every token so far, for pre-RoPE storage
         self.keep = None  # [batch, tokens] kept at model precision (first N, detected sinks)
         self.raw_keys = self.raw_values = None
-        self.n_quantized = 0
+        self.n_quantized = {"k": 0, "v": 0}
         self.quant_keys = self.quant_values = None
-
-    def _target(self, position: int, n_new: int) -> int:
-        """How many leading tokens are stored quantized when the query at ``position`` attends."""
-        spec = self.spec
-        if spec.window:
-            return max(0, position - spec.window + 1)
-        groups = [f.token_group for f in (self.store.k_fmt, self.store.v_fmt) if f.token_group]
-        flush = spec.residual or max(groups, default=0)
-        if flush:
-            return (position // flush) * flush
-        return position + n_new  # quantized on write, the new tokens included
 
     @staticmethod
     def _quantize(x: torch.Tensor, quantize) -> torch.Tensor:
@@ -75,20 +68,23 @@ class QuantizeOnWriteLayer(DynamicLayer):
             self.keep = keep if self.keep is None else torch.cat([self.keep, keep], dim=-1)
         self.raw_keys = torch.cat([self.raw_keys, key_states], dim=-2)
         self.raw_values = torch.cat([self.raw_values, value_states], dim=-2)
-        target = self._target(position, key_states.shape[-2])
-        if target > self.n_quantized:
-            # Newly quantized tokens start where the previous flush ended, so per-channel groups stay aligned.
-            lo = self.n_quantized
+        n_new = key_states.shape[-2]
+        # Newly quantized tokens start where the previous flush ended, so per-channel groups stay aligned.
+        k_target, v_target = store.k_policy.quantized_prefix(position, n_new), store.v_policy.quantized_prefix(position, n_new)
+        if k_target > self.n_quantized["k"]:
+            lo = self.n_quantized["k"]
             if store.prerope:  # sinks are restored below, for the whole sequence at once
-                new_k = store.quantize_prerope(self.raw_keys[..., lo:target, :], (self.cos[:, lo:target], self.sin[:, lo:target]))
+                new_k = store.quantize_prerope(self.raw_keys[..., lo:k_target, :], (self.cos[:, lo:k_target], self.sin[:, lo:k_target]))
             else:
-                new_k = self._quantize(self.raw_keys[..., lo:target, :], store.k_quant)
-            new_v = self._quantize(self.raw_values[..., lo:target, :], store.v_quant)
+                new_k = self._quantize(self.raw_keys[..., lo:k_target, :], store.k_quant)
             self.quant_keys = torch.cat([self.quant_keys, new_k], dim=-2)
+            self.n_quantized["k"] = k_target
+        if v_target > self.n_quantized["v"]:
+            new_v = self._quantize(self.raw_values[..., self.n_quantized["v"] : v_target, :], store.v_quant)
             self.quant_values = torch.cat([self.quant_values, new_v], dim=-2)
-            self.n_quantized = target
-        keys = torch.cat([self.quant_keys, self.raw_keys[..., self.n_quantized :, :]], dim=-2)
-        values = torch.cat([self.quant_values, self.raw_values[..., self.n_quantized :, :]], dim=-2)
+            self.n_quantized["v"] = v_target
+        keys = torch.cat([self.quant_keys, self.raw_keys[..., self.n_quantized["k"] :, :]], dim=-2)
+        values = torch.cat([self.quant_values, self.raw_values[..., self.n_quantized["v"] :, :]], dim=-2)
         keys, values = store.restore(self.raw_keys, keys, self.keep), store.restore(self.raw_values, values, self.keep)
         self.keys, self.values = keys, values
         return keys, values

@@ -4,7 +4,9 @@ Collected post-RoPE from the model's own attention calls on calibration windows 
 of a corpus, never overlapping evaluation text — see :mod:`wkvlab.weights.calibration`):
 
 * ``k_absmax``/``v_absmax`` ``[layers, kv_heads, head_dim]``: per-channel maxima of |K| and |V|,
-  for calibrated FP8 scales (vLLM's ``calculate_kv_scales``: one scale per layer, or per head).
+  for calibrated FP8 scales (amax/448 per layer or per head as llm-compressor stores them,
+  or vLLM's runtime ``calculate_kv_scales``); ``q_absmax`` ``[layers, heads, head_dim]`` likewise
+  for vLLM's FP8 query scale.
 * ``k_pair_absmax`` ``[layers, kv_heads, head_dim/2]``: the maximum norm of each RoPE channel pair
   (i, i + head_dim/2). RoPE rotates within these pairs, so this maximum is the same before and after
   RoPE; SmoothAttention (QServe) needs a λ shared by both channels of a pair so that it can be
@@ -26,7 +28,7 @@ from wkvlab.errors import ConfigError
 from wkvlab.kv.override import attention_inputs, attention_override, undo_rope
 from wkvlab.runtime import input_device
 
-_NAMES = ("k_absmax", "v_absmax", "k_pair_absmax", "k_pre_samples", "v_samples", "hidden_peak_median")
+_NAMES = ("k_absmax", "v_absmax", "k_pair_absmax", "k_pre_samples", "v_samples", "hidden_peak_median", "q_absmax")
 SAMPLE_TOKENS = 1024  # calibration tokens kept per layer for codebook fitting (evenly spaced)
 
 
@@ -38,6 +40,7 @@ class KVStats:
     k_pre_samples: torch.Tensor  # [layers, kv_heads, SAMPLE_TOKENS, head_dim], keys before RoPE
     v_samples: torch.Tensor  # [layers, kv_heads, SAMPLE_TOKENS, head_dim]
     hidden_peak_median: torch.Tensor  # [layers]: median over tokens of max |residual stream| at the layer input
+    q_absmax: torch.Tensor  # [layers, heads, head_dim]: per-channel maxima of |Q| (post-RoPE, as attention sees it)
     source: dict = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
@@ -77,7 +80,7 @@ def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict 
         def record(backend, module, query, key, value, attention_mask, **kwargs):
             layer = module.layer_idx
             k, v = key.float().abs(), value.float().abs()
-            stats = [k.amax(dim=(0, 2)), v.amax(dim=(0, 2)), _pair_norm(key.float()).amax(dim=(0, 2))]
+            stats = [k.amax(dim=(0, 2)), v.amax(dim=(0, 2)), _pair_norm(key.float()).amax(dim=(0, 2)), query.float().abs().amax(dim=(0, 2))]
             old = seen.get(layer)
             seen[layer] = stats if old is None else [torch.maximum(a, b) for a, b in zip(old, stats)]
             cos, sin = inputs[layer]["position_embeddings"]
@@ -91,12 +94,12 @@ def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict 
                 model(input_ids=row[None].to(input_device(model)), use_cache=False)
     if len(seen) != n_layers:
         raise ConfigError(f"calibration saw {len(seen)} of {n_layers} attention layers; this architecture is not supported for KV calibration")
-    stacked = [torch.stack([seen[i][j] for i in range(n_layers)]) for j in range(3)]
+    stacked = [torch.stack([seen[i][j] for i in range(n_layers)]) for j in range(4)]
     k_pre = torch.stack([torch.cat([k for k, _ in samples[i]], dim=1) for i in range(n_layers)])
     v_all = torch.stack([torch.cat([v for _, v in samples[i]], dim=1) for i in range(n_layers)])
     peak = torch.stack([torch.cat(peaks[i]).median() for i in range(n_layers)])
     info = dict(source or {}, tokens=int(tokens.numel()))
-    return KVStats(*stacked, k_pre_samples=k_pre, v_samples=v_all, hidden_peak_median=peak, source=info)
+    return KVStats(*stacked[:3], k_pre_samples=k_pre, v_samples=v_all, hidden_peak_median=peak, q_absmax=stacked[3], source=info)
 
 
 def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, source: dict | None = None) -> KVStats:
@@ -109,7 +112,7 @@ def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, sour
 
     from wkvlab.models.loading import cache_dir
 
-    versioned = f"kv-stats-v3|{key}"  # bump when KVStats gains fields: old files are then never read
+    versioned = f"kv-stats-v4|{key}"  # bump when KVStats gains fields: old files are then never read
     path = cache_dir() / "kv-stats" / (hashlib.sha256(versioned.encode()).hexdigest()[:24] + ".safetensors")
     if path.is_file():
         return KVStats.load(path)

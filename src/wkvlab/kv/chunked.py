@@ -129,11 +129,10 @@ class ChunkedKVCache(Cache):
     def __init__(self, model: torch.nn.Module, spec: KVSpec, stores: list[LayerStore]) -> None:
         inputs: dict = {}  # replaced by the recording dict when kv_quantization binds the cache
         template = DynamicCache(config=model.config)  # transformers' own choice of full vs sliding layers
-        selects = spec.selection() is not None
         layers = []
         for index, (kind, store) in enumerate(zip(template.layers, stores)):
-            # the full-precision copy is needed only where a query may see a key unquantized
-            keep_raw = selects and (store.k_quant is not None or store.v_quant is not None)
+            # the full-precision copy is needed only where a query may see a key (or value) unquantized
+            keep_raw = store.selection is not None
             if isinstance(kind, DynamicSlidingWindowLayer):
                 layers.append(ChunkedSlidingLayer(store, index, inputs, keep_raw, kind.sliding_window))
             else:

@@ -16,7 +16,8 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ min) each | exllamav3-style grouping |
 | q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` |
 | int8_pth, fp8_pth | D bytes + fp32 scale per token and head (absmax/127, absmax/448) | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` |
-| int4_pth    | D/2 bytes + fp32 scale, asymmetric per token and head | vLLM ``int4_per_token_head`` (see docs: layout partly inferred) |
+| int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
+| exl3_<b>    | b bits per value + fp16 scale per 32: H32-rotated groups on a midpoint grid | ExLlamaV3 cache (:mod:`wkvlab.formats.exl3`) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
 | fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up | SGLang ``--kv-cache-dtype fp4_e2m1`` |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from wkvlab.errors import ConfigError
-from wkvlab.formats.sizes import GGML_TYPES, ggml_block_shape
+from wkvlab.formats.sizes import EXL3_GROUP, GGML_TYPES, exl3_bytes_per_vector, ggml_block_shape, vllm_int4_bytes_per_vector
 
 if TYPE_CHECKING:
     import torch
@@ -166,6 +167,18 @@ def _ggml(type_name: str) -> KVFormat:
     )
 
 
+def _exl3_kernel():
+    import wkvlab.formats.exl3 as exl3
+
+    return exl3
+
+
+def _vllm_int4(x: "torch.Tensor") -> "torch.Tensor":
+    from wkvlab.formats.vllm_int4 import fake_quant_vllm_int4
+
+    return fake_quant_vllm_int4(x)
+
+
 KV_FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
@@ -177,7 +190,8 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),
         KVFormat("int8_pth", "vLLM int8_per_token_head: symmetric, fp32 scale", _affine(8, True), lambda d: d + 4.0),
         KVFormat("fp8_pth", "vLLM fp8_per_token_head: E4M3 with absmax/448 fp32 scale", _fp8_per_token_head, lambda d: d + 4.0),
-        KVFormat("int4_pth", "vLLM int4_per_token_head: asymmetric, fp32 scale", _affine(4, False), lambda d: d / 2 + 4.0),
+        KVFormat("int4_pth", "vLLM int4_per_token_head: randomized Hadamard, asymmetric INT4, fp32 scale + zero point", _vllm_int4,
+                 vllm_int4_bytes_per_vector),
         *(_ggml(t) for t in GGML_TYPES),
         KVFormat("fp4_e2m1", "SGLang FP4: E2M1, UE8M0 scale per 16", _sglang_fp4, lambda d: d / 2 + d / 16, 16),
     )
@@ -186,11 +200,19 @@ KV_FORMATS: dict[str, KVFormat] = {
 _ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "bf16": "fp16", "bfloat16": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}
 
 
+def _exl3_format(bits: int) -> KVFormat:
+    return KVFormat(f"exl3_{bits}", f"ExLlamaV3 {bits}-bit: H32-rotated groups of 32, midpoint grid, fp16 scale",
+                    lambda x: _exl3_kernel().fake_quant_exl3(x, bits), lambda d: exl3_bytes_per_vector(d, bits), EXL3_GROUP)
+
+
 def get_kv_format(name: str) -> KVFormat:
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key in KV_FORMATS:
         return KV_FORMATS[key]
+    match = re.fullmatch(r"exl3_([2-8])", key)
+    if match:
+        return _exl3_format(int(match.group(1)))
     match = re.fullmatch(r"nuq([2-4])(-c)?", key)
     if match:
         return _nuq_format(int(match.group(1)), bool(match.group(2)))
@@ -207,4 +229,4 @@ def get_kv_format(name: str) -> KVFormat:
             raise ConfigError(f"group size must be positive in KV format {name!r}")
         symmetric = match.group(3) == "sym" if match.group(3) else bits == 8
         return _affine_format(bits, group, symmetric)
-    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym] or int<b>-c<G> (per channel over G tokens)")
+    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens) or exl3_<b> (ExLlamaV3, b = 2..8)")

@@ -2,9 +2,10 @@
 
 Each attention call goes through :func:`wkvlab.kv.override.attention_override`; per layer, a
 :class:`wkvlab.kv.store.LayerStore` turns Q/K/V into what the spec stores and then the model's own
-backend (sdpa or eager) runs unchanged. A residual or sliding window, or per-channel groups of
-tokens, make the key a query sees depend on the query; such layers go through
-:func:`wkvlab.kv.attention.mixed_attention` instead.
+backend (sdpa or eager) runs unchanged. A residual or sliding window, past-only quantization or
+per-channel groups of tokens make the key (or value) a query sees depend on the query; such layers
+go through :func:`wkvlab.kv.attention.mixed_attention` instead, with one selection per side
+(:attr:`wkvlab.kv.store.LayerStore.selection`).
 
 With an identity spec the wrapper only forwards to the backend, so logits are bit-identical to the
 untouched model (tested: this is the proof that the hook itself adds no error).
@@ -60,7 +61,6 @@ def kv_quantization(
     if (storage == "chunked") != (cache is not None):
         raise ValueError("storage='chunked' needs the ChunkedKVCache (cache=), and only it takes one")
     stores = stores if stores is not None else layer_stores(model, spec, stats)
-    selection = spec.selection()
     with attention_inputs(model) as inputs:
         for layer in cache.layers if cache is not None else ():
             layer.inputs = inputs
@@ -78,14 +78,15 @@ def kv_quantization(
                     raw_k, raw_v = layer.last_raw
                     out = mixed_attention(
                         query, raw_k, key, raw_v, value, attention_mask,
-                        scaling=kwargs.get("scaling") or module.scaling, selection=selection, softcap=kwargs.get("softcap"),
+                        scaling=kwargs.get("scaling") or module.scaling, selection=store.selection, softcap=kwargs.get("softcap"),
                         query_offset=layer.query_offset, key_offset=layer.key_offset,
                     )
                     weights = None
             else:
                 seen = inputs.get(module.layer_idx, {})
                 query, key, key_q, value, value_q = store.apply(query, key, value, seen.get("position_embeddings"), seen.get("residual"))
-                if selection is None or (store.k_quant is None and store.v_quant is None):
+                selection = store.selection
+                if selection is None:
                     out, weights = backend(module, query, key_q, value_q, attention_mask, **kwargs)
                 else:
                     out = mixed_attention(

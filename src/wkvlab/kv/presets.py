@@ -1,8 +1,8 @@
 """Named KV configurations that reproduce how an engine or paper stores its cache.
 
-Each preset is a :class:`KVSpec` plus its source. Presets that need calibration, token-axis
-groups or outlier handling (KIVI, KVQuant, QServe, HF quanto with its residual window of 128) are
-added as the simulation grows; ``wkvlab eval --kv <preset>`` refuses names it does not know.
+Each preset is a :class:`KVSpec`, its source (repository, file and commit where it was read) and a
+fidelity label saying how sure the simulation is; ``wkvlab eval --kv <preset>`` refuses names it
+does not know, and ``wkvlab presets`` lists them with their labels.
 """
 from __future__ import annotations
 
@@ -22,29 +22,92 @@ VLLM_DTYPES = {
 }
 
 
+FIDELITY = ("bit-exact", "engine-checked", "source-faithful", "approximate")
+# llama.cpp cache types whose preset's KLD was measured within ±15% of llama.cpp's own (engine
+# baseline, SmolLM2-135M, ctx 1024; docs/engines.md) — tests/engines/test_fidelity_ratios.py checks it.
+ENGINE_CHECKED_LLAMACPP = ("q8_0", "q4_0", "q4_1", "q5_0", "q8_0/q4_0")
+LLAMACPP_SOURCE = "llama.cpp -ctk/-ctv, ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
+
+
 @dataclass(frozen=True)
 class Preset:
+    """A named configuration, where it comes from and how sure the simulation is.
+
+    ``fidelity``: ``bit-exact`` (tested against the engine's own quantizer), ``engine-checked``
+    (KLD measured against the real engine), ``source-faithful`` (read from the engine's or paper's
+    source at a cited commit, not run), ``approximate`` (``differs`` says what differs).
+    """
+
     spec: KVSpec
     source: str
+    fidelity: str = "approximate"
+    differs: str = ""
+
+    def describe(self) -> str:
+        """The fidelity label with its qualification, for notes and tables."""
+        return f"{self.fidelity}: {self.differs}" if self.differs else self.fidelity
 
 
 def _llamacpp(k: str, v: str) -> Preset:
-    """llama.cpp ``-ctk k -ctv v`` as of 2026.
+    """llama.cpp ``-ctk k -ctv v`` (see :data:`LLAMACPP_SOURCE`).
 
     * The cache stores blocks of 32 along head_dim (ggml types, bit-exact with ``gguf.quants``).
-    * PR #21038 rotates Q/K/V by a Hadamard transform before quantized caches (blocks of 64 along
-      head_dim, only when head_dim is a multiple of 64; ``LLAMA_ATTN_ROT_DISABLE=1`` turns it off:
-      append ``+norot``). K is rotated when
-      K is quantized, V (with the inverse on the output) when V is.
+    * PR #21038 rotates Q/K by a Hadamard transform when K is quantized and V (with the inverse on
+      the output) when V is, only when head_dim is a multiple of 64: K's block is the largest power
+      of two ≥ 64 dividing head_dim, V's is 64 (:meth:`KVSpec.rotation_blocks`);
+      ``LLAMA_ATTN_ROT_DISABLE=1`` turns it off: append ``+norot``.
     * A quantized V needs flash attention; ggml's CPU flash attention converts Q to K's dot
-      type — q8_0 for every quantized K here — before the Q·K products.
+      type — q8_0 (or q8_1, the same values) for every quantized K here — before the Q·K products.
     """
     quantized_k = k != "f16"
-    spec = KVSpec(
-        k=k, v=v, rotate=-2 if (quantized_k or v != "f16") else 0, q="q8_0" if quantized_k else "none",
-        name=f"llamacpp:{k}" if k == v else f"llamacpp:{k}/{v}",
-    )
-    return Preset(spec, "llama.cpp -ctk/-ctv with PR #21038 rotation and CPU flash-attention Q conversion")
+    name = f"llamacpp:{k}" if k == v else f"llamacpp:{k}/{v}"
+    spec = KVSpec(k=k, v=v, rotate=-2 if (quantized_k or v != "f16") else 0, q="q8_0" if quantized_k else "none", name=name)
+    pair = k if k == v else f"{k}/{v}"
+    if pair in ENGINE_CHECKED_LLAMACPP:
+        return Preset(spec, LLAMACPP_SOURCE, "engine-checked", "KLD within ±15% of llama.cpp's own on SmolLM2-135M with --baseline engine (docs/engines.md)")
+    return Preset(spec, LLAMACPP_SOURCE, "source-faithful")
+
+
+def _vllm(rest: str) -> Preset:
+    fmt = VLLM_DTYPES[rest]
+    spec = KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}")
+    if fmt == "int4_pth":
+        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@a7f284a2 vllm/v1/attention/ops/int4_per_token_head.py", "source-faithful")
+    if fmt.endswith("_pth"):
+        rounding = ("int8 codes here round half to even, the kernel's store truncates toward zero" if fmt == "int8_pth"
+                    else "the FP8 cast's rounding was not read")
+        return Preset(spec, f"vLLM --kv-cache-dtype {rest} (Triton backend), fp32 scale per token and head", "approximate",
+                      f"scale max(absmax/{'127' if fmt == 'int8_pth' else '448'}, 1e-6) per token and head as an unpinned copy of vLLM's "
+                      f"_reshape_cache_per_token_head computes it; {rounding}")
+    return Preset(spec, f"vLLM --kv-cache-dtype {rest}: scale 1.0 unless set (vllm-project/vllm@5d4420da vllm/attention/layer.py)",
+                  "approximate", "FP8 rounding to nearest even with saturation; vLLM's cast kernels were not read, only the scale rule")
+
+
+def _vllm_fa3(rest: str) -> Preset:
+    fmt = VLLM_DTYPES[rest]
+    spec = KVSpec(k=fmt, v=fmt, q="fp8_e4m3", name=f"vllm-fa3:{rest}")
+    return Preset(spec, "vLLM FP8 KV with Q in FP8 (FlashAttention-3, Triton: supports_quant_query_input), static q_scale "
+                  "(vllm-project/vllm@5d4420da vllm/attention/layer.py)", "approximate",
+                  "FP8 casts as for vllm:fp8 (cast kernels not read)")
+
+
+def _kivi(bits: str) -> Preset:
+    # KIVI (jy-yuan/KIVI @876b4d2d, models/llama_kivi.py + quant/new_pack.py): keys per channel in
+    # groups of G tokens, flushed when the full-precision part reaches R; values per token in groups
+    # of G along head_dim, the R most recent kept at full precision before the new one is appended
+    # (a window of R + 1 as a query sees it); both asymmetric, scale (max-min)/(2^b-1), float minimum.
+    # G = 32, R = 128 as in the paper's main configuration (the repo takes both as arguments).
+    spec = KVSpec(k=f"int{bits}-c32", v=f"int{bits}-g32-asym", k_residual=128, v_window=129, name=f"kivi{bits}")
+    return Preset(spec, "KIVI: jy-yuan/KIVI@876b4d2d models/llama_kivi.py, quant/new_pack.py", "source-faithful")
+
+
+def _exl3(rest: str) -> Preset | None:
+    match = re.fullmatch(r"k([2-8])v([2-8])", rest)
+    if not match:
+        return None
+    kb, vb = match.groups()
+    spec = KVSpec(k=f"exl3_{kb}", v=f"exl3_{vb}", name=f"exl3:{rest}")
+    return Preset(spec, "ExLlamaV3 cache: turboderp-org/exllamav3@4f8ad012 exllamav3_ext/cache/q_cache_kernels.cuh", "source-faithful")
 
 
 def lookup_preset(text: str) -> KVSpec | None:
@@ -56,12 +119,7 @@ def lookup_preset(text: str) -> KVSpec | None:
 def describe_preset(text: str) -> Preset | None:
     key = text.strip().lower()
     if key in ("kivi2", "kivi4"):
-        bits = key[-1]
-        # KIVI (Liu et al. 2024, github.com/jy-yuan/KIVI): keys per channel in groups of 32 tokens,
-        # values per token (groups of 32 along head_dim), both asymmetric with a float minimum;
-        # the newest tokens stay full precision until 128 of them have accumulated.
-        spec = KVSpec(k=f"int{bits}-c32", v=f"int{bits}-g32-asym", residual=128, name=key)
-        return Preset(spec, "KIVI: per-channel K (32-token groups), per-token V, residual 128 (flushed)")
+        return _kivi(key[-1])
     shorthand = re.fullmatch(r"k(16|8|4|2)v(16|8|4|2)|kv(16|8|4|2)", key)
     if shorthand:
         # KVTuner's bit-pair names (Li et al., ICML 2025: KV8, K8V4, KV4, K4V2, KV2) as wkvlab's own
@@ -75,7 +133,8 @@ def describe_preset(text: str) -> Preset | None:
         if match:
             bits, sparse = int(match.group(1)), bool(match.group(2))
             spec = KVSpec(k=f"nuq{bits}-c", v=f"nuq{bits}", prerope=True, sinks=1, outliers=0.01 if sparse else 0.0, name=f"kvquant:{rest}")
-            return Preset(spec, "KVQuant: pre-RoPE per-channel keys, per-token values, non-uniform codebooks, first token fp16, optional 1% outliers")
+            return Preset(spec, "KVQuant: pre-RoPE per-channel keys, per-token values, non-uniform codebooks, first token fp16, optional 1% outliers",
+                          "approximate", "codebooks by unweighted k-means (KVQuant weights by Fisher information, which needs gradients)")
     if not sep:
         return None
     if engine == "llamacpp":
@@ -84,12 +143,13 @@ def describe_preset(text: str) -> Preset | None:
         if k in LLAMACPP_TYPES and v in LLAMACPP_TYPES:
             return _llamacpp(k, v)
     elif engine == "vllm" and rest in VLLM_DTYPES:
-        fmt = VLLM_DTYPES[rest]
-        source = "vLLM --kv-cache-dtype " + rest + (" (per-tensor scale 1.0: vLLM's default without calibrated scales)" if "pth" not in fmt else " (Triton backend, fp32 scale per token and head)")
-        return Preset(KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}"), source)
+        return _vllm(rest)
+    elif engine == "vllm-fa3" and rest in ("fp8", "fp8_e4m3"):
+        return _vllm_fa3(rest)
     elif engine == "sglang" and rest in ("fp4_e2m1", "fp8_e4m3", "fp8_e5m2"):
         spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
-        return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales; FP4 per KVFP4QuantizeUtil)")
+        return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales; FP4 per KVFP4QuantizeUtil)",
+                      "approximate", "taken from an earlier reading of SGLang's KVFP4QuantizeUtil and FP8 path, not re-read at a pinned commit")
     elif engine == "hf-quanto" and rest in ("int2", "int4"):
         # transformers' QuantizedCache with the quanto backend: nbits, q_group_size 64 (consecutive
         # values of a token, i.e. along head_dim), affine with a float offset, residual_length 128
@@ -97,17 +157,17 @@ def describe_preset(text: str) -> Preset | None:
         # groups inside one token that reproduces the same codes, so it is not simulated separately.
         bits = rest[-1]
         spec = KVSpec(k=f"int{bits}-g64-asym", v=f"int{bits}-g64-asym", residual=128, name=f"hf-quanto:{rest}")
-        return Preset(spec, "transformers QuantizedCache(backend='quanto'): groups of 64 per token, residual 128")
+        return Preset(spec, "transformers QuantizedCache(backend='quanto'): groups of 64 per token, residual 128", "approximate",
+                      "quanto's own rounding and its re-quantization of old tokens at each flush are not simulated")
     elif engine == "qserve" and rest == "kv4":
         # QServe/QoQ (Lin et al. 2024): SmoothAttention with α = 0.5, then per-head asymmetric 4-bit.
         spec = KVSpec(k="int4", v="int4", smooth=0.5, name="qserve:kv4")
-        return Preset(spec, "QServe KV4: SmoothAttention (λ = max|K|^0.5, RoPE pairs shared) + per-head asymmetric INT4")
+        return Preset(spec, "QServe KV4: SmoothAttention (λ = max|K|^0.5, RoPE pairs shared) + per-head asymmetric INT4", "approximate",
+                      "from the QServe paper; its kernels (scale/zero layout, rounding) were not read")
     elif engine == "exl3":
-        match = re.fullmatch(r"k([2-8])v([2-8])", rest)
-        if match:
-            kb, vb = match.groups()
-            spec = KVSpec(k=f"int{kb}-g32-sym", v=f"int{vb}-g32-sym", rotate=-1, name=f"exl3:{rest}")
-            return Preset(spec, "exllamav3 cache: K and V bits separately, groups of 32 along head_dim, Hadamard rotation, fp16 absmax scale")
+        preset = _exl3(rest)
+        if preset is not None:
+            return preset
     from wkvlab.errors import ConfigError
 
     raise ConfigError(f"unknown KV preset {text!r}; known: {', '.join(preset_names())}")
@@ -118,7 +178,37 @@ def preset_names() -> list[str]:
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
         + ["llamacpp:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
-        + ["vllm:fp8_e4m3+scales=tensor", "vllm:fp8_e4m3+scales=head", "sglang:fp4_e2m1", "sglang:fp8_e4m3",
+        + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
+           "sglang:fp4_e2m1", "sglang:fp8_e4m3",
            "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
            "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]
     )
+
+
+def fidelity_of(spec: KVSpec) -> dict:
+    """How sure a result computed with ``spec`` is about the engine or paper it is named after.
+
+    ``{"label": ..., "differs": ..., "source": ...}`` for presets (options appended to a preset
+    are noted: the label covers the preset as listed); plain formats name no engine.
+    """
+    base, *options = re.split(r"[+;]", spec.name) if spec.name else [""]
+    try:
+        preset = describe_preset(base) if base else None
+    except Exception:  # a renamed spec file entry: not a preset
+        preset = None
+    if preset is None:
+        return {"label": "no preset", "differs": "plain formats and options: named after no engine or paper", "source": ""}
+    differs = preset.differs
+    # +norot is llama.cpp's LLAMA_ATTN_ROT_DISABLE and scales= the documented FP8 scale rules: both covered
+    extra = [o for o in options if o.strip().lower() != "norot" and not o.strip().lower().startswith("scales=")]
+    if extra:
+        differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
+    return {"label": preset.fidelity, "differs": differs, "source": preset.source}
+
+
+def fidelity_note(spec: KVSpec) -> list[str]:
+    """The one-line note a result table prints for a preset (none for plain formats)."""
+    info = fidelity_of(spec)
+    if info["label"] == "no preset":
+        return []
+    return [f"{spec.label}: {info['label']}" + (f" ({info['differs']})" if info["differs"] else "")]

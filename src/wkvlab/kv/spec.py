@@ -10,17 +10,24 @@ Options follow ``+`` (``;`` is read as an alias). ``<layers>=<K>[/<V>]`` gives l
 own formats: ``int4+0-3,76-79=int8`` keeps layers 0-3 and 76-79 at int8 — the string form of
 :attr:`KVSpec.layers`, which :meth:`KVSpec.canonical` writes, so every spec reads back from its text.
 
-Options: ``rot`` / ``rot=<block>`` / ``rot=full`` (Hadamard rotation of Q/K/V along head_dim: in
-blocks of 64 when head_dim is a multiple of 64 and not at all otherwise — llama.cpp's rule —, in
-blocks of ``<block>``, or over the whole head_dim; see :attr:`KVSpec.rotate`), ``norot``, ``sinks=<N>`` (first N
+Options: ``rot`` / ``rot=<block>`` / ``rot=full`` (Hadamard rotation of Q/K/V along head_dim:
+llama.cpp's rule — K in blocks of the largest power of two ≥ 64 dividing head_dim, V in blocks of
+64, none when head_dim is not a multiple of 64 —, in blocks of ``<block>``, or over the whole
+head_dim; see :meth:`KVSpec.rotation_blocks`), ``norot``, ``sinks=<N>`` (first N
 positions kept at model precision), ``residual=<R>`` (KIVI/HF QuantizedCache: full-precision
 tokens accumulate and are quantized all at once when R have piled up), ``window=<W>`` (SKVQ: the W
-most recent tokens of every query kept at model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
+most recent tokens of every query kept at model precision), ``k_residual=``, ``k_window=``,
+``v_residual=``, ``v_window=`` (the same for one side only: KIVI flushes keys and slides values;
+see :mod:`wkvlab.kv.tokens`), ``pastonly`` (WKVQuant: the current token attends to its own K/V at
+model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
 ``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is),
 ``sinks=auto`` / ``sinkratio=<τ>`` (KVSink: tokens whose residual-stream activation peak exceeds τ
 times the layer's calibrated median — 8 for ``auto`` — stay at model precision, wherever they are),
-``smooth[=α]`` (QServe's SmoothAttention, α = 0.5 by default; calibrated), ``scales=tensor|head``
-(calibrated FP8 scales per layer or per KV head instead of vLLM's default 1.0), ``prerope``
+``smooth[=α]`` (QServe's SmoothAttention, α = 0.5 by default; calibrated), ``scales=amax448``
+/ ``scales=amax448-head`` (calibrated FP8 scales amax/448 per layer or per KV head, the checkpoint
+convention of llm-compressor (compressed-tensors ``calculate_qparams``); ``tensor``/``head`` are older names for them) and
+``scales=calculate`` (vLLM's ``--calculate-kv-scales``: amax/200 for K and Q, amax/100 for V on
+the first batch) instead of vLLM's default 1.0, ``prerope``
 (keys quantized before RoPE, RoPE re-applied after dequantization), ``outliers=<f>`` (a fraction
 of values kept in fp16, KVQuant's dense-and-sparse).
 """
@@ -34,9 +41,12 @@ from pathlib import Path
 from wkvlab.errors import ConfigError
 from wkvlab.specio import reject_unknown_fields
 from wkvlab.kv.formats import KVFormat, get_kv_format
+from wkvlab.kv.tokens import TokenPolicy, side_policy
 
 Q_FORMATS = ("none", "fp8_e4m3", "q8_0")
-SCALES = ("static", "tensor", "head")  # FP8 KV scales: 1.0, calibrated per layer, per layer and KV head
+# FP8 KV scales: 1.0; amax/448 per layer or per layer and KV head (checkpoint convention); vLLM's runtime rule
+SCALES = ("static", "amax448", "amax448-head", "calculate")
+_SCALE_ALIASES = {"tensor": "amax448", "head": "amax448-head", "calc": "calculate"}
 SLIDING = "sliding_window"
 # KVSink-style detection: a token whose residual-stream peak exceeds this many times the calibrated
 # median peak of its layer is a sink. Measured on the packaged models (docs/kv.md): sinks stand at
@@ -55,8 +65,10 @@ class KVSpec:
     ``rotate``: 0 = no rotation; B > 0 = orthonormal Hadamard in blocks of B along head_dim applied
     to Q and K (when K is quantized) and to V with its inverse on the output (when V is quantized);
     scores and outputs are unchanged without quantization. ``-1`` = one block of head_dim;
-    ``-2`` = llama.cpp's rule, blocks of 64 when head_dim is a multiple of 64, otherwise none.
+    ``-2`` = llama.cpp's rule (:meth:`rotation_blocks`).
     ``layers``: per-layer overrides as ``((layer, k, v), ...)`` — a tuple so the spec stays hashable.
+    ``residual``/``window`` apply to keys and values; ``k_*``/``v_*`` to one side. They are stored
+    normalized: equal sides as the shared fields, different sides as the ``k_*``/``v_*`` fields.
     """
 
     k: str = "fp16"
@@ -73,6 +85,11 @@ class KVSpec:
     prerope: bool = False
     outliers: float = 0.0
     sink_ratio: float = 0.0
+    k_residual: int = 0
+    k_window: int = 0
+    v_residual: int = 0
+    v_window: int = 0
+    pastonly: bool = False
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -85,19 +102,21 @@ class KVSpec:
         object.__setattr__(self, "skip", skip)
         layers = tuple(sorted((int(i), _format_name(k), _format_name(v)) for i, k, v in self.layers))
         object.__setattr__(self, "layers", layers)
-        for value, what in ((self.sinks, "sinks"), (self.residual, "residual"), (self.window, "window")):
-            if not isinstance(value, int) or value < 0:
+        for what in ("sinks", "residual", "window", "k_residual", "k_window", "v_residual", "v_window"):
+            value = getattr(self, what)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{what} must be a non-negative integer, got {value!r}")
         if not isinstance(self.rotate, int) or self.rotate < -2 or (self.rotate > 0 and self.rotate & (self.rotate - 1)):
             raise ConfigError(f"rotate must be 0 (off), -1 (whole head_dim), -2 (llama.cpp rule) or a power-of-two block, got {self.rotate!r}")
-        if self.residual and self.window:
-            raise ConfigError("use either residual= (flushed in blocks, KIVI) or window= (sliding, SKVQ), not both")
-        groups = {f.token_group for f in self.all_formats() if f.token_group}
-        if groups and self.window:
-            raise ConfigError("per-channel formats (-c<G>) quantize closed groups of tokens; combine them with residual=, not window=")
-        for group in groups:
-            if self.residual % group:
-                raise ConfigError(f"residual {self.residual} must be a multiple of the token group {group} (KIVI flushes whole groups)")
+        self._normalize_token_policies()
+        object.__setattr__(self, "pastonly", bool(self.pastonly))
+        for side, names in (("k", {self.k} | {k for _, k, _ in self.layers}), ("v", {self.v} | {v for *_, v in self.layers})):
+            residual, window = self._side(side)
+            for group in {get_kv_format(n).token_group for n in names} - {None}:
+                if window:
+                    raise ConfigError("per-channel formats (-c<G>) quantize closed groups of tokens; combine them with residual=, not window=")
+                if residual % group:
+                    raise ConfigError(f"residual {residual} must be a multiple of the token group {group} (KIVI flushes whole groups)")
         if not isinstance(self.smooth, (int, float)) or not 0 <= self.smooth <= 1:
             raise ConfigError(f"smooth (SmoothAttention's α) must lie in [0, 1], got {self.smooth!r}")
         object.__setattr__(self, "smooth", float(self.smooth))
@@ -114,10 +133,37 @@ class KVSpec:
         if any(get_kv_format(k).calibrated for _, k, _ in self.layers) or get_kv_format(self.k).calibrated:
             if not self.prerope:
                 raise ConfigError("nuq keys are calibrated before RoPE (KVQuant); add +prerope")
+        object.__setattr__(self, "scales", _SCALE_ALIASES.get(self.scales, self.scales))
         if self.scales not in SCALES:
             raise ConfigError(f"unknown FP8 scale mode {self.scales!r}; use one of {', '.join(SCALES)}")
         if self.q not in Q_FORMATS:
             raise ConfigError(f"unknown query format {self.q!r}; use one of {', '.join(Q_FORMATS)}")
+
+    def _normalize_token_policies(self) -> None:
+        if self.residual and self.window:
+            raise ConfigError("use either residual= (flushed in blocks, KIVI) or window= (sliding, SKVQ), not both")
+        sides = {}
+        for side in ("k", "v"):
+            residual, window = getattr(self, f"{side}_residual"), getattr(self, f"{side}_window")
+            if residual and window:
+                raise ConfigError(f"use either {side}_residual= or {side}_window= for one side, not both")
+            sides[side] = (residual, window) if (residual or window) else (self.residual, self.window)
+        shared = sides["k"] if sides["k"] == sides["v"] else (0, 0)
+        per_side = {"k": (0, 0), "v": (0, 0)} if sides["k"] == sides["v"] else sides
+        for name, value in (("residual", shared[0]), ("window", shared[1]), ("k_residual", per_side["k"][0]),
+                            ("k_window", per_side["k"][1]), ("v_residual", per_side["v"][0]), ("v_window", per_side["v"][1])):
+            object.__setattr__(self, name, value)
+
+    def _side(self, side: str) -> tuple[int, int]:
+        """(residual, window) of the keys (``"k"``) or values (``"v"``)."""
+        residual, window = getattr(self, f"{side}_residual"), getattr(self, f"{side}_window")
+        return (residual, window) if (residual or window) else (self.residual, self.window)
+
+    def token_policies(self, k_fmt: KVFormat, v_fmt: KVFormat) -> tuple[TokenPolicy, TokenPolicy]:
+        """The key and value policies of a layer holding these formats (see :mod:`wkvlab.kv.tokens`)."""
+        return tuple(  # type: ignore[return-value]
+            side_policy(*self._side(side), self.pastonly, fmt.token_group) for side, fmt in (("k", k_fmt), ("v", v_fmt))
+        )
 
     # ---- what applies where -------------------------------------------------------------
 
@@ -148,14 +194,10 @@ class KVSpec:
         return bool(self.smooth) or self.scales != "static" or bool(self.sink_ratio) or any(f.calibrated for f in self.all_formats())
 
     def selection(self):
-        """The per-(query, key) selection when what a query sees depends on the query, else None."""
-        from wkvlab.kv.attention import flush_selection, sliding_selection
-
-        if self.window:
-            return sliding_selection(self.window)
-        groups = [f.token_group for f in self.all_formats() if f.token_group]
-        flush = self.residual or max(groups, default=0)  # a token group must close before it is used
-        return flush_selection(flush) if flush else None
+        """The key-side per-(query, key) selection when it depends on the query, else None (the
+        scores' view; :meth:`token_policies` gives both sides of a layer)."""
+        groups = [get_kv_format(n).token_group for n in {self.k} | {k for _, k, _ in self.layers}]
+        return side_policy(*self._side("k"), self.pastonly, max((g for g in groups if g), default=None)).selection()
 
     def all_formats(self) -> list[KVFormat]:
         names = {self.k, self.v} | {k for _, k, _ in self.layers} | {v for *_, v in self.layers}
@@ -165,18 +207,31 @@ class KVSpec:
         """Fail before any work on a spec this model cannot hold."""
         for fmt in self.all_formats():
             fmt.check_head_dim(head_dim)
-        block = self.rotation_block(head_dim)
-        if block and (head_dim % block or block & (block - 1)):
-            raise ConfigError(f"rotation block {block} must be a power of two dividing head_dim {head_dim}; use rot=<a power of two dividing {head_dim}>")
+        for block in self.rotation_blocks(head_dim):
+            if block and (head_dim % block or block & (block - 1)):
+                raise ConfigError(f"rotation block {block} must be a power of two dividing head_dim {head_dim}; use rot=<a power of two dividing {head_dim}>")
         for index in [i for i in self.skip if i != SLIDING] + [i for i, _, _ in self.layers]:
             if index >= n_layers:
                 raise ConfigError(f"layer {index} does not exist: the model has layers 0..{n_layers - 1}")
 
-    def rotation_block(self, head_dim: int) -> int:
-        """The Hadamard block size this spec uses on a model with ``head_dim`` (0: none)."""
+    def rotation_blocks(self, head_dim: int) -> tuple[int, int]:
+        """The Hadamard blocks (K/Q, V) this spec uses on a model with ``head_dim`` (0: none).
+
+        ``rotate=-2`` is llama.cpp's rule (``build_input_k_rot``/``build_input_v_rot`` in
+        ``src/llama-kv-cache.cpp``, ggml-org/llama.cpp@0c1e57098 as vendored by llama-cpp-python
+        0.3.36): rotation only when head_dim is a multiple of 64; K (and Q) in blocks of the largest
+        power of two ≥ 64 dividing head_dim — 64, 128, 256 for head_dim 64, 128, 256 —, V in
+        blocks of 64 ("using smaller rotation matrices for V seems beneficial").
+        """
         if self.rotate == -2:
-            return 64 if head_dim % 64 == 0 else 0
-        return head_dim if self.rotate == -1 else self.rotate
+            if head_dim % 64:
+                return 0, 0
+            k_block = 64
+            while head_dim % (2 * k_block) == 0:
+                k_block *= 2
+            return k_block, 64
+        block = head_dim if self.rotate == -1 else self.rotate
+        return block, block
 
     # ---- memory -------------------------------------------------------------------------
 
@@ -195,16 +250,19 @@ class KVSpec:
 
     def layer_bytes_per_token(self, layer: int, *, head_dim: int, sliding: bool = False, context: int | None = None) -> float:
         """Bytes one token costs in one layer's K and V caches for one KV head (see :meth:`bytes_per_token`)."""
-        full = 2 * 2.0 * head_dim
-        k, v = self.formats_for(layer, sliding)
-        packed = k.bytes_per_vector(head_dim) + v.bytes_per_vector(head_dim)
-        # dense-and-sparse outliers: an fp16 value and a 16-bit position each, on quantized sides
-        packed += self.outliers * head_dim * 4 * ((not k.is_identity) + (not v.is_identity))
-        if context and (self.sinks or self.residual or self.window):
-            # a flushed residual is allocated at its full length R; a window at W
-            held = min(context, self.sinks + self.residual + self.window) / context
-            packed = held * full + (1 - held) * packed
-        return packed
+        full = 2.0 * head_dim  # one side of one head at 16 bits
+        total = 0.0
+        for side, fmt in zip("kv", self.formats_for(layer, sliding)):
+            packed = fmt.bytes_per_vector(head_dim)
+            # dense-and-sparse outliers: an fp16 value and a 16-bit position each, on quantized sides
+            packed += self.outliers * head_dim * 4 * (not fmt.is_identity)
+            residual, window = self._side(side)
+            if context and (self.sinks or residual or window):
+                # a flushed residual is allocated at its full length R; a window at W
+                held = min(context, self.sinks + residual + window) / context
+                packed = held * full + (1 - held) * packed
+            total += packed
+        return total
 
     # ---- text and JSON ------------------------------------------------------------------
 
@@ -224,6 +282,11 @@ class KVSpec:
             text += f"+residual={self.residual}"
         if self.window:
             text += f"+window={self.window}"
+        for name in ("k_residual", "k_window", "v_residual", "v_window"):
+            if getattr(self, name):
+                text += f"+{name}={getattr(self, name)}"
+        if self.pastonly:
+            text += "+pastonly"
         if self.skip:
             text += "+skip=" + ",".join(str(s) for s in self.skip)
         if self.q != "none":
@@ -374,6 +437,10 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
         return replace(spec, residual=_int_option(key, value))
     if key == "window":
         return replace(spec, window=_int_option(key, value))
+    if key in ("k_residual", "k_window", "v_residual", "v_window"):
+        return replace(spec, **{key: _int_option(key, value)})
+    if key == "pastonly" and not value:
+        return replace(spec, pastonly=True)
     if key == "skip":
         items: list = []
         for part in filter(None, value.split(",")):
@@ -402,7 +469,7 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
             return replace(spec, outliers=float(value.rstrip("%")) / (100 if value.endswith("%") else 1))
         except ValueError:
             raise ConfigError(f"outliers= needs a fraction such as 0.01 or 1%, got {value!r}") from None
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=tensor|head, prerope, outliers=1%, sinks=auto, sinkratio=τ, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
 
 
 def split_kv_list(text: str) -> list[str]:

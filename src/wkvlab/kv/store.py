@@ -9,10 +9,13 @@ Order of operations, each optional, mirroring the engines:
    back by the caller). Scores and outputs are unchanged without quantization.
 3. Quantization of K and V by their formats — keys before RoPE when the spec says ``prerope``
    (RoPE re-applied after dequantization); calibrated FP8 formats use per-layer or per-head scales
-   instead of 1.0; KVQuant's ``nuq`` formats use codebooks fitted on calibration samples.
+   instead of 1.0 (amax/448, the llm-compressor checkpoint convention — compressed-tensors ``calculate_qparams``, or vLLM's runtime
+   ``calculate_kv_scales``: amax/200 for K, amax/100 for V); KVQuant's ``nuq`` formats use
+   codebooks fitted on calibration samples.
 4. Sink tokens restored to full precision: the first N, and with ``sinks=auto`` any token whose
    residual-stream peak marks it as an attention sink (KVSink).
-5. Queries quantized where the spec says (FlashAttention-3 FP8, llama.cpp's Q conversion).
+5. Queries quantized where the spec says (vLLM's FP8 query on FlashAttention-3/Triton with its
+   static per-tensor ``q_scale``, llama.cpp's Q conversion to q8_0).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 from wkvlab.errors import ConfigError
 from wkvlab.formats import fake_quant_fp8, fake_quant_ggml
 from wkvlab.formats.hadamard import rotate
+from wkvlab.kv.attention import KVSelection
 from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.formats import KVFormat
 from wkvlab.kv.kvquant import fit_layer
@@ -28,18 +32,24 @@ from wkvlab.kv.override import apply_rope, undo_rope
 from wkvlab.kv.spec import KVSpec
 
 _FP8 = {"fp8_e4m3": ("e4m3", 448.0), "fp8_e5m2": ("e5m2", 57344.0)}
+# vLLM's runtime rule (vllm/attention/layer.py ``calc_kv_scales`` @5d4420da, constants in vllm/envs.py):
+# scale = amax over the first batch / Q_SCALE_CONSTANT (200), K_SCALE_CONSTANT (200), V_SCALE_CONSTANT (100).
+VLLM_SCALE_CONSTANTS = {"q": 200.0, "k": 200.0, "v": 100.0}
 
 
-def _quantize_query(query: torch.Tensor, q_format: str) -> torch.Tensor:
+def _quantize_query(query: torch.Tensor, q_format: str, scale: torch.Tensor | float = 1.0) -> torch.Tensor:
     if q_format == "q8_0":
         return fake_quant_ggml(query, "q8_0").to(query.dtype)
-    return fake_quant_fp8(query, "e4m3", 1.0).to(query.dtype)
+    return fake_quant_fp8(query, "e4m3", scale).to(query.dtype)
 
 
-def _fp8_scale(absmax: torch.Tensor, granularity: str, fmax: float) -> torch.Tensor:
-    """vLLM-style calibrated scale: amax / fp8 max over the layer (tensor) or per KV head."""
-    amax = absmax.amax() if granularity == "tensor" else absmax.amax(dim=-1)[None, :, None, None]
-    return torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+def _fp8_scale(absmax: torch.Tensor, mode: str, side: str, fmax: float) -> torch.Tensor:
+    """Calibrated scale: amax/448 per layer (``amax448``) or per KV head (``amax448-head``) — what
+    llm-compressor stores as k_scale/v_scale (vllm-project/compressed-tensors@dc235db7
+    ``calculate_qparams``: symmetric FP8, max|x| / 448) —, or vLLM's ``calculate`` rule."""
+    amax = absmax.amax(dim=-1)[None, :, None, None] if mode == "amax448-head" else absmax.amax()
+    divisor = VLLM_SCALE_CONSTANTS[side] if mode == "calculate" else fmax
+    return torch.where(amax > 0, amax / divisor, torch.ones_like(amax))
 
 
 class LayerStore:
@@ -47,9 +57,10 @@ class LayerStore:
 
     def __init__(self, spec: KVSpec, layer: int, k_fmt: KVFormat, v_fmt: KVFormat, head_dim: int, stats: KVStats | None) -> None:
         self.k_fmt, self.v_fmt = k_fmt, v_fmt
-        block = spec.rotation_block(head_dim)
-        self.rot_k = block if (block and not k_fmt.is_identity) else 0
-        self.rot_v = block if (block and not v_fmt.is_identity) else 0
+        k_block, v_block = spec.rotation_blocks(head_dim)
+        self.rot_k = k_block if not k_fmt.is_identity else 0
+        self.rot_v = v_block if not v_fmt.is_identity else 0
+        self.k_policy, self.v_policy = spec.token_policies(k_fmt, v_fmt)
         self.sinks = spec.sinks
         self.sink_peak = spec.sink_ratio * float(stats.hidden_peak_median[layer]) if spec.sink_ratio and stats is not None else 0.0
         self.q_format = spec.q if not k_fmt.is_identity else "none"
@@ -60,8 +71,10 @@ class LayerStore:
             lam = stats.k_pair_absmax[layer].clamp_min(1e-5) ** spec.smooth  # [kv_heads, head_dim/2]
             self.smooth = torch.cat([lam, lam], dim=-1)[None, :, None, :]
         self.prerope = spec.prerope and not k_fmt.is_identity
-        self.k_quant = self._quantizer(k_fmt, spec.scales, stats.k_absmax[layer] if stats is not None else None)
-        self.v_quant = self._quantizer(v_fmt, spec.scales, stats.v_absmax[layer] if stats is not None else None)
+        self.k_quant = self._quantizer(k_fmt, spec.scales, "k", stats.k_absmax[layer] if stats is not None else None)
+        self.v_quant = self._quantizer(v_fmt, spec.scales, "v", stats.v_absmax[layer] if stats is not None else None)
+        # vLLM quantizes Q with its static per-tensor q_scale: 1.0, or amax/200 with calculate_kv_scales
+        self.q_scale = _fp8_scale(stats.q_absmax[layer], "calculate", "q", 448.0) if (spec.scales == "calculate" and self.q_format == "fp8_e4m3") else 1.0
         if k_fmt.calibrated or v_fmt.calibrated:
             bits = lambda f: int(f.name[3])  # noqa: E731 - nuq<b>[-c]
             fitted = fit_layer(stats.k_pre_samples[layer], stats.v_samples[layer],
@@ -69,13 +82,22 @@ class LayerStore:
             self.k_quant = fitted.quantize_keys if k_fmt.calibrated else self.k_quant
             self.v_quant = fitted.quantize_values if v_fmt.calibrated else self.v_quant
 
+    @property
+    def selection(self) -> KVSelection | None:
+        """Per-side selections for :func:`mixed_attention`, or None when no view depends on the query."""
+        if self.k_quant is None and self.v_quant is None:
+            return None
+        k = self.k_policy.selection() if self.k_quant is not None else None
+        v = self.v_policy.selection() if self.v_quant is not None else None
+        return None if (k is None and v is None) else KVSelection(k, v)
+
     @staticmethod
-    def _quantizer(fmt: KVFormat, scales: str, absmax: torch.Tensor | None):
+    def _quantizer(fmt: KVFormat, scales: str, side: str, absmax: torch.Tensor | None):
         if fmt.is_identity:
             return None
         if scales != "static" and fmt.name in _FP8:
             kind, fmax = _FP8[fmt.name]
-            scale = _fp8_scale(absmax, scales, fmax)
+            scale = _fp8_scale(absmax, scales, side, fmax)
             return lambda x: fake_quant_fp8(x, kind, scale)
         return fmt.quantize
 
@@ -125,7 +147,7 @@ class LayerStore:
             query = query * self.smooth.to(query.dtype).repeat_interleave(n_rep, dim=1)
         if self.rot_k:
             query = rotate(query, self.rot_k)
-        return _quantize_query(query, self.q_format) if self.q_format != "none" else query
+        return _quantize_query(query, self.q_format, self.q_scale) if self.q_format != "none" else query
 
     def key_value_side(self, key: torch.Tensor, value: torch.Tensor):
         """Keys and values in the space the cache stores them (smoothed, rotated), not yet quantized."""

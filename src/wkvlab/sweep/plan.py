@@ -77,6 +77,16 @@ def model_fingerprint(model: str) -> str:
     raise ModelError(f"model not found: {model!r}; use 'default', 'gemma3-270m', a .gguf file or a Hugging Face model folder")
 
 
+# Spec fields added after ids were first handed out, with their defaults: a config that leaves them
+# at the default hashes as it did before they existed, so stored results keep their ids.
+KV_FIELDS_SINCE_V1 = {"k_residual": 0, "k_window": 0, "v_residual": 0, "v_window": 0, "pastonly": False}
+WEIGHT_FIELDS_SINCE_V1 = {"checkpoint": None}
+
+
+def _without_defaults(spec: dict, newer: dict) -> dict:
+    return {k: v for k, v in spec.items() if not (k in newer and v == newer[k])}
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     """One point of a sweep: enough to run it anywhere and to recognise it in a store."""
@@ -107,7 +117,8 @@ class SweepConfig:
         identity = {
             "id_version": ID_VERSION, "dtype": self.dtype, "model_sha256": self.model_sha256, "data_sha256": self.data_sha256,
             "ctx": self.ctx, "tokens": self.tokens, "score": self.score, "stride": self.stride,
-            "weights": {**self.weights, "label": None}, "kv": {**self.kv, "name": None}, "calibration": self.calibration,
+            "weights": _without_defaults({**self.weights, "label": None}, WEIGHT_FIELDS_SINCE_V1),
+            "kv": _without_defaults({**self.kv, "name": None}, KV_FIELDS_SINCE_V1), "calibration": self.calibration,
         }
         if self.reference is not None:  # KLD against a stored reference is an estimate: another measurement
             identity["kld"] = "stored-reference"

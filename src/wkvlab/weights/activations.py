@@ -18,6 +18,10 @@ each quantized linear of the model copy is a faithful simulation. Scales:
   rows to the weight type's ``vec_dot_type`` — q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL weights, q8_1 for
   Q4_1/Q5_1 (q8_1 rounds exactly as q8_0 and also stores the block sum, which only re-adds the
   weight's minimum) — blocks of 32 with an fp16 scale, bit-exact with ``gguf.quants`` q8_0.
+* ``ggml-q8k`` — the same for K-quant weights (Q2_K..Q6_K, IQ4_XS): q8_K, blocks of 256 with a
+  float32 scale and round-half-to-even codes (:func:`wkvlab.formats.fake_quant_q8_K`).
+* ``ggml-f16`` / ``ggml-bf16`` — F16 / BF16 weights: ggml-cpu converts the input rows to fp16 /
+  bf16 (their vec_dot_type) before the dot products.
 
 Each spec is a small frozen record so a quantized model can be cached and rebuilt exactly.
 Static kinds take their scale from ``amax`` (calibrated here) or, for a checkpoint that stores it,
@@ -31,7 +35,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from wkvlab.formats import fake_quant_affine, fake_quant_ggml, fake_quant_fp4, fake_quant_fp8, fp8_absmax_scale, fp8_max, nvfp4_global_scale
+from wkvlab.formats import fake_quant_affine, fake_quant_ggml, fake_quant_q8_K, fake_quant_fp4, fake_quant_fp8, fp8_absmax_scale, fp8_max, nvfp4_global_scale
 
 _INT8_MAX = 127.0
 
@@ -88,6 +92,12 @@ def fake_quant_activation(x: Tensor, quant: ActivationQuant) -> Tensor:
         return _llm_int8(x, quant.threshold)
     if kind == "ggml-q8":
         return fake_quant_ggml(x, "q8_0").to(x.dtype)
+    if kind == "ggml-q8k":
+        return fake_quant_q8_K(x).to(x.dtype)
+    if kind == "ggml-f16":
+        return x.to(torch.float16).to(x.dtype)
+    if kind == "ggml-bf16":
+        return x.to(torch.bfloat16).to(x.dtype)
     raise ValueError(f"unknown activation quantization {kind!r}")  # specs are validated before this
 
 

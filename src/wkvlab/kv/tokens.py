@@ -1,0 +1,70 @@
+"""Which cached tokens a query sees quantized — one policy for the keys, one for the values.
+
+A quantize-on-write cache (llama.cpp, vLLM, ExLlamaV3) stores every token quantized, the one being
+decoded included. Methods that keep recent tokens at model precision differ in *how*:
+
+* ``residual=R`` (flushed): full-precision tokens pile up and are quantized together once R of
+  them have accumulated, so query t sees keys below ``(t // R) * R`` quantized — KIVI's keys
+  (``models/llama_kivi.py``: ``key_states_full`` flushed when it reaches ``residual_length``) and
+  transformers' ``QuantizedCache``.
+* ``window=W`` (sliding): the W most recent tokens, the query's own included, stay at model
+  precision — KIVI's values (``value_states_full`` holds the last R values before the new one is
+  appended and the oldest is quantized after attending, so a query sees R + 1 values at full
+  precision: W = R + 1) and SKVQ.
+* ``pastonly``: the token being decoded attends to its own K/V at model precision and is stored
+  quantized afterwards (WKVQuant's past-only quantization; the paper publishes no code we could find).
+
+Per-channel formats (KIVI's ``int<b>-c<G>`` keys) need a closed group of G tokens before it can be
+quantized, so a side holding one is flushed in multiples of G. Everything here is a pure function
+of (query positions, key count) or of (position, new tokens): the teacher-forced hook and the
+streaming cache both use it, which is what keeps them equal (tested).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the selections are tensor code; a spec that only parses or plans must not load torch
+    from wkvlab.kv.attention import Selection
+
+
+@dataclass(frozen=True)
+class TokenPolicy:
+    """One side's rule (keys or values); all zero/False: every token stored quantized on write."""
+
+    residual: int = 0
+    window: int = 0
+    pastonly: bool = False
+
+    @property
+    def depends_on_query(self) -> bool:
+        return bool(self.residual or self.window or self.pastonly)
+
+    def selection(self) -> Selection | None:
+        """Bool ``[queries, keys]`` function: True where the query sees the key quantized (None: always)."""
+        if not self.depends_on_query:
+            return None
+        from wkvlab.kv.attention import flush_selection, past_only, sliding_selection
+
+        base = sliding_selection(self.window) if self.window else flush_selection(self.residual) if self.residual else None
+        return past_only(base) if self.pastonly else base
+
+    def quantized_prefix(self, position: int, n_new: int) -> int:
+        """How many leading tokens are stored quantized when the query at ``position`` attends.
+
+        ``position`` is the first of ``n_new`` tokens written in this step (a prefill chunk
+        attends to itself at model precision, as engines' prefill does).
+        """
+        if self.window:
+            return max(0, position - self.window + 1)
+        if self.residual:
+            return (position // self.residual) * self.residual
+        return position if self.pastonly else position + n_new
+
+
+def side_policy(residual: int, window: int, pastonly: bool, token_group: int | None) -> TokenPolicy:
+    """A side's policy given its format: a per-channel format flushes at least its token group."""
+    if token_group and not residual:
+        residual = token_group
+    return TokenPolicy(residual=residual, window=window, pastonly=pastonly)
+

@@ -1,0 +1,160 @@
+"""Presets named after engines compute what those engines' kernels compute (hand-computed values)."""
+import math
+
+import pytest
+import torch
+
+from tests.conftest import tiny_llama
+from wkvlab.formats import fake_quant_ggml
+from wkvlab.formats.exl3 import fake_quant_exl3
+from wkvlab.formats.hadamard import rotate
+from wkvlab.formats.vllm_int4 import fake_quant_vllm_int4, rht_signs
+from wkvlab.kv import KVSpec, get_kv_format
+from wkvlab.kv.hook import layer_stores
+from wkvlab.kv.presets import ENGINE_CHECKED_LLAMACPP, FIDELITY, describe_preset, fidelity_of, preset_names
+from wkvlab.kv.store import LayerStore
+
+
+# ---- ExLlamaV3 (exllamav3_ext/cache/q_cache_kernels.cuh) -------------------------------------
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_exl3_unit_vector_hand_computed(bits):
+    # H32·e0/√32 is 1/√32 everywhere: every value sits at the group's absmax, q = 2^b − 1 (clamped
+    # from floor(2m)), level (m − 0.5)/m; rotated back the group is e0 · √32 · fp16(1/√32 + 1e-10) · (m − 0.5)/m
+    x = torch.zeros(1, 32)
+    x[0, 0] = 1.0
+    m = 2 ** (bits - 1)
+    s16 = float(torch.tensor(1 / math.sqrt(32) + 1e-10).to(torch.float16))
+    want = torch.zeros(1, 32)
+    want[0, 0] = math.sqrt(32) * s16 * (m - 0.5) / m
+    torch.testing.assert_close(fake_quant_exl3(x, bits), want, rtol=1e-6, atol=1e-6)
+
+
+def test_exl3_constant_group_hand_computed():
+    # all ones: H32 gives (√32, 0, ..., 0); at 2 bits q = (3, 2, ..., 2) → levels (0.75, 0.25, ..., 0.25)·s16;
+    # rotated back: x̂0 = (0.75 + 31·0.25)·s16/√32 = 8.5·s16/√32, x̂j = (0.75 − 0.25)·s16/√32
+    x = torch.ones(1, 64)
+    s16 = float(torch.tensor(math.sqrt(32) + 1e-10).to(torch.float16))
+    out = fake_quant_exl3(x, 2)[0]
+    for g in (0, 32):
+        assert out[g].item() == pytest.approx(8.5 * s16 / math.sqrt(32), rel=1e-6)
+        torch.testing.assert_close(out[g + 1 : g + 32], torch.full((31,), 0.5 * s16 / math.sqrt(32)), rtol=1e-6, atol=1e-6)
+
+
+def test_exl3_preset_uses_the_kernel_format_and_its_bytes():
+    spec = KVSpec.parse("exl3:k4v2")
+    assert (spec.k, spec.v, spec.rotate) == ("exl3_4", "exl3_2", 0)  # the H32 rotation is inside the format
+    assert spec.bytes_per_token(layers=1, kv_heads=1, head_dim=128) == (128 * 4 / 8 + 8) + (128 * 2 / 8 + 8)
+    # a midpoint 2-bit grid has 4 levels and no zero: never exactly zero, unlike a symmetric int2 group
+    torch.manual_seed(0)
+    x = torch.randn(64, 128)
+    rel = lambda fmt: ((get_kv_format(fmt).quantize(x) - x).pow(2).mean() / x.pow(2).mean()).item()  # noqa: E731
+    assert rel("exl3_2") < rel("int2-g32-sym") / 2  # the old preset's grid was ~3x worse at 2 bits
+    assert rel("exl3_8") < 1e-4
+
+
+# ---- vLLM int4_per_token_head (vllm/v1/attention/ops/int4_per_token_head.py) ----------------
+
+def test_vllm_int4_hand_computed():
+    d = 16
+    signs, h = rht_signs(d), torch.tensor([[(-1) ** bin(i & j).count("1") for j in range(d)] for i in range(d)], dtype=torch.float32)
+    # choose the rotated vector y = H·(D·x) directly: x = D·H·y / d
+    y = torch.tensor([-1.0, 0.3, 2.0, 0.0] + [0.5] * 12)
+    x = (signs * (h @ y)) / d
+    # scale = (2 − (−1))/15 = 0.2, stored with its low 4 mantissa bits replaced by the zero point;
+    # zp = round(1/0.2) = 5; 0.3/0.2 + 5 = 6.5 → 7 (half away from zero), 0.5 → 7.5 → 8
+    scale = torch.tensor(3.0 / 15.0)
+    trunc = (scale.view(torch.int32) & -16).view(torch.float32)
+    codes = torch.tensor([0.0, 7.0, 15.0, 5.0] + [8.0] * 12)
+    y_hat = (codes - 5) * trunc
+    want = signs * (h @ y_hat) / d
+    torch.testing.assert_close(fake_quant_vllm_int4(x[None])[0], want, rtol=1e-5, atol=1e-6)
+    assert set(signs.tolist()) == {-1.0, 1.0}
+    assert KVSpec.parse("vllm:int4_per_token_head").bytes_per_token(layers=1, kv_heads=1, head_dim=64) == 2 * (32 + 4)
+
+
+def test_vllm_int4_is_not_plain_int4():
+    torch.manual_seed(1)
+    x = torch.randn(8, 64)
+    x[:, 5] *= 20  # an outlier channel: the rotation spreads it
+    plain = get_kv_format("int4").quantize(x)
+    vllm = get_kv_format("int4_pth").quantize(x)
+    assert (vllm - x).pow(2).mean() < (plain - x).pow(2).mean() / 2
+
+
+# ---- llama.cpp rotation blocks per side (src/llama-kv-cache.cpp build_input_k_rot/v_rot) -----
+
+@pytest.mark.parametrize("head_dim,k_block", [(64, 64), (128, 128), (256, 256)])
+def test_llamacpp_rotates_k_in_the_largest_power_of_two_and_v_in_64(head_dim, k_block):
+    model = tiny_llama(head_dim=head_dim, num_attention_heads=2, num_key_value_heads=1, hidden_size=128)
+    store = layer_stores(model, KVSpec.parse("llamacpp:q4_0"))[0]
+    assert (store.rot_k, store.rot_v) == (k_block, 64)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 5, head_dim), torch.randn(1, 1, 5, head_dim), torch.randn(1, 1, 5, head_dim)
+    q2, k2, kq, v2, vq = store.apply(q, k, v)
+    torch.testing.assert_close(kq, fake_quant_ggml(rotate(k, k_block), "q4_0"))
+    torch.testing.assert_close(vq, fake_quant_ggml(rotate(v, 64), "q4_0"))
+    torch.testing.assert_close(q2, fake_quant_ggml(rotate(q, k_block), "q8_0"))
+
+
+def test_gemma3_head_dim_256_rotation_blocks():
+    assert KVSpec.parse("llamacpp:q8_0/q4_0").rotation_blocks(256) == (256, 64)
+    assert KVSpec.parse("llamacpp:q8_0+norot").rotation_blocks(256) == (0, 0)
+
+
+# ---- FP8 scale conventions and vLLM's FP8 query -----------------------------------------------
+
+def _stats(model):
+    from wkvlab.kv.calibrate import collect_kv_stats
+
+    return collect_kv_stats(model, torch.randint(0, 128, (2, 16)))
+
+
+def test_scale_conventions_amax448_and_vllm_calculate():
+    model = tiny_llama()
+    stats = _stats(model)
+    k_amax, v_amax, q_amax = stats.k_absmax[0].amax(), stats.v_absmax[0].amax(), stats.q_absmax[0].amax()
+    x = torch.full((1, 1, 1, 32), float(k_amax))
+    for text, k_scale in (("fp8_e4m3+scales=amax448", k_amax / 448), ("fp8_e4m3+scales=calculate", k_amax / 200)):
+        spec = KVSpec.parse(text)
+        store = LayerStore(spec, 0, *spec.formats_for(0), 32, stats)
+        # the layer's largest key lands exactly on scale * (amax / scale): 448 or 200 in FP8
+        torch.testing.assert_close(store.k_quant(x), x, rtol=0.07, atol=0)  # representable within e4m3's step
+        # 3 · scale is 3 in FP8, exactly representable: comes back exactly (a wrong scale would not)
+        assert store.k_quant(torch.full((1, 1, 1, 32), float(k_scale) * 3))[0, 0, 0, 0].item() == pytest.approx(float(k_scale) * 3, rel=1e-6)
+        assert store.k_quant(torch.full((1, 1, 1, 32), float(k_scale) * 3.1))[0, 0, 0, 0].item() != pytest.approx(float(k_scale) * 3.1, rel=1e-6)
+    calc = KVSpec.parse("vllm-fa3:fp8_e4m3+scales=calculate")
+    store = LayerStore(calc, 0, *calc.formats_for(0), 32, stats)
+    assert float(store.q_scale) == pytest.approx(float(q_amax / 200))
+    assert float(LayerStore(calc, 0, *calc.formats_for(0), 32, stats).v_quant(torch.full((1, 1, 1, 32), float(v_amax / 100) * 5))[0, 0, 0, 0]) == pytest.approx(float(v_amax / 100) * 5, rel=1e-6)
+    assert KVSpec.parse("fp8_e4m3+scales=tensor") == KVSpec.parse("fp8_e4m3+scales=amax448")  # the older name
+
+
+def test_vllm_fa3_quantizes_q_and_plain_vllm_fp8_does_not():
+    assert KVSpec.parse("vllm-fa3:fp8_e4m3").q == "fp8_e4m3"
+    assert KVSpec.parse("vllm:fp8_e4m3").q == "none"
+
+
+# ---- fidelity labels --------------------------------------------------------------------------
+
+def test_every_preset_has_a_label_and_none_claims_more_than_was_shown():
+    for name in preset_names():
+        if "<" in name:
+            continue
+        preset = describe_preset(name.split("+")[0])
+        assert preset.fidelity in FIDELITY
+        assert preset.fidelity != "bit-exact"  # bit-exact holds for formats (gguf.quants), not for any whole preset
+        if preset.fidelity == "engine-checked":
+            assert name.startswith("llamacpp:") and name.split(":")[1] in ENGINE_CHECKED_LLAMACPP
+        if preset.fidelity == "approximate":
+            assert preset.differs  # says what differs
+    assert describe_preset("kivi2").fidelity == describe_preset("exl3:k2v2").fidelity == "source-faithful"
+    assert describe_preset("vllm:int4_per_token_head").fidelity == "source-faithful"
+    assert describe_preset("llamacpp:q5_1").fidelity == "source-faithful"
+
+
+def test_fidelity_of_results():
+    assert fidelity_of(KVSpec.parse("llamacpp:q4_0"))["label"] == "engine-checked"
+    assert fidelity_of(KVSpec.parse("llamacpp:q4_0+norot"))["label"] == "engine-checked"
+    assert "sinks=4" in fidelity_of(KVSpec.parse("kivi2+sinks=4"))["differs"]
+    assert fidelity_of(KVSpec.parse("q4_0"))["label"] == "no preset"
