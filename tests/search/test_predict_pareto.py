@@ -67,13 +67,27 @@ def test_profile_rejects_unknown_fields_and_missing_formats(tmp_path):
         hand_profile().k_delta("int2")
 
 
-def test_verdict_says_when_a_baseline_beats_the_plan():
-    from wkvlab.search.api import Row, _verdict
+def test_verdict_pairs_the_plan_with_each_baseline_by_window():
+    import numpy as np
 
-    def row(name, kind, kld):
-        return Row(name, kind, "", 0.0, 0, 0.0, True, None, kld, 0.01)
+    from wkvlab.search.api import Row, _verdict
+    from wkvlab.search.measure import Score
+
+    rng = np.random.default_rng(0)
+    windows = np.repeat(np.arange(8), 20)
+    shared = np.repeat(rng.random(8), 20)  # windows differ a lot; pairing cancels it
+
+    def row(name, kind, level):
+        per_token = level + shared + rng.normal(0, 0.001, windows.size)
+        return Row(name, kind, "", 0.0, 0, 0.0, True, None, float(per_token.mean()), 0.01,
+                   score=Score(float(per_token.mean()), 0.01, windows.size, per_token, windows))
 
     plan = row("plan", "plan", 0.5)
     text = _verdict(plan, [row("uniform K4V4", "uniform", 0.6), row("kvtuner", "unaware", 0.45), plan])
-    assert text.startswith("the plan beats every uniform") and "kvtuner did better" in text
-    assert _verdict(plan, [row("uniform K8V8", "uniform", 0.4), plan]).startswith("no searched plan beats uniform")
+    assert "minus best fitting uniform uniform K4V4" in text and "(lower)" in text  # plan beats uniform, decided
+    assert "minus kvtuner" in text and "(higher)" in text  # and the unaware baseline beats the plan
+    few = Row("plan", "plan", "", 0.0, 0, 0.0, True, None, 0.5, 0.01,
+              score=Score(0.5, 0.01, 4, np.full(4, 0.5), np.arange(4)))
+    other = Row("uniform K8V8", "uniform", "", 0.0, 0, 0.0, True, None, 0.4, 0.01,
+                score=Score(0.4, 0.01, 4, np.full(4, 0.4), np.arange(4)))
+    assert "no interval: 4 < 8 units" in _verdict(few, [other, few])  # four windows decide nothing

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from wkvlab.cliopts import ThreadsOption, start_run
+
 
 def findings_command(
     name: Annotated[str, typer.Argument(help="additivity, methods, calibration, depth (docs/findings.md)")],
@@ -16,6 +18,7 @@ def findings_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<N>")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
     markdown: Annotated[Optional[Path], typer.Option(help="also write the finding's tables as Markdown here")] = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Measure one of the seeds' questions on a model (resumable through the store) and print its tables with intervals."""
     from wkvlab.display import console, err_console, progress_bar
@@ -29,6 +32,7 @@ def findings_command(
         raise ConfigError(f"folder {store.parent} does not exist; create it or choose another --store")
     if markdown is not None and not (markdown.parent if str(markdown.parent) else Path(".")).is_dir():
         raise ConfigError(f"folder {markdown.parent} does not exist; create it or choose another --markdown")
+    start_run("findings", threads, f"{name} on {model} (store {store})")
     finding = run_finding(name, model=model, store=store, tokens=tokens, ctx=ctx, device=device, dtype=dtype, progress=progress_bar)
     console.print(finding.markdown, markup=False, highlight=False, soft_wrap=True)
     err_console.print(f"{name} on {model}: {finding.seconds:,.0f} s (store {store})")

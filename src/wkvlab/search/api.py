@@ -23,7 +23,7 @@ from wkvlab.search.allocate import candidate_allocations, allocate_exact
 from wkvlab.search.baselines import Candidate, baseline_candidates
 from wkvlab.search.choices import FP16, Choice, check_budget_options, choice_bytes, choice_label, nothing_fits, parse_choices
 from wkvlab.search.export import engine_exports, layer_recipe, plan_kvspec
-from wkvlab.search.measure import Scorer
+from wkvlab.search.measure import Score, Scorer, paired_difference
 from wkvlab.search.pareto import Point, pareto_front
 from wkvlab.search.predict import Predictor, predictor_from_profile, spearman
 from wkvlab.search.profile import SensitivityProfile, collect_profile, profile_key, profile_steps
@@ -128,9 +128,10 @@ class Row:
     se: float
     method: str = ""
     notes: list = field(default_factory=list)
+    score: Score | None = field(default=None, repr=False, compare=False)  # per-token KLD, for paired intervals
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "score"}
 
 
 @dataclass
@@ -308,31 +309,35 @@ def _measure(reference, heldout: WindowSet, qw, weights: WeightSpec, cands: list
             predicted = pred.predict(cand.plan, cand.keep_16bit) if cand.plan is not None else None
             rows.append(Row(cand.name, cand.kind, cand.spec.canonical() if not cand.spec.layers else "per-layer map", kv_bytes,
                             model.weight_bytes, total, fits, predicted, score.kld, score.se, cand.method,
-                            [f"weights 16-bit in layers {list(cand.keep_16bit)}"] if cand.keep_16bit else []))
+                            [f"weights 16-bit in layers {list(cand.keep_16bit)}"] if cand.keep_16bit else [], score))
             tick(cand.name, 1)
             if cand.keep_16bit:  # keep memory flat: at most one extra weight copy at a time
                 built.pop(cand.keep_16bit)
     return rows
 
 
+def _versus(a: Row, b: Row) -> str:
+    """``a − b`` with its paired interval, or the reason there is none (wkvlab.stats' one rule)."""
+    diff = paired_difference(a.score, b.score) if a.score is not None and b.score is not None else None
+    if diff is None:
+        return f"{a.kld - b.kld:+.5f} (no paired interval)"
+    word = "lower" if diff.high < 0 else "higher" if diff.low > 0 else "not distinguishable"
+    return f"{format(diff, '+.5f')} ({word})" if diff.decided else format(diff, "+.5f")
+
+
 def _verdict(chosen: Row | None, rows: list[Row]) -> str:
+    """The chosen plan against the best fitting uniform format and the other baselines, paired by window."""
     fitting = [r for r in rows if r.kind == "uniform" and r.fits]
     if chosen is None:
         return "no searched plan fits the budget"
-    if not fitting:
-        return f"no uniform format fits the budget; the plan reaches held-out KLD {chosen.kld:.5f} ± {chosen.se:.5f}"
-    best = min(fitting, key=lambda r: r.kld)
-    if chosen.kld < best.kld:
-        text = (f"the plan beats every uniform format that fits: held-out KLD {chosen.kld:.5f} ± {chosen.se:.5f} vs "
-                f"best uniform {best.name} {best.kld:.5f} ± {best.se:.5f}")
+    text = f"plan held-out KLD {chosen.kld:.5f}"
+    if fitting:
+        best = min(fitting, key=lambda r: r.kld)
+        text += f"; minus best fitting uniform {best.name} ({best.kld:.5f}): {_versus(chosen, best)}"
     else:
-        text = (f"no searched plan beats uniform: best uniform {best.name} has held-out KLD {best.kld:.5f} ± {best.se:.5f}, "
-                f"the best plan {chosen.kld:.5f} ± {chosen.se:.5f}")
-    # a baseline that is not uniform may still do better; say so rather than hide it
-    rivals = [r for r in rows if r.fits and r.kind in ("unaware", "skip-ends", "sinks") and r.kld < chosen.kld]
-    if rivals:
-        rival = min(rivals, key=lambda r: r.kld)
-        text += f"; but the baseline {rival.name} did better: {rival.kld:.5f} ± {rival.se:.5f}"
+        text += "; no uniform format fits the budget"
+    for rival in [r for r in rows if r.fits and r.kind in ("unaware", "skip-ends", "sinks")]:
+        text += f"; minus {rival.name} ({rival.kld:.5f}): {_versus(chosen, rival)}"
     return text
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
@@ -33,14 +33,29 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 @dataclass(frozen=True)
 class Score:
-    """Mean per-token KLD, its standard error (tokens as independent, as llama.cpp) and the token count."""
+    """Mean per-token KLD, its standard error (tokens as independent, as llama.cpp) and the token count.
+
+    ``per_token`` and ``windows`` (not serialized) let two scores on the same windows be compared
+    with a paired interval (:func:`paired_difference`), the rule every wkvlab interval follows.
+    """
 
     kld: float
     se: float
     tokens: int
+    per_token: np.ndarray | None = field(default=None, repr=False, compare=False)
+    windows: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         return {"kld": self.kld, "se": self.se, "tokens": self.tokens}
+
+
+def paired_difference(a: Score, b: Score):
+    """``a − b`` in mean KLD with a paired bootstrap interval over windows (None without per-token arrays)."""
+    from wkvlab.stats import paired_interval
+
+    if a.per_token is None or b.per_token is None or a.per_token.shape != b.per_token.shape:
+        return None
+    return paired_interval(lambda m: m["a"] - m["b"], {"a": a.per_token, "b": b.per_token}, a.windows)
 
 
 class Scorer:
@@ -65,18 +80,19 @@ class Scorer:
     def score(self, model: torch.nn.Module, kv: KVSpec | None = None) -> Score:
         """KLD of ``model`` with the KV cache as ``kv`` stores it (None: untouched) against the reference."""
         lo, hi = self.span
-        parts = []
+        parts, windows = [], []
         stores = layer_stores(model, kv) if kv is not None else None
-        for ref, tokens in zip(self.references(), self.windows.tokens):
+        for w, (ref, tokens) in enumerate(zip(self.references(), self.windows.tokens)):
             if kv is None:
                 logits = forward_logits(model, tokens)[lo:hi]
             else:
                 with kv_quantization(model, kv, stores=stores):
                     logits = forward_logits(model, tokens)[lo:hi]
             parts.append(compare_tokens(ref, logits).kld)
+            windows.append(np.full(parts[-1].size, w))
         kld = np.concatenate(parts)
         se = float(kld.std(ddof=1) / np.sqrt(kld.size)) if kld.size > 1 else float("nan")
-        return Score(float(kld.mean()), se, int(kld.size))
+        return Score(float(kld.mean()), se, int(kld.size), kld, np.concatenate(windows))
 
 
 def layer_of(name: str) -> int | None:
