@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.wkvlab-installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench findings clean
 
 install: $(STAMP)
 
@@ -63,6 +63,16 @@ test: install $(TEST_STAMP) $(LLAMACPP_STAMP)
 
 bench: install
 	$(BIN)/python benchmarks/eval_overhead.py
+
+# The seeds' questions (docs/findings.md), every finding on both packaged models, into one store:
+# resumable (a finished config is never run again), Markdown tables in out/findings/. Hours on a
+# 2-core CPU; `wkvlab findings NAME --model M` runs one on any model.
+FINDINGS := additivity methods calibration depth search engine
+findings: install $(LLAMACPP_STAMP)
+	mkdir -p out/findings
+	for model in default gemma3-270m; do for name in $(FINDINGS); do \
+		$(BIN)/wkvlab findings $$name --model $$model --store out/findings.db --markdown out/findings/$$name-$$model.md || exit 1; \
+	done; done
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -71,3 +71,13 @@ def test_calibration_mismatch_is_paired_against_the_own_domain():
     assert row.own == "prose" and set(row.mismatch) == {"code", "math"}
     assert row.mismatch["code"].estimate == pytest.approx(0.03, abs=0.005) and row.mismatch["code"].low > 0
     assert "calibrated on code" in calibration_markdown([row])
+
+
+def test_engine_markdown_shows_ratio_and_window_spread():
+    from wkvlab.findings.render import engine_markdown
+
+    row = {"kv": "q4_0", "preset": "llamacpp:q4_0", "engine_kld": {"mean": 0.05, "se": 0.001}, "sim_kld": {"mean": 0.047, "se": 0.001},
+           "ratio": 0.94, "window_ratios": [0.92, 0.97], "engine_top1": 0.868, "sim_top1": 0.873}
+    text = engine_markdown({"rows": [row], "noise_floor": {"mean": 0.003, "se": 0.0001}, "model": "m", "tokens": 4092, "ctx": 1024,
+                            "data": "default", "seconds": 12.0})
+    assert "| q4_0 | llamacpp:q4_0 | 0.050000 ± 0.001000 | 0.047000 ± 0.001000 | **0.94** | 0.92–0.97 | 86.8% / 87.3% |" in text

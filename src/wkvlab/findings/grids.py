@@ -81,3 +81,23 @@ def calibration_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
 def depth_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
     """Long windows of real documents to the model's limit, unquantized weights (as wkvlab eval would run them)."""
     return [_spec("depth", model, ctx=size.depth_ctx, tokens=size.depth_tokens, weights=("none",), kv=DEPTH_KV, **where)]
+
+
+def search_grid(model: str, *, tokens: int | None = None, ctx: int | None = None):
+    """The search finding's grid: ``--tokens`` sets the profile tokens per text (held-out: four times
+    as many, at least 4,096, so every paired interval has 16 windows), ``--ctx`` the window."""
+    from wkvlab.findings.search import SearchGrid
+
+    grid = SearchGrid()
+    ctx = ctx if ctx is not None else grid.ctx
+    profile = tokens if tokens is not None else grid.profile_tokens
+    if ctx < 16:
+        raise ConfigError(f"--ctx {ctx} is too short; use --ctx 16 or more")
+    if profile < ctx:
+        raise ConfigError(f"--tokens {profile} is less than one window of --ctx {ctx}; ask for at least {ctx}")
+    return replace(grid, ctx=ctx, profile_tokens=profile, heldout_tokens=max(4 * profile, 16 * ctx))
+
+
+# The engine finding: llama.cpp's own cache types on the model's GGUF, on the windows docs/engines.md uses.
+ENGINE_KV = ("q8_0", "q4_0", "q4_1", "q5_0", "q8_0/q4_0")
+ENGINE_CTX, ENGINE_TOKENS = 1024, 4096

@@ -67,3 +67,38 @@ def depth_markdown(tables: list[dict]) -> str:
                      f"decorrelation lag {t['decorrelation_lag']})\n\n"
                      + _table(["positions", "tokens", "penalty [95%]", "minus first bucket [95%]", "relative"], rows))
     return "\n\n".join(parts)
+
+
+def search_markdown(data: dict) -> str:
+    """The search finding (:meth:`wkvlab.findings.search.SearchFinding.to_dict`): plans, rank correlations, layer agreement."""
+    from wkvlab.findings.search import search_rows_from_dict
+
+    body = []
+    for r in search_rows_from_dict(data):
+        body.append([r.profile_text, f"{r.budget:,.0f} ({100 * r.share:.0f}%)", r.heldout_text, f"{r.aware:.5f}", f"{r.unaware:.5f}",
+                     _iv(r.aware_minus_unaware, "+.5f"), f"{r.uniform_name} {r.uniform:.5f}", _iv(r.aware_minus_uniform, "+.5f")])
+    table = _table(["profiled on", "budget B/token (of 16-bit)", "held-out text", "aware plan KLD", "unaware plan KLD",
+                    "aware − unaware [95%]", "best fitting uniform", "aware − uniform [95%]"], body)
+    rho = _table(["profile text → held-out text", "Spearman (predicted vs held-out KLD)"],
+                 [[k, f"{v:.3f}"] for k, v in data["rank_correlation"].items()])
+    agree = _table(["per-layer delta", "Spearman between the two profile texts"],
+                   [[k, f"{v:.3f}"] for k, v in data["layer_agreement"].items()])
+    return (table + "\n\nDifferences are paired by held-out window (the same windows for every plan), 95% bootstrap intervals; "
+            "'aware' allocates from a profile measured under the quantized weights, 'unaware' from one measured with 16-bit "
+            "weights (KVTuner-style), both evaluated under the quantized weights.\n\n" + rho + "\n\n" + agree)
+
+
+def engine_markdown(data: dict) -> str:
+    """The engine finding (:class:`wkvlab.engines.compare.FidelityReport` as a dict): llama.cpp's KLD next to the preset's."""
+    body = []
+    for r in data["rows"]:
+        windows = [x for x in r["window_ratios"] if x == x]
+        spread = f"{min(windows):.2f}–{max(windows):.2f}" if windows else "—"
+        body.append([r["kv"], r["preset"], f"{r['engine_kld']['mean']:.6f} ± {r['engine_kld']['se']:.6f}",
+                     f"{r['sim_kld']['mean']:.6f} ± {r['sim_kld']['se']:.6f}", f"**{r['ratio']:.2f}**", spread,
+                     f"{100 * r['engine_top1']:.1f}% / {100 * r['sim_top1']:.1f}%"])
+    floor = data["noise_floor"]
+    return (_table(["llama.cpp cache", "preset", "llama.cpp KLD (vs its f16)", "wkvlab KLD (engine baseline)", "ratio",
+                    "per-window ratios", "top-1 engine / wkvlab"], body)
+            + f"\n\n{data['model']}, {data['tokens']:,} scored tokens in windows of {data['ctx']:,} ({data['data']}); noise floor "
+              f"(transformers vs llama.cpp f16 cache) {floor['mean']:.6f} ± {floor['se']:.6f}; {data['seconds']:,.0f} s.")

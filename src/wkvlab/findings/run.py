@@ -15,6 +15,13 @@ from typing import Callable, ContextManager
 from wkvlab.errors import ConfigError
 from wkvlab.findings import FINDINGS, analysis, grids, render
 
+
+def torch_threads() -> int:
+    """The threads this run chose (``--threads``/``WKVLAB_THREADS``), for llama.cpp too."""
+    import torch
+
+    return torch.get_num_threads()
+
 ProgressFactory = Callable[[int, str], ContextManager]  # (total steps, title) -> context yielding tick(desc, n)
 
 
@@ -79,6 +86,24 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         (results,) = _run_sweeps(grids.depth_sweeps(model, size, **where), store, progress)
         tables = analysis.depth(results)
         markdown, data = render.depth_markdown(tables), {"tables": tables}
+    elif name == "search":
+        from wkvlab.findings.search import measure_search
+
+        grid = grids.search_grid(model, tokens=tokens, ctx=ctx)
+        found = measure_search(model, grid, progress=progress, **where)
+        data = {**found.to_dict(), "grid": grid.__dict__}
+        markdown = render.search_markdown(data)
+    elif name == "engine":
+        from wkvlab.engines.api import fidelity
+
+        engine_ctx, engine_tokens = ctx or grids.ENGINE_CTX, tokens or grids.ENGINE_TOKENS
+        if engine_tokens < engine_ctx:
+            raise ConfigError(f"--tokens {engine_tokens} is less than one window of --ctx {engine_ctx}; ask for at least {engine_ctx}")
+        with progress(1, "engine: llama.cpp against the simulated presets") as tick:
+            report = fidelity(model, grids.ENGINE_KV, ctx=engine_ctx, tokens=engine_tokens, threads=torch_threads())
+            tick("engine compare", 1)
+        data = report.to_dict()
+        markdown = render.engine_markdown(data)
     else:
-        raise ConfigError(f"finding {name!r} is run by its own command; see docs/findings.md")
+        raise ConfigError(f"unknown finding {name!r}")
     return Finding(name, model, markdown, data, time.perf_counter() - started)
