@@ -27,7 +27,7 @@ def test_v1_store_is_migrated_to_task_scores_keeping_its_results(tmp_path, monke
     with open_store(path, create=False) as store:  # reading is enough to migrate
         assert_same_result(store.get("x"), fake_result(3))
         assert store.task_scores() == [] and store.task_config_ids() == set()
-        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
 
 
 def test_task_scores_round_trip_and_a_config_is_written_once(tmp_path):

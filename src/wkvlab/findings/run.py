@@ -106,4 +106,9 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         markdown = render.engine_markdown(data)
     else:
         raise ConfigError(f"unknown finding {name!r}")
-    return Finding(name, model, markdown, data, time.perf_counter() - started)
+    finding = Finding(name, model, markdown, data, time.perf_counter() - started)
+    from wkvlab.store import open_store
+
+    with open_store(store) as db:  # the analysis next to its results, for 'wkvlab report'
+        db.put_finding(name, model, finding.seconds, data, markdown)
+    return finding

@@ -168,7 +168,7 @@ BOOT = """
 
 
 def render_page(data: ReportData, charts: dict[int, list[Chart]], heatmaps: list[Heatmap], tables: list[Table],
-                title: str = "wkvlab report", task_charts: Sequence[Chart] = ()) -> str:
+                title: str = "wkvlab report", task_charts: Sequence[Chart] = (), findings: Sequence = ()) -> str:
     """The whole page as one string; every chart's div is filled by the inline script on load."""
     by_name = {t.name: t for t in tables}
     parts = [f"<h1>{html.escape(title)}</h1>",
@@ -197,6 +197,14 @@ def render_page(data: ReportData, charts: dict[int, list[Chart]], heatmaps: list
             parts.append(_figure_block(chart))
             figures.append(plotly_figure(chart))
         parts.append(to_html(by_name["tasks"], EMPTY["tasks"]))
+    if findings:  # only when the store holds findings' analyses (wkvlab findings)
+        parts.append("<h2 id=\"findings\">Findings</h2>")
+        for section in findings:
+            parts.append(f"<h3>{html.escape(section.title)}</h3>")
+            for chart in section.charts:
+                parts.append(_figure_block(chart))
+                figures.append(plotly_figure(chart))
+            parts.append(to_html(section.table, "No rows."))
     body = "\n".join(parts)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

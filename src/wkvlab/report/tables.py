@@ -164,4 +164,4 @@ EMPTY = {
 def markdown_document(data: ReportData, tables: list[Table]) -> str:
     head = [f"# wkvlab report: {_markdown_cell(data.source)}", ""]
     head += [f"- group {g.index}: {_markdown_cell(g.label)}" for g in data.groups] + [""]
-    return "\n".join(head) + "\n".join(to_markdown(t, EMPTY[t.name]) for t in tables)
+    return "\n".join(head) + "\n".join(to_markdown(t, EMPTY.get(t.name, "No rows.")) for t in tables)

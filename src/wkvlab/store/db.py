@@ -23,6 +23,7 @@ from wkvlab.errors import DataError
 from wkvlab.eval.result import EvalResult
 from wkvlab.store.arrays import decode_token_arrays, encode_token_arrays
 from wkvlab.store.schema import check_file, ensure_schema
+from wkvlab.store.findings import StoredFinding, put_finding, read_findings
 from wkvlab.store.tasks import TaskScore, put_scores, read_scores, scored_ids
 
 BUSY_TIMEOUT_S = 120  # how long a writer waits for another sweep's transaction before giving up
@@ -182,6 +183,16 @@ class ResultStore:
         """Every stored :class:`wkvlab.store.tasks.TaskScore`, in the order written."""
         with self._errors():
             return read_scores(self._conn)
+
+    # ---- findings' analyses (schema v3, wkvlab.store.findings) -----------------------------
+
+    def put_finding(self, name: str, model: str, seconds: float | None, data: dict, markdown: str) -> None:
+        with self._errors():
+            put_finding(self._conn, name, model, seconds, data, markdown)
+
+    def findings(self) -> list[StoredFinding]:
+        with self._errors():
+            return read_findings(self._conn)
 
     def seconds_per_token(self, model_sha256: str) -> float | None:
         """Median measured seconds per scored token of one config on this model (None if none stored)."""

@@ -60,6 +60,19 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX task_scores_by_config ON task_scores (model_sha256, weights, kv)",
     ),
+    (
+        # v3: the findings' analyses ('wkvlab findings', wkvlab.store.findings), the latest per finding and
+        # model, so 'wkvlab report' can show them; the per-token arrays they read stay in results/arrays.
+        """CREATE TABLE findings (
+            name TEXT NOT NULL,              -- additivity, methods, calibration, depth, search, engine
+            model TEXT NOT NULL,             -- the --model given
+            created_at REAL NOT NULL,
+            seconds REAL,                    -- wall time of the run that wrote it (measuring and analysing)
+            data TEXT NOT NULL,              -- JSON: the finding's rows with their intervals
+            markdown TEXT NOT NULL,          -- the tables as 'wkvlab findings' printed them
+            PRIMARY KEY (name, model)
+        )""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

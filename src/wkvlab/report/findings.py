@@ -1,0 +1,188 @@
+"""The findings in the report: one section per stored finding (``wkvlab findings``), a table and a chart.
+
+Pure functions of :class:`wkvlab.store.findings.StoredFinding` rows, like :mod:`wkvlab.report.tasks`:
+each finding's JSON (rows with their paired intervals) becomes a :class:`Table` (CSV keeps the
+interval ends, the page shows "estimate [low, high]") and a :class:`Chart` with the intervals as
+error bars, so the page shows what docs/findings.md shows, from the user's own store.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from wkvlab.report.charts import PALETTE, Chart, Series
+from wkvlab.report.tables import Column, Table
+from wkvlab.store.findings import StoredFinding
+
+TITLES = {
+    "additivity": "Additive or compounding: interaction KLD(W+C) − KLD(W) − KLD(C)",
+    "methods": "Which weight methods hurt the cache more: KV penalty under each weight config",
+    "calibration": "Calibration domain: KLD by calibration text and evaluation text",
+    "depth": "Depth: KV penalty by position bucket on long documents",
+    "search": "Weight-aware vs weight-unaware per-layer KV plans",
+    "engine": "Engine confirmation: llama.cpp's own KLD next to the presets",
+}
+
+
+@dataclass(frozen=True)
+class FindingSection:
+    finding: StoredFinding
+    title: str
+    table: Table
+    charts: tuple[Chart, ...]
+
+
+def _num(x, spec: str = ".5f") -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _iv_text(iv: dict | None, spec: str = "+.5f") -> str:
+    if not iv:
+        return "—"
+    if iv.get("low") is None or iv.get("high") is None:
+        return f"{iv['estimate']:{spec}} [no interval: {iv.get('n_units', 0)} units]"
+    return f"{iv['estimate']:{spec}} [{iv['low']:{spec}}, {iv['high']:{spec}}]"
+
+
+def _bars(ivs: Sequence[dict | None]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Error-bar distances below/above each estimate (0 where there is no interval)."""
+    low = tuple(iv["estimate"] - iv["low"] if iv and iv.get("low") is not None else 0.0 for iv in ivs)
+    high = tuple(iv["high"] - iv["estimate"] if iv and iv.get("high") is not None else 0.0 for iv in ivs)
+    return low, high
+
+
+def _interval_columns(header: str, get: Callable[[dict], dict | None], spec: str = "+.5f") -> tuple[Column, ...]:
+    """The interval as shown text, and its estimate and ends for the CSV."""
+    return (Column(header, lambda r: (get(r) or {}).get("estimate"), lambda r: _iv_text(get(r), spec)),
+            Column(f"{header} low", lambda r: (get(r) or {}).get("low"), shown=False),
+            Column(f"{header} high", lambda r: (get(r) or {}).get("high"), shown=False))
+
+
+def _interval_chart(cid: str, title: str, y_title: str, groups: dict[str, list[tuple[str, dict | None]]], caption: str,
+                    zero_line: bool = True) -> Chart:
+    """One series per group over categorical x, each point an interval's estimate with its bars."""
+    categories = tuple(dict.fromkeys(x for points in groups.values() for x, _ in points))
+    series = []
+    for i, (name, points) in enumerate(groups.items()):
+        ivs = [iv for _, iv in points]
+        low, high = _bars(ivs)
+        series.append(Series(name=name, x=tuple(x for x, _ in points), y=tuple(iv["estimate"] if iv else math.nan for iv in ivs),
+                             color=PALETTE[i % len(PALETTE)], error_low=low, error_high=high,
+                             hover=tuple(f"{name} · {x}\n{_iv_text(iv)}" for x, iv in points)))
+    return Chart(id=cid, title=title, x_title="", y_title=y_title, series=tuple(series), x_categories=categories,
+                 zero_line=zero_line, caption=caption)
+
+
+def _additivity(f: StoredFinding, cid: str):
+    rows = f.data["rows"]
+    columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
+               *(Column(k, lambda r, k=k: r[k]["estimate"], lambda r, k=k: _num(r[k]["estimate"])) for k in ("w", "c", "wc")),
+               *_interval_columns("interaction", lambda r: r["interaction"]),
+               Column("share of sum", lambda r: r["share"], lambda r: _num(100 * r["share"], "+.1f") + "%"),
+               Column("verdict", lambda r: r["verdict"]),
+               Column("decided", lambda r: r["decided"], lambda r: "yes" if r["decided"] else
+                      (f"no: ~{r['tokens_needed']:,} tokens" if r.get("tokens_needed") else "no")))
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(f"weights {r['weights']}", []).append((r["kv"], r["interaction"]))
+    chart = _interval_chart(cid, f"Interaction by cache — {f.model}", "KLD(W+C) − KLD(W) − KLD(C)", groups,
+                            "Above 0: the errors compound; below: less than their sum. Bars: 95% interval, windows resampled.")
+    return columns, rows, (chart,)
+
+
+def _methods(f: StoredFinding, cid: str):
+    rows = f.data["rows"]
+    columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
+               *_interval_columns("penalty", lambda r: r["penalty"]),
+               *_interval_columns("minus the penalty under unquantized weights", lambda r: r["vs_unquantized"]))
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(f"weights {r['weights']}", []).append((r["kv"], r["penalty"]))
+    chart = _interval_chart(cid, f"KV penalty under each weight config — {f.model}", "KLD(W × C) − KLD(W × fp16)", groups,
+                            "Bars: 95% interval, windows resampled.")
+    return columns, rows, (chart,)
+
+
+def _calibration(f: StoredFinding, cid: str):
+    rows = f.data["rows"]
+    calibs = list(dict.fromkeys(c for r in rows for c in r["kld"]))
+    columns = (Column("method", lambda r: r["weights"]), Column("evaluated on", lambda r: r["data"]),
+               *(c for name in calibs for c in _interval_columns(f"calibrated on {name}", lambda r, n=name: r["kld"].get(n), ".4f")),
+               Column("mismatch cost", lambda r: None, lambda r: "; ".join(f"{c}: {_iv_text(iv, '+.4f')}" for c, iv in r["mismatch"].items()) or "—"))
+    groups = {f"calibrated on {c}": [(f"{r['weights']} on {r['data']}", r["kld"].get(c)) for r in rows if c in r["kld"]] for c in calibs}
+    chart = _interval_chart(cid, f"KLD by calibration text — {f.model}", "KLD vs the unquantized model", groups,
+                            "Bars: 95% interval, windows resampled.", zero_line=False)
+    return columns, rows, (chart,)
+
+
+def _depth(f: StoredFinding, cid: str):
+    rows = [{**row, "config": f"{t['weights']} × {t['kv']}", "unit": t["unit"]} for t in f.data["tables"] for row in t["rows"]]
+    columns = (Column("config", lambda r: r["config"]),
+               Column("positions", lambda r: f"{r['start']}-{r['end']}", lambda r: f"{r['start']:,}–{r['end']:,}"),
+               Column("tokens", lambda r: r["tokens"], lambda r: f"{r['tokens']:,}"),
+               *_interval_columns("penalty", lambda r: r["penalty"]),
+               *_interval_columns("minus first bucket", lambda r: r["growth"]),
+               Column("relative", lambda r: r["relative_growth"], lambda r: "—" if r["relative_growth"] is None else f"{100 * r['relative_growth']:+.1f}%"),
+               Column("resampling unit", lambda r: r["unit"], shown=False))
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(r["config"], []).append((f"{r['start']:,}–{r['end']:,}", r["penalty"]))
+    chart = _interval_chart(cid, f"KV penalty by depth — {f.model}", "penalty (KLD)", groups,
+                            "Bars: 95% interval, blocks of 256 positions resampled.", zero_line=False)
+    return columns, rows, (chart,)
+
+
+def _search(f: StoredFinding, cid: str):
+    rows = f.data["rows"]
+    columns = (Column("profiled on", lambda r: r["profile_text"]),
+               Column("budget B/token", lambda r: r["budget"], lambda r: f"{r['budget']:,.0f} ({100 * r['share']:.0f}%)"),
+               Column("held-out text", lambda r: r["heldout_text"]),
+               Column("aware", lambda r: r["aware"], lambda r: _num(r["aware"])),
+               Column("unaware", lambda r: r["unaware"], lambda r: _num(r["unaware"])),
+               *_interval_columns("aware − unaware", lambda r: r["aware_minus_unaware"]),
+               Column("best uniform", lambda r: r["uniform_name"]),
+               *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]))
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(f"profiled on {r['profile_text']}, held out {r['heldout_text']}", []).append(
+            (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
+    chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,
+                            "Below 0: the weight-aware plan is better. Bars: 95% interval, held-out windows resampled.")
+    return columns, rows, (chart,)
+
+
+def _engine(f: StoredFinding, cid: str):
+    rows = f.data["rows"]
+    columns = (Column("cache", lambda r: r["kv"]), Column("preset", lambda r: r["preset"]),
+               Column("llama.cpp KLD", lambda r: r["engine_kld"]["mean"], lambda r: _num(r["engine_kld"]["mean"], ".6f")),
+               Column("wkvlab KLD", lambda r: r["sim_kld"]["mean"], lambda r: _num(r["sim_kld"]["mean"], ".6f")),
+               Column("ratio", lambda r: r["ratio"], lambda r: _num(r["ratio"], ".2f")))
+    series = tuple(Series(name=name, x=tuple(r["kv"] for r in rows), y=tuple(r[key]["mean"] for r in rows), color=PALETTE[i],
+                          error_low=tuple(r[key]["se"] for r in rows), error_high=tuple(r[key]["se"] for r in rows))
+                   for i, (name, key) in enumerate((("llama.cpp", "engine_kld"), ("wkvlab preset", "sim_kld"))))
+    chart = Chart(id=cid, title=f"llama.cpp vs its presets — {f.model}", x_title="", y_title="KLD", series=series,
+                  x_categories=tuple(r["kv"] for r in rows), caption="Bars: ± one standard error (tokens).")
+    return columns, rows, (chart,)
+
+
+BUILDERS = {"additivity": _additivity, "methods": _methods, "calibration": _calibration, "depth": _depth, "search": _search,
+            "engine": _engine}
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)[:40]
+
+
+def finding_sections(findings: Sequence[StoredFinding]) -> list[FindingSection]:
+    """A section for every stored finding the report knows how to draw."""
+    sections = []
+    for n, f in enumerate(findings):
+        build = BUILDERS.get(f.name)
+        if build is None:
+            continue
+        name = f"finding-{f.name}-{_slug(f.model)}"
+        columns, rows, charts = build(f, f"finding{n}-{f.name}")
+        title = f"{TITLES[f.name]} — {f.model}"
+        sections.append(FindingSection(f, title, Table(name, title, columns, tuple(rows)), charts))
+    return sections
