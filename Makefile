@@ -61,8 +61,12 @@ demo: install
 test: install $(TEST_STAMP) $(LLAMACPP_STAMP)
 	$(BIN)/python -m pytest -q
 
+# Speed and memory goals (JSON on stdout; not timed tests): the evaluation's overhead at 512 tokens, and
+# long contexts on Gemma-3-270M (2k/8k/32k: peak memory and tokens/s, the stored reference's size and error;
+# about half an hour on this 2-core machine). The other scripts under benchmarks/ say what they measure.
 bench: install
 	$(BIN)/python benchmarks/eval_overhead.py
+	$(BIN)/python benchmarks/scale.py
 
 # The seeds' questions (docs/findings.md), every finding on both packaged models, into one store:
 # resumable (a finished config is never run again), Markdown tables in out/findings/. Hours on a
