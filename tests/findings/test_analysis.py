@@ -81,3 +81,15 @@ def test_engine_markdown_shows_ratio_and_window_spread():
     text = engine_markdown({"rows": [row], "noise_floor": {"mean": 0.003, "se": 0.0001}, "model": "m", "tokens": 4092, "ctx": 1024,
                             "data": "default", "seconds": 12.0})
     assert "| q4_0 | llamacpp:q4_0 | 0.050000 ± 0.001000 | 0.047000 ± 0.001000 | **0.94** | 0.92–0.97 | 86.8% / 87.3% |" in text
+
+
+def test_finding_sweeps_run_one_weight_config_per_task():
+    # stored as each weight config finishes (resumable), one quantized copy in memory at a time
+    from wkvlab.findings import grids
+    from wkvlab.sweep.run import plan_sweep
+
+    size = grids.size_for("default", tokens=1024, ctx=512)
+    for spec in [*grids.additivity_sweeps("default", size), *grids.calibration_sweeps("default", size)]:
+        plan = plan_sweep(spec, None)
+        assert all(len({c.label.split(" × ")[0] for c in t.configs}) == 1 for t in plan.tasks), spec.name
+        assert len(plan.tasks) == len(spec.weights)

@@ -61,7 +61,11 @@ def size_for(model: str, *, tokens: int | None = None, ctx: int | None = None, d
 def _spec(name: str, model: str, *, data: str = "default", ctx: int, tokens: int, weights, kv, calibration: CalibrationSpec | None = None,
           device: str = "auto", dtype: str = "auto") -> SweepSpec:
     return SweepSpec(models=(model,), data=(data,), ctx=(ctx,), tokens=(tokens,), weights=tuple(parse_weight_spec(w) for w in weights),
-                     kv=tuple(KVSpec.parse(k) for k in kv), calibration=calibration or CalibrationSpec(), name=name, device=device, dtype=dtype)
+                     kv=tuple(KVSpec.parse(k) for k in kv), calibration=calibration or CalibrationSpec(), name=name, device=device, dtype=dtype,
+                     # one task per weight config: its results are stored as soon as its KV grid is done (an
+                     # interrupted finding resumes there), and only that config's copy is in memory — one task of
+                     # 7 weight copies held SmolLM2's additivity grid at 15 GB and stored nothing for 45 minutes
+                     grid="weight")
 
 
 def additivity_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
