@@ -73,11 +73,25 @@ class RunFlags:
     baseline: str = "auto"
 
 
+def _write_eval_json(path: Path, results) -> None:
+    from wkvlab.eval.depth import depth_tables
+
+    depth = {(t.weights, t.kv): t.to_dict() for t in depth_tables(results)}
+    payload = [{**r.to_dict(), **({"depth": depth[(r.weights, r.kv)]} if (r.weights, r.kv) in depth else {})} for r in results]
+    write_json_atomic(path, payload[0] if len(payload) == 1 else payload)
+    err_console.print(f"wrote {escape(str(path))}")
+
+
 def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: list[WeightSpec], kv_specs: list[KVSpec],
-                   score: str, title: str, calibration: CalibrationSpec | None = None, run: RunFlags | None = None):
+                   score: str, title: str, calibration: CalibrationSpec | None = None, run: RunFlags | None = None,
+                   json_out: Path | None = None):
+    """Evaluate, then keep the results every way asked — JSON, store, terminal — each attempted even
+    when another fails (a store another wkvlab changed mid-run must not cost an hour's results); the
+    first failure is raised once everything else is written."""
     from wkvlab import api
     from wkvlab.display import depth_table, reference_notes
     from wkvlab.eval.depth import depth_tables
+    from wkvlab.errors import WkvlabError
 
     run = run or RunFlags()
     with status(f"loading {model} and {data} text"):
@@ -86,15 +100,26 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk)
     with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title) as advance:
         results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options, run.baseline)
-    if run.store is not None:  # first: a finished evaluation must not be lost to a display error
-        written = api.store_results(results, run.store, work=work, weights=weight_specs, kv=kv_specs, calibration=calibration,
-                                    score=score, chunk=run.chunk)
-        err_console.print(f"wrote {written} result(s) to {escape(str(run.store))}")
+    failures: list[WkvlabError] = []
+    if json_out is not None:  # first: a finished evaluation must not be lost to a store or display error
+        try:
+            _write_eval_json(json_out, results)
+        except (WkvlabError, OSError) as exc:
+            failures.append(exc if isinstance(exc, WkvlabError) else WkvlabError(f"cannot write {json_out} ({exc}); the results are printed below"))
+    if run.store is not None:
+        try:
+            written = api.store_results(results, run.store, work=work, weights=weight_specs, kv=kv_specs, calibration=calibration,
+                                        score=score, chunk=run.chunk)
+            err_console.print(f"wrote {written} result(s) to {escape(str(run.store))}")
+        except WkvlabError as exc:
+            failures.append(exc)
     console.print(results_table(results, describe_run(results)))
     for table in depth_tables(results):
         console.print(depth_table(table))
     for note in dict.fromkeys([*(n for r in results for n in r.notes), *reference_notes(results)]):
         err_console.print(f"[yellow]note:[/] {escape(note)}")
+    if failures:
+        raise failures[0]
     return results
 
 
@@ -157,14 +182,8 @@ def eval_command(
         raise ConfigError(f"unknown --baseline {baseline!r}; use auto, float or engine")
     start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs))
     run = RunFlags(device, dtype, chunk, reference, topk, store, baseline)
-    results = _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", CalibrationSpec(calib, calib_samples, calib_len), run)
-    if json_out is not None:
-        from wkvlab.eval.depth import depth_tables
-
-        depth = {(t.weights, t.kv): t.to_dict() for t in depth_tables(results)}
-        payload = [{**r.to_dict(), **({"depth": depth[(r.weights, r.kv)]} if (r.weights, r.kv) in depth else {})} for r in results]
-        write_json_atomic(json_out, payload[0] if len(payload) == 1 else payload)
-        err_console.print(f"wrote {escape(str(json_out))}")
+    _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", CalibrationSpec(calib, calib_samples, calib_len), run,
+                   json_out=json_out)
 
 
 @app.command("demo")
