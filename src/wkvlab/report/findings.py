@@ -74,6 +74,15 @@ def _interval_chart(cid: str, title: str, y_title: str, groups: dict[str, list[t
                  zero_line=zero_line, caption=caption)
 
 
+def _grouped(rows: Sequence[dict], series: Callable[[dict], str], point: Callable[[dict], tuple[str, dict | None]]
+             ) -> dict[str, list[tuple[str, dict | None]]]:
+    """Rows gathered into chart series (in first-seen order), each row one (category, interval) point."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(series(r), []).append(point(r))
+    return groups
+
+
 def _additivity(f: StoredFinding, cid: str):
     rows = f.data["rows"]
     columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
@@ -83,9 +92,7 @@ def _additivity(f: StoredFinding, cid: str):
                Column("verdict", lambda r: r["verdict"]),
                Column("decided", lambda r: r["decided"], lambda r: "yes" if r["decided"] else
                       (f"no: ~{r['tokens_needed']:,} tokens" if r.get("tokens_needed") else "no")))
-    groups: dict[str, list] = {}
-    for r in rows:
-        groups.setdefault(f"weights {r['weights']}", []).append((r["kv"], r["interaction"]))
+    groups = _grouped(rows, lambda r: f"weights {r['weights']}", lambda r: (r["kv"], r["interaction"]))
     chart = _interval_chart(cid, f"Interaction by cache — {f.model}", "KLD(W+C) − KLD(W) − KLD(C)", groups,
                             "Above 0: the errors compound; below: less than their sum. Bars: 95% interval, windows resampled.")
     return columns, rows, (chart,)
@@ -96,9 +103,7 @@ def _methods(f: StoredFinding, cid: str):
     columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
                *_interval_columns("penalty", lambda r: r["penalty"]),
                *_interval_columns("minus the penalty under unquantized weights", lambda r: r["vs_unquantized"]))
-    groups: dict[str, list] = {}
-    for r in rows:
-        groups.setdefault(f"weights {r['weights']}", []).append((r["kv"], r["penalty"]))
+    groups = _grouped(rows, lambda r: f"weights {r['weights']}", lambda r: (r["kv"], r["penalty"]))
     chart = _interval_chart(cid, f"KV penalty under each weight config — {f.model}", "KLD(W × C) − KLD(W × fp16)", groups,
                             "Bars: 95% interval, windows resampled.")
     return columns, rows, (chart,)
@@ -125,9 +130,7 @@ def _depth(f: StoredFinding, cid: str):
                *_interval_columns("minus first bucket", lambda r: r["growth"]),
                Column("relative", lambda r: r["relative_growth"], lambda r: "—" if r["relative_growth"] is None else f"{100 * r['relative_growth']:+.1f}%"),
                Column("resampling unit", lambda r: r["unit"], shown=False))
-    groups: dict[str, list] = {}
-    for r in rows:
-        groups.setdefault(r["config"], []).append((f"{r['start']:,}–{r['end']:,}", r["penalty"]))
+    groups = _grouped(rows, lambda r: r["config"], lambda r: (f"{r['start']:,}–{r['end']:,}", r["penalty"]))
     chart = _interval_chart(cid, f"KV penalty by depth — {f.model}", "penalty (KLD)", groups,
                             "Bars: 95% interval, blocks of 256 positions resampled.", zero_line=False)
     return columns, rows, (chart,)
@@ -143,10 +146,8 @@ def _search(f: StoredFinding, cid: str):
                *_interval_columns("aware − unaware", lambda r: r["aware_minus_unaware"]),
                Column("best uniform", lambda r: r["uniform_name"]),
                *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]))
-    groups: dict[str, list] = {}
-    for r in rows:
-        groups.setdefault(f"profiled on {r['profile_text']}, held out {r['heldout_text']}", []).append(
-            (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
+    groups = _grouped(rows, lambda r: f"profiled on {r['profile_text']}, held out {r['heldout_text']}",
+                      lambda r: (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
     chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,
                             "Below 0: the weight-aware plan is better. Bars: 95% interval, held-out windows resampled.")
     return columns, rows, (chart,)
