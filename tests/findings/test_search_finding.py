@@ -1,4 +1,4 @@
-"""The search finding end to end on a tiny random Llama with the default tokenizer (real texts, no download)."""
+"""The search finding end to end on a tiny random Llama with the default tokenizer (real texts, no download; tests/findings/conftest.py)."""
 import dataclasses
 
 import pytest
@@ -8,17 +8,6 @@ from wkvlab.findings.search import SearchGrid, measure_search
 from wkvlab.search.choices import choice_bytes, choice_label, parse_choices
 
 GRID = SearchGrid(weights="int4-g32", formats="K8V8,K8V4,K4V4,K4V2", budgets=(0.33, 0.45), ctx=32, profile_tokens=64, heldout_tokens=512)
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory, default_model):
-    from tests.conftest import tiny_llama
-
-    folder = tmp_path_factory.mktemp("tiny-search")
-    tiny_llama(vocab_size=len(default_model.tokenizer), num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
-               head_dim=32, max_position_embeddings=512).save_pretrained(folder)
-    default_model.tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.fixture(scope="module")

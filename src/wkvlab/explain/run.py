@@ -71,7 +71,7 @@ def _noop(_desc: str, _n: int) -> None:
     pass
 
 
-def _kv_stats(quantized, kv: KVSpec, calibration, fingerprint: str):
+def kv_stats_under(quantized, kv: KVSpec, calibration, fingerprint: str):
     """KV calibration statistics under these weights, from the same cache run_grid uses."""
     if not kv.needs_calibration:
         return None
@@ -160,7 +160,7 @@ def explain(
         from wkvlab.weights.apply import quantize_model_weights
 
         quantized = quantize_model_weights(net, w_spec, calibration, model_key=fingerprint)
-        stats = _kv_stats(quantized, c_spec, calibration, fingerprint)
+        stats = kv_stats_under(quantized, c_spec, calibration, fingerprint)
         common = dict(weights_label=w_spec.label, stats=stats, progress=tick)
         if options.runs("attention"):
             from wkvlab.explain.attention import attention_decomposition

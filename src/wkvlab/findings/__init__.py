@@ -6,7 +6,8 @@ intervals. ``wkvlab findings <name> [--model M]`` runs one on any model; ``make 
 them all on the packaged models:
 
 * ``additivity``: weight methods × KV configs — does their KLD add or compound?
-* ``methods``: the KV penalty under each weight method, and where the cross term sits in attention;
+* ``methods``: the KV penalty under each weight method;
+* ``attention``: where inside attention the weight × cache cross term sits (layers, sinks);
 * ``calibration``: GPTQ, AWQ and SmoothQuant calibrated on prose, code or math, evaluated on prose and code;
 * ``depth``: the KV penalty by depth on long documents, to the model's context limit;
 * ``search``: weight-aware vs weight-unaware per-layer KV plans;
@@ -14,6 +15,6 @@ them all on the packaged models:
 """
 from __future__ import annotations
 
-FINDINGS = ("additivity", "methods", "calibration", "depth", "search", "engine")
+FINDINGS = ("additivity", "methods", "attention", "calibration", "depth", "search", "engine")
 
 __all__ = ["FINDINGS"]

@@ -10,7 +10,7 @@ from wkvlab.cliopts import ThreadsOption, start_run
 
 
 def findings_command(
-    name: Annotated[str, typer.Argument(help="additivity, methods, calibration, depth, search, engine (docs/findings.md)")],
+    name: Annotated[str, typer.Argument(help="additivity, methods, attention, calibration, depth, search, engine (docs/findings.md)")],
     model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
     store: Annotated[Path, typer.Option(help="results store the finding's sweeps write into (resumable)")] = Path("out/findings.db"),
     ctx: Annotated[Optional[int], typer.Option(help="tokens per window (default: sized per model; for depth, the model's limit)")] = None,

@@ -21,6 +21,10 @@ CALIBRATED_WEIGHTS = ("gptq-int4-g128", "awq-int4-g128", "w8a8-int8")
 CALIBRATION_TEXTS = ("prose", "code", "math")
 EVALUATION_TEXTS = ("default", "code")
 DEPTH_KV = ("q8_0", "q4_0", "int4")
+# Where the cross term sits: the weight methods and the caches that compound in the additivity finding.
+ATTENTION_WEIGHTS = ("none", "int4-g128", "gptq-int4-g128", "awq-int4-g128", "fp8", "nvfp4")
+ATTENTION_KV = ("int4", "llamacpp:q4_0", "kivi4")
+ATTENTION_WINDOWS = 8  # the statistical rule's minimum number of resampling units (wkvlab.stats.MIN_UNITS)
 
 
 @dataclass(frozen=True)

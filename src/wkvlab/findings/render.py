@@ -42,6 +42,26 @@ def penalty_markdown(rows: list[PenaltyRow]) -> str:
     return _table(["KV \\ weights", *weights], body) + note
 
 
+def attention_markdown(rows) -> str:
+    """Where the cross term sits: term shares, the cross term on the sinks, the layers that hold it."""
+    header = ["weights", "KV", "KV term Q·ε_kᵀ", "weight term ε_q·Kᵀ", "cross term ε_q·ε_kᵀ [95%]", "cross term on sinks / elsewhere (RMS) [95%]",
+              "layers holding most of the cross term", "attention KL"]
+    body = []
+    for r in rows:
+        pct = lambda iv: f"{100 * iv.estimate:.1f}%"  # noqa: E731
+        cross = r.shares["cross"]
+        cross_text = pct(cross) + (f" [{100 * cross.low:.1f}, {100 * cross.high:.1f}]" if cross.decided else f" [no interval: {cross.n_units} windows]")
+        layers = ", ".join(f"L{l} {100 * m:.0f}%" for l, m in r.top_layers)
+        body.append([r.weights, r.kv, pct(r.shares["kv"]), pct(r.shares["weight"]), cross_text, format(r.cross_sink_ratio, ".2f"), layers,
+                     f"{r.attention_kl:.2e}"])
+    windows = rows[0].windows if rows else 0
+    sinks = rows[0].sink_tokens if rows else 0
+    return _table(header, body) + (
+        "\n\nShares of the summed energy of the three score-error terms over every layer, head and causal (query, key) pair; "
+        f"95% intervals over {windows} windows resampled. Sinks: the first {sinks} keys; 1.00 means the cross term is no "
+        "larger on them than elsewhere. Layers: share of the network's cross-term energy.")
+
+
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
     calibs = list(dict.fromkeys(c for r in rows for c in r.kld))
     header = ["method", "evaluated on", *[f"calibrated on {c}" for c in calibs], "mismatch cost [95%]"]

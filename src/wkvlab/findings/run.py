@@ -76,6 +76,12 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         else:
             rows = analysis.penalties(results)
             markdown, data = render.penalty_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+    elif name == "attention":
+        from wkvlab.findings.attention import measure_attention
+
+        windows = grids.ATTENTION_WINDOWS if tokens is None else size.tokens // size.ctx
+        rows = measure_attention(model, grids.ATTENTION_WEIGHTS, grids.ATTENTION_KV, ctx=size.ctx, windows=windows, progress=progress, **where)
+        markdown, data = render.attention_markdown(rows), {"rows": [r.to_dict() for r in rows], "ctx": size.ctx}
     elif name == "calibration":
         specs = grids.calibration_sweeps(model, size, **where)
         grids_out = _run_sweeps(specs, store, progress)

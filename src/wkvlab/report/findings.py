@@ -18,6 +18,7 @@ from wkvlab.store.findings import StoredFinding
 TITLES = {
     "additivity": "Additive or compounding: interaction KLD(W+C) − KLD(W) − KLD(C)",
     "methods": "Which weight methods hurt the cache more: KV penalty under each weight config",
+    "attention": "Where the cross term sits inside attention: score-error terms, sinks, layers",
     "calibration": "Calibration domain: KLD by calibration text and evaluation text",
     "depth": "Depth: KV penalty by position bucket on long documents",
     "search": "Weight-aware vs weight-unaware per-layer KV plans",
@@ -43,6 +44,11 @@ def _iv_text(iv: dict | None, spec: str = "+.5f") -> str:
     if iv.get("low") is None or iv.get("high") is None:
         return f"{iv['estimate']:{spec}} [no interval: {iv.get('n_units', 0)} units]"
     return f"{iv['estimate']:{spec}} [{iv['low']:{spec}}, {iv['high']:{spec}}]"
+
+
+def _percent(iv: dict) -> dict:
+    """A share's interval in percent."""
+    return {**iv, **{k: None if iv.get(k) is None else 100 * iv[k] for k in ("estimate", "low", "high")}}
 
 
 def _bars(ivs: Sequence[dict | None]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -109,6 +115,21 @@ def _methods(f: StoredFinding, cid: str):
     return columns, rows, (chart,)
 
 
+def _attention(f: StoredFinding, cid: str):
+    rows = f.data["rows"]
+    columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
+               *(Column(f"{name} share %", lambda r, t=t: 100 * r["shares"][t]["estimate"], lambda r, t=t: _iv_text(_percent(r["shares"][t]), ".1f"))
+                 for t, name in (("kv", "KV term"), ("weight", "weight term"), ("cross", "cross term"))),
+               *_interval_columns("cross term sinks/elsewhere", lambda r: r["cross_sink_ratio"], ".2f"),
+               Column("layers holding most of the cross term", lambda r: ";".join(f"L{t['layer']}:{t['cross_mass']:.3f}" for t in r["top_layers"]),
+                      lambda r: ", ".join(f"L{t['layer']} {100 * t['cross_mass']:.0f}%" for t in r["top_layers"])),
+               Column("attention KL", lambda r: r["attention_kl"], lambda r: _num(r["attention_kl"], ".2e")))
+    groups = _grouped(rows, lambda r: f"cache {r['kv']}", lambda r: (r["weights"], r["shares"]["cross"]))
+    chart = _interval_chart(cid, f"Cross term's share of the attention-score error — {f.model}", "share of the term energy", groups,
+                            "Bars: 95% interval, windows resampled.", zero_line=False)
+    return columns, rows, (chart,)
+
+
 def _calibration(f: StoredFinding, cid: str):
     rows = f.data["rows"]
     calibs = list(dict.fromkeys(c for r in rows for c in r["kld"]))
@@ -167,7 +188,7 @@ def _engine(f: StoredFinding, cid: str):
     return columns, rows, (chart,)
 
 
-BUILDERS = {"additivity": _additivity, "methods": _methods, "calibration": _calibration, "depth": _depth, "search": _search,
+BUILDERS = {"additivity": _additivity, "methods": _methods, "attention": _attention, "calibration": _calibration, "depth": _depth, "search": _search,
             "engine": _engine}
 
 

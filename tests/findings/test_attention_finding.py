@@ -1,0 +1,87 @@
+"""The attention finding on a tiny random Llama: pooled per-window decompositions against one decomposition of all windows."""
+import json
+
+import numpy as np
+import pytest
+
+from wkvlab.findings.attention import AttentionRow, measure_attention
+
+CTX = 32
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_folder):
+    return measure_attention(tiny_folder, ("int4-g32",), ("int4", "q4_0"), ctx=CTX, windows=8, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def whole(tiny_folder):
+    """One decomposition over the same 8 windows at once (the path explain uses)."""
+    from wkvlab import api
+    from wkvlab.explain.attention import attention_decomposition
+    from wkvlab.kv.spec import KVSpec
+    from wkvlab.weights.apply import quantize_model_weights
+    from wkvlab.weights.spec import WeightSpec
+
+    work = api.prepare(tiny_folder, "default", ctx=CTX, tokens=8 * CTX, device="cpu", dtype="float32")
+    quantized = quantize_model_weights(work.loaded.model, WeightSpec.parse("int4-g32"), None, model_key=work.loaded.fingerprint)
+    return attention_decomposition(work.loaded.model, quantized.model, KVSpec.parse("int4"), work.windows.tokens, weights_label="int4-g32")
+
+
+def test_pooled_windows_equal_one_decomposition_of_all_windows(rows, whole):
+    row = rows[0]
+    assert (row.weights, row.kv, row.windows) == ("int4-g32", "int4", 8)
+    shares = whole.network_shares()
+    for term in ("kv", "weight", "cross"):
+        assert row.shares[term].estimate == pytest.approx(shares[term], rel=1e-9)
+    assert row.cross_sink_ratio.estimate == pytest.approx(whole.sink_ratio("cross"), rel=1e-9)
+    assert [l for l, _ in row.top_layers] == [l for l, _ in whole.top_layers(3)]
+    assert [m for _, m in row.top_layers] == pytest.approx([m for _, m in whole.top_layers(3)], rel=1e-9)
+    assert row.attention_kl == pytest.approx(whole.kl_sum.sum() / whole.kl_rows.sum(), rel=1e-9)
+
+
+def test_shares_add_to_one_with_decided_intervals(rows):
+    for row in rows:
+        assert sum(row.shares[t].estimate for t in ("kv", "weight", "cross")) == pytest.approx(1.0, abs=1e-12)
+        for iv in (*row.shares.values(), row.cross_sink_ratio):
+            assert iv.n_units == 8 and iv.decided and iv.low <= iv.estimate <= iv.high
+        # 4-bit weights and a 4-bit cache on a random model: both errors are large, so is their product
+        assert 0.0 < row.shares["cross"].estimate < 1.0
+
+
+def test_fewer_windows_than_the_rule_give_no_interval(tiny_folder):
+    (row,) = measure_attention(tiny_folder, ("int4-g32",), ("int4",), ctx=CTX, windows=3, device="cpu", dtype="float32")
+    assert row.windows == 3 and not row.shares["cross"].decided and np.isnan(row.shares["cross"].low)
+    from wkvlab.findings.render import attention_markdown
+
+    assert "[no interval: 3 windows]" in attention_markdown([row])
+
+
+def test_unquantized_weights_have_a_cross_term_only_through_earlier_layers(tiny_folder):
+    # ε_q carries the cache error of earlier layers: layer 0's query is exact, later ones are not
+    (row,) = measure_attention(tiny_folder, ("none",), ("int4",), ctx=CTX, windows=8, device="cpu", dtype="float32")
+    assert row.layer_cross_mass[0] == 0.0 and sum(row.layer_cross_mass[1:]) == pytest.approx(1.0)
+    assert row.shares["weight"].estimate > 0.0 and row.shares["kv"].estimate > row.shares["cross"].estimate
+
+
+def test_row_round_trips_through_json(rows):
+    back = AttentionRow.from_dict(json.loads(json.dumps(rows[0].to_dict())))
+    assert back == rows[0]
+
+
+def test_the_finding_runs_into_the_store_and_the_report_draws_it(tiny_folder, tmp_path, monkeypatch):
+    from wkvlab.findings import grids
+    from wkvlab.findings.run import run_finding
+    from wkvlab.report.findings import finding_sections
+    from wkvlab.store import open_store
+
+    monkeypatch.setattr(grids, "ATTENTION_WEIGHTS", ("int4-g32",))
+    monkeypatch.setattr(grids, "ATTENTION_KV", ("int4",))
+    store = tmp_path / "f.db"
+    finding = run_finding("attention", model=tiny_folder, store=store, ctx=CTX, tokens=8 * CTX, device="cpu", dtype="float32")
+    assert finding.data["rows"][0]["windows"] == 8
+    assert "| int4-g32 | int4 |" in finding.markdown
+    with open_store(store) as db:
+        (section,) = finding_sections(db.findings())
+    assert section.title.startswith("Where the cross term sits")
+    assert section.table.rows[0]["kv"] == "int4" and len(section.charts) == 1
