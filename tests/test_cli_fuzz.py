@@ -78,6 +78,11 @@ CASES = [
     (["engine", "eval", "--gguf", "/no/such.gguf"], "is not a .gguf file", {}),
     (["engine", "compare", "--kv", ","], "give at least one cache type", {}),
     (["engine", "compare", "--json", OUT + "/missing/f.json"], "does not exist", {}),
+    (["findings", "bogus"], "unknown finding 'bogus'", {}),
+    (["findings", "additivity", "--markdown", OUT, "--store", OUT + "/f.db"], "is a folder", {}),
+    (["findings", "additivity", "--store", OUT + "/missing/f.db"], "does not exist", {}),
+    (["findings", "engine", "--tokens", "256", "--store", OUT + "/f.db"], "less than one window of --ctx 1024", {}),
+    (["findings", "attention", "--ctx", "8", "--store", OUT + "/f.db"], "--ctx 8 is too short", {}),
 ]
 
 RUNNER = textwrap.dedent('''

@@ -36,14 +36,51 @@ def test_compounding_is_found_and_decided():
     assert (row.weights, row.kv) == ("int4-g128", "int4")
     assert row.interaction.estimate == pytest.approx(0.05 - 0.0, abs=0.01)  # wc − w − c, per_window counted twice in wc
     assert row.interaction.low > 0 and row.verdict == "compounds (more than the sum)"
-    assert row.decided and row.tokens_needed is None
+    assert row.resolved and row.tokens_needed is None
     assert row.share == pytest.approx(row.interaction.estimate / (row.w.estimate + row.c.estimate))
     assert "compounds" in additivity_markdown([row])
 
 
 def test_additive_grid_is_additive():
     (row,) = additivity(_grid(interaction=0.0), n_resamples=500)
+    assert row.interaction.decided and row.resolved
     assert row.interaction.contains(0.0) and row.verdict == "additive within the interval"
+
+
+def test_an_interval_wider_than_the_smaller_effect_is_not_called_additive():
+    # per-token noise 1.5 against a cache effect of 0.10: the interval holds 0 but cannot tell 0 from the effect
+    (row,) = additivity(_grid(interaction=0.0, noise=1.5), n_resamples=500)
+    width = row.interaction.high - row.interaction.low
+    assert row.interaction.contains(0.0) and not row.resolved and width > row.smaller_effect
+    assert row.verdict == "not resolved (interval wider than the smaller effect)"
+    assert row.tokens_needed == int(np.ceil(row.tokens * (width / row.smaller_effect) ** 2))
+    assert f"no: ~{row.tokens_needed:,} tokens" in additivity_markdown([row])
+
+
+def test_methods_difference_is_the_additivity_interaction():
+    # a reference cell that is not exactly 0 (an fp16 cache on float32 weights is not lossless)
+    grid = _grid(interaction=0.05)
+    grid[0] = _result("none", "fp16", np.full(grid[0].arrays.kld.size, 0.004))
+    (row,) = additivity(grid, n_resamples=300)
+    versus = {(r.weights, r.kv): r for r in penalties(grid, n_resamples=300)}[("int4-g128", "int4")].vs_unquantized
+    assert (versus.estimate, versus.low, versus.high) == (row.interaction.estimate, row.interaction.low, row.interaction.high)
+
+
+def test_a_grid_without_its_reference_cell_is_refused():
+    from wkvlab.errors import DataError
+
+    with pytest.raises(DataError, match="add weights 'none' and kv 'fp16'"):
+        additivity(_grid(interaction=0.0)[1:])
+
+
+def test_search_and_engine_check_their_own_windows_not_the_grids():
+    from wkvlab.errors import ConfigError
+    from wkvlab.findings import grids
+    from wkvlab.findings.run import run_finding
+
+    assert grids.search_grid("default", tokens=300).profile_tokens == 300  # the search window is 256, not the grids' 512
+    with pytest.raises(ConfigError, match="less than one window of --ctx 1024"):  # the engine's window
+        run_finding("engine", model="default", tokens=256)
 
 
 def test_penalty_under_quantized_weights_and_its_difference():

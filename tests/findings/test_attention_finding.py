@@ -37,16 +37,16 @@ def test_pooled_windows_equal_one_decomposition_of_all_windows(rows, whole):
     assert row.cross_sink_ratio.estimate == pytest.approx(whole.sink_ratio("cross"), rel=1e-9)
     assert [l for l, _ in row.top_layers] == [l for l, _ in whole.top_layers(3)]
     assert [m for _, m in row.top_layers] == pytest.approx([m for _, m in whole.top_layers(3)], rel=1e-9)
-    assert row.attention_kl == pytest.approx(whole.kl_sum.sum() / whole.kl_rows.sum(), rel=1e-9)
+    assert row.attention_kl == pytest.approx(whole.kl().mean(), rel=1e-9)
 
 
-def test_shares_add_to_one_with_decided_intervals(rows):
+def test_every_share_has_a_window_interval_that_varies(rows):
     for row in rows:
-        assert sum(row.shares[t].estimate for t in ("kv", "weight", "cross")) == pytest.approx(1.0, abs=1e-12)
         for iv in (*row.shares.values(), row.cross_sink_ratio):
-            assert iv.n_units == 8 and iv.decided and iv.low <= iv.estimate <= iv.high
-        # 4-bit weights and a 4-bit cache on a random model: both errors are large, so is their product
-        assert 0.0 < row.shares["cross"].estimate < 1.0
+            assert iv.n_units == 8 and iv.decided and iv.high - iv.low > 1e-6  # windows differ: a real interval, not a point
+    # the two caches quantize differently: their KV terms' shares are not the same number
+    int4, q4_0 = rows
+    assert abs(int4.shares["kv"].estimate - q4_0.shares["kv"].estimate) > 1e-3
 
 
 def test_fewer_windows_than_the_rule_give_no_interval(tiny_folder):
@@ -54,7 +54,7 @@ def test_fewer_windows_than_the_rule_give_no_interval(tiny_folder):
     assert row.windows == 3 and not row.shares["cross"].decided and np.isnan(row.shares["cross"].low)
     from wkvlab.findings.render import attention_markdown
 
-    assert "[no interval: 3 windows]" in attention_markdown([row])
+    assert "[no interval: 3 < 8 units]" in attention_markdown([row])
 
 
 def test_unquantized_weights_have_a_cross_term_only_through_earlier_layers(tiny_folder):

@@ -16,7 +16,7 @@ from wkvlab.store import open_store
 from wkvlab.store.findings import StoredFinding
 
 IV = {"estimate": 0.02, "low": 0.01, "high": 0.03, "level": 0.95, "n_units": 64, "n_resamples": 200, "decided": True}
-NO_IV = {"estimate": 0.0, "low": None, "high": None, "level": 0.95, "n_units": 1, "n_resamples": 200, "decided": False}
+NO_IV = {"estimate": 0.0, "low": None, "high": None, "level": 0.95, "n_units": 1, "n_resamples": 0, "decided": False}
 
 
 def _findings():
@@ -64,7 +64,7 @@ def test_undecided_intervals_show_why_not_a_range():
     f = _findings()[2]
     f.data["tables"][0]["rows"][1]["growth"] = NO_IV
     (section,) = finding_sections([f])
-    assert section.table.text_rows()[1][4] == "+0.00000 [no interval: 1 units]"
+    assert section.table.text_rows()[1][4] == "+0.00000 [no interval: 1 < 8 units]"  # the wording of Interval itself
     assert section.charts[0].series[0].error_high[1] == pytest.approx(0.005)  # the penalty's own interval still draws
 
 

@@ -71,6 +71,17 @@ def test_too_few_units_give_no_interval_and_no_verdict():
     assert paired_interval(lambda m: m["x"], {"x": np.random.default_rng(1).random(units.size) + 1.0}, units).excludes_zero
 
 
+def test_a_statistic_undefined_on_every_resample_decides_nothing():
+    """Enough windows, but a ratio of zeros: NaN bounds must not read as an interval that excludes 0."""
+    units = np.repeat(np.arange(MIN_UNITS), 5)
+    zeros = np.zeros(units.size)
+    with np.errstate(invalid="ignore"):
+        iv = paired_interval(lambda m: m["a"] / m["b"], {"a": zeros, "b": zeros}, units)
+    assert iv.n_units == MIN_UNITS and not iv.decided and not iv.excludes_zero and iv.contains(0.0)
+    assert f"{iv:.2f}" == "nan [no interval: undefined on every resample]"
+    assert Interval.from_dict(iv.to_dict()).decided is False
+
+
 def test_student_quantile_matches_the_table():
     # t_{0.975, df}: 2.3646 (7), 2.2281 (10), 2.0423 (30); t_{0.95, 7} = 1.8946
     for p, df, expected in ((0.975, 7, 2.3646), (0.975, 10, 2.2281), (0.975, 30, 2.0423), (0.95, 7, 1.8946)):

@@ -1,10 +1,12 @@
 """Tables of the findings, from stored per-token arrays, every number with a paired interval.
 
 All intervals come from :func:`wkvlab.stats.paired_interval` (windows resampled, the same windows
-for every config compared — or blocks of positions for depth), so "decided" means the same thing
-here as in explain, compare and the report. Where an interval is too wide to decide a question,
-the table says how many tokens would decide it: an interval's width shrinks with the square root
-of the resampling units, so ``tokens × (width / target)²`` would bring it to the target.
+for every config compared — or blocks of positions for depth), so "decided" (an interval exists)
+and "significant" (it excludes 0) mean the same thing here as in explain, compare and the report.
+The additivity question asks more of an interval: that it be narrower than the smaller main effect
+("resolved"); where it is not, the table says how many tokens would resolve it — an interval's
+width shrinks with the square root of the resampling units, so ``tokens × (width / target)²``
+would bring it to the target.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
+from wkvlab.errors import DataError
 from wkvlab.eval.depth import depth_tables
 from wkvlab.eval.result import EvalResult
 from wkvlab.explain.factorial import effects
@@ -29,7 +32,8 @@ def _is_fp16(result: EvalResult) -> bool:
 
 
 def tokens_to_decide(interval: Interval, target: float, tokens: int) -> int | None:
-    """Tokens at which an interval as wide as this one would be ``target`` wide (None: already is)."""
+    """Tokens at which an interval as wide as this one would be ``target`` wide (None: it already
+    is, or there is no interval to scale)."""
     width = interval.high - interval.low
     if not interval.decided or not math.isfinite(width) or target <= 0:
         return None
@@ -57,33 +61,43 @@ class AdditivityRow:
         return min(abs(self.w.estimate), abs(self.c.estimate))
 
     @property
-    def decided(self) -> bool:
+    def resolved(self) -> bool:
         """The interaction's interval is narrower than the smaller main effect (the issue's criterion)."""
         return self.interaction.decided and (self.interaction.high - self.interaction.low) < self.smaller_effect
 
     @property
     def verdict(self) -> str:
+        """The interval's sign when it excludes 0; "additive" only when it is also resolved."""
         if not self.interaction.decided:
             return "too few windows for an interval"
         if self.interaction.low > 0:
             return "compounds (more than the sum)"
         if self.interaction.high < 0:
             return "less than the sum"
-        return "additive within the interval"
+        return "additive within the interval" if self.resolved else "not resolved (interval wider than the smaller effect)"
 
     @property
     def tokens_needed(self) -> int | None:
-        return None if self.decided else tokens_to_decide(self.interaction, self.smaller_effect, self.tokens)
+        return None if self.resolved else tokens_to_decide(self.interaction, self.smaller_effect, self.tokens)
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "kv": self.kv, **{k: getattr(self, k).to_dict() for k in ("w", "c", "wc", "interaction")},
-                "tokens": self.tokens, "share": self.share, "decided": self.decided, "verdict": self.verdict, "tokens_needed": self.tokens_needed}
+                "tokens": self.tokens, "share": self.share, "resolved": self.resolved, "verdict": self.verdict,
+                "tokens_needed": self.tokens_needed}
+
+
+def _reference_cell(results: list[EvalResult]) -> EvalResult:
+    """The grid's unquantized weights × 16-bit cache: the factorial's reference cell."""
+    ref = next((r for r in results if _is_none(r) and _is_fp16(r)), None)
+    if ref is None:
+        raise DataError("the grid has no unquantized weights × fp16 cell; add weights 'none' and kv 'fp16' to it")
+    return ref
 
 
 def additivity(results: Iterable[EvalResult], *, n_resamples: int = 2000) -> list[AdditivityRow]:
     """The 2×2 factorial of every (W, C) pair of a weights × KV grid that holds none and fp16."""
     results = list(results)
-    ref = next(r for r in results if _is_none(r) and _is_fp16(r))
+    ref = _reference_cell(results)
     by_w = {r.weights: r for r in results if _is_fp16(r) and not _is_none(r)}
     by_c = {r.kv: r for r in results if _is_none(r) and not _is_fp16(r)}
     rows = []
@@ -102,7 +116,7 @@ class PenaltyRow:
     weights: str
     kv: str
     penalty: Interval
-    vs_unquantized: Interval | None  # penalty under W minus penalty under unquantized weights (= the interaction)
+    vs_unquantized: Interval | None  # penalty under W minus penalty under unquantized weights: the additivity interaction
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "kv": self.kv, "penalty": self.penalty.to_dict(),
@@ -112,6 +126,7 @@ class PenaltyRow:
 def penalties(results: Iterable[EvalResult], *, n_resamples: int = 2000) -> list[PenaltyRow]:
     """The KV penalty of every cache under every weight config of a grid, paired by window."""
     results = list(results)
+    ref = _reference_cell(results)
     base = {r.weights: r for r in results if _is_fp16(r)}
     plain = {r.kv: r for r in results if _is_none(r)}
     rows = []
@@ -122,8 +137,8 @@ def penalties(results: Iterable[EvalResult], *, n_resamples: int = 2000) -> list
         penalty = paired_interval(lambda m: m["wc"] - m["w"], arrays, r.arrays.window, n_resamples=n_resamples)
         versus = None
         if not _is_none(r) and r.kv in plain:
-            arrays = {**arrays, "c": plain[r.kv].arrays.kld}
-            versus = paired_interval(lambda m: m["wc"] - m["w"] - m["c"], arrays, r.arrays.window, n_resamples=n_resamples)
+            # (wc − w) − (c − ref): the same interaction, on the same windows, as the additivity finding's
+            versus = effects({"ref": ref, "w": base[r.weights], "c": plain[r.kv], "wc": r}, "kld", n_resamples=n_resamples).interaction
         rows.append(PenaltyRow(r.weights, r.kv, penalty, versus))
     return rows
 

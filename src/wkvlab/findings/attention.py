@@ -65,11 +65,23 @@ class AttentionRow:
                    Interval.from_dict(data["cross_sink_ratio"]), data["sink_tokens"], data["layer_cross_mass"], data["attention_kl"])
 
 
+def pooled(parts: list):
+    """One :class:`AttentionDecomposition` of all windows from the per-window ones (its sums add)."""
+    from dataclasses import replace
+
+    first = parts[0]
+    return replace(first, n_windows=sum(p.n_windows for p in parts), sumsq={t: sum(p.sumsq[t] for p in parts) for t in first.sumsq},
+                   pairs=sum(p.pairs for p in parts), kl_sum=sum(p.kl_sum for p in parts), kl_rows=sum(p.kl_rows for p in parts),
+                   ref_sumsq=sum(p.ref_sumsq for p in parts))
+
+
 def pooled_row(weights: str, kv: str, parts: list) -> AttentionRow:
     """Pool per-window :class:`AttentionDecomposition` results into one row with window-bootstrap intervals.
 
-    Every statistic is a ratio of sums over windows, so it is a function of the per-window sums'
-    means: :func:`wkvlab.stats.paired_interval` with one "token" per window and the window as unit.
+    The shares and the sink ratio are ratios of sums over windows, so they are functions of the
+    per-window sums' means: :func:`wkvlab.stats.paired_interval` with one "token" per window and the
+    window as unit (its point estimates are the pooled decomposition's own ``network_shares`` and
+    ``sink_ratio``); the layers and the KL come from the pooled decomposition.
     """
     from wkvlab.stats import paired_interval
 
@@ -87,11 +99,9 @@ def pooled_row(weights: str, kv: str, parts: list) -> AttentionRow:
 
     shares = {t: paired_interval(share(t), arrays, units) for t in energy}
     ratio = paired_interval(lambda m: np.sqrt((m["cross_sinks"] / m["pairs_sinks"]) / (m["cross_rest"] / m["pairs_rest"])), arrays, units)
-    layer_energy = sum(p.sumsq["cross"].sum((1, 2)) for p in parts)
-    total = float(layer_energy.sum())
-    mass = [float(e / total) if total > 0 else 0.0 for e in layer_energy]
-    kl = float(sum(p.kl_sum.sum() for p in parts) / max(sum(p.kl_rows.sum() for p in parts), 1))
-    return AttentionRow(weights, kv, len(parts), shares, ratio, parts[0].sink_tokens, mass, kl)
+    whole = pooled(parts)
+    mass = [float(m) for m in whole.cross_mass().sum(1)]
+    return AttentionRow(weights, kv, len(parts), shares, ratio, whole.sink_tokens, mass, float(whole.kl().mean()))
 
 
 def measure_attention(model: str, weights: tuple[str, ...], kvs: tuple[str, ...], *, ctx: int, windows: int,
@@ -139,4 +149,4 @@ def measure_attention(model: str, weights: tuple[str, ...], kvs: tuple[str, ...]
     return rows
 
 
-__all__ = ["AttentionRow", "measure_attention", "pooled_row"]
+__all__ = ["AttentionRow", "measure_attention", "pooled", "pooled_row"]

@@ -23,19 +23,27 @@ def findings_command(
     """Measure one of the seeds' questions on a model (resumable through the store) and print its tables with intervals."""
     from wkvlab.display import console, err_console, progress_bar
     from wkvlab.errors import ConfigError
-    from wkvlab.findings import FINDINGS
-    from wkvlab.findings.run import run_finding
+    from wkvlab.findings import FINDINGS, grids
 
     if name not in FINDINGS:
         raise ConfigError(f"unknown finding {name!r}; use one of {', '.join(FINDINGS)}")
-    if not (store.parent if str(store.parent) else Path(".")).is_dir():
+    if not store.parent.is_dir():
         raise ConfigError(f"folder {store.parent} does not exist; create it or choose another --store")
-    if markdown is not None and not (markdown.parent if str(markdown.parent) else Path(".")).is_dir():
+    if markdown is not None and markdown.is_dir():
+        raise ConfigError(f"--markdown {markdown} is a folder; give a file name such as {markdown / (name + '.md')}")
+    if markdown is not None and not markdown.parent.is_dir():
         raise ConfigError(f"folder {markdown.parent} does not exist; create it or choose another --markdown")
+    grids.check_size(name, model, ctx=ctx, tokens=tokens)
     start_run("findings", threads, f"{name} on {model} (store {store})")
+    from wkvlab.findings.run import run_finding
+
     finding = run_finding(name, model=model, store=store, tokens=tokens, ctx=ctx, device=device, dtype=dtype, progress=progress_bar)
     console.print(finding.markdown, markup=False, highlight=False, soft_wrap=True)
     err_console.print(f"{name} on {model}: {finding.seconds:,.0f} s (store {store})")
-    if markdown is not None:
-        markdown.write_text(f"## {name} — {model}\n\n{finding.markdown}\n", encoding="utf-8")
+    if markdown is not None:  # the finding is already in the store: a failed write loses nothing
+        try:
+            markdown.write_text(f"## {name} — {model}\n\n{finding.markdown}\n", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"could not write --markdown {markdown} ({exc.strerror}); the finding is in {store}: "
+                              f"rerun with another --markdown to print it again without measuring") from None
         err_console.print(f"wrote {markdown}")

@@ -1,8 +1,9 @@
 """What each finding measures: its sweeps, sized per model (pure data, no model is loaded here).
 
 Sizes are chosen so that a finding runs in about an hour on a 2-core CPU for the packaged models;
-every finding prints, for each interval that did not decide its question, how many tokens would
-(intervals shrink with the square root of the tokens). ``--tokens`` overrides the size.
+the additivity finding prints, for each interaction whose interval is too wide to settle the
+question, how many tokens would (intervals shrink with the square root of the tokens).
+``--tokens`` overrides the size.
 """
 from __future__ import annotations
 
@@ -55,11 +56,26 @@ def size_for(model: str, *, tokens: int | None = None, ctx: int | None = None, d
     names = ("depth_ctx", "depth_tokens") if depth else ("ctx", "tokens")
     ctx = ctx if ctx is not None else getattr(size, names[0])
     tokens = tokens if tokens is not None else max(getattr(size, names[1]), ctx)
+    check_windows(ctx, tokens)
+    return replace(size, **dict(zip(names, (ctx, tokens))))
+
+
+def check_windows(ctx: int, tokens: int) -> None:
+    """Every finding's windows: at least 16 tokens each, and at least one of them."""
     if ctx < 16:
         raise ConfigError(f"--ctx {ctx} is too short; use --ctx 16 or more")
     if tokens < ctx:
         raise ConfigError(f"--tokens {tokens} is less than one window of --ctx {ctx}; ask for at least {ctx}")
-    return replace(size, **dict(zip(names, (ctx, tokens))))
+
+
+def check_size(name: str, model: str, *, ctx: int | None, tokens: int | None) -> None:
+    """Refuse a finding's ``--ctx``/``--tokens`` before anything heavy is loaded (each finding's own windows)."""
+    if name == "search":
+        search_grid(model, tokens=tokens, ctx=ctx)
+    elif name == "engine":
+        check_windows(ctx or ENGINE_CTX, tokens or ENGINE_TOKENS)
+    else:
+        size_for(model, tokens=tokens, ctx=ctx, depth=name == "depth")
 
 
 def _spec(name: str, model: str, *, data: str = "default", ctx: int, tokens: int, weights, kv, calibration: CalibrationSpec | None = None,
@@ -93,16 +109,13 @@ def depth_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
 
 def search_grid(model: str, *, tokens: int | None = None, ctx: int | None = None):
     """The search finding's grid: ``--tokens`` sets the profile tokens per text (held-out: four times
-    as many, at least 4,096, so every paired interval has 16 windows), ``--ctx`` the window."""
+    as many, and at least 16 windows, so every paired interval has 16 units), ``--ctx`` the window."""
     from wkvlab.findings.search import SearchGrid
 
     grid = SearchGrid()
     ctx = ctx if ctx is not None else grid.ctx
     profile = tokens if tokens is not None else grid.profile_tokens
-    if ctx < 16:
-        raise ConfigError(f"--ctx {ctx} is too short; use --ctx 16 or more")
-    if profile < ctx:
-        raise ConfigError(f"--tokens {profile} is less than one window of --ctx {ctx}; ask for at least {ctx}")
+    check_windows(ctx, profile)
     return replace(grid, ctx=ctx, profile_tokens=profile, heldout_tokens=max(4 * profile, 16 * ctx))
 
 

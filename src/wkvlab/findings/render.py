@@ -1,12 +1,19 @@
 """Findings as Markdown: the tables docs/findings.md shows, printed by ``wkvlab findings``."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from wkvlab.findings.analysis import AdditivityRow, CalibrationRow, PenaltyRow
 from wkvlab.stats import Interval
 
 
 def _iv(interval: Interval | None, spec: str = ".4f") -> str:
     return "—" if interval is None else format(interval, spec)
+
+
+def percent(interval: Interval) -> Interval:
+    """A share's interval in percent (the same interval, scaled; missing bounds stay missing)."""
+    return replace(interval, estimate=100 * interval.estimate, low=100 * interval.low, high=100 * interval.high)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -16,10 +23,10 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def additivity_markdown(rows: list[AdditivityRow]) -> str:
-    header = ["weights", "KV", "KLD(W)", "KLD(C)", "KLD(W+C)", "interaction [95%]", "share of sum", "verdict", "decided?"]
+    header = ["weights", "KV", "KLD(W)", "KLD(C)", "KLD(W+C)", "interaction [95%]", "share of sum", "verdict", "resolved?"]
     body = []
     for r in rows:
-        need = "yes" if r.decided else (f"no: ~{r.tokens_needed:,} tokens" if r.tokens_needed else "no")
+        need = "yes" if r.resolved else (f"no: ~{r.tokens_needed:,} tokens" if r.tokens_needed else "no")
         body.append([r.weights, r.kv, f"{r.w.estimate:.5f}", f"{r.c.estimate:.5f}", f"{r.wc.estimate:.5f}", _iv(r.interaction, "+.5f"),
                      f"{100 * r.share:+.1f}%", r.verdict, need])
     return _table(header, body)
@@ -48,12 +55,9 @@ def attention_markdown(rows) -> str:
               "layers holding most of the cross term", "attention KL"]
     body = []
     for r in rows:
-        pct = lambda iv: f"{100 * iv.estimate:.1f}%"  # noqa: E731
-        cross = r.shares["cross"]
-        cross_text = pct(cross) + (f" [{100 * cross.low:.1f}, {100 * cross.high:.1f}]" if cross.decided else f" [no interval: {cross.n_units} windows]")
         layers = ", ".join(f"L{l} {100 * m:.0f}%" for l, m in r.top_layers)
-        body.append([r.weights, r.kv, pct(r.shares["kv"]), pct(r.shares["weight"]), cross_text, format(r.cross_sink_ratio, ".2f"), layers,
-                     f"{r.attention_kl:.2e}"])
+        body.append([r.weights, r.kv, f"{100 * r.shares['kv'].estimate:.1f}%", f"{100 * r.shares['weight'].estimate:.1f}%",
+                     format(percent(r.shares["cross"]), ".1f") + " %", format(r.cross_sink_ratio, ".2f"), layers, f"{r.attention_kl:.2e}"])
     windows = rows[0].windows if rows else 0
     sinks = rows[0].sink_tokens if rows else 0
     return _table(header, body) + (

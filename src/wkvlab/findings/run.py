@@ -65,11 +65,12 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
     if name not in FINDINGS:
         raise ConfigError(f"unknown finding {name!r}; use one of {', '.join(FINDINGS)}")
     store = Path(store)
-    size = grids.size_for(model, tokens=tokens, ctx=ctx, depth=name == "depth")
+    # the grids' windows (search and engine have their own, checked where they are built)
+    sized = lambda: grids.size_for(model, tokens=tokens, ctx=ctx, depth=name == "depth")  # noqa: E731
     where = {"device": device, "dtype": dtype}
     started = time.perf_counter()
     if name in ("additivity", "methods"):
-        (results,) = _run_sweeps(grids.additivity_sweeps(model, size, **where), store, progress)
+        (results,) = _run_sweeps(grids.additivity_sweeps(model, sized(), **where), store, progress)
         if name == "additivity":
             rows = analysis.additivity(results)
             markdown, data = render.additivity_markdown(rows), {"rows": [r.to_dict() for r in rows]}
@@ -79,17 +80,18 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
     elif name == "attention":
         from wkvlab.findings.attention import measure_attention
 
+        size = sized()
         windows = grids.ATTENTION_WINDOWS if tokens is None else size.tokens // size.ctx
         rows = measure_attention(model, grids.ATTENTION_WEIGHTS, grids.ATTENTION_KV, ctx=size.ctx, windows=windows, progress=progress, **where)
         markdown, data = render.attention_markdown(rows), {"rows": [r.to_dict() for r in rows], "ctx": size.ctx}
     elif name == "calibration":
-        specs = grids.calibration_sweeps(model, size, **where)
+        specs = grids.calibration_sweeps(model, sized(), **where)
         grids_out = _run_sweeps(specs, store, progress)
         by_text = {(s.calibration.data, s.data[0]): r for s, r in zip(specs, grids_out)}
         rows = analysis.calibration(by_text)
         markdown, data = render.calibration_markdown(rows), {"rows": [r.to_dict() for r in rows]}
     elif name == "depth":
-        (results,) = _run_sweeps(grids.depth_sweeps(model, size, **where), store, progress)
+        (results,) = _run_sweeps(grids.depth_sweeps(model, sized(), **where), store, progress)
         tables = analysis.depth(results)
         markdown, data = render.depth_markdown(tables), {"tables": tables}
     elif name == "search":
@@ -100,18 +102,15 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         data = {**found.to_dict(), "grid": grid.__dict__}
         markdown = render.search_markdown(data)
     elif name == "engine":
+        engine_ctx, engine_tokens = ctx or grids.ENGINE_CTX, tokens or grids.ENGINE_TOKENS
+        grids.check_windows(engine_ctx, engine_tokens)
         from wkvlab.engines.api import fidelity
 
-        engine_ctx, engine_tokens = ctx or grids.ENGINE_CTX, tokens or grids.ENGINE_TOKENS
-        if engine_tokens < engine_ctx:
-            raise ConfigError(f"--tokens {engine_tokens} is less than one window of --ctx {engine_ctx}; ask for at least {engine_ctx}")
         with progress(1, "engine: llama.cpp against the simulated presets") as tick:
             report = fidelity(model, grids.ENGINE_KV, ctx=engine_ctx, tokens=engine_tokens, threads=torch_threads())
             tick("engine compare", 1)
         data = report.to_dict()
         markdown = render.engine_markdown(data)
-    else:
-        raise ConfigError(f"unknown finding {name!r}")
     finding = Finding(name, model, markdown, data, time.perf_counter() - started)
     from wkvlab.store import open_store
 

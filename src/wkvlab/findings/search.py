@@ -137,7 +137,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
     from wkvlab.kv.spec import KVSpec
     from wkvlab.models.loading import load_model
     from wkvlab.search.allocate import allocate_exact
-    from wkvlab.search.api import cached_profile
+    from wkvlab.search.api import cached_profile, numerics
     from wkvlab.search.baselines import uniform_plan
     from wkvlab.search.choices import FP16, choice_bytes, choice_label, parse_choices
     from wkvlab.search.export import plan_kvspec
@@ -191,7 +191,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
 
     predictors, plans, seconds, profiles = {}, {}, {}, {}
     for text in grid.profile_texts:
-        fingerprints = {"model_sha256": loaded.fingerprint, "data_sha256": corpora[text].sha256}
+        fingerprints = {"model_sha256": loaded.fingerprint, "data_sha256": corpora[text].sha256, **numerics(loaded)}
         common = dict(model_name=loaded.name, data_name=corpora[text].name, fingerprints=fingerprints, bars=bars)
         for aware, spec in (("aware", weights), ("unaware", WeightSpec())):
             prof, _ = cached_profile(reference, profile_windows[text], spec, choices, weight_profile=False,
@@ -218,7 +218,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
         digest = hashlib.sha256(windows.tokens.numpy().tobytes()).hexdigest()
         for name, plan in configs.items():
             spec = plan_kvspec(plan)
-            key = {"model": loaded.fingerprint, "weights": {**weights.to_dict(), "label": None},
+            key = {"model": loaded.fingerprint, **numerics(loaded), "weights": {**weights.to_dict(), "label": None},
                    "calibration": calibration.key if calibration is not None else None, "kv": spec.to_dict(), "windows": digest}
             with torch.no_grad():
                 scores[(text, name)] = _cached_score(key, lambda: scorer.score(qw.model, spec))

@@ -11,8 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from wkvlab.findings.render import percent
 from wkvlab.report.charts import PALETTE, Chart, Series
 from wkvlab.report.tables import Column, Table
+from wkvlab.stats import Interval
 from wkvlab.store.findings import StoredFinding
 
 TITLES = {
@@ -39,16 +41,13 @@ def _num(x, spec: str = ".5f") -> str:
 
 
 def _iv_text(iv: dict | None, spec: str = "+.5f") -> str:
-    if not iv:
-        return "—"
-    if iv.get("low") is None or iv.get("high") is None:
-        return f"{iv['estimate']:{spec}} [no interval: {iv.get('n_units', 0)} units]"
-    return f"{iv['estimate']:{spec}} [{iv['low']:{spec}}, {iv['high']:{spec}}]"
+    """A stored interval as the tables print it (one wording for a missing interval everywhere)."""
+    return "—" if not iv else format(Interval.from_dict(iv), spec)
 
 
 def _percent(iv: dict) -> dict:
-    """A share's interval in percent."""
-    return {**iv, **{k: None if iv.get(k) is None else 100 * iv[k] for k in ("estimate", "low", "high")}}
+    """A share's stored interval in percent."""
+    return percent(Interval.from_dict(iv)).to_dict()
 
 
 def _bars(ivs: Sequence[dict | None]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -96,7 +95,8 @@ def _additivity(f: StoredFinding, cid: str):
                *_interval_columns("interaction", lambda r: r["interaction"]),
                Column("share of sum", lambda r: r["share"], lambda r: _num(100 * r["share"], "+.1f") + "%"),
                Column("verdict", lambda r: r["verdict"]),
-               Column("decided", lambda r: r["decided"], lambda r: "yes" if r["decided"] else
+               # stores written before the criterion was named "resolved" call it "decided"
+               Column("resolved", lambda r: r.get("resolved", r.get("decided")), lambda r: "yes" if r.get("resolved", r.get("decided")) else
                       (f"no: ~{r['tokens_needed']:,} tokens" if r.get("tokens_needed") else "no")))
     groups = _grouped(rows, lambda r: f"weights {r['weights']}", lambda r: (r["kv"], r["interaction"]))
     chart = _interval_chart(cid, f"Interaction by cache — {f.model}", "KLD(W+C) − KLD(W) − KLD(C)", groups,
@@ -118,8 +118,8 @@ def _methods(f: StoredFinding, cid: str):
 def _attention(f: StoredFinding, cid: str):
     rows = f.data["rows"]
     columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
-               *(Column(f"{name} share %", lambda r, t=t: 100 * r["shares"][t]["estimate"], lambda r, t=t: _iv_text(_percent(r["shares"][t]), ".1f"))
-                 for t, name in (("kv", "KV term"), ("weight", "weight term"), ("cross", "cross term"))),
+               *(c for t, name in (("kv", "KV term"), ("weight", "weight term"), ("cross", "cross term"))
+                 for c in _interval_columns(f"{name} share %", lambda r, t=t: _percent(r["shares"][t]), ".1f")),
                *_interval_columns("cross term sinks/elsewhere", lambda r: r["cross_sink_ratio"], ".2f"),
                Column("layers holding most of the cross term", lambda r: ";".join(f"L{t['layer']}:{t['cross_mass']:.3f}" for t in r["top_layers"]),
                       lambda r: ", ".join(f"L{t['layer']} {100 * t['cross_mass']:.0f}%" for t in r["top_layers"])),
@@ -135,7 +135,7 @@ def _calibration(f: StoredFinding, cid: str):
     calibs = list(dict.fromkeys(c for r in rows for c in r["kld"]))
     columns = (Column("method", lambda r: r["weights"]), Column("evaluated on", lambda r: r["data"]),
                *(c for name in calibs for c in _interval_columns(f"calibrated on {name}", lambda r, n=name: r["kld"].get(n), ".4f")),
-               Column("mismatch cost", lambda r: None, lambda r: "; ".join(f"{c}: {_iv_text(iv, '+.4f')}" for c, iv in r["mismatch"].items()) or "—"))
+               *(c for name in calibs for c in _interval_columns(f"calibrated on {name} minus own domain", lambda r, n=name: r["mismatch"].get(n), "+.4f")))
     groups = {f"calibrated on {c}": [(f"{r['weights']} on {r['data']}", r["kld"].get(c)) for r in rows if c in r["kld"]] for c in calibs}
     chart = _interval_chart(cid, f"KLD by calibration text — {f.model}", "KLD vs the unquantized model", groups,
                             "Bars: 95% interval, windows resampled.", zero_line=False)
@@ -153,7 +153,7 @@ def _depth(f: StoredFinding, cid: str):
                Column("resampling unit", lambda r: r["unit"], shown=False))
     groups = _grouped(rows, lambda r: r["config"], lambda r: (f"{r['start']:,}–{r['end']:,}", r["penalty"]))
     chart = _interval_chart(cid, f"KV penalty by depth — {f.model}", "penalty (KLD)", groups,
-                            "Bars: 95% interval, blocks of 256 positions resampled.", zero_line=False)
+                            f"Bars: 95% interval, {', '.join(sorted({r['unit'] for r in rows}))} resampled.", zero_line=False)
     return columns, rows, (chart,)
 
 
@@ -184,7 +184,7 @@ def _engine(f: StoredFinding, cid: str):
                           error_low=tuple(r[key]["se"] for r in rows), error_high=tuple(r[key]["se"] for r in rows))
                    for i, (name, key) in enumerate((("llama.cpp", "engine_kld"), ("wkvlab preset", "sim_kld"))))
     chart = Chart(id=cid, title=f"llama.cpp vs its presets — {f.model}", x_title="", y_title="KLD", series=series,
-                  x_categories=tuple(r["kv"] for r in rows), caption="Bars: ± one standard error (tokens).")
+                  x_categories=tuple(r["kv"] for r in rows), caption="Bars: ± one per-token standard error (tokens are not independent: narrower than a window-bootstrap interval).")
     return columns, rows, (chart,)
 
 

@@ -78,8 +78,14 @@ def _calibration(sd: SearchData, weights: WeightSpec, spec: CalibrationSpec | No
     return calibration_set(spec, sd.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved)
 
 
+def numerics(loaded) -> dict:
+    """What besides the weights changes a measured number: the dtype and the kind of device
+    (a bfloat16 GPU profile must never be read back for a float32 CPU run)."""
+    return {"dtype": loaded.dtype, "device": loaded.device.split(":")[0]}
+
+
 def _fingerprints(sd: SearchData) -> dict:
-    return {"model_sha256": sd.loaded.fingerprint, "data_sha256": sd.corpus.sha256}
+    return {"model_sha256": sd.loaded.fingerprint, "data_sha256": sd.corpus.sha256, **numerics(sd.loaded)}
 
 
 def cached_profile(reference: torch.nn.Module, windows: WindowSet, weights: WeightSpec, choices: tuple[Choice, ...], *,

@@ -24,6 +24,7 @@ thing everywhere: a decided interval that excludes 0.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Mapping
 
@@ -37,7 +38,11 @@ MIN_UNITS = 8  # fewer resampling units: no interval, no verdict (see the module
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate with a percentile bootstrap interval."""
+    """A point estimate with an (expanded) percentile bootstrap interval, or none (NaN bounds).
+
+    No interval when there are fewer than :data:`MIN_UNITS` units, or when the statistic was
+    undefined on every resample (say a ratio whose denominator is 0): such an interval decides
+    nothing, and its missing bounds must never read as "excludes 0"."""
 
     estimate: float
     low: float
@@ -48,8 +53,8 @@ class Interval:
 
     @property
     def decided(self) -> bool:
-        """Enough resampling units for an interval (:data:`MIN_UNITS`); otherwise it has no bounds."""
-        return self.n_units >= MIN_UNITS
+        """Enough resampling units for an interval (:data:`MIN_UNITS`) and finite bounds."""
+        return self.n_units >= MIN_UNITS and math.isfinite(self.low) and math.isfinite(self.high)
 
     def contains(self, value: float = 0.0) -> bool:
         """Whether ``value`` is inside the interval; an undecided interval excludes nothing."""
@@ -75,8 +80,10 @@ class Interval:
 
     def __format__(self, spec: str) -> str:
         spec = spec or ".4g"
-        if not self.decided:
+        if self.n_units < MIN_UNITS:
             return f"{self.estimate:{spec}} [no interval: {self.n_units} < {MIN_UNITS} units]"
+        if not self.decided:
+            return f"{self.estimate:{spec}} [no interval: undefined on every resample]"
         return f"{self.estimate:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
 
 

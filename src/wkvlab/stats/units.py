@@ -4,8 +4,9 @@ A long-context run has few windows (65,536 tokens at ctx 32,768 are two), too fe
 Within a window, per-token KLD is correlated only over short distances, so the window is cut into
 blocks of consecutive positions and the blocks are resampled (a block bootstrap). A block must be
 much longer than the distance over which per-token values stay correlated:
-:func:`decorrelation_lag` measures that distance on the run itself, so the choice is checked,
-not assumed.
+:func:`decorrelation_lag` measures that distance on the run itself and the depth tables print it
+next to the block length, so a reader can see whether the blocks are long enough (nothing
+lengthens the blocks automatically; ``depth_tables(block=...)`` takes another length).
 
 Bucket means (the mean of an array over the tokens whose position falls in a bucket) are ratios
 of two token-weighted means — masked sum over masked count — so they, and differences between
