@@ -16,7 +16,6 @@ logits never exist. Two ways to hold the reference:
 from __future__ import annotations
 
 import gc
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds
 from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, concat_metrics, position_buckets
 from wkvlab.eval.reference import DEFAULT_TOPK, ReferenceRecorder, StoredComparison, StoredReference, compare_stored, windows_fingerprint
 from wkvlab.eval.result import EvalResult, TokenArrays
-from wkvlab.kv.calibrate import KVStats, cached_kv_stats
+from wkvlab.kv.calibrate import KVStats, stats_under_weights
 from wkvlab.kv.chunked import check_chunk
 from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
@@ -136,9 +135,7 @@ class _Grid:
             return None
         if self.calibration is None:
             raise ConfigError("a KV config needs calibration but no calibration text was prepared; pass calibration= (wkvlab eval does)")
-        # K/V statistics under this weight config: quantized weights change the keys they produce
-        key = f"{self.fingerprints.get('model_sha256', model_name)}|{json.dumps(built.spec.to_dict(), sort_keys=True)}|{self.calibration.key}"
-        stats = cached_kv_stats(built.model, self.calibration.tokens, key, {"calibration": self.calibration.spec.label})
+        stats = stats_under_weights(built, self.calibration, self.fingerprints.get("model_sha256", model_name))
         self.tick(f"calibrated KV statistics under {built.spec.label}", 1)
         return stats
 

@@ -18,7 +18,6 @@ Any step but the factorial can be skipped (``skip``); the verdict then says less
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
@@ -75,10 +74,9 @@ def kv_stats_under(quantized, kv: KVSpec, calibration, fingerprint: str):
     """KV calibration statistics under these weights, from the same cache run_grid uses."""
     if not kv.needs_calibration:
         return None
-    from wkvlab.kv.calibrate import cached_kv_stats
+    from wkvlab.kv.calibrate import stats_under_weights
 
-    key = f"{fingerprint}|{json.dumps(quantized.spec.to_dict(), sort_keys=True)}|{calibration.key}"
-    return cached_kv_stats(quantized.model, calibration.tokens, key, {"calibration": calibration.spec.label})
+    return stats_under_weights(quantized, calibration, fingerprint)
 
 
 def explain(

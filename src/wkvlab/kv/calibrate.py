@@ -122,3 +122,12 @@ def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, sour
     stats.save(tmp)
     tmp.replace(path)  # atomic: a half-written stats file is never read back
     return stats
+
+
+def stats_under_weights(built, calibration, model_key: str) -> KVStats:
+    """K/V statistics of a weight-quantized model (``built``: ``.model`` and ``.spec``) on the
+    calibration tokens, cached under one key shape for every command: quantized weights change
+    the keys and values they produce, so the key names the reference, the weight config and the
+    calibration."""
+    key = f"{model_key}|{json.dumps(built.spec.to_dict(), sort_keys=True)}|{calibration.key}"
+    return cached_kv_stats(built.model, calibration.tokens, key, {"calibration": calibration.spec.label})

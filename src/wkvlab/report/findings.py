@@ -88,6 +88,11 @@ def _grouped(rows: Sequence[dict], series: Callable[[dict], str], point: Callabl
     return groups
 
 
+def _resolved(row: dict) -> bool:
+    # stores written before the criterion was named "resolved" call it "decided"
+    return row.get("resolved", row.get("decided"))
+
+
 def _additivity(f: StoredFinding, cid: str):
     rows = f.data["rows"]
     columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
@@ -95,8 +100,7 @@ def _additivity(f: StoredFinding, cid: str):
                *_interval_columns("interaction", lambda r: r["interaction"]),
                Column("share of sum", lambda r: r["share"], lambda r: _num(100 * r["share"], "+.1f") + "%"),
                Column("verdict", lambda r: r["verdict"]),
-               # stores written before the criterion was named "resolved" call it "decided"
-               Column("resolved", lambda r: r.get("resolved", r.get("decided")), lambda r: "yes" if r.get("resolved", r.get("decided")) else
+               Column("resolved", _resolved, lambda r: "yes" if _resolved(r) else
                       (f"no: ~{r['tokens_needed']:,} tokens" if r.get("tokens_needed") else "no")))
     groups = _grouped(rows, lambda r: f"weights {r['weights']}", lambda r: (r["kv"], r["interaction"]))
     chart = _interval_chart(cid, f"Interaction by cache — {f.model}", "KLD(W+C) − KLD(W) − KLD(C)", groups,

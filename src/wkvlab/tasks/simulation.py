@@ -12,14 +12,13 @@ which reproduces the teacher-forced logits token by token (tested in tests/kv).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
 
 from wkvlab.data.windows import tokenizer_wants_bos
 from wkvlab.errors import ConfigError
-from wkvlab.kv.calibrate import KVStats, cached_kv_stats
+from wkvlab.kv.calibrate import KVStats, stats_under_weights
 from wkvlab.kv.hook import kv_quantization, layer_stores
 from wkvlab.kv.spec import KVSpec
 from wkvlab.models.loading import LoadedModel, load_model
@@ -45,8 +44,7 @@ def kv_statistics(loaded: LoadedModel, built: QuantizedWeights, kv: KVSpec, cali
         return None
     if calibration is None:
         raise ConfigError(f"KV config {kv.label} needs calibration text; pass calib=prose (or code, math, a file)")
-    key = f"{loaded.fingerprint}|{json.dumps(built.spec.to_dict(), sort_keys=True)}|{calibration.key}"
-    return cached_kv_stats(built.model, calibration.tokens, key, {"calibration": calibration.spec.label})
+    return stats_under_weights(built, calibration, loaded.fingerprint)
 
 
 @dataclass
