@@ -190,8 +190,9 @@ def evaluate(
     static activation scales only. ``baseline``: see :func:`evaluate_workload`. ``device``/``dtype``: where and in which precision the reference
     runs (``auto``: bfloat16 on a GPU, float32 on the CPU). ``chunk``: queries per prefill chunk
     (default: from the vocabulary size). ``reference``: a stored-reference file (read if it exists
-    and matches this model, text and windows; written otherwise) — KLD then becomes the top-``topk``
-    lower bound and weight configs are built one at a time (docs/scale.md).
+    and matches this model, text, windows and dtype; written otherwise) — the one-model plan: KLD
+    becomes the top-``topk`` head plus a sampled tail, and each weight config is built in place
+    on the one model (docs/scale.md).
     """
     weight_specs, kv_specs = parse_weights(weights), parse_kv(kv)
     work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride, device=device, dtype=dtype)
