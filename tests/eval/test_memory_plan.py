@@ -214,3 +214,16 @@ def test_model_left_unchanged_by_the_copies_plan_too():
     before = copy.deepcopy(model)
     _run(model, ["int4-g32"], kv=["int4"], plan="copies")
     assert _same_state(model, before)
+
+
+def test_a_calibrated_build_is_cached_and_applied_in_place(tmp_path, monkeypatch):
+    """The disk cache of calibrated weights works in place too: the first run stores what the build
+    changed (compared with the snapshot of the originals), the next applies it to the one model."""
+    monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path))
+    model, calibration = tiny_llama(), _calibration()
+    first = _run(model, ["awq-int4-g32", "none"], kv=["fp16"], calibration=calibration, plan="one-model")
+    assert len(list((tmp_path / "quantized").iterdir())) == 1
+    again = _run(model, ["awq-int4-g32", "none"], kv=["fp16"], calibration=calibration, plan="one-model")
+    copied = _run(tiny_llama(), ["awq-int4-g32"], kv=["fp16"], calibration=calibration, plan="copies")
+    assert np.array_equal(first[0].arrays.nll, again[0].arrays.nll) and np.array_equal(first[0].arrays.nll, copied[0].arrays.nll)
+    assert _same_state(model, tiny_llama())

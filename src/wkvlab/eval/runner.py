@@ -254,7 +254,11 @@ def memory_plan(model: torch.nn.Module, windows: WindowSet, weight_specs: list[W
     if not decided and where != "meta":
         resident = sum(p.numel() * p.element_size() for p in model.parameters())  # already loaded: part of what the run may use
         budget = options.max_memory if options.max_memory is not None else available_memory(where) + resident
-    desc = ModelDescription.from_config(model.config.to_dict(), name=type(model).__name__)
+    try:
+        desc = ModelDescription.from_config(model.config.to_dict(), name=type(model).__name__)
+    except ConfigError:  # a config the planner cannot describe: no estimate, so the plan the options imply
+        one = options.plan == "one-model" or options.reference is not None
+        return PlanEstimate("one-model" if one else "copies", max(1, options.interleave or 1) if one else len(weight_specs) * len(kv_specs), ())
     estimate = estimate_memory(desc, grid, budget_bytes=budget, requested=options.plan, stored_reference=options.reference is not None)
     if options.interleave is not None and estimate.chosen.plan == "one-model":
         return estimate.plan("one-model", max(1, min(options.interleave, len(kv_specs))))

@@ -80,6 +80,9 @@ class WeightSnapshot(Mapping[str, torch.Tensor]):
         with safe_open(str(self._folder / "originals.safetensors"), "pt") as handle:
             return handle.get_tensor(stored)
 
+    def __contains__(self, name) -> bool:  # without reading the tensor
+        return name in self._alias
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
 
