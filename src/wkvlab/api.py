@@ -104,6 +104,14 @@ def run_options(work: Workload | None, weights: list[WeightSpec], *, chunk: int 
                       interleave=interleave, max_memory=max_memory)
 
 
+def describe_model(model: str):
+    """The planner's description of ``model`` (its shapes, from config.json, a GGUF header or the
+    table of published models) without loading it; ConfigError when its files do not say enough."""
+    from wkvlab.plan.source import resolve_source
+
+    return resolve_source(model)[0]
+
+
 def memory_estimate(model: str, weights: list[WeightSpec], kv: list[KVSpec], *, ctx: int, tokens: int, score: str = "all",
                     dtype: str = "auto", device: str = "auto", chunk: int | None = None, reference: str | Path | None = None,
                     plan: str = "auto", max_memory: int | None = None, calibration: CalibrationSpec | None = None,
@@ -114,16 +122,15 @@ def memory_estimate(model: str, weights: list[WeightSpec], kv: list[KVSpec], *, 
     prints the table first). See :mod:`wkvlab.eval.memory`."""
     import torch
 
-    from wkvlab.eval.memory import GridShape, choose_plan, estimate_memory
+    from wkvlab.eval.memory import GridShape, estimate_memory
     from wkvlab.models.loading import resolve_dtype
-    from wkvlab.plan.source import resolve_source
     from wkvlab.runtime import available_memory
 
     key = device.strip().lower()
     if key == "auto":
         key = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = resolve_dtype(dtype, key)
-    desc, _source = resolve_source(model)
+    desc = describe_model(model)
     windows = tokens // ctx
     scored = windows * (ctx - 1 - (0 if score == "all" else ctx // 2))
     calib = calibration or CalibrationSpec()

@@ -144,6 +144,13 @@ def memory_preflight(model: str, weight_specs: list[WeightSpec], kv_specs: list[
     kwargs = dict(ctx=ctx, tokens=tokens, score=score, dtype=run.dtype, device=run.device, chunk=run.chunk, reference=run.reference,
                   plan=run.plan, max_memory=run.max_memory, calibration=calibration, topk=run.topk)
     try:
+        api.describe_model(model)
+    except ConfigError as exc:  # shapes the planner cannot read: the run goes on without an estimate
+        if dry_run:
+            raise
+        err_console.print(f"memory: no estimate ({escape(str(exc))}); the plan follows --memory-plan")
+        return run
+    try:
         estimate = api.memory_estimate(model, weight_specs, kv_specs, **kwargs)
     except ConfigError:
         if dry_run:  # the table first, then the refusal's one line
