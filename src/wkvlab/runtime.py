@@ -68,11 +68,3 @@ def available_memory(device: str) -> int:
             return device_memory_bytes(torch.device(device))
         return sum(device_memory_bytes(torch.device("cuda", i)) for i in range(torch.cuda.device_count()))
     return device_memory_bytes(torch.device("cpu"))
-
-
-def fits_twice(model) -> bool:
-    """Whether a deep copy of ``model`` fits beside it (with a margin for activations and caches)."""
-    by_device: dict = {}
-    for param in model.parameters():
-        by_device[param.device] = by_device.get(param.device, 0) + param.numel() * param.element_size()
-    return all(1.5 * size < device_memory_bytes(device) for device, size in by_device.items())
