@@ -20,7 +20,6 @@ from wkvlab.eval.result import EvalResult
 from wkvlab.eval.runner import Progress, RunOptions, check_kv_specs, grid_steps, run_grid
 from wkvlab.kv.spec import KVSpec
 from wkvlab.models.loading import LoadedModel, load_model
-from wkvlab.runtime import fits_twice
 from wkvlab.preflight import check_context_fits
 from wkvlab.weights.calibration import CalibrationSet, CalibrationSpec, calibration_corpus, calibration_set
 from wkvlab.weights.spec import WeightSpec
@@ -92,19 +91,55 @@ def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: 
     return calibration_set(spec, work.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved)
 
 
-def run_options(work: Workload, weights: list[WeightSpec], *, chunk: int | None = None, reference: str | Path | None = None,
-                topk: int = DEFAULT_TOPK) -> RunOptions:
-    """How to run a grid: chunk size, and with a stored reference whether to quantize in place.
-
-    In place (the loaded model itself quantized, then reloaded for the next weight config) is
-    chosen when the model does not fit its device's memory twice: only then is the reload worth it.
-    """
+def run_options(work: Workload | None, weights: list[WeightSpec], *, chunk: int | None = None, reference: str | Path | None = None,
+                topk: int = DEFAULT_TOPK, plan: str = "auto", interleave: int | None = None, max_memory: int | None = None) -> RunOptions:
+    """How to run a grid: chunk size, stored reference, and the memory plan (``auto``: the copies
+    plan when its estimate fits the device, else one model quantized in place; see
+    :mod:`wkvlab.eval.memory`). ``max_memory``: bytes the run may use (default: what the device has free)."""
     if chunk is not None and chunk < 1:
         raise ConfigError(f"--chunk {chunk} must be a positive number of tokens")
     if topk < 1:
         raise ConfigError(f"--topk {topk} must be at least 1")
-    in_place = reference is not None and any(not w.is_identity for w in weights) and not fits_twice(work.loaded.model)
-    return RunOptions(chunk=chunk, reference=Path(reference) if reference is not None else None, topk=topk, in_place=in_place)
+    return RunOptions(chunk=chunk, reference=Path(reference) if reference is not None else None, topk=topk, plan=plan,
+                      interleave=interleave, max_memory=max_memory)
+
+
+def describe_model(model: str):
+    """The planner's description of ``model`` (its shapes, from config.json, a GGUF header or the
+    table of published models) without loading it; ConfigError when its files do not say enough."""
+    from wkvlab.plan.source import resolve_source
+
+    return resolve_source(model)[0]
+
+
+def memory_estimate(model: str, weights: list[WeightSpec], kv: list[KVSpec], *, ctx: int, tokens: int, score: str = "all",
+                    dtype: str = "auto", device: str = "auto", chunk: int | None = None, reference: str | Path | None = None,
+                    plan: str = "auto", max_memory: int | None = None, calibration: CalibrationSpec | None = None,
+                    topk: int = DEFAULT_TOPK, choose: bool = True):
+    """The memory a grid needs on its device under every plan, and the plan that fits — before the
+    model loads (its shapes from config.json, a GGUF header, or the planner's table of published
+    models: ``llama-3-8b`` needs no files). ``choose=False``: no plan chosen, nothing refused (a dry run
+    prints the table first). See :mod:`wkvlab.eval.memory`."""
+    import torch
+
+    from wkvlab.eval.memory import GridShape, estimate_memory
+    from wkvlab.models.loading import resolve_dtype
+    from wkvlab.runtime import available_memory
+
+    key = device.strip().lower()
+    if key == "auto":
+        key = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = resolve_dtype(dtype, key)
+    desc = describe_model(model)
+    windows = tokens // ctx
+    scored = windows * (ctx - 1 - (0 if score == "all" else ctx // 2))
+    calib = calibration or CalibrationSpec()
+    grid = GridShape(tuple(weights), tuple(kv), ctx=ctx, tokens=scored, dtype=dtype, device=key, chunk=chunk,
+                     calibration=(calib.samples, calib.length), topk=topk)
+    visible = key == "cpu" or torch.cuda.is_available()
+    budget = max_memory if max_memory is not None else (available_memory(key) if visible else None)
+    estimate = estimate_memory(desc, grid, budget_bytes=budget, requested=plan, stored_reference=reference is not None, choose=choose)
+    return estimate
 
 
 def total_steps(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], options: RunOptions) -> int:
@@ -131,7 +166,6 @@ def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec
         progress=progress,
         calibration=prepare_calibration(work, weights, calibration, kv),
         options=options or RunOptions(),
-        reload=work.loaded.reload,
         tokenizer=work.loaded.tokenizer,
         baseline=chosen,
         notes=notes,
@@ -163,8 +197,9 @@ def evaluate(
     static activation scales only. ``baseline``: see :func:`evaluate_workload`. ``device``/``dtype``: where and in which precision the reference
     runs (``auto``: bfloat16 on a GPU, float32 on the CPU). ``chunk``: queries per prefill chunk
     (default: from the vocabulary size). ``reference``: a stored-reference file (read if it exists
-    and matches this model, text and windows; written otherwise) — KLD then becomes the top-``topk``
-    lower bound and weight configs are built one at a time (docs/scale.md).
+    and matches this model, text, windows and dtype; written otherwise) — the one-model plan: KLD
+    becomes the top-``topk`` head plus a sampled tail, and each weight config is built in place
+    on the one model (docs/scale.md).
     """
     weight_specs, kv_specs = parse_weights(weights), parse_kv(kv)
     work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride, device=device, dtype=dtype)
@@ -195,7 +230,7 @@ def save_reference(work: Workload, out: str | Path, *, chunk: int | None = None,
     Returns the :class:`~wkvlab.eval.reference.StoredReference`; ``wkvlab eval --reference out``
     (same model, text, ctx, tokens and score mode) then compares every candidate with it.
     """
-    from wkvlab.eval.runner import record_reference
+    from wkvlab.eval.sources import record_reference
 
     out = check_reference_path(out)
     if topk < 1:

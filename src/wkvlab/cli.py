@@ -18,7 +18,7 @@ from rich.markup import escape
 from wkvlab.cliopts import ThreadsOption, start_run
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table, status
 from wkvlab.engines.cli import engine_app
-from wkvlab.errors import ConfigError, WkvlabError
+from wkvlab.errors import ConfigError, OutOfMemory, WkvlabError
 from wkvlab.eval.cli import reference_app
 from wkvlab.eval.constants import DEFAULT_TOPK
 from wkvlab.explain.cli import compare_command, explain_command
@@ -71,6 +71,9 @@ class RunFlags:
     topk: int = DEFAULT_TOPK
     store: Optional[Path] = None
     baseline: str = "auto"
+    plan: str = "auto"  # --memory-plan, or the preflight estimate's choice
+    interleave: Optional[int] = None  # KV caches side by side in the one-model plan (from the estimate)
+    max_memory: Optional[int] = None  # --max-memory, in bytes
 
 
 def _write_eval_json(path: Path, results) -> None:
@@ -97,10 +100,16 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     with status(f"loading {model} and {data} text"):
         work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score, device=run.device, dtype=run.dtype)
     api.check_kv_specs(work.loaded.model, kv_specs)
-    options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk)
-    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title) as advance:
-        results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options, run.baseline)
+    options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk, plan=run.plan,
+                              interleave=run.interleave, max_memory=run.max_memory)
     failures: list[WkvlabError] = []
+    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title) as advance:
+        try:
+            results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options, run.baseline)
+        except OutOfMemory as exc:  # keep what finished: written and printed below, then the one line
+            results, failures = exc.results, [exc]
+    if not results:
+        raise failures[0]
     if json_out is not None:  # first: a finished evaluation must not be lost to a store or display error
         try:
             _write_eval_json(json_out, results)
@@ -121,6 +130,40 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     if failures:
         raise failures[0]
     return results
+
+
+def memory_preflight(model: str, weight_specs: list[WeightSpec], kv_specs: list[KVSpec], ctx: int, tokens: int, score: str,
+                     run: RunFlags, calibration: CalibrationSpec | None, dry_run: bool = False) -> RunFlags:
+    """The memory estimate, before the model loads: with ``dry_run`` every plan's parts, else the
+    one line saying which plan runs; a grid that fits no plan is refused here. Returns ``run`` with
+    the chosen plan."""
+    from dataclasses import replace
+
+    from wkvlab import api
+
+    kwargs = dict(ctx=ctx, tokens=tokens, score=score, dtype=run.dtype, device=run.device, chunk=run.chunk, reference=run.reference,
+                  plan=run.plan, max_memory=run.max_memory, calibration=calibration, topk=run.topk)
+    try:
+        api.describe_model(model)
+    except ConfigError as exc:  # shapes the planner cannot read: the run goes on without an estimate
+        if dry_run:
+            raise
+        err_console.print(f"memory: no estimate ({escape(str(exc))}); the plan follows --memory-plan")
+        return run
+    try:
+        estimate = api.memory_estimate(model, weight_specs, kv_specs, **kwargs)
+    except ConfigError:
+        if dry_run:  # the table first, then the refusal's one line
+            console.print("\n".join(escape(line) for line in api.memory_estimate(model, weight_specs, kv_specs, choose=False, **kwargs).lines()))
+        raise
+    if dry_run:
+        console.print("\n".join(escape(line) for line in estimate.lines()))
+    chosen = estimate.chosen
+    err_console.print(escape(estimate.one_line()))
+    if run.store is not None and chosen.plan != "copies":
+        raise ConfigError(f"--store keeps exact results, and this grid needs the one-model plan ({estimate.one_line()[8:60]}...); "
+                          "run it as a sweep with reference: <folder> (docs/sweeps.md), or raise --max-memory")
+    return replace(run, plan=chosen.plan, interleave=chosen.interleave)
 
 
 def check_run_flags(chunk: Optional[int], reference: Optional[Path], topk: int, store: Optional[Path]) -> None:
@@ -164,6 +207,9 @@ def eval_command(
     topk: Annotated[int, typer.Option(help="top-k log-probs a new --reference file keeps per token")] = DEFAULT_TOPK,
     store: Annotated[Optional[Path], typer.Option(help="also write the results (per-token arrays included) into this results store, under the ids a sweep of the same configs gives them")] = None,
     baseline: Annotated[str, typer.Option(help="what the KLD is against: 'float' reference, 'engine' (llama.cpp's own f16 cache with its q8 activations, for llamacpp: presets on a GGUF), or 'auto' (engine when every KV config is a llamacpp: preset on a GGUF with its own weights)")] = "auto",
+    memory_plan: Annotated[str, typer.Option("--memory-plan", help="'copies' (the reference beside a copy per weight config: exact KLD), 'one-model' (each weight config built in place on the one model, against a per-token reference), or 'auto' (copies when the estimate fits the device) — docs/scale.md")] = "auto",
+    max_memory: Annotated[Optional[float], typer.Option("--max-memory", help="GiB the run may use on its device (default: what the device has free)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the memory estimate of every plan and the chosen one, load nothing (--model may also be a published model's name, e.g. llama-3-8b)")] = False,
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
     from wkvlab.data.corpora import check_data, is_selfgen
@@ -172,18 +218,29 @@ def eval_command(
     if not weights and not kv:
         raise ConfigError(NO_CONFIG)
     weight_specs, kv_specs = parse_configs(weights or ["none"], kv or ["fp16"])
-    check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
-    if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
-        check_data(data)
+    if dry_run:  # nothing loads: the model may be a published model's name the planner knows
+        from wkvlab.data.windows import check_window_options
+
+        check_window_options(ctx, score)
+    else:
+        check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
+        if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
+            check_data(data)
     check_calibration(calib, calib_samples, calib_len)
     check_output_file(json_out, "--json")
     check_run_flags(chunk, reference, topk, store)
     if baseline not in ("auto", "float", "engine"):
         raise ConfigError(f"unknown --baseline {baseline!r}; use auto, float or engine")
+    if max_memory is not None and max_memory <= 0:
+        raise ConfigError(f"--max-memory {max_memory} must be a positive number of GiB")
     start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs))
-    run = RunFlags(device, dtype, chunk, reference, topk, store, baseline)
-    _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", CalibrationSpec(calib, calib_samples, calib_len), run,
-                   json_out=json_out)
+    calibration = CalibrationSpec(calib, calib_samples, calib_len)
+    run = RunFlags(device, dtype, chunk, reference, topk, store, baseline, memory_plan,
+                   max_memory=int(max_memory * 2**30) if max_memory is not None else None)
+    run = memory_preflight(model, weight_specs, kv_specs, ctx, tokens, score, run, calibration, dry_run)
+    if dry_run:
+        return
+    _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", calibration, run, json_out=json_out)
 
 
 @app.command("demo")

@@ -160,10 +160,11 @@ def reference_notes(results: list[EvalResult]) -> list[str]:
     per_config = ", ".join(f"{r.weights} × {r.kv}: ±{r.run['reference']['sampling_se']:.1e}, ≥ {r.run['reference']['kld_lower_bound_mean']:.5f}, "
                            f"{r.run['reference']['error']['mean']:+.1e}" for r in stored)
     return [
-        f"KLD against the stored reference {ref['path']}{' (written by this run)' if ref.get('created') else ''}: "
-        f"the top-{ref['k']} head exact, the tail estimated from {ref['samples']} sampled tokens per position (unbiased); "
+        (f"KLD against the stored reference {ref['path']}{' (written by this run)' if ref.get('created') else ''}: " if ref.get("path")
+         else "KLD against the reference recorded per token in memory (the one-model plan: one model in memory, docs/scale.md): ")
+        + f"the top-{ref['k']} head exact, the tail estimated from {ref['samples']} sampled tokens per position (unbiased); "
         f"NLL, PPL, top-1 and Δp exact. Per config: the mean's sampling standard error, the top-k lower bound, and exact − estimate "
-        f"on the {ref['error']['tokens']} tokens whose full reference the file keeps — {per_config}"
+        f"on the {ref['error']['tokens']} tokens whose full reference the record keeps — {per_config}"
     ]
 
 

@@ -21,3 +21,11 @@ class DataError(WkvlabError):
 
 class ModelError(WkvlabError):
     """A model that cannot be loaded or is not a causal language model."""
+
+
+class OutOfMemory(WkvlabError):
+    """The device ran out of memory mid-run; ``results`` holds every configuration that had finished."""
+
+    def __init__(self, message: str, results: list | None = None) -> None:
+        super().__init__(message)
+        self.results = list(results or [])

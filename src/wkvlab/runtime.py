@@ -58,9 +58,13 @@ def device_memory_bytes(device: "torch.device") -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
-def fits_twice(model) -> bool:
-    """Whether a deep copy of ``model`` fits beside it (with a margin for activations and caches)."""
-    by_device: dict = {}
-    for param in model.parameters():
-        by_device[param.device] = by_device.get(param.device, 0) + param.numel() * param.element_size()
-    return all(1.5 * size < device_memory_bytes(device) for device, size in by_device.items())
+def available_memory(device: str) -> int:
+    """Bytes a run on ``device`` may use: free memory of that GPU (all visible GPUs for ``cuda``,
+    which spreads a model over them), or the machine's available RAM for ``cpu``."""
+    import torch
+
+    if device.startswith("cuda"):
+        if ":" in device:
+            return device_memory_bytes(torch.device(device))
+        return sum(device_memory_bytes(torch.device("cuda", i)) for i in range(torch.cuda.device_count()))
+    return device_memory_bytes(torch.device("cpu"))

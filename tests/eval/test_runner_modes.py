@@ -20,10 +20,10 @@ def _windows(ctx=48, n=2, seed=1):
     return make_windows(torch.randint(0, 128, (ctx * n + 10,)), ctx=ctx, n_tokens=ctx * n, bos_id=None)
 
 
-def _run(model, windows, options=RunOptions(), reload=None, weights=WEIGHTS, kv=KV):
+def _run(model, windows, options=RunOptions(), weights=WEIGHTS, kv=KV, **kwargs):
     return run_grid(model, windows, [WeightSpec.parse(w) for w in weights], [KVSpec.parse(k) for k in kv],
                     model_name="tiny", data_name="random", fingerprints={"model_sha256": "m", "data_sha256": "d"},
-                    options=options, reload=reload)
+                    options=options, **kwargs)
 
 
 def test_chunk_size_does_not_change_the_metrics():
@@ -84,25 +84,6 @@ def test_reference_file_round_trip(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a reference")
     with pytest.raises(ConfigError, match="not a wkvlab stored reference"):
         StoredReference.load(tmp_path / "junk.safetensors")
-
-
-def test_in_place_weights_with_reload_give_the_copy_results(tmp_path):
-    windows = _windows()
-    copied = _run(tiny_llama(), windows, RunOptions(chunk=16, reference=tmp_path / "a.safetensors"))
-    loads = []
-
-    def reload():
-        loads.append(1)
-        return tiny_llama()
-
-    model = tiny_llama()
-    in_place = _run(model, windows, RunOptions(chunk=16, reference=tmp_path / "b.safetensors", in_place=True), reload=reload,
-                    weights=["int4-g32", "int8", "none"])
-    assert len(loads) == 2  # before int8 and before none: each weight config starts from the original weights
-    assert np.array_equal(in_place[0].arrays.kld, copied[3].arrays.kld)  # int4-g32 × fp16
-    assert np.array_equal(in_place[7].arrays.kld, copied[1].arrays.kld)  # none × int4
-    with pytest.raises(ConfigError, match="stored reference"):
-        _run(model, windows, RunOptions(in_place=True), reload=reload)
 
 
 def test_bfloat16_reference_on_the_cpu():

@@ -112,3 +112,16 @@ def test_hand_checkable_terms_and_gemma_sliding_window_pairs():
     d = result.to_dict()
     assert len(d["per_layer"]) == 3 and np.isfinite(d["per_layer"][2]["attention_kl"])
     assert result.top_heads(1)[0][2] == pytest.approx(result.cross_mass().max())
+
+
+@pytest.mark.parametrize("spec", ["int4", "int4+residual=8"])
+def test_decomposition_runs_on_the_device(spec):
+    """On a GPU every tensor the decomposition makes (the causal pairs, the sink keys, the query
+    positions of a residual window) must live where the scores are; ``meta`` stands in for CUDA."""
+    from tests.fake_device import fake_accelerator, on_meta
+
+    ids = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(0))
+    with fake_accelerator():
+        model = on_meta(tiny_llama())
+        result = A.attention_decomposition(model, model, KVSpec.parse(spec), ids)
+    assert result.layers == 2

@@ -38,6 +38,13 @@ class WindowScores:
     def full(self) -> bool:
         return self.logits is not None
 
+    def rows(self, index: torch.Tensor, shift: int = 0) -> "WindowScores":
+        """The positions at ``index`` (rows of this window), with ``shift`` subtracted from them."""
+        positions = self.positions[index] - shift
+        if self.full:
+            return WindowScores(positions=positions, logits=self.logits[index])
+        return WindowScores(positions=positions, ids=self.ids[index], logprobs=self.logprobs[index], topk=self.topk)
+
 
 @dataclass(frozen=True)
 class EngineInfo:

@@ -39,9 +39,7 @@ def common_positions(ref: WindowScores, cand: WindowScores) -> tuple[torch.Tenso
 
 
 def _rows(scores: WindowScores, rows: torch.Tensor) -> WindowScores:
-    if scores.full:
-        return WindowScores(positions=scores.positions[rows], logits=scores.logits[rows])
-    return WindowScores(positions=scores.positions[rows], ids=scores.ids[rows], logprobs=scores.logprobs[rows], topk=scores.topk)
+    return scores.rows(rows)
 
 
 def _check_vocab(ids: torch.Tensor, vocab: int, side: str) -> None:

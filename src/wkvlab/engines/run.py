@@ -1,8 +1,8 @@
 """Evaluate a real engine against the float32 reference, window by window, into an EvalResult.
 
-The loop is the simulation's: windows outside; per window the reference's full distribution is
-computed once (transformers, float32), the engine scores the same tokens, and the two are compared
-by :mod:`wkvlab.engines.bridge`. The result is the JSON ``wkvlab eval`` writes, plus an
+The loop is the simulation's: windows outside; per window the engine scores the tokens, and the
+reference (transformers) runs the same window chunk by chunk through its cache, each chunk's
+float32 distributions compared with the engine's positions inside it by :mod:`wkvlab.engines.bridge`. The result is the JSON ``wkvlab eval`` writes, plus an
 ``engine`` block (what ran) and ``kld_method``: ``full`` (every vocabulary entry, exact) or
 ``topk-bound`` (a lower bound from the tokens the engine reported, with the reference's mean
 ``tail_mass`` outside them).
@@ -18,12 +18,13 @@ import torch
 
 from wkvlab.api import Workload, prepare
 from wkvlab.data.windows import WindowSet, make_windows, tokenize
-from wkvlab.engines.base import Engine, EngineInfo
+from wkvlab.engines.base import Engine, EngineInfo, WindowScores
 from wkvlab.engines.bridge import WindowComparison, compare_window
-from wkvlab.errors import ConfigError
-from wkvlab.eval.metrics import position_buckets
+from wkvlab.errors import ConfigError, DataError
+from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds
+from wkvlab.eval.metrics import concat_metrics, position_buckets
 from wkvlab.eval.result import EvalResult, TokenArrays
-from wkvlab.eval.runner import ModelShape, Progress, forward_logits
+from wkvlab.eval.runner import ModelShape, Progress
 from wkvlab.kv.spec import KVSpec
 
 
@@ -91,21 +92,38 @@ def evaluate_engine(engine: Engine, work: Workload, *, progress: Progress | None
     started = time.perf_counter()
     engine_seconds = 0.0
     topk = 0
+    reference = WindowPass(work.loaded.model)
+    chunk = auto_chunk(work.loaded.model.config.get_text_config().vocab_size, windows.ctx)
     for w in range(windows.n_windows):
         tokens = windows.tokens[w]
-        ref_logits = forward_logits(work.loaded.model, tokens)
-        tick("reference", 1)
         t0 = time.perf_counter()
         scores = engine.score_window(tokens, start_at)
         engine_seconds += time.perf_counter() - t0
         topk = scores.topk
-        parts.append(compare_window(ref_logits, tokens, scores))
+        parts.append(compare_chunked(reference, tokens, scores, chunk))
+        tick("reference", 1)
         tick(engine.info.engine, 1)
-        del ref_logits
     shape = ModelShape.of(work.loaded.model)
     return engine_result(engine.info, parts, windows, topk=topk, model=work.loaded.name, data=work.corpus.name,
                          fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
                          engine_seconds=engine_seconds, wall_seconds=time.perf_counter() - started, shape=shape)
+
+
+def compare_chunked(reference: WindowPass, tokens: torch.Tensor, scores: WindowScores, chunk: int) -> WindowComparison:
+    """The engine's window against the reference's pass run chunk by chunk: each chunk's logits are
+    compared with the engine's positions inside it, so the reference's ``[ctx, vocab]`` logits never exist."""
+    reference.reset()
+    parts = []
+    for start, end in chunk_bounds(len(tokens), chunk):
+        logits = reference.step(tokens[start:end])
+        inside = ((scores.positions >= start) & (scores.positions < end)).nonzero()[:, 0]
+        if inside.numel():
+            part = compare_window(logits, tokens[start:], scores.rows(inside, shift=start))
+            parts.append(WindowComparison(part.metrics, part.tail_mass, part.positions + start))
+    if not parts:
+        raise DataError("the engine scored no position of the window; use a longer --ctx")
+    return WindowComparison(concat_metrics([p.metrics for p in parts]), np.concatenate([p.tail_mass for p in parts]),
+                            np.concatenate([p.positions for p in parts]))
 
 
 def engine_result(info: EngineInfo, parts: list[WindowComparison], windows: WindowSet, *, topk: int, model: str, data: str,

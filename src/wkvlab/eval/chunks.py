@@ -16,33 +16,22 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline
-from wkvlab.kv.chunked import ChunkedKVCache, token_group_multiple
+from wkvlab.eval.logits import model_logits
+from wkvlab.eval.memory import MIN_CHUNK, auto_chunk  # noqa: F401 - the chunk size rule, re-exported
+from wkvlab.kv.chunked import ChunkedKVCache
 from wkvlab.kv.hook import kv_quantization
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
 from wkvlab.runtime import input_device
 
-# The chunk's float32 logits (and the log-probabilities derived from them) should stay around this
-# size: 256 MiB is 1,365 queries of SmolLM2's 49k vocabulary and 256 of Gemma 3's 262k.
-LOGITS_BUDGET_BYTES = 256 << 20
-MIN_CHUNK = 64
-
-
-def auto_chunk(vocab_size: int, ctx: int, specs: list[KVSpec] = ()) -> int:
-    """The largest power of two (≥ 64) whose float32 logits fit the budget, a multiple of every
-    per-channel token group, and no longer than the window."""
-    chunk = MIN_CHUNK
-    while chunk * 2 * vocab_size * 4 <= LOGITS_BUDGET_BYTES:
-        chunk *= 2
-    for spec in specs:
-        multiple = token_group_multiple(spec)
-        chunk = -(-chunk // multiple) * multiple
-    return min(chunk, ctx)
-
-
 def chunk_bounds(ctx: int, chunk: int) -> list[tuple[int, int]]:
     """``[start, end)`` of each chunk of a ``ctx``-token window."""
     return [(start, min(start + chunk, ctx)) for start in range(0, ctx, chunk)]
+
+
+def scored_rows(start: int, end: int, lo: int, hi: int) -> slice:
+    """Rows of a chunk ``[start, end)`` whose query position is scored (``lo <= p < hi``)."""
+    return slice(max(lo, start) - start, max(min(hi, end), max(lo, start)) - start)
 
 
 class WindowPass:
@@ -69,10 +58,21 @@ class WindowPass:
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``[len(tokens), vocab]`` of the next chunk of the window (1-D ``tokens``)."""
+        """Float32 logits ``[len(tokens), vocab]`` of the next chunk of the window (1-D ``tokens``;
+        :func:`wkvlab.eval.logits.model_logits`: the final norm and head in float32)."""
         ids = tokens[None].to(input_device(self.model))
         with self.baseline.attached(self.model):  # the engine's activation path, on every pass alike
             if self.spec is None:
-                return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
+                return model_logits(self.model, ids, cache=self.cache, use_cache=True)
             with kv_quantization(self.model, self.spec, storage="chunked", stores=self.stores, cache=self.cache):
-                return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
+                return model_logits(self.model, ids, cache=self.cache, use_cache=True)
+
+
+def scored_chunks(pass_: WindowPass, tokens: torch.Tensor, chunk: int, lo: int, hi: int):
+    """One window through ``pass_`` (reset first), chunk by chunk: ``(chunk start, scored rows, their
+    float32 logits)`` — what a command that compares two passes zips together, so neither holds a
+    window's ``[ctx, vocab]`` logits."""
+    pass_.reset()
+    for start, end in chunk_bounds(len(tokens), chunk):
+        rows = scored_rows(start, end, lo, hi)
+        yield start, rows, pass_.step(tokens[start:end])[rows]

@@ -7,9 +7,9 @@ Definitions follow llama.cpp ``tools/perplexity`` and exllamav3 ``eval/model_dif
 * Δp = p_cand(correct token) − p_ref(correct token).
 * PPL = exp(mean NLL of the correct token), for reference and candidate on the same tokens.
 
-The reference side (log-probs, probs, argmax) is computed once per window and shared by every
-candidate; all sums run in float32 on the logits the model produced (float32 here), so the
-identity candidate gives a KLD of exactly 0.
+The reference side (log-probs, probs, argmax) is computed once per chunk and shared by every
+candidate; all sums run in float32 on float32 logits (a bf16 model's final norm and head run in
+float32 too, :mod:`wkvlab.eval.logits`), so the identity candidate gives a KLD of exactly 0.
 """
 from __future__ import annotations
 
@@ -48,21 +48,37 @@ class TokenMetrics:
     delta_p: np.ndarray
 
 
-def compare_tokens(ref: ReferenceTokens, logits: torch.Tensor) -> TokenMetrics:
+METRIC_NAMES = ("kld", "nll_ref", "nll", "top1_agree", "delta_p")
+
+
+def chunk_metrics(ref: ReferenceTokens, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token metrics of one chunk as tensors on the logits' device: a chunked pass collects
+    them and reads them back once per window (:func:`host_metrics`), not once per chunk."""
     logits = logits.to(ref.logprobs.device)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    # One [T, V] temporary instead of two: this runs once per window and candidate.
+    # One [T, V] temporary instead of two: this runs once per chunk and candidate.
     kld = torch.sub(ref.logprobs, logprobs).mul_(ref.probs).sum(-1)
     nll = -logprobs.gather(-1, ref.targets[:, None])[:, 0]
     delta_p = torch.exp(-nll) - torch.exp(-ref.nll)
-    agree = logits.argmax(-1) == ref.argmax
-    as_np = lambda t: t.double().cpu().numpy()  # noqa: E731 - float64 for the sums that follow
-    return TokenMetrics(as_np(kld), as_np(ref.nll), as_np(nll), agree.cpu().numpy(), as_np(delta_p))
+    return {"kld": kld, "nll_ref": ref.nll, "nll": nll, "top1_agree": logits.argmax(-1) == ref.argmax, "delta_p": delta_p}
+
+
+def host_metrics(parts: list[dict[str, torch.Tensor]]) -> TokenMetrics:
+    """Consecutive chunks' :func:`chunk_metrics` as one window's arrays (float64 for the sums that follow)."""
+    def host(name: str) -> np.ndarray:
+        joined = torch.cat([p[name] for p in parts]).cpu()
+        return joined.numpy() if joined.dtype == torch.bool else joined.double().numpy()
+
+    return TokenMetrics(*(host(name) for name in METRIC_NAMES))
+
+
+def compare_tokens(ref: ReferenceTokens, logits: torch.Tensor) -> TokenMetrics:
+    return host_metrics([chunk_metrics(ref, logits)])
 
 
 def concat_metrics(parts: list[TokenMetrics]) -> TokenMetrics:
     """The metrics of consecutive chunks of one window, as one window's."""
-    return TokenMetrics(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("kld", "nll_ref", "nll", "top1_agree", "delta_p")))
+    return TokenMetrics(*(np.concatenate([getattr(p, name) for p in parts]) for name in METRIC_NAMES))
 
 
 def kld_summary(kld: np.ndarray) -> dict[str, float]:

@@ -36,7 +36,7 @@ import torch
 
 from wkvlab.errors import ConfigError
 from wkvlab.eval.constants import DEFAULT_SAMPLES, DEFAULT_TOPK
-from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics
+from wkvlab.eval.metrics import TokenMetrics, host_metrics
 from wkvlab.eval.topk import coarsened_kld
 
 FORMAT = "wkvlab-reference-v1"
@@ -61,7 +61,14 @@ class ReferenceChunk:
     topk_logprobs: torch.Tensor
     tail_ids: torch.Tensor
     tail_logprobs: torch.Tensor
-    full: dict[int, torch.Tensor]  # row within the chunk -> full log-probabilities
+    full_rows: torch.Tensor  # [M] rows within the chunk whose full log-probabilities are kept
+    full: torch.Tensor  # [M, vocab] those full log-probabilities
+
+    def rows(self, start: int, end: int) -> "ReferenceChunk":
+        """Rows ``start..end-1`` of this chunk (a view; the full rows re-indexed, selected on the device)."""
+        inside = (self.full_rows >= start) & (self.full_rows < end)
+        return ReferenceChunk(self.nll[start:end], self.argmax[start:end], self.topk_ids[start:end], self.topk_logprobs[start:end],
+                              self.tail_ids[start:end], self.tail_logprobs[start:end], self.full_rows[inside] - start, self.full[inside])
 
 
 @dataclass
@@ -96,14 +103,26 @@ class StoredReference:
         return total / max(self.tokens, 1)
 
     def chunk(self, start: int, end: int, device: torch.device | str = "cpu") -> ReferenceChunk:
-        """Scored tokens ``start..end-1`` (indices into the whole run) for comparison on ``device``."""
-        full = {i - start: self.full_logprobs[self._full_index[i]].to(device) for i in range(start, end) if i in self._full_index}
+        """Scored tokens ``start..end-1`` (indices into the whole run) for comparison on ``device``:
+        one copy per call, so a pass takes a window at a time and slices it per chunk (:meth:`ReferenceChunk.rows`)."""
+        full = [(i - start, self._full_index[i]) for i in range(start, end) if i in self._full_index]
+        rows = torch.tensor([r for r, _ in full], dtype=torch.long)
+        picked = self.full_logprobs[torch.tensor([j for _, j in full], dtype=torch.long)]
         return ReferenceChunk(self.nll[start:end].to(device), self.argmax[start:end].to(device).long(),
                               self.topk_ids[start:end].to(device).long(), self.topk_logprobs[start:end].to(device),
-                              self.tail_ids[start:end].to(device).long(), self.tail_logprobs[start:end].to(device), full)
+                              self.tail_ids[start:end].to(device).long(), self.tail_logprobs[start:end].to(device),
+                              rows.to(device), picked.to(device))
 
     def check_matches(self, expected: dict) -> None:
-        """Refuse a reference made for another model, text or windows (one line naming what differs)."""
+        """Refuse a reference made for another model, text or windows, or in another dtype or on
+        another kind of device (its logits would differ from this run's own: one line naming what)."""
+        for key in ("dtype", "device"):
+            # files from before the device was recorded were all made on the CPU
+            made = self.meta.get(key, "cpu" if key == "device" else None)
+            if key in expected and made != expected[key]:
+                flag = "--dtype" if key == "dtype" else "--device"
+                raise ConfigError(f"the stored reference was made with {key} {made} and this run uses {expected[key]}; "
+                                  f"run with {flag} {made}, or give --reference a new file to record one for this run")
         for key in ("model_sha256", "data_sha256", "windows_sha256", "ctx", "baseline"):
             if key in expected and self.meta.get(key, expected[key] if key == "baseline" else None) != expected[key]:
                 raise ConfigError(f"the stored reference was made for another {key.replace('_sha256', '')} "
@@ -163,13 +182,14 @@ class ReferenceRecorder:
         # candidate equal to the reference gets exactly 0
         logprobs = torch.log_softmax(logits, dim=-1)
         top = logprobs.topk(min(self.k, logprobs.shape[-1]), dim=-1)
-        tail = logprobs.exp().scatter(-1, top.indices, 0.0)
+        # the tail distribution, built in place: the chunk holds three [T, V] tensors at most
+        tail = logprobs.exp().scatter_(-1, top.indices, 0.0)
         # a row whose tail has no mass left (k covers every token it gives weight to) samples any
         # token: the tail term is weighted by the tail mass, 0 there
-        empty = tail.sum(-1, keepdim=True) <= 0
-        tail = torch.where(empty, torch.ones_like(tail), tail)
+        tail.masked_fill_(tail.sum(-1, keepdim=True) <= 0, 1.0)
         generator = torch.Generator(device=logits.device).manual_seed(seed)
         tail_ids = torch.multinomial(tail, self.samples, replacement=True, generator=generator)
+        del tail
         rows = torch.arange(self.count, self.count + logits.shape[0])
         sampled = (rows % self.full_every) == 0
         self.parts["nll"].append((-logprobs.gather(-1, targets[:, None].to(logprobs.device))[:, 0]).cpu())
@@ -189,9 +209,12 @@ class ReferenceRecorder:
         return StoredReference(meta=meta, **tensors)
 
 
+STORED_METRIC_NAMES = ("bound", "tail_variance", "exact", "estimate_at_exact", "bound_at_exact")
+
+
 @dataclass
 class StoredComparison:
-    """One candidate chunk against the stored reference."""
+    """A candidate against the stored reference, for consecutive chunks (read back to the host once)."""
 
     metrics: TokenMetrics  # KLD = top-k head + sampled tail (unbiased); NLL, top-1, Δp exact
     bound: np.ndarray  # the top-k lower bound per token (never above the true KLD)
@@ -200,9 +223,21 @@ class StoredComparison:
     estimate_at_exact: np.ndarray  # the estimate on those rows
     bound_at_exact: np.ndarray
 
+    @classmethod
+    def from_parts(cls, parts: list[dict[str, torch.Tensor]]) -> "StoredComparison":
+        """:func:`stored_chunk_metrics` of consecutive chunks, joined on the device and read back once."""
+        def host(name: str) -> np.ndarray:
+            return torch.cat([p[name] for p in parts]).double().cpu().numpy()
 
-def compare_stored(ref: ReferenceChunk, logits: torch.Tensor, targets: torch.Tensor) -> StoredComparison:
-    """Per-token metrics of a candidate chunk against the stored reference (see the module docstring)."""
+        return cls(host_metrics(parts), *(host(name) for name in STORED_METRIC_NAMES))
+
+
+def stored_chunk_metrics(ref: ReferenceChunk, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token metrics of a candidate chunk against the stored reference (see the module docstring),
+    as tensors on the logits' device (the reference chunk is moved there if it is elsewhere)."""
+    device = logits.device
+    if ref.nll.device != device:  # a model spread over GPUs: its logits come from lm_head's device
+        ref = ReferenceChunk(*(getattr(ref, f).to(device) for f in ReferenceChunk.__dataclass_fields__))
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     cand_top = logprobs.gather(-1, ref.topk_ids).double()
     ref_top = ref.topk_logprobs.double()
@@ -214,14 +249,15 @@ def compare_stored(ref: ReferenceChunk, logits: torch.Tensor, targets: torch.Ten
     samples = gaps.shape[-1]
     tail_variance = tail_mass.square() * (gaps.var(-1, correction=1) if samples > 1 else torch.zeros_like(tail)) / samples
     estimate = head + tail
-    nll = -logprobs.gather(-1, targets[:, None].to(logprobs.device))[:, 0]
+    nll = -logprobs.gather(-1, targets[:, None].to(device))[:, 0]
     delta_p = torch.exp(-nll) - torch.exp(-ref.nll)
-    agree = logits.argmax(-1) == ref.argmax
-    rows = list(ref.full)
-    exact = [float((full.double().exp() * (full.double() - logprobs[row].double())).sum()) for row, full in ref.full.items()]
-    as_np = lambda t: t.double().cpu().numpy()  # noqa: E731 - float64 for the sums that follow
-    return StoredComparison(
-        TokenMetrics(as_np(estimate), as_np(ref.nll), as_np(nll), agree.cpu().numpy(), as_np(delta_p)),
-        as_np(bound), as_np(tail_variance), np.array(exact), as_np(estimate[rows]) if rows else np.array([]),
-        as_np(bound[rows]) if rows else np.array([]),
-    )
+    full = ref.full.double()
+    exact = (full.exp() * (full - logprobs[ref.full_rows].double())).sum(-1)
+    return {"kld": estimate, "nll_ref": ref.nll, "nll": nll, "top1_agree": logits.argmax(-1) == ref.argmax, "delta_p": delta_p,
+            "bound": bound, "tail_variance": tail_variance, "exact": exact, "estimate_at_exact": estimate[ref.full_rows],
+            "bound_at_exact": bound[ref.full_rows]}
+
+
+def compare_stored(ref: ReferenceChunk, logits: torch.Tensor, targets: torch.Tensor) -> StoredComparison:
+    """Per-token metrics of a candidate chunk against the stored reference (see the module docstring)."""
+    return StoredComparison.from_parts([stored_chunk_metrics(ref, logits, targets)])

@@ -1,23 +1,31 @@
-"""Run the reference and every (weights × KV) candidate on the same windows, chunk by chunk.
+"""Run the reference and every (weights × KV) candidate on the same windows, chunk by chunk: one stream.
 
 Each window is prefilled in chunks of queries through a cache (:mod:`wkvlab.eval.chunks`), and
-every chunk's logits are reduced to per-token metrics at once, so a window's ``[ctx, vocab]``
-logits never exist. Two ways to hold the reference:
+every chunk's logits (float32, :mod:`wkvlab.eval.logits`) are reduced to per-token metrics at
+once, so a window's ``[ctx, vocab]`` logits never exist. The run reads in one order:
 
-* **in memory** (default, exact KLD): per chunk, the reference runs first and every candidate is
-  compared with it before the next chunk; each weight-quantized copy is built once, kept for the
-  run and shared by its KV configs. The full-vocabulary reference is never stored.
-* **stored** (:mod:`wkvlab.eval.reference`, ``reference=<file>``): the reference runs once (or is
-  read back), keeping per token its NLL, argmax, log-sum-exp and top-k log-probabilities; then the
-  weight configs are built and evaluated one at a time and released, so the reference and a
-  quantized copy never need memory together. NLL, top-1 and Δp are exact; KLD is the top-k lower
-  bound, whose error each run measures on the tokens whose full distribution the file keeps.
+1. **the reference, once** — per token, before any weight config is built (a stored reference,
+   read from ``--reference FILE`` or written there, or kept in memory) in the ``one-model``
+   plan; or as a live pass stepped beside every candidate in the ``copies`` plan;
+2. **each weight config**, built in place on the one loaded model from its original weights
+   (kept off the device by :class:`~wkvlab.weights.restore.WeightSnapshot`), or as its own copy
+   in the ``copies`` plan;
+3. **its KV configs**: their caches side by side when the memory estimate says they fit
+   (``interleave``), otherwise a few at a time; then the original weights are written back and
+   the next weight config follows.
+
+The ``copies`` plan is the special case of the same loop where every weight config forms one
+group with the live reference: exact KLD, (1 + weight configs) models in memory. Which plan runs
+is chosen from the memory estimate (:mod:`wkvlab.eval.memory`) unless the options say. A device
+out of memory ends the run with :class:`~wkvlab.errors.OutOfMemory`, which carries every result
+that had finished.
 """
 from __future__ import annotations
 
 import gc
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -25,21 +33,27 @@ import numpy as np
 import torch
 
 from wkvlab.data.windows import WindowSet
+from wkvlab.errors import ConfigError, OutOfMemory
 from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline
-from wkvlab.errors import ConfigError
-from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds
-from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, compare_tokens, concat_metrics, position_buckets
-from wkvlab.eval.reference import DEFAULT_TOPK, ReferenceRecorder, StoredComparison, StoredReference, compare_stored, windows_fingerprint
+from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows
+from wkvlab.eval.logits import model_logits
+from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, estimate_memory
+from wkvlab.eval.metrics import position_buckets
+from wkvlab.eval.reference import DEFAULT_TOPK, StoredComparison
 from wkvlab.eval.result import EvalResult, TokenArrays
-from wkvlab.kv.calibrate import KVStats, stats_under_weights
+from wkvlab.eval.sources import LiveReference, RecordedReference, placement, record_reference, recorded_reference  # noqa: F401 - record_reference re-exported
+from wkvlab.kv.calibrate import stats_under_weights
 from wkvlab.kv.chunked import check_chunk
 from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.override import model_head_dim, sliding_layers
 from wkvlab.kv.presets import fidelity_note, fidelity_of
 from wkvlab.kv.spec import KVSpec
-from wkvlab.runtime import input_device, keep_freed_memory
+from wkvlab.kv.tokens import token_group_multiple
+from wkvlab.plan.models import ModelDescription
+from wkvlab.runtime import available_memory, input_device, keep_freed_memory
 from wkvlab.weights.apply import QuantizedWeights, quantize_with_progress
 from wkvlab.weights.calibration import CalibrationSet
+from wkvlab.weights.restore import WeightSnapshot
 from wkvlab.weights.spec import WeightSpec
 
 Progress = Callable[[str, float], None]  # (description of the step just done, steps advanced; fractions for layers)
@@ -64,19 +78,23 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a grid runs (never what it measures: the numbers do not depend on these).
+    """How a grid runs (never what it measures: the numbers do not depend on these, beyond the
+    plan's choice of exact or stored-reference KLD).
 
     ``chunk``: queries per chunk (None: the largest power of two whose logits stay near 256 MiB).
     ``reference``: a stored-reference file (read when it exists and matches, written otherwise);
-    None keeps the reference in memory. ``topk``: k of a stored reference this run writes.
-    ``in_place``: with a stored reference, quantize the loaded model itself and reload it before
-    the next weight config (for a model that does not fit in memory twice; needs ``reload``).
+    it implies the one-model plan. ``topk``: k of a stored reference this run writes.
+    ``plan``: ``copies``, ``one-model`` or ``auto`` (copies when its estimate fits, see
+    :mod:`wkvlab.eval.memory`); ``interleave``: KV caches side by side in the one-model plan (None:
+    as many as fit); ``max_memory``: bytes the run may use on its device (None: what is free).
     """
 
     chunk: int | None = None
     reference: Path | None = None
     topk: int = DEFAULT_TOPK
-    in_place: bool = False
+    plan: str = "auto"
+    interleave: int | None = None
+    max_memory: int | None = None
 
     def chunk_for(self, model: torch.nn.Module, ctx: int, kv_specs: list[KVSpec]) -> int:
         chunk = self.chunk or auto_chunk(model.config.get_text_config().vocab_size, ctx, kv_specs)
@@ -86,8 +104,8 @@ class RunOptions:
 
 @torch.no_grad()
 def forward_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits ``[ctx, vocab]`` of one window in one pass, without a cache (short windows only)."""
-    return model(input_ids=tokens[None].to(input_device(model)), use_cache=False).logits[0]
+    """Float32 logits ``[ctx, vocab]`` of one window in one pass, without a cache (short windows only)."""
+    return model_logits(model, tokens[None].to(input_device(model)), use_cache=False)
 
 
 def check_kv_specs(model: torch.nn.Module, kv_specs: list[KVSpec]) -> None:
@@ -106,54 +124,98 @@ def grid_steps(windows: WindowSet, n_weights: int, n_kv: int, kv_calibration: bo
     return n_weights * (2 if kv_calibration else 1) + reference + windows.n_windows * chunks * n_weights * n_kv
 
 
-def _scored_rows(start: int, end: int, lo: int, hi: int) -> slice:
-    """Rows of a chunk ``[start, end)`` whose query position is scored (``lo <= p < hi``)."""
-    return slice(max(lo, start) - start, max(min(hi, end), max(lo, start)) - start)
+@dataclass
+class _Cell:
+    """One (weights × KV) candidate while it runs: its pass and what it has measured so far."""
+
+    index: tuple[int, int]  # (weight config, KV config) in grid order
+    built: QuantizedWeights
+    kv: KVSpec
+    pass_: WindowPass
+    build_seconds: float = 0.0
+    parts: list = field(default_factory=list)  # one host-side comparison per window
+    seconds: float = 0.0
+    forward_calls: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.built.spec.label} × {self.kv.label}"
 
 
 class _Grid:
     """What one run needs at every step: windows, chunking, progress, the configs' layer stores."""
 
     def __init__(self, model, windows: WindowSet, kv_specs: list[KVSpec], options: RunOptions, calibration, fingerprints, progress,
-                 tokenizer=None, baseline: Baseline = FLOAT_BASELINE, notes: list[str] | None = None):
+                 tokenizer=None, baseline: Baseline = FLOAT_BASELINE, notes: list[str] | None = None,
+                 model_name: str = "", data_name: str = ""):
         self.model, self.windows, self.kv_specs, self.tokenizer = model, windows, kv_specs, tokenizer
         self.baseline, self.notes = baseline, list(notes or ())
+        self.model_name, self.data_name = model_name, data_name
         self.chunk = options.chunk_for(model, windows.ctx, kv_specs)
         self.bounds = chunk_bounds(windows.ctx, self.chunk)
         self.calibration, self.fingerprints = calibration, dict(fingerprints or {})
         self.tick = progress or (lambda _desc, _n: None)
         self.lo, self.hi = windows.score_from, windows.ctx - 1
 
-    def build(self, spec: WeightSpec, in_place: bool = False) -> tuple[QuantizedWeights, float]:
+    def build(self, spec: WeightSpec, originals: WeightSnapshot | None) -> tuple[QuantizedWeights, float]:
+        """``spec`` on the model itself (``originals``: the one-model plan) or as a copy of it."""
         start = time.perf_counter()
+        in_place = originals is not None and not spec.is_identity and not spec.is_checkpoint
         built = quantize_with_progress(self.model, spec, self.calibration, self.fingerprints.get("model_sha256"), self.tick,
-                                       in_place=in_place, tokenizer=self.tokenizer)
+                                       in_place=in_place, originals=originals if in_place else None, tokenizer=self.tokenizer)
         return built, time.perf_counter() - start
 
-    def kv_stats(self, built: QuantizedWeights, model_name: str) -> KVStats | None:
-        if not any(kv.needs_calibration for kv in self.kv_specs):
-            return None
-        if self.calibration is None:
-            raise ConfigError("a KV config needs calibration but no calibration text was prepared; pass calibration= (wkvlab eval does)")
-        stats = stats_under_weights(built, self.calibration, self.fingerprints.get("model_sha256", model_name))
-        self.tick(f"calibrated KV statistics under {built.spec.label}", 1)
-        return stats
-
-    def passes(self, built: QuantizedWeights, stats: KVStats | None) -> list[WindowPass]:
-        return [WindowPass(built.model, kv, layer_stores(built.model, kv, stats if kv.needs_calibration else None), self.baseline)
-                for kv in self.kv_specs]
+    def cells(self, w_index: int, built: QuantizedWeights, build_seconds: float) -> list[_Cell]:
+        stats = None
+        if any(kv.needs_calibration for kv in self.kv_specs):
+            if self.calibration is None:
+                raise ConfigError("a KV config needs calibration but no calibration text was prepared; pass calibration= (wkvlab eval does)")
+            stats = stats_under_weights(built, self.calibration, self.fingerprints.get("model_sha256", self.model_name))
+            self.tick(f"calibrated KV statistics under {built.spec.label}", 1)
+        return [_Cell((w_index, k), built, kv, WindowPass(built.model, kv, layer_stores(built.model, kv, stats if kv.needs_calibration else None),
+                                                          self.baseline), build_seconds)
+                for k, kv in enumerate(self.kv_specs)]
 
     def targets(self, tokens: torch.Tensor, start: int, end: int) -> tuple[slice, torch.Tensor]:
-        rows = _scored_rows(start, end, self.lo, self.hi)
+        rows = scored_rows(start, end, self.lo, self.hi)
         return rows, tokens[start + rows.start + 1 : start + rows.stop + 1]
 
 
-def _result(grid: _Grid, built: QuantizedWeights, kv: KVSpec, parts: list[TokenMetrics], seconds: float, build_seconds: float,
-            model_name: str, data_name: str, run: dict) -> EvalResult:
+def _run_cells(grid: _Grid, cells: list[_Cell], reference: LiveReference | RecordedReference) -> None:
+    """The loop every plan runs: windows outside; per chunk the reference's chunk, then each cell's."""
+    per_window = grid.windows.scored_per_window
+    for w in range(grid.windows.n_windows):
+        tokens = grid.windows.tokens[w]
+        reference.start_window(w)
+        for cell in cells:
+            cell.pass_.reset()
+        window_parts: list[list[dict]] = [[] for _ in cells]
+        for start, end in grid.bounds:
+            rows, targets = grid.targets(tokens, start, end)
+            first = w * per_window + (start + rows.start - grid.lo)
+            ref = reference.chunk(tokens, start, end, rows, targets, first)
+            if isinstance(reference, LiveReference):
+                grid.tick("reference", 1)
+            for c, cell in enumerate(cells):
+                began = time.perf_counter()
+                window_parts[c].append(reference.compare(ref, cell.pass_.step(tokens[start:end])[rows], targets))
+                cell.forward_calls += 1
+                cell.seconds += time.perf_counter() - began
+                grid.tick(cell.label, 1)
+            del ref
+        for c, cell in enumerate(cells):
+            cell.parts.append(reference.to_host(window_parts[c]))  # one read-back per window and cell
+
+
+def _result(grid: _Grid, cell: _Cell, reference, run: dict) -> EvalResult:
     shape = ModelShape.of(grid.model)
+    kv, built = cell.kv, cell.built
+    metrics = [p.metrics if isinstance(p, StoredComparison) else p for p in cell.parts]
+    run = {**run, "reference": reference.info(cell.parts), "forward_calls": cell.forward_calls,
+           "reference_forward_calls": reference.forward_calls}
     return EvalResult(
-        model=model_name,
-        data=data_name,
+        model=grid.model_name,
+        data=grid.data_name,
         ctx=grid.windows.ctx,
         weights=built.spec.label,
         kv=kv.label,
@@ -162,143 +224,78 @@ def _result(grid: _Grid, built: QuantizedWeights, kv: KVSpec, parts: list[TokenM
         weight_bytes=built.weight_bytes,
         # sinks and residual windows held at 16 bits are amortized over the evaluated context
         kv_bytes_per_token=shape.kv_bytes_per_token(kv, context=grid.windows.ctx),
-        seconds=seconds + build_seconds / len(grid.kv_specs),
-        arrays=TokenArrays.concat(parts, np.arange(grid.lo, grid.hi)),
+        seconds=cell.seconds + cell.build_seconds / len(grid.kv_specs),
+        arrays=TokenArrays.concat(metrics, np.arange(grid.lo, grid.hi)),
         buckets=position_buckets(grid.windows.ctx),
         fingerprints=grid.fingerprints,
         notes=list(built.notes) + grid.notes + fidelity_note(kv),
         fidelity={**fidelity_of(kv), "baseline": grid.baseline.to_dict()},
-        run=dict(run),
+        run=run,
         threads=torch.get_num_threads(),
         model_shape={"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim},
     )
 
 
-def _run_in_memory(grid: _Grid, weight_specs: list[WeightSpec], model_name: str, data_name: str, run: dict) -> list[EvalResult]:
-    built, build_seconds = zip(*(grid.build(spec) for spec in weight_specs))
-    stats = [grid.kv_stats(b, model_name) for b in built]
-    cells = [(wi, ki) for wi in range(len(built)) for ki in range(len(grid.kv_specs))]
-    passes = [p for wi, b in enumerate(built) for p in grid.passes(b, stats[wi])]
-    reference = WindowPass(grid.model, baseline=grid.baseline)
-    parts: list[list[TokenMetrics]] = [[] for _ in cells]
-    seconds = [0.0] * len(cells)
-    for w in range(grid.windows.n_windows):
-        tokens = grid.windows.tokens[w]
-        reference.reset()
-        for p in passes:
-            p.reset()
-        window_parts: list[list[TokenMetrics]] = [[] for _ in cells]
-        for start, end in grid.bounds:
-            rows, targets = grid.targets(tokens, start, end)
-            ref = ReferenceTokens.from_logits(reference.step(tokens[start:end])[rows], targets)
-            grid.tick("reference", 1)
-            for c, p in enumerate(passes):
-                began = time.perf_counter()
-                window_parts[c].append(compare_tokens(ref, p.step(tokens[start:end])[rows]))
-                seconds[c] += time.perf_counter() - began
-                grid.tick(f"{built[cells[c][0]].spec.label} × {grid.kv_specs[cells[c][1]].label}", 1)
-            del ref
-        for c in range(len(cells)):
-            parts[c].append(concat_metrics(window_parts[c]))
-    return [_result(grid, built[wi], grid.kv_specs[ki], parts[c], seconds[c], build_seconds[wi], model_name, data_name, run)
-            for c, (wi, ki) in enumerate(cells)]
+def memory_plan(model: torch.nn.Module, windows: WindowSet, weight_specs: list[WeightSpec], kv_specs: list[KVSpec], options: RunOptions,
+                calibration: CalibrationSet | None = None) -> PlanEstimate:
+    """The plan :func:`run_grid` runs: the one ``options`` names (with ``interleave``: decided
+    already, by the preflight estimate), else the memory estimate's choice within what the model's
+    device has (free memory plus the loaded model itself, or ``options.max_memory``)."""
+    if options.plan not in PLANS:
+        raise ConfigError(f"unknown memory plan {options.plan!r}; use one of {', '.join(PLANS)}")
+    devices = {p.device for p in model.parameters()}
+    device = input_device(model)
+    where = "cuda" if device.type == "cuda" and len(devices) > 1 else str(device) if device.type == "cuda" else device.type
+    samples = tuple(calibration.tokens.shape) if calibration is not None else (16, 512)
+    grid = GridShape(tuple(weight_specs), tuple(kv_specs), ctx=windows.ctx, tokens=windows.n_scored, dtype=placement(model)["dtype"],
+                     device=where, chunk=options.chunk_for(model, windows.ctx, kv_specs), calibration=samples, topk=options.topk)
+    decided = options.plan != "auto" and options.interleave is not None
+    budget = None
+    if not decided and where != "meta":
+        resident = sum(p.numel() * p.element_size() for p in model.parameters())  # already loaded: part of what the run may use
+        budget = options.max_memory if options.max_memory is not None else available_memory(where) + resident
+    try:
+        desc = ModelDescription.from_config(model.config.to_dict(), name=type(model).__name__)
+    except ConfigError:  # a config the planner cannot describe: no estimate, so the plan the options imply
+        one = options.plan == "one-model" or options.reference is not None
+        return PlanEstimate("one-model" if one else "copies", max(1, options.interleave or 1) if one else len(weight_specs) * len(kv_specs), ())
+    estimate = estimate_memory(desc, grid, budget_bytes=budget, requested=options.plan, stored_reference=options.reference is not None)
+    if options.interleave is not None and estimate.chosen.plan == "one-model":
+        return estimate.plan("one-model", max(1, min(options.interleave, len(kv_specs))))
+    return estimate.chosen
 
 
-def record_reference(model: torch.nn.Module, windows: WindowSet, *, chunk: int, k: int = DEFAULT_TOPK, meta: dict | None = None,
-                     progress: Progress | None = None, baseline: Baseline = FLOAT_BASELINE) -> StoredReference:
-    """Run the reference over every window chunk by chunk and keep what :func:`compare_stored` needs."""
-    tick = progress or (lambda _desc, _n: None)
-    recorder = ReferenceRecorder(k)
-    reference = WindowPass(model, baseline=baseline)
-    lo, hi = windows.score_from, windows.ctx - 1
-    for w in range(windows.n_windows):
-        tokens = windows.tokens[w]
-        reference.reset()
-        for start, end in chunk_bounds(windows.ctx, chunk):
-            rows = _scored_rows(start, end, lo, hi)
-            logits = reference.step(tokens[start:end])[rows]
-            recorder.add(logits, tokens[start + rows.start + 1 : start + rows.stop + 1], seed=w * windows.ctx + start)
-            tick("reference", 1)
-    info = dict(meta or {}, baseline=baseline.label, windows_sha256=windows_fingerprint(windows.tokens, windows.score_from), ctx=windows.ctx,
-                n_windows=windows.n_windows, score_from=windows.score_from, dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
-    return recorder.finish(info)
+def _groups(weight_specs: list[WeightSpec], plan: PlanEstimate) -> list[list[int]]:
+    """Weight configs built together: all of them with the live reference (copies), else one at a time."""
+    indices = list(range(len(weight_specs)))
+    return [indices] if plan.plan == "copies" else [[i] for i in indices]
 
 
-def _stored_reference(grid: _Grid, path: Path, k: int, model_name: str, data_name: str) -> tuple[StoredReference, bool]:
-    """The stored reference at ``path``: read back and checked, or computed and written there."""
-    expected = {**{key: grid.fingerprints[key] for key in ("model_sha256", "data_sha256") if key in grid.fingerprints},
-                "windows_sha256": windows_fingerprint(grid.windows.tokens, grid.windows.score_from), "ctx": grid.windows.ctx,
-                "baseline": grid.baseline.label}
-    if path.exists():
-        stored = StoredReference.load(path)
-        stored.check_matches(expected)
-        return stored, False
-    if not path.parent.exists():
-        raise ConfigError(f"folder {path.parent} does not exist; create it or choose another --reference path")
-    stored = record_reference(grid.model, grid.windows, chunk=grid.chunk, k=k, progress=grid.tick, baseline=grid.baseline,
-                              meta={**grid.fingerprints, "model": model_name, "data": data_name})
-    stored.save(path)
-    return stored, True
+def _batches(cells: list[_Cell], plan: PlanEstimate) -> list[list[_Cell]]:
+    size = len(cells) if plan.plan == "copies" else max(1, plan.interleave)
+    return [cells[i : i + size] for i in range(0, len(cells), size)]
 
 
-def _reference_info(stored: StoredReference, path: Path, created: bool, comparisons: list[StoredComparison]) -> dict:
-    """What a stored-reference KLD is, and its error measured where the file keeps the full reference."""
-    exact = np.concatenate([c.exact for c in comparisons])
-    estimate = np.concatenate([c.estimate_at_exact for c in comparisons])
-    bound_at = np.concatenate([c.bound_at_exact for c in comparisons])
-    err = exact - estimate
-    tail = 1.0 - stored.topk_logprobs.double().exp().sum(-1)
-    n = int(err.size)
-    variance = np.concatenate([c.tail_variance for c in comparisons])
-    return {
-        "kind": "stored", "path": str(path), "k": stored.k, "samples": stored.meta.get("samples"), "created": created,
-        "reference_tail_mass_mean": float(tail.mean()),
-        # standard error of the mean KLD from tail sampling alone, estimated from the samples themselves
-        "sampling_se": float(np.sqrt(variance.sum()) / variance.size) if variance.size else float("nan"),
-        # the top-k lower bound over all tokens (never above the true KLD), for comparison with the estimate
-        "kld_lower_bound_mean": float(np.concatenate([c.bound for c in comparisons]).mean()),
-        # exact KLD minus the estimate (and minus the bound) on the tokens whose full reference the file keeps
-        "error": {"tokens": n, "mean": float(err.mean()) if n else float("nan"),
-                  "se": float(err.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan"),
-                  "bound_gap_mean": float((exact - bound_at).mean()) if n else float("nan")},
-    }
+def _is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text or "not enough memory" in text)
 
 
-def _run_stored(grid: _Grid, weight_specs: list[WeightSpec], model_name: str, data_name: str, run: dict, path: Path, k: int,
-                reload: Callable[[], torch.nn.Module] | None) -> list[EvalResult]:
-    stored, created = _stored_reference(grid, path, k, model_name, data_name)
-    device = input_device(grid.model)
-    per_window = grid.windows.scored_per_window
-    results = []
-    modified = False  # the loaded model was quantized in place by the previous weight config
-    for spec in weight_specs:
-        if modified:
-            grid.model = reload()
-        built, build_seconds = grid.build(spec, in_place=reload is not None)
-        modified = reload is not None and not spec.is_identity
-        stats = grid.kv_stats(built, model_name)
-        for kv, window_pass in zip(grid.kv_specs, grid.passes(built, stats)):
-            parts, comparisons = [], []
-            began = time.perf_counter()
-            for w in range(grid.windows.n_windows):
-                tokens = grid.windows.tokens[w]
-                window_pass.reset()
-                chunk_parts = []
-                for start, end in grid.bounds:
-                    rows, targets = grid.targets(tokens, start, end)
-                    first = w * per_window + (start + rows.start - grid.lo)
-                    ref = stored.chunk(first, first + (rows.stop - rows.start), device)
-                    comparison = compare_stored(ref, window_pass.step(tokens[start:end])[rows], targets)
-                    chunk_parts.append(comparison.metrics)
-                    comparisons.append(comparison)
-                    grid.tick(f"{built.spec.label} × {kv.label}", 1)
-                parts.append(concat_metrics(chunk_parts))
-            seconds = time.perf_counter() - began
-            info = _reference_info(stored, path, created, comparisons)
-            results.append(_result(grid, built, kv, parts, seconds, build_seconds, model_name, data_name, {**run, "reference": info}))
-        del built, stats  # release the quantized copy before the next weight config is built
-        gc.collect()
-    return results
+def _out_of_memory(grid: _Grid, plan: PlanEstimate, running: list[_Cell], finished: list[EvalResult], total: int) -> OutOfMemory:
+    where = str(input_device(grid.model))
+    doing = ", ".join(c.label for c in running[:3]) + (" ..." if len(running) > 3 else "") if running else "building a weight config"
+    multiple = math.lcm(*(token_group_multiple(kv) for kv in grid.kv_specs))
+    smaller = (grid.chunk // 2) // multiple * multiple
+    advice = [f"--chunk {smaller}"] if smaller >= 1 else []
+    if plan.plan == "copies":
+        advice.append("--memory-plan one-model (one model in memory)")
+    elif plan.interleave > 1:
+        advice.append("--max-memory with less than the device has, so fewer caches run side by side")
+    kept = f"{len(finished)} of {total} result(s) had finished and are kept" if finished else "no result had finished"
+    advice = " or ".join(advice) or "a device with more memory"
+    return OutOfMemory(f"out of memory on {where} while running {doing}: {kept}; rerun with {advice}", finished)
 
 
 @torch.no_grad()
@@ -314,29 +311,64 @@ def run_grid(
     progress: Progress | None = None,
     calibration: CalibrationSet | None = None,
     options: RunOptions = RunOptions(),
-    reload: Callable[[], torch.nn.Module] | None = None,
     tokenizer=None,
     baseline: Baseline = FLOAT_BASELINE,
     notes: list[str] | None = None,
+    plan: PlanEstimate | None = None,
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination on the same windows; results in grid order.
 
     ``calibration`` feeds the weight configs that need it (GPTQ, AWQ, SmoothQuant, static
     activation scales) and calibrated KV configs; each is calibrated once per weight config.
-    ``reload`` (a fresh copy of the reference model) is used with ``options.in_place``;
     ``tokenizer`` (the reference's) is checked against a ``checkpoint:`` candidate's.
     ``baseline`` (:mod:`wkvlab.eval.baseline`) is attached around the reference pass and every
-    candidate pass alike; ``notes`` are added to every result (the baseline's choice).
+    candidate pass alike; ``notes`` are added to every result (the baseline's choice). ``plan``:
+    the memory plan (default :func:`memory_plan`). ``model`` is left as it came (in-place builds
+    are undone, on error too).
     """
-    if options.in_place and (options.reference is None or reload is None):
-        raise ConfigError("building weight configs in place needs a stored reference (--reference FILE) and a model that can be reloaded")
     keep_freed_memory()
     check_kv_specs(model, kv_specs)
-    grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress, tokenizer, baseline, notes)
-    param = next(model.parameters())
-    run = {"chunk": grid.chunk, "device": str(param.device), "dtype": str(param.dtype).replace("torch.", ""),
-           "reference": {"kind": "memory"}}
-    if options.reference is None:
-        return _run_in_memory(grid, weight_specs, model_name, data_name, run)
-    return _run_stored(grid, weight_specs, model_name, data_name, run, Path(options.reference), options.topk,
-                       reload if options.in_place else None)
+    grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress, tokenizer, baseline, notes, model_name, data_name)
+    plan = plan or memory_plan(model, windows, weight_specs, kv_specs, options, calibration)
+    run = {"chunk": grid.chunk, **placement(model), "device": str(next(model.parameters()).device),
+           "plan": plan.plan, "interleave": plan.interleave}
+    total = len(weight_specs) * len(kv_specs)
+    finished: dict[tuple[int, int], EvalResult] = {}
+    running: list[_Cell] = []
+    snapshot: WeightSnapshot | None = None
+    active: QuantizedWeights | None = None  # the in-place build the model holds now
+    try:
+        if plan.plan == "copies":
+            reference = LiveReference(model, baseline)
+        else:
+            path = Path(options.reference) if options.reference is not None else None
+            reference = recorded_reference(model, windows, chunk=grid.chunk, k=options.topk, path=path, fingerprints=grid.fingerprints,
+                                           model_name=model_name, data_name=data_name, baseline=baseline, progress=grid.tick)
+            if any(not (w.is_identity or w.is_checkpoint) for w in weight_specs):
+                snapshot = WeightSnapshot(model, weight_specs)
+        for group in _groups(weight_specs, plan):
+            cells = []
+            for w_index in group:
+                built, seconds = grid.build(weight_specs[w_index], snapshot)
+                active = built if built.model is model and not built.spec.is_identity else active
+                cells += grid.cells(w_index, built, seconds)
+            for batch in _batches(cells, plan):
+                running = batch
+                _run_cells(grid, batch, reference)
+                finished.update({cell.index: _result(grid, cell, reference, run) for cell in batch})
+                running = []
+            if active is not None:
+                snapshot.restore(model, active.hooks)  # the next weight config starts from the original weights
+                active = None
+            del cells, built
+            gc.collect()
+    except Exception as exc:
+        if active is not None:
+            snapshot.restore(model, active.hooks)
+        if _is_out_of_memory(exc):
+            raise _out_of_memory(grid, plan, running, [finished[k] for k in sorted(finished)], total) from None
+        raise
+    finally:
+        if snapshot is not None:
+            snapshot.close()
+    return [finished[(w, k)] for w in range(len(weight_specs)) for k in range(len(kv_specs))]

@@ -59,10 +59,10 @@ def score_error_terms(q_ref: torch.Tensor, k_ref: torch.Tensor, q_cand: torch.Te
     }
 
 
-def allowed_pairs(attention_mask: torch.Tensor | None, n_queries: int, n_keys: int) -> torch.Tensor:
-    """Bool ``[queries, keys]``: the pairs the layer attends to (the model's mask, else causal)."""
+def allowed_pairs(attention_mask: torch.Tensor | None, n_queries: int, n_keys: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bool ``[queries, keys]``: the pairs the layer attends to (the model's mask, else causal, on ``device``)."""
     if attention_mask is None:
-        return torch.ones(n_queries, n_keys, dtype=torch.bool).tril(n_keys - n_queries)
+        return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(n_keys - n_queries)
     mask = attention_mask[0, 0, -n_queries:, :n_keys]
     return mask if mask.dtype == torch.bool else mask == 0
 
@@ -234,8 +234,7 @@ class _Accumulator:
 
     def add(self, layer: int, terms: dict[str, torch.Tensor], scores_ref: torch.Tensor, allowed: torch.Tensor,
             kl: torch.Tensor, sink_tokens: int) -> None:
-        is_sink = torch.zeros(allowed.shape[-1], dtype=torch.bool)
-        is_sink[:sink_tokens] = True
+        is_sink = torch.arange(allowed.shape[-1], device=allowed.device) < sink_tokens  # where the scores are
         groups = (allowed & is_sink, allowed & ~is_sink)
         for term, x in terms.items():
             sq = x.square()
@@ -256,11 +255,11 @@ def _layer_statistics(store: LayerStore, selection, ref_qk, query, key, value, a
     heads = q_cand.shape[1]
     as64 = lambda x, expand=True: (_expand(x, heads) if expand else x)[0].double()  # noqa: E731
     q_ref, k_ref, q_cand, k_full, k_stored = as64(q_ref), as64(k_ref), as64(q_cand), as64(k_full), as64(k_stored)
-    allowed = allowed_pairs(attention_mask, q_cand.shape[-2], k_stored.shape[-2])
+    allowed = allowed_pairs(attention_mask, q_cand.shape[-2], k_stored.shape[-2], q_cand.device)
     terms = score_error_terms(q_ref, k_ref, q_cand, k_stored, scaling)
     if selection is not None and not (store.k_quant is None and store.v_quant is None):
         # residual / window specs: a query sees the full-precision key until the rule quantizes it
-        use_q = selection(torch.arange(q_cand.shape[-2]), k_stored.shape[-2])
+        use_q = selection(torch.arange(q_cand.shape[-2], device=q_cand.device), k_stored.shape[-2])
         fresh = score_error_terms(q_ref, k_ref, q_cand, k_full, scaling)
         terms = {t: torch.where(use_q, terms[t], fresh[t]) for t in TERMS}
     scores_ref = (q_ref @ k_ref.transpose(-1, -2)) * scaling

@@ -24,9 +24,10 @@ import torch
 
 from wkvlab.data.windows import WindowSet
 from wkvlab.errors import DataError, ModelError
-from wkvlab.eval.metrics import ReferenceTokens, compare_tokens, position_buckets
+from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows
+from wkvlab.eval.metrics import ReferenceTokens, chunk_metrics, host_metrics, position_buckets
 from wkvlab.eval.result import EvalResult, TokenArrays
-from wkvlab.eval.runner import Progress, forward_logits
+from wkvlab.eval.runner import Progress
 from wkvlab.explain.factorial import metric_arrays, metric_value
 from wkvlab.stats import Interval, paired_interval
 
@@ -124,17 +125,24 @@ def backend_result(model: torch.nn.Module, windows: WindowSet, reference: EvalRe
     tick = progress or (lambda _desc, _n: None)
     current, other = model.config._attn_implementation or "eager", backend
     lo, hi = windows.score_from, windows.ctx - 1
+    chunk = auto_chunk(model.config.get_text_config().vocab_size, windows.ctx)
     parts = []
     start = time.perf_counter()
+    usual, switched = WindowPass(model), WindowPass(model)
     for w in range(windows.n_windows):
         tokens = windows.tokens[w]
-        ref = ReferenceTokens.from_logits(forward_logits(model, tokens)[lo:hi], tokens[lo + 1 : hi + 1])
-        model.set_attn_implementation(other)
-        try:
-            logits = forward_logits(model, tokens)[lo:hi]
-        finally:
-            model.set_attn_implementation(current)
-        parts.append(compare_tokens(ref, logits))
+        usual.reset(), switched.reset()
+        chunks = []
+        for begin, end in chunk_bounds(windows.ctx, chunk):  # chunked, as eval runs: no [ctx, vocab] logits
+            rows = scored_rows(begin, end, lo, hi)
+            ref = ReferenceTokens.from_logits(usual.step(tokens[begin:end])[rows], tokens[begin + rows.start + 1 : begin + rows.stop + 1])
+            model.set_attn_implementation(other)
+            try:
+                logits = switched.step(tokens[begin:end])[rows]
+            finally:
+                model.set_attn_implementation(current)
+            chunks.append(chunk_metrics(ref, logits))
+        parts.append(host_metrics(chunks))
         tick(f"reference with {other} attention", 1)
     return EvalResult(
         model=reference.model, data=reference.data, ctx=windows.ctx, weights=f"none ({other})", kv="fp16",

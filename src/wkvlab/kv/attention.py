@@ -13,10 +13,13 @@ Keys and values may follow different rules (KIVI flushes keys in blocks and keep
 window of values), so ``selection`` is either one function for both sides or a
 :class:`KVSelection` with one per side (None: that side is always seen quantized).
 
-Queries are processed in chunks so the [heads, chunk, keys] score blocks stay small at 8k context.
-This is an eager implementation (float32 softmax like transformers' eager path), so it is close
-to, not bit-identical with, sdpa; the fast path (no query-dependent selection) keeps the model's
-own backend.
+The cache is never copied whole: queries go in chunks, keys and values in blocks, each block
+upcast to float32 on its own, with a running (online) softmax over the blocks as flash attention
+does — so the temporaries are a few ``[heads, query chunk, key block]`` tensors (about
+``SCORE_BLOCK_BYTES``) whatever the context, and grouped-query heads share their key head instead
+of repeating it. Arithmetic is float32 (like transformers' eager softmax), so this is close to,
+not bit-identical with, sdpa; the fast path (no query-dependent selection) keeps the model's own
+backend.
 """
 from __future__ import annotations
 
@@ -79,20 +82,20 @@ def _side_mask(selection: Selection | None, query_pos: torch.Tensor, n_keys: int
     return selection(query_pos, n_keys)
 
 
-def _expand(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+SCORE_BLOCK_BYTES = 32 << 20  # one float32 [batch, heads, query chunk, key block] score block
 
 
-def _mask_chunk(attention_mask: torch.Tensor | None, rows: slice, query_pos: torch.Tensor, n_keys: int, dtype, key_offset: int = 0) -> torch.Tensor:
-    """Additive mask for a chunk of queries: transformers' mask (bool or float) or plain causal."""
+def _mask_block(attention_mask: torch.Tensor | None, rows: slice, query_pos: torch.Tensor, keys: slice, key_offset: int) -> torch.Tensor:
+    """Additive float32 mask ``[batch or 1, 1, 1, queries, keys]`` of one block: transformers' mask (bool or float) or plain causal."""
     if attention_mask is None:
-        key_pos = torch.arange(key_offset, key_offset + n_keys, device=query_pos.device)
+        key_pos = torch.arange(key_offset + keys.start, key_offset + keys.stop, device=query_pos.device)
         allowed = key_pos[None, :] <= query_pos[:, None]
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
-    chunk = attention_mask[:, :, rows, :n_keys]
-    if chunk.dtype == torch.bool:
-        return torch.zeros(chunk.shape, dtype=dtype, device=chunk.device).masked_fill(~chunk, torch.finfo(dtype).min)
-    return chunk.to(dtype)
+        block = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        return block[None, None, None]
+    block = attention_mask[:, :, rows, keys]
+    if block.dtype == torch.bool:
+        block = torch.zeros(block.shape, dtype=torch.float32, device=block.device).masked_fill_(~block, torch.finfo(torch.float32).min)
+    return block.float()[:, :, None]
 
 
 def mixed_attention(
@@ -116,21 +119,38 @@ def mixed_attention(
     key passed (chunked evaluation attends a chunk of queries to the keys a cache still holds).
     """
     sides = selection if isinstance(selection, KVSelection) else KVSelection(selection, selection)
-    n_rep = query.shape[1] // key.shape[1]
-    k, kq, v, vq = (_expand(t.float(), n_rep) for t in (key, key_q, value, value_q))
-    n_queries, n_keys = query.shape[2], key.shape[2]
+    batch, heads, n_queries, head_dim = query.shape
+    kv_heads, n_keys = key.shape[1], key.shape[2]
+    n_rep = heads // kv_heads
+    chunk = max(1, min(chunk, n_queries))
+    block = max(1, SCORE_BLOCK_BYTES // (4 * batch * heads * chunk))
     outputs = []
     for start in range(0, n_queries, chunk):
         rows = slice(start, min(start + chunk, n_queries))
-        q = query[:, :, rows].float()
+        # [batch, kv_heads, n_rep, queries, head_dim]: a query head's group shares its key head (no repeat)
+        q = query[:, :, rows].float().reshape(batch, kv_heads, n_rep, rows.stop - rows.start, head_dim)
         query_pos = torch.arange(rows.start, rows.stop, device=query.device) + query_offset
-        use_kq = _side_mask(sides.k, query_pos, key_offset + n_keys)[None, None, :, key_offset:]  # [1, 1, Tc, S]
-        use_vq = use_kq if sides.v is sides.k else _side_mask(sides.v, query_pos, key_offset + n_keys)[None, None, :, key_offset:]
-        scores = torch.where(use_kq, q @ kq.transpose(-1, -2), q @ k.transpose(-1, -2)) * scaling
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = scores + _mask_chunk(attention_mask, rows, query_pos, n_keys, scores.dtype, key_offset)
-        probs = torch.softmax(scores, dim=-1)
-        out = (probs * use_vq) @ vq + (probs * ~use_vq) @ v
-        outputs.append(out)
+        use_kq = _side_mask(sides.k, query_pos, key_offset + n_keys)[:, key_offset:]  # [Tc, S]
+        use_vq = use_kq if sides.v is sides.k else _side_mask(sides.v, query_pos, key_offset + n_keys)[:, key_offset:]
+        running_max = torch.full(q.shape[:-1] + (1,), float("-inf"), device=q.device)
+        total = torch.zeros_like(running_max)
+        acc = torch.zeros_like(q)
+        for k0 in range(0, n_keys, block):
+            keys = slice(k0, min(k0 + block, n_keys))
+            k_blk, kq_blk = (t[:, :, None, keys].float() for t in (key, key_q))  # [batch, kv_heads, 1, Kb, head_dim]
+            sel_k = use_kq[:, keys]
+            scores = torch.where(sel_k, q @ kq_blk.transpose(-1, -2), q @ k_blk.transpose(-1, -2)).mul_(scaling)
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            # masked keys at float32's lowest, never -inf: a block masked whole must rescale to 0, not NaN
+            scores = (scores + _mask_block(attention_mask, rows, query_pos, keys, key_offset)).clamp_(min=torch.finfo(torch.float32).min)
+            new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
+            rescale = torch.exp(running_max - new_max)
+            probs = torch.exp(scores - new_max)
+            total = total * rescale + probs.sum(-1, keepdim=True)
+            v_blk, vq_blk = (t[:, :, None, keys].float() for t in (value, value_q))
+            sel_v = use_vq[:, keys]
+            acc = acc * rescale + torch.where(sel_v, probs, 0.0) @ vq_blk + torch.where(sel_v, 0.0, probs) @ v_blk
+            running_max = new_max
+        outputs.append((acc / total).reshape(batch, heads, rows.stop - rows.start, head_dim))
     return torch.cat(outputs, dim=2).transpose(1, 2).to(query.dtype)

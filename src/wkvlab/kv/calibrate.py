@@ -14,12 +14,18 @@ of a corpus, never overlapping evaluation text — see :mod:`wkvlab.weights.cali
 
 Stats are saved as safetensors with the calibration's description in the metadata, and reloaded
 bit-identically, so a calibrated config can be re-run or shipped.
+
+Device: each layer's statistics are gathered where that layer runs. On one device they are
+stacked ``[layers, ...]``; a model spread over several GPUs keeps them per layer (a tuple indexed
+the same way), since stacking would mix devices. Whatever a file was read onto, a layer's
+statistics are moved to the layer's device once, when its store is built (:meth:`KVStats.layer`).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence, Union
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,21 +36,43 @@ from wkvlab.runtime import input_device
 
 _NAMES = ("k_absmax", "v_absmax", "k_pair_absmax", "k_pre_samples", "v_samples", "hidden_peak_median", "q_absmax")
 SAMPLE_TOKENS = 1024  # calibration tokens kept per layer for codebook fitting (evenly spaced)
+PerLayer = Union[torch.Tensor, Sequence[torch.Tensor]]  # [layers, ...] stacked, or one tensor per layer
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """One layer's statistics, on that layer's device (the fields of :class:`KVStats` at ``[layer]``)."""
+
+    k_absmax: torch.Tensor
+    v_absmax: torch.Tensor
+    k_pair_absmax: torch.Tensor
+    k_pre_samples: torch.Tensor
+    v_samples: torch.Tensor
+    hidden_peak_median: torch.Tensor
+    q_absmax: torch.Tensor
 
 
 @dataclass
 class KVStats:
-    k_absmax: torch.Tensor
-    v_absmax: torch.Tensor
-    k_pair_absmax: torch.Tensor
-    k_pre_samples: torch.Tensor  # [layers, kv_heads, SAMPLE_TOKENS, head_dim], keys before RoPE
-    v_samples: torch.Tensor  # [layers, kv_heads, SAMPLE_TOKENS, head_dim]
-    hidden_peak_median: torch.Tensor  # [layers]: median over tokens of max |residual stream| at the layer input
-    q_absmax: torch.Tensor  # [layers, heads, head_dim]: per-channel maxima of |Q| (post-RoPE, as attention sees it)
+    k_absmax: PerLayer
+    v_absmax: PerLayer
+    k_pair_absmax: PerLayer
+    k_pre_samples: PerLayer  # [layers, kv_heads, SAMPLE_TOKENS, head_dim], keys before RoPE
+    v_samples: PerLayer  # [layers, kv_heads, SAMPLE_TOKENS, head_dim]
+    hidden_peak_median: PerLayer  # [layers]: median over tokens of max |residual stream| at the layer input
+    q_absmax: PerLayer  # [layers, heads, head_dim]: per-channel maxima of |Q| (post-RoPE, as attention sees it)
     source: dict = field(default_factory=dict)
+    _placed: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def layer(self, index: int, device: torch.device | str | None = None) -> LayerStats:
+        """Layer ``index``'s statistics on ``device`` (where they are when None); copied once per device."""
+        key = (index, str(device))
+        if key not in self._placed:
+            self._placed[key] = LayerStats(**{n: _to(getattr(self, n)[index], device) for n in _NAMES})
+        return self._placed[key]
 
     def save(self, path: Path) -> None:
-        save_file({n: getattr(self, n).contiguous() for n in _NAMES}, str(path), metadata={"source": json.dumps(self.source)})
+        save_file({n: _stacked_on_cpu(getattr(self, n)) for n in _NAMES}, str(path), metadata={"source": json.dumps(self.source)})
 
     @classmethod
     def load(cls, path: Path) -> "KVStats":
@@ -59,6 +87,21 @@ class KVStats:
         if missing:
             raise ConfigError(f"{path} is not a wkvlab KV stats file (missing {', '.join(missing)})")
         return cls(**{n: tensors[n] for n in _NAMES}, source=json.loads(meta.get("source", "{}")))
+
+
+def _to(x: torch.Tensor, device) -> torch.Tensor:
+    return x if device is None else x.to(device)
+
+
+def _stacked_on_cpu(values: PerLayer) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values.contiguous().cpu()
+    return torch.stack([v.cpu() for v in values]).contiguous()
+
+
+def _per_layer(values: list[torch.Tensor]) -> PerLayer:
+    """Stacked when every layer's tensor is on one device (one model on one GPU), else kept per layer."""
+    return torch.stack(values) if len({v.device for v in values}) == 1 else tuple(values)
 
 
 def _pair_norm(x: torch.Tensor) -> torch.Tensor:
@@ -94,10 +137,12 @@ def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict 
                 model(input_ids=row[None].to(input_device(model)), use_cache=False)
     if len(seen) != n_layers:
         raise ConfigError(f"calibration saw {len(seen)} of {n_layers} attention layers; this architecture is not supported for KV calibration")
-    stacked = [torch.stack([seen[i][j] for i in range(n_layers)]) for j in range(4)]
-    k_pre = torch.stack([torch.cat([k for k, _ in samples[i]], dim=1) for i in range(n_layers)])
-    v_all = torch.stack([torch.cat([v for _, v in samples[i]], dim=1) for i in range(n_layers)])
-    peak = torch.stack([torch.cat(peaks[i]).median() for i in range(n_layers)])
+    stacked = [_per_layer([seen[i][j] for i in range(n_layers)]) for j in range(4)]
+    k_pre = _per_layer([torch.cat([k for k, _ in samples[i]], dim=1) for i in range(n_layers)])
+    v_all = _per_layer([torch.cat([v for _, v in samples[i]], dim=1) for i in range(n_layers)])
+    # the residual is recorded where the previous layer left it (before accelerate moves it): the
+    # layer's own keys say where the layer runs
+    peak = _per_layer([torch.cat(peaks[i]).median().to(seen[i][0].device) for i in range(n_layers)])
     info = dict(source or {}, tokens=int(tokens.numel()))
     return KVStats(*stacked[:3], k_pre_samples=k_pre, v_samples=v_all, hidden_peak_median=peak, q_absmax=stacked[3], source=info)
 

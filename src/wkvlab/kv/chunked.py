@@ -22,20 +22,13 @@ returns from :meth:`update` is what the model's backend attends to: the stored k
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from wkvlab.errors import ConfigError
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
-
-
-def token_group_multiple(spec: KVSpec) -> int:
-    """The chunk size must be a multiple of this (1 unless a per-channel format groups tokens)."""
-    groups = [f.token_group for f in spec.all_formats() if f.token_group]
-    return math.lcm(*groups) if groups else 1
+from wkvlab.kv.tokens import token_group_multiple
 
 
 def check_chunk(chunk: int, specs: list[KVSpec]) -> None:

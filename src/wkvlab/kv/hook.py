@@ -20,7 +20,7 @@ import torch
 from wkvlab.formats.hadamard import rotate
 from wkvlab.kv.attention import mixed_attention
 from wkvlab.kv.calibrate import KVStats
-from wkvlab.kv.override import attention_inputs, attention_override, model_head_dim, sliding_layers
+from wkvlab.kv.override import attention_devices, attention_inputs, attention_override, model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
 
@@ -29,8 +29,9 @@ def layer_stores(model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = N
     head_dim = model_head_dim(model)
     spec.check_model(head_dim, model.config.num_hidden_layers)
     sliding = sliding_layers(model)
+    devices = attention_devices(model) if stats is not None else {}
     return [
-        LayerStore(spec, i, *spec.formats_for(i, sliding[i] if i < len(sliding) else False), head_dim, stats)
+        LayerStore(spec, i, *spec.formats_for(i, sliding[i] if i < len(sliding) else False), head_dim, stats, devices.get(i))
         for i in range(model.config.num_hidden_layers)
     ]
 

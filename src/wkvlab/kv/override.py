@@ -47,6 +47,19 @@ def sliding_layers(model: torch.nn.Module) -> tuple[bool, ...]:
     return tuple(bool(window) for _ in range(cfg.num_hidden_layers))
 
 
+def attention_devices(model: torch.nn.Module) -> dict[int, torch.device]:
+    """Where each attention layer computes (by ``layer_idx``): accelerate's execution device for a
+    dispatched or offloaded layer, else the device of its weights."""
+    devices = {}
+    for name, module in model.named_modules():
+        if name.endswith("self_attn") and hasattr(module, "layer_idx"):
+            device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+            if device is None:
+                device = next(module.parameters()).device
+            devices[module.layer_idx] = torch.device(device)
+    return devices
+
+
 @contextmanager
 def attention_override(model: torch.nn.Module, wrapper: AttentionWrapper) -> Iterator[None]:
     """Within the block every attention call of ``model`` goes through ``wrapper``."""

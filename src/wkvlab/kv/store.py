@@ -55,29 +55,33 @@ def _fp8_scale(absmax: torch.Tensor, mode: str, side: str, fmax: float) -> torch
 class LayerStore:
     """Built once per layer and spec; applied on every forward."""
 
-    def __init__(self, spec: KVSpec, layer: int, k_fmt: KVFormat, v_fmt: KVFormat, head_dim: int, stats: KVStats | None) -> None:
+    def __init__(self, spec: KVSpec, layer: int, k_fmt: KVFormat, v_fmt: KVFormat, head_dim: int, stats: KVStats | None,
+                 device: torch.device | str | None = None) -> None:
+        # calibrated tensors (scales, λ, codebooks) live where the layer runs: stats read back from
+        # the disk cache are CPU tensors, and a model spread over GPUs has layers on each
+        layer_stats = stats.layer(layer, device) if stats is not None else None
         self.k_fmt, self.v_fmt = k_fmt, v_fmt
         k_block, v_block = spec.rotation_blocks(head_dim)
         self.rot_k = k_block if not k_fmt.is_identity else 0
         self.rot_v = v_block if not v_fmt.is_identity else 0
         self.k_policy, self.v_policy = spec.token_policies(k_fmt, v_fmt)
         self.sinks = spec.sinks
-        self.sink_peak = spec.sink_ratio * float(stats.hidden_peak_median[layer]) if spec.sink_ratio and stats is not None else 0.0
+        self.sink_peak = spec.sink_ratio * float(layer_stats.hidden_peak_median) if spec.sink_ratio and stats is not None else 0.0
         self.q_format = spec.q if not k_fmt.is_identity else "none"
         if spec.needs_calibration and stats is None:
             raise ConfigError(f"KV config {spec.label} needs calibration statistics; run it through wkvlab eval, which calibrates on held-out text")
         self.smooth = None
         if spec.smooth and not k_fmt.is_identity:
-            lam = stats.k_pair_absmax[layer].clamp_min(1e-5) ** spec.smooth  # [kv_heads, head_dim/2]
+            lam = layer_stats.k_pair_absmax.clamp_min(1e-5) ** spec.smooth  # [kv_heads, head_dim/2]
             self.smooth = torch.cat([lam, lam], dim=-1)[None, :, None, :]
         self.prerope = spec.prerope and not k_fmt.is_identity
-        self.k_quant = self._quantizer(k_fmt, spec.scales, "k", stats.k_absmax[layer] if stats is not None else None)
-        self.v_quant = self._quantizer(v_fmt, spec.scales, "v", stats.v_absmax[layer] if stats is not None else None)
+        self.k_quant = self._quantizer(k_fmt, spec.scales, "k", layer_stats.k_absmax if stats is not None else None)
+        self.v_quant = self._quantizer(v_fmt, spec.scales, "v", layer_stats.v_absmax if stats is not None else None)
         # vLLM quantizes Q with its static per-tensor q_scale: 1.0, or amax/200 with calculate_kv_scales
-        self.q_scale = _fp8_scale(stats.q_absmax[layer], "calculate", "q", 448.0) if (spec.scales == "calculate" and self.q_format == "fp8_e4m3") else 1.0
+        self.q_scale = _fp8_scale(layer_stats.q_absmax, "calculate", "q", 448.0) if (spec.scales == "calculate" and self.q_format == "fp8_e4m3") else 1.0
         if k_fmt.calibrated or v_fmt.calibrated:
             bits = lambda f: int(f.name[3])  # noqa: E731 - nuq<b>[-c]
-            fitted = fit_layer(stats.k_pre_samples[layer], stats.v_samples[layer],
+            fitted = fit_layer(layer_stats.k_pre_samples, layer_stats.v_samples,
                                bits(k_fmt) if k_fmt.calibrated else 4, bits(v_fmt) if v_fmt.calibrated else 4, spec.outliers)
             self.k_quant = fitted.quantize_keys if k_fmt.calibrated else self.k_quant
             self.v_quant = fitted.quantize_values if v_fmt.calibrated else self.v_quant
@@ -122,7 +126,9 @@ class LayerStore:
         if self.sink_peak:
             if residual is None:
                 raise ConfigError("sinks=auto needs the decoder layers' inputs; this architecture does not expose them")
-            detected = residual.float().abs().amax(-1) > self.sink_peak  # [batch, tokens]
+            # the residual is recorded at the decoder layer's input, before accelerate moves it to
+            # this layer's GPU: the (tiny) mask goes where the keys are
+            detected = (residual.float().abs().amax(-1) > self.sink_peak).to(device if device is not None else residual.device)
             keep = detected if keep is None else keep | detected
         return keep
 

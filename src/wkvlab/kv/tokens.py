@@ -21,6 +21,7 @@ streaming cache both use it, which is what keeps them equal (tested).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,3 +69,10 @@ def side_policy(residual: int, window: int, pastonly: bool, token_group: int | N
         residual = token_group
     return TokenPolicy(residual=residual, window=window, pastonly=pastonly)
 
+
+
+def token_group_multiple(spec) -> int:
+    """A chunked pass's chunk size must be a multiple of this (1 unless a per-channel format of the
+    :class:`~wkvlab.kv.spec.KVSpec` groups tokens)."""
+    groups = [f.token_group for f in spec.all_formats() if f.token_group]
+    return math.lcm(*groups) if groups else 1

@@ -1,8 +1,10 @@
 """Measuring candidates: KLD against the unquantized reference on fixed windows, and weight swaps.
 
-:class:`Scorer` computes the reference distribution of each window once and keeps it, because a
-profile scores hundreds of candidates on the same few windows (the evaluation runner recomputes the
-reference per grid, which is right for one grid but would double the cost here).
+:class:`Scorer` runs every window chunk by chunk through a cache, as the evaluation runner does
+(:mod:`wkvlab.eval.chunks`): no window's ``[ctx, vocab]`` logits exist. It keeps the reference's
+per-chunk distributions for the next candidate when all of them fit ``REFERENCE_CACHE_BYTES``,
+because a profile scores hundreds of candidates on the same few windows; a longer run steps the
+reference's pass beside each candidate instead (twice the forwards, the same memory as eval).
 
 :class:`WeightSwap` measures *where* weight quantization hurts without re-quantizing: it holds a
 copy of the reference and writes back, for the chosen layers or modules only, the tensors the
@@ -23,10 +25,12 @@ import numpy as np
 import torch
 
 from wkvlab.data.windows import WindowSet
-from wkvlab.eval.metrics import ReferenceTokens, compare_tokens
-from wkvlab.eval.runner import forward_logits
-from wkvlab.kv.hook import kv_quantization, layer_stores
+from wkvlab.eval.chunks import WindowPass, auto_chunk, scored_chunks
+from wkvlab.eval.metrics import ReferenceTokens, chunk_metrics
+from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.spec import KVSpec
+
+REFERENCE_CACHE_BYTES = 1 << 30  # the reference's kept log-probs and probs (float32) across all windows
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -59,36 +63,45 @@ def paired_difference(a: Score, b: Score):
 
 
 class Scorer:
-    def __init__(self, reference: torch.nn.Module, windows: WindowSet):
+    def __init__(self, reference: torch.nn.Module, windows: WindowSet, chunk: int | None = None):
         self.reference = reference
         self.windows = windows
-        self._refs: list[ReferenceTokens] | None = None
+        self.vocab = reference.config.get_text_config().vocab_size
+        self.chunk = chunk
+        self.keep = 2 * windows.n_scored * self.vocab * 4 <= REFERENCE_CACHE_BYTES
+        self._refs: dict[tuple[int, int, int], ReferenceTokens] = {}  # (chunk size, window, chunk start)
 
     @property
     def span(self) -> tuple[int, int]:
         return self.windows.score_from, self.windows.ctx - 1
 
-    @torch.no_grad()
-    def references(self) -> list[ReferenceTokens]:
-        if self._refs is None:
-            lo, hi = self.span
-            self._refs = [ReferenceTokens.from_logits(forward_logits(self.reference, t)[lo:hi], t[lo + 1 : hi + 1])
-                          for t in self.windows.tokens]
-        return self._refs
+    def _chunk_for(self, kv: KVSpec | None) -> int:
+        return self.chunk or auto_chunk(self.vocab, self.windows.ctx, [kv] if kv is not None else [])
+
+    def _references(self, w: int, tokens: torch.Tensor, chunk: int):
+        """The reference's chunks of window ``w``: kept from an earlier score, or stepped now."""
+        lo, hi = self.span
+        cached = [self._refs.get((chunk, w, start)) for start in range(0, self.windows.ctx, chunk)]
+        if all(ref is not None for ref in cached):
+            yield from cached
+            return
+        for start, rows, logits in scored_chunks(WindowPass(self.reference), tokens, chunk, lo, hi):
+            ref = ReferenceTokens.from_logits(logits, tokens[start + rows.start + 1 : start + rows.stop + 1])
+            if self.keep:
+                self._refs[(chunk, w, start)] = ref
+            yield ref
 
     @torch.no_grad()
     def score(self, model: torch.nn.Module, kv: KVSpec | None = None) -> Score:
         """KLD of ``model`` with the KV cache as ``kv`` stores it (None: untouched) against the reference."""
         lo, hi = self.span
+        chunk = self._chunk_for(kv)
+        candidate = WindowPass(model, kv, layer_stores(model, kv) if kv is not None else None)
         parts, windows = [], []
-        stores = layer_stores(model, kv) if kv is not None else None
-        for w, (ref, tokens) in enumerate(zip(self.references(), self.windows.tokens)):
-            if kv is None:
-                logits = forward_logits(model, tokens)[lo:hi]
-            else:
-                with kv_quantization(model, kv, stores=stores):
-                    logits = forward_logits(model, tokens)[lo:hi]
-            parts.append(compare_tokens(ref, logits).kld)
+        for w, tokens in enumerate(self.windows.tokens):
+            chunks = zip(self._references(w, tokens, chunk), scored_chunks(candidate, tokens, chunk, lo, hi))
+            kld = torch.cat([chunk_metrics(ref, logits)["kld"] for ref, (_, _, logits) in chunks])
+            parts.append(kld.double().cpu().numpy())  # one read-back per window
             windows.append(np.full(parts[-1].size, w))
         kld = np.concatenate(parts)
         se = float(kld.std(ddof=1) / np.sqrt(kld.size)) if kld.size > 1 else float("nan")

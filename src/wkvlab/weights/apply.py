@@ -1,10 +1,11 @@
 """Apply a weight spec to a model: a quantized copy plus a report of what changed.
 
-The reference model is never modified: each weight config gets its own deep copy, built once and
-reused for every KV config it is evaluated with — except with ``in_place=True``, for a model that
-does not fit in memory twice: its reference was already stored (:mod:`wkvlab.eval.reference`),
-so the loaded model itself is quantized and must be reloaded before another weight config is
-built. The steps, in order:
+By default the reference model is never modified: each weight config gets its own deep copy. With
+``in_place=True`` (the one-model plan, :mod:`wkvlab.eval.memory`) the loaded model itself is
+quantized; its original weights wait in a :class:`~wkvlab.weights.restore.WeightSnapshot`
+(``originals``), which says whether the config changed anything and writes them back afterwards.
+Whether a config is lossless on the checkpoint is read from the weights it would replace — the
+reference's (a copy's source) or the snapshot's — never from a clone. The steps, in order:
 
 1. resolve which spec each linear gets (16-bit skips, overrides; :func:`resolve_linears`);
 2. SmoothQuant and AWQ fold their per-channel scales (and AWQ clips) on the unquantized weights;
@@ -59,6 +60,7 @@ class QuantizedWeights:
     activations: dict[str, ActivationQuant] = field(default_factory=dict)
     calibration: str | None = None  # CalibrationSet.key it was built with
     cached: bool = False  # loaded from the on-disk cache
+    hooks: list = field(default_factory=list, repr=False)  # activation pre-hooks, removed when an in-place build is undone
 
 
 def resolve_linears(model: torch.nn.Module, spec: WeightSpec) -> dict[str, tuple[torch.nn.Linear, WeightSpec]]:
@@ -165,14 +167,25 @@ def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict
     return plan
 
 
+def _unchanged(targets, original_of) -> bool:
+    """Every quantized weight equals the one it replaced (compared on the weight's device, one at a time)."""
+    for name, (module, _) in targets.items():
+        original = original_of(f"{name}.weight")
+        if original is None or not torch.equal(original.to(module.weight.device), module.weight.data):
+            return False
+    return True
+
+
 @torch.no_grad()
 def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
-                    *, in_place: bool = False, record: dict | None = None, progress: BuildProgress | None = None) -> QuantizedWeights:
+                    *, in_place: bool = False, originals=None, record: dict | None = None,
+                    progress: BuildProgress | None = None) -> QuantizedWeights:
     """Quantize a deep copy of ``model`` (or ``model`` itself with ``in_place``; no disk cache).
 
-    In place there is no room for a copy of the original weights either, so whether the config is
-    lossless on this checkpoint is not checked. ``record`` (a dict) receives, per quantized linear,
-    what a checkpoint writer needs to recover its grid exactly (:mod:`wkvlab.weights.checkpoints.export`).
+    ``originals`` (in place): the :class:`~wkvlab.weights.restore.WeightSnapshot` taken before, by
+    which the lossless check compares; without it an in-place build is not checked. ``record`` (a
+    dict) receives, per quantized linear, what a checkpoint writer needs to recover its grid
+    exactly (:mod:`wkvlab.weights.checkpoints.export`).
     """
     notes: list[str] = []
     quantized = model if in_place else copy.deepcopy(model)
@@ -180,7 +193,9 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
     targets = resolve_linears(quantized, spec)
     if any(s.needs_calibration for _, s in targets.values()) and calibration is None:
         raise ConfigError(f"{spec.label} needs calibration data; pass --calib prose (or code, math, a file)")
-    originals = {} if in_place else {n: m.weight.detach().clone() for n, (m, _) in targets.items()}
+    reference = None if in_place else dict(model.state_dict(keep_vars=True))
+    original_of = (lambda name: originals.get(name)) if in_place and originals is not None else \
+        (lambda name: reference[name].data if reference is not None and name in reference else None)
     if calibration is not None and any(s.method in ("smoothquant", "awq", "gptq") for _, s in targets.values()):
         _calibrated_steps(quantized, targets, calibration, notes, record, progress)
     else:
@@ -191,9 +206,9 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
         module.weight.data = quantize_weight(module.weight.data, spec.for_embeddings())
     if _ends(quantized, spec):
         notes.append("embeddings / lm_head quantized with round-to-nearest in the same format; their inputs stay at 16 bits")
-    unchanged = not in_place and all(torch.equal(originals[n], m.weight.data) for n, (m, _) in targets.items())
+    unchanged = _unchanged(targets, original_of)
     plan = _activation_plan(quantized, targets, calibration)
-    attach_activation_quantizers(quantized, plan)
+    hooks = attach_activation_quantizers(quantized, plan)
     ragged = ragged_group_note([tuple(m.weight.shape) for m, s in targets.values() if s.format == "int"], spec)
     if ragged:
         notes.append(ragged)
@@ -205,12 +220,13 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
             "(the checkpoint was dequantized from this format), so its KLD is 0 by construction"
         )
     return QuantizedWeights(spec, quantized, model_weight_bytes(quantized, spec), lossless=unchanged, notes=notes,
-                            activations=plan, calibration=calibration.key if calibration is not None and spec.needs_calibration else None)
+                            activations=plan, calibration=calibration.key if calibration is not None and spec.needs_calibration else None,
+                            hooks=hooks)
 
 
 @torch.no_grad()
 def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None = None,
-                           *, model_key: str | None = None, in_place: bool = False, tokenizer=None,
+                           *, model_key: str | None = None, in_place: bool = False, originals=None, tokenizer=None,
                            progress: BuildProgress | None = None) -> QuantizedWeights:
     """Return a quantized copy of ``model`` (the identity spec returns the model itself).
 
@@ -219,9 +235,10 @@ def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration
 
     With ``model_key`` (the model's fingerprint), configs that read calibration data are cached on
     disk by (model, spec, calibration) and reloaded bit-identically (:mod:`wkvlab.weights.cache`).
-    ``in_place``: quantize ``model`` itself, without the disk cache (a copy of a model that does
-    not fit twice cannot be made or stored either). ``progress`` hears of each layer of a
-    calibrated method (fractions of this build summing to at most 1).
+    ``in_place``: quantize ``model`` itself; ``originals`` (its
+    :class:`~wkvlab.weights.restore.WeightSnapshot`) lets the disk cache store and apply the
+    changed tensors in place too. ``progress`` hears of each layer of a calibrated method
+    (fractions of this build summing to at most 1).
     """
     if spec.is_identity:
         return QuantizedWeights(spec, model, model_weight_bytes(model, spec), lossless=True)
@@ -229,19 +246,17 @@ def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration
         from wkvlab.weights.checkpoints import load_checkpoint
 
         return load_checkpoint(model, spec, tokenizer)
-    build = functools.partial(build_quantized, progress=progress)
-    if in_place:
-        return build(model, spec, calibration, in_place=True)
-    if model_key is None or not spec.needs_calibration or calibration is None:
+    build = functools.partial(build_quantized, progress=progress, in_place=in_place, originals=originals)
+    if model_key is None or not spec.needs_calibration or calibration is None or (in_place and originals is None):
         return build(model, spec, calibration)
     from wkvlab.weights.cache import cached_quantize
 
-    return cached_quantize(model, spec, calibration, model_key, build)
+    return cached_quantize(model, spec, calibration, model_key, build, originals=originals if in_place else None)
 
 
 def quantize_with_progress(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet | None,
                            model_key: str | None, tick: Callable[[str, float], None], *, in_place: bool = False,
-                           tokenizer=None) -> QuantizedWeights:
+                           originals=None, tokenizer=None) -> QuantizedWeights:
     """:func:`quantize_model_weights` as exactly one progress step: per-layer fractions while a
     calibrated method runs, the rest when the copy is ready (all of it when cached or plain RTN)."""
     done, start = [0.0], time.monotonic()
@@ -253,6 +268,7 @@ def quantize_with_progress(model: torch.nn.Module, spec: WeightSpec, calibration
         left = (time.monotonic() - start) / done[0] * max(0.0, 1.0 - done[0])
         tick(f"quantizing {spec.label}: {description}, about {int(left // 60)}:{int(left % 60):02d} left in this step", fraction)
 
-    built = quantize_model_weights(model, spec, calibration, model_key=model_key, progress=layer, in_place=in_place, tokenizer=tokenizer)
+    built = quantize_model_weights(model, spec, calibration, model_key=model_key, progress=layer, in_place=in_place,
+                                   originals=originals, tokenizer=tokenizer)
     tick(f"quantized weights {spec.label}", max(0.0, 1.0 - done[0]))
     return built

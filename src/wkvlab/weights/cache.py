@@ -38,12 +38,22 @@ def entry_dir(key: str) -> Path:
     return cache_dir() / "quantized" / key[:24]
 
 
-def _changed_tensors(reference: torch.nn.Module, quantized: torch.nn.Module) -> dict[str, torch.Tensor]:
-    ref = reference.state_dict()
-    return {k: v.detach().contiguous() for k, v in quantized.state_dict().items() if k not in ref or not torch.equal(ref[k], v)}
+def _changed_tensors(reference, quantized: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors of ``quantized`` that differ from ``reference`` (a model, or an in-place build's
+    :class:`~wkvlab.weights.restore.WeightSnapshot`: only the tensors it holds can have changed)."""
+    snapshot = not isinstance(reference, torch.nn.Module)
+    ref = reference if snapshot else reference.state_dict()
+    changed = {}
+    for k, v in quantized.state_dict().items():
+        if k not in ref:
+            if not snapshot:
+                changed[k] = v.detach().contiguous().cpu()
+        elif not torch.equal(ref[k].to(v.device), v):
+            changed[k] = v.detach().contiguous().cpu()
+    return changed
 
 
-def save_entry(target: Path, reference: torch.nn.Module, built) -> None:
+def save_entry(target: Path, reference, built) -> None:
     from safetensors.torch import save_file
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +63,7 @@ def save_entry(target: Path, reference: torch.nn.Module, built) -> None:
         save_file(_changed_tensors(reference, built.model), str(tmp / "tensors.safetensors"))
         meta = {"weight_bytes": built.weight_bytes, "lossless": built.lossless, "notes": built.notes,
                 "activations": {k: v.to_dict() for k, v in built.activations.items()}, "calibration": built.calibration,
-                "untied": head is not None and head.weight is not emb.weight and reference.get_output_embeddings().weight is reference.get_input_embeddings().weight}
+                "untied": head is not None and head.weight is not emb.weight and _was_tied(reference)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         if target.exists():
             shutil.rmtree(tmp)
@@ -64,14 +74,20 @@ def save_entry(target: Path, reference: torch.nn.Module, built) -> None:
         raise
 
 
-def load_entry(target: Path, reference: torch.nn.Module, spec: WeightSpec):
+def _was_tied(reference) -> bool:
+    if isinstance(reference, torch.nn.Module):
+        return reference.get_output_embeddings().weight is reference.get_input_embeddings().weight
+    return reference.tied  # a WeightSnapshot
+
+
+def load_entry(target: Path, reference: torch.nn.Module, spec: WeightSpec, in_place: bool = False):
     from safetensors.torch import load_file
 
     from wkvlab.weights.apply import QuantizedWeights
 
     meta = json.loads((target / "meta.json").read_text())
     tensors = load_file(str(target / "tensors.safetensors"))
-    model = copy.deepcopy(reference)
+    model = reference if in_place else copy.deepcopy(reference)
     if meta["untied"]:
         head = model.get_output_embeddings()
         head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
@@ -80,15 +96,18 @@ def load_entry(target: Path, reference: torch.nn.Module, spec: WeightSpec):
         for name, value in tensors.items():
             state[name].copy_(value)
     plan = {k: ActivationQuant(**v) for k, v in meta["activations"].items()}
-    attach_activation_quantizers(model, plan)
-    return QuantizedWeights(spec, model, meta["weight_bytes"], meta["lossless"], list(meta["notes"]), plan, meta["calibration"], cached=True)
+    hooks = attach_activation_quantizers(model, plan)
+    return QuantizedWeights(spec, model, meta["weight_bytes"], meta["lossless"], list(meta["notes"]), plan, meta["calibration"], cached=True,
+                            hooks=hooks)
 
 
-def cached_quantize(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet, model_key: str, build: Callable):
-    """Load the entry for (model, spec, calibration) or build it and store it."""
+def cached_quantize(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet, model_key: str, build: Callable,
+                    originals=None):
+    """Load the entry for (model, spec, calibration) or build it and store it. ``originals``: the
+    build is in place, and this snapshot of the original weights is what it changed from."""
     target = entry_dir(cache_key(model_key, spec, calibration))
     if (target / "meta.json").is_file():
-        return load_entry(target, model, spec)
+        return load_entry(target, model, spec, in_place=originals is not None)
     built = build(model, spec, calibration)
-    save_entry(target, model, built)
+    save_entry(target, originals if originals is not None else model, built)
     return built

@@ -1,0 +1,289 @@
+"""How much memory an evaluation grid needs, before anything loads, and which plan fits.
+
+An evaluation holds, on the model's device: the weights, the KV caches of the passes that run
+side by side, one chunk's float32 logits (and what the metrics derive from them), the activations
+of one chunk's forward, and — while a calibrated weight config is built — what its calibration
+captures. Two plans (docs/architecture.md, "Loop order"):
+
+* ``copies``: the reference model stays and every weight config gets its own copy, built before
+  the first window; every (weights × KV) pass runs chunk by chunk beside the reference's, which
+  is the exact KLD. Memory: (1 + weight configs) models and 1 + configs caches.
+* ``one-model``: the reference is recorded once per token (a stored reference, on disk or in
+  memory: NLL, top-1 and Δp exact, KLD as top-k head + sampled tail); then each weight config is
+  built in place on the one model (its original weights kept off the device and restored
+  exactly), its KV configs run — ``interleave`` caches side by side when they fit, else one at a
+  time — and the next config follows. Memory: one model, the caches running at once.
+
+Byte counts come from the planner's description of the model (:mod:`wkvlab.plan.models`,
+``parameter_count``, the per-layer cache layout of :mod:`wkvlab.plan.kv`), so a model is costed from
+its config.json or GGUF header — or by name (``llama-3-8b``) — without loading it. The formulas
+count what this code allocates; kernels' own workspaces and allocator fragmentation are in the
+fixed ``runtime`` part. ``benchmarks/gpu_check.py`` compares the estimate with the measured peak.
+This module imports no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from wkvlab.errors import ConfigError
+from wkvlab.kv.spec import KVSpec
+from wkvlab.kv.tokens import token_group_multiple
+from wkvlab.plan.kv import kv_bytes_per_token, per_layer_tokens
+from wkvlab.plan.models import ModelDescription
+from wkvlab.plan.params import linear_inventory, parameter_count
+from wkvlab.units import GIB
+from wkvlab.weights.spec import WeightSpec
+
+# The chunk's float32 logits (and the log-probabilities derived from them) should stay around this
+# size: 256 MiB is 1,365 queries of SmolLM2's 49k vocabulary and 256 of Gemma 3's 262k.
+LOGITS_BUDGET_BYTES = 256 << 20
+MIN_CHUNK = 64
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PLANS = ("auto", "copies", "one-model")
+RUNTIME_BYTES = 512 << 20  # CUDA context, kernel workspaces, allocator slack (a fixed allowance)
+HEAD_BLOCK_BYTES = 64 << 20  # float32 head rows upcast at a time (wkvlab.eval.logits)
+# [T, V] float32 tensors alive at the peak of one chunk's comparison (see the formulas in _logits)
+LIVE_LOGITS = {"copies": 5, "one-model": 3}
+STORED_BYTES_PER_TOKEN = 12  # nll, argmax, log-sum-exp (float32/int32) per scored token, besides top-k and samples
+FULL_EVERY = 256  # a stored reference keeps every 256th token's full distribution (wkvlab.eval.reference)
+
+
+def auto_chunk(vocab_size: int, ctx: int, specs: list[KVSpec] = ()) -> int:
+    """The largest power of two (≥ 64) whose float32 logits fit the budget, a multiple of every
+    per-channel token group, and no longer than the window."""
+    chunk = MIN_CHUNK
+    while chunk * 2 * vocab_size * 4 <= LOGITS_BUDGET_BYTES:
+        chunk *= 2
+    for spec in specs:
+        multiple = token_group_multiple(spec)
+        chunk = -(-chunk // multiple) * multiple
+    return min(chunk, ctx)
+
+
+@dataclass(frozen=True)
+class GridShape:
+    """What an estimate needs to know about a run besides the model."""
+
+    weights: tuple[WeightSpec, ...]
+    kv: tuple[KVSpec, ...]
+    ctx: int
+    tokens: int  # scored tokens of the whole run (the per-token reference's size)
+    dtype: str = "float32"
+    device: str = "cpu"
+    chunk: int | None = None  # None: auto_chunk
+    calibration: tuple[int, int] = (16, 512)  # samples × tokens per sample, for calibrated configs
+    topk: int = 256
+    samples: int = 64
+
+    def chunk_for(self, vocab: int) -> int:
+        return self.chunk or auto_chunk(vocab, self.ctx, list(self.kv))
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    bytes: int
+    where: str = "device"  # device | host | disk
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "bytes": self.bytes, "gib": round(self.bytes / GIB, 3), "where": self.where}
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """One plan's peak on the device: the larger of the build phase and the evaluation phase."""
+
+    plan: str
+    interleave: int  # candidate caches alive at once
+    parts: tuple[Part, ...]  # evaluation phase
+    build_parts: tuple[Part, ...] = ()  # while a calibrated weight config is built (AWQ/GPTQ capture)
+
+    @property
+    def device_bytes(self) -> int:
+        phase = lambda parts: sum(p.bytes for p in parts if p.where == "device")  # noqa: E731
+        return max(phase(self.parts), phase(self.build_parts))
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(p.bytes for p in self.parts if p.where == "host")
+
+    def label(self) -> str:
+        return "copies" if self.plan == "copies" else f"one-model ({self.interleave} cache{'s' if self.interleave > 1 else ''} at once)"
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan, "interleave": self.interleave, "device_bytes": self.device_bytes,
+                "device_gib": round(self.device_bytes / GIB, 3), "host_bytes": self.host_bytes,
+                "parts": [p.to_dict() for p in self.parts], "build_parts": [p.to_dict() for p in self.build_parts]}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    model: str
+    grid: GridShape
+    chunk: int
+    plans: tuple[PlanEstimate, ...]  # copies, then one-model with 1..len(kv) caches at once
+    budget_bytes: int | None = None
+    chosen: PlanEstimate | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def plan(self, name: str, interleave: int | None = None) -> PlanEstimate:
+        found = [p for p in self.plans if p.plan == name and (interleave is None or p.interleave == interleave)]
+        return found[0] if name == "copies" or interleave is not None else found[-1]
+
+    def one_line(self) -> str:
+        """The run header's line: the chosen plan, its peak and the budget."""
+        plan = self.chosen or self.plan("copies")
+        top = sorted((p for p in plan.parts if p.where == "device"), key=lambda p: -p.bytes)[:3]
+        budget = (f" of {self.budget_bytes / GIB:.1f} GiB available on {self.grid.device}" if self.budget_bytes
+                  else f"; {self.grid.device}'s free memory is unknown here, --max-memory GiB chooses the plan for it")
+        return (f"memory: {plan.label()} plan, about {plan.device_bytes / GIB:.1f} GiB{budget} "
+                f"({', '.join(f'{p.name} {p.bytes / GIB:.1f}' for p in top)})")
+
+    def lines(self) -> list[str]:
+        """The ``--dry-run`` table: every plan's parts."""
+        g = self.grid
+        out = [f"memory estimate for {self.model} ({g.dtype} on {g.device}): {len(g.weights)} weight × {len(g.kv)} KV config(s), "
+               f"ctx {g.ctx}, chunks of {self.chunk}, {g.tokens:,} scored tokens"]
+        one = [p for p in self.plans if p.plan == "one-model"]
+        shown = [self.plan("copies"), one[0]] + ([self.chosen] if self.chosen not in (None, one[0], self.plan("copies")) else [])
+        for plan in shown:
+            mark = "  <- chosen" if plan is self.chosen else ""
+            out.append(f"  {plan.label()}: {plan.device_bytes / GIB:.2f} GiB on the device{mark}")
+            for part in plan.parts:
+                out.append(f"      {part.name:<40} {part.bytes / GIB:8.3f} GiB  ({part.where})")
+            for part in plan.build_parts:
+                if part.name.startswith("calibration") and part.bytes:
+                    out.append(f"      {part.name:<40} {part.bytes / GIB:8.3f} GiB  (while a weight config is built)")
+        if self.budget_bytes:
+            out.append(f"  available: {self.budget_bytes / GIB:.2f} GiB on {g.device}")
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "chunk": self.chunk, "budget_bytes": self.budget_bytes,
+                "chosen": self.chosen.to_dict() if self.chosen else None, "plans": [p.to_dict() for p in self.plans],
+                "notes": list(self.notes)}
+
+
+def _cache_bytes(desc: ModelDescription, spec: KVSpec, ctx: int, chunk: int, dtype_bytes: int) -> int:
+    """One pass's cache: K and V of every layer at the model's dtype (the simulation keeps the dequantized
+    values), the full-precision copies where a query sees some keys unquantized, sliding layers capped."""
+    per_token = kv_bytes_per_token(desc, "fp16")  # 16-bit bytes per layer; rescaled to the run's dtype
+    total = 0
+    for layer, kept in per_layer_tokens(per_token, ctx):
+        if layer.window is not None:
+            kept = min(ctx, layer.window + chunk)  # the window plus the chunk being written
+        k_fmt, v_fmt = spec.formats_for(layer.layer, layer.window is not None)
+        raw = not (k_fmt.is_identity and v_fmt.is_identity) and any(p.depends_on_query for p in spec.token_policies(k_fmt, v_fmt))
+        total += layer.bytes * kept * dtype_bytes // 2 * (2 if raw else 1)
+    return total
+
+
+def _activations(desc: ModelDescription, chunk: int, ctx: int, dtype_bytes: int) -> int:
+    """One chunk's forward: hidden-size tensors, the MLP's gate/up/product, one float32 score block
+    (heads × chunk × keys: eager attention or sdpa's math path; fused kernels need less)."""
+    inter = desc.moe.expert_intermediate_size * desc.moe.experts_per_token if desc.moe else desc.intermediate_size
+    return chunk * (6 * desc.hidden_size + 3 * inter) * dtype_bytes + desc.num_heads * chunk * ctx * 4
+
+
+def _calibration(desc: ModelDescription, weights: tuple[WeightSpec, ...], samples: int, length: int, dtype_bytes: int) -> int:
+    """What a calibrated build holds besides the weights: one layer's inputs and outputs (captured a
+    layer at a time), and GPTQ's Hessian and its inverse in float32 for the widest input, or AWQ's
+    float32 activations of the widest linear group."""
+    methods = {w.method for w in weights}
+    if not methods & {"gptq", "awq", "smoothquant"} and not any(w.activations != "none" for w in weights):
+        return 0
+    widest = max(lin.in_features for lin in linear_inventory(desc))
+    layer_io = 2 * samples * length * desc.hidden_size * dtype_bytes
+    forward = length * desc.vocab_size * dtype_bytes  # one calibration row's logits (the rows run one at a time)
+    gptq = 2 * widest * widest * 4 if "gptq" in methods else 0
+    awq = 2 * samples * length * widest * 4 if "awq" in methods else 0
+    return layer_io + forward + max(gptq, awq)
+
+
+def _reference_record(desc: ModelDescription, grid: GridShape) -> int:
+    per_token = 8 * (grid.topk + grid.samples) + STORED_BYTES_PER_TOKEN
+    return grid.tokens * per_token + -(-grid.tokens // FULL_EVERY) * desc.vocab_size * 4
+
+
+def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: int | None = None,
+                    requested: str = "auto", stored_reference: bool = False, choose: bool = True) -> MemoryEstimate:
+    """Every plan's device peak for ``grid`` on ``desc``, and the plan chosen within ``budget_bytes``
+    (see :func:`choose_plan`; without a budget: the copies plan unless one-model is asked for or a
+    stored reference is used). ``choose=False`` chooses nothing and so refuses nothing."""
+    if grid.dtype not in DTYPE_BYTES:
+        raise ConfigError(f"unknown dtype {grid.dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    d = DTYPE_BYTES[grid.dtype]
+    chunk = grid.chunk_for(desc.vocab_size)
+    weights = parameter_count(desc) * d
+    built = [w for w in grid.weights if not w.is_identity]
+    caches = sorted((_cache_bytes(desc, k, grid.ctx, chunk, d) for k in grid.kv), reverse=True)
+    identity_cache = _cache_bytes(desc, KVSpec.parse("fp16"), grid.ctx, chunk, d)
+    logits_row = chunk * desc.vocab_size * 4
+    common = [Part("activations (one chunk)", _activations(desc, chunk, grid.ctx, d)),
+              Part("float32 head block", min(HEAD_BLOCK_BYTES, desc.vocab_size * desc.hidden_size * 4) if d != 4 else 0),
+              Part("runtime (context, workspaces)", RUNTIME_BYTES)]
+    calibration = _calibration(desc, grid.weights, *grid.calibration, d)
+    cells = len(grid.weights) * len(grid.kv)
+    copies_parts = (Part("weights", weights), Part(f"weight copies ({len(built)})", len(built) * weights),
+                    Part(f"KV caches (reference + {cells})", identity_cache + len(grid.weights) * sum(caches)),
+                    Part("logits (one chunk, float32)", LIVE_LOGITS["copies"] * logits_row), *common)
+    copies_build = (Part("weights", weights), Part(f"weight copies ({len(built)})", len(built) * weights),
+                    Part("calibration capture", calibration), common[-1])
+    plans = [PlanEstimate("copies", cells, copies_parts, copies_build)]
+    off_device = "host" if grid.device.startswith("cuda") else "disk"
+    for interleave in range(1, len(grid.kv) + 1):
+        alive = max(identity_cache, sum(caches[:interleave]))  # the recording pass, then the candidates
+        parts = [Part("weights", weights),
+                 Part(f"KV caches ({interleave} at once)", alive),
+                 Part("logits (one chunk, float32)", LIVE_LOGITS["one-model"] * logits_row), *common]
+        if built:
+            parts.append(Part("original weights (restored per config)", weights, off_device))
+        parts.append(Part("per-token reference", _reference_record(desc, grid), "disk" if stored_reference else "host"))
+        build = (Part("weights", weights), Part("calibration capture", calibration), common[-1])
+        plans.append(PlanEstimate("one-model", interleave, tuple(parts), build))
+    estimate = MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes)
+    if not choose:
+        return estimate
+    return MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes, choose_plan(desc, estimate, requested, stored_reference))
+
+
+def choose_plan(desc: ModelDescription, estimate: MemoryEstimate, requested: str = "auto", stored_reference: bool = False) -> PlanEstimate:
+    """The plan to run: ``copies`` (exact KLD) when asked or, under ``auto``, when it fits; else
+    ``one-model`` with as many caches side by side as fit. Refuses in one line, naming what fits."""
+    if requested not in PLANS:
+        raise ConfigError(f"unknown --memory-plan {requested!r}; use one of {', '.join(PLANS)}")
+    if stored_reference and requested == "copies":
+        raise ConfigError("--memory-plan copies keeps the reference model beside every copy; a stored --reference is the one-model plan: drop one of them")
+    budget = estimate.budget_bytes
+    fits = lambda plan: budget is None or plan.device_bytes <= budget  # noqa: E731
+    copies = estimate.plan("copies")
+    singles = [p for p in estimate.plans if p.plan == "one-model"]
+    if requested == "copies" or (requested == "auto" and not stored_reference and fits(copies)):
+        if fits(copies):
+            return copies
+        raise ConfigError(f"the copies plan needs about {copies.device_bytes / GIB:.1f} GiB, {budget / GIB:.1f} GiB are available on "
+                          f"{estimate.grid.device}; {_advice(desc, estimate)}")
+    fitting = [p for p in singles if fits(p)]
+    if fitting:
+        return fitting[-1]
+    raise ConfigError(f"even one model with one cache needs about {singles[0].device_bytes / GIB:.1f} GiB and {budget / GIB:.1f} GiB are "
+                      f"available on {estimate.grid.device}; {_advice(desc, estimate)}")
+
+
+def _advice(desc: ModelDescription, estimate: MemoryEstimate) -> str:
+    """The first change that fits, tried in order: the one-model plan, a smaller chunk, bfloat16, a shorter ctx."""
+    budget, grid = estimate.budget_bytes or 0, estimate.grid
+    one = [p for p in estimate.plans if p.plan == "one-model"][0]
+    if one.device_bytes <= budget:
+        return f"--memory-plan one-model fits ({one.device_bytes / GIB:.1f} GiB)"
+    trials = [("--chunk 64", replace(grid, chunk=MIN_CHUNK))]
+    if grid.dtype == "float32":
+        trials.append(("--dtype bfloat16", replace(grid, dtype="bfloat16")))
+    trials += [(f"--ctx {ctx}", replace(grid, ctx=ctx)) for ctx in (grid.ctx // 2, grid.ctx // 4) if ctx >= MIN_CHUNK]
+    for option, trial in trials:
+        need = estimate_memory(desc, trial, requested="one-model").plan("one-model", 1).device_bytes
+        if need <= budget:
+            return f"{option} with --memory-plan one-model fits ({need / GIB:.1f} GiB)"
+    return "no smaller chunk, dtype or ctx fits: use a device with more memory"
+

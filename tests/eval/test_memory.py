@@ -1,0 +1,127 @@
+"""The preflight memory estimate: byte counts by hand, the planner's shapes, and ``wkvlab eval --dry-run``."""
+import json
+import re
+
+import pytest
+import torch
+
+from tests.conftest import tiny_gemma3, tiny_llama
+from wkvlab.errors import ConfigError, OutOfMemory
+from wkvlab.eval.memory import LIVE_LOGITS, RUNTIME_BYTES, GridShape, estimate_memory
+from wkvlab.kv.spec import KVSpec
+from wkvlab.plan.models import ModelDescription
+from wkvlab.plan.params import parameter_count
+from wkvlab.units import GIB
+from wkvlab.weights.spec import WeightSpec
+
+TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=False)
+
+
+def _grid(weights=("none", "int8"), kv=("fp16", "int4+residual=8"), **kw):
+    return GridShape(tuple(WeightSpec.parse(w) for w in weights), tuple(KVSpec.parse(k) for k in kv), **{"ctx": 48, "tokens": 94, "chunk": 16, **kw})
+
+
+def _part(plan, name):
+    return next(p.bytes for p in plan.parts if p.name.startswith(name))
+
+
+def test_parts_by_hand():
+    desc = ModelDescription.from_config(TINY, name="tiny")
+    est = estimate_memory(desc, _grid())
+    # per layer q (64 -> 4 × 32), k and v (64 -> 2 × 32), o, gate/up/down; embeddings and head untied; 2 norms per layer + the final
+    params = 2 * (64 * 128 + 2 * 64 * 64 + 128 * 64 + 3 * 64 * 128) + 2 * 128 * 64 + (2 * 2 + 1) * 64
+    assert parameter_count(desc) == params
+    copies, one = est.plan("copies"), est.plan("one-model", 1)
+    assert _part(copies, "weights") == params * 4 and _part(copies, "weight copies (1)") == params * 4
+    per_token = 2 * 2 * 32 * 2 * 4  # layers × kv heads × head_dim × (K, V) × float32
+    # reference + (fp16, residual) per weight config; the residual spec keeps full-precision copies too
+    assert _part(copies, "KV caches") == per_token * 48 * (1 + 2 * (1 + 2))
+    assert _part(one, "KV caches") == per_token * 48 * 2  # the residual spec's cache alone
+    assert _part(copies, "logits") == LIVE_LOGITS["copies"] * 16 * 128 * 4
+    assert _part(one, "logits") == LIVE_LOGITS["one-model"] * 16 * 128 * 4
+    assert _part(one, "runtime") == RUNTIME_BYTES
+    assert next(p for p in one.parts if p.name.startswith("original weights")).where == "disk"  # a CPU model: originals on disk
+    assert copies.device_bytes > one.device_bytes
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_the_planners_description_of_a_loaded_model_counts_its_parameters(make):
+    model = make()
+    desc = ModelDescription.from_config(model.config.to_dict(), name="tiny")
+    assert parameter_count(desc) == sum(p.numel() for p in model.parameters())
+
+
+def test_calibrated_builds_add_their_capture():
+    desc = ModelDescription.from_config(TINY, name="tiny")
+    plain = estimate_memory(desc, _grid(weights=("int4-g32",))).plan("one-model", 1)
+    gptq = estimate_memory(desc, _grid(weights=("gptq-int4-g32",), calibration=(2, 32))).plan("one-model", 1)
+    capture = next(p.bytes for p in gptq.build_parts if p.name == "calibration capture")
+    # one layer's inputs and outputs, a calibration row's logits, the Hessian of the widest input and its inverse
+    assert capture == 2 * 2 * 32 * 64 * 4 + 32 * 128 * 4 + 2 * 128 * 128 * 4
+    assert next(p.bytes for p in plain.build_parts if p.name == "calibration capture") == 0
+
+
+def test_llama_3_8b_grid_fits_24_gib_in_one_model():
+    """The issue's case: Llama-3-8B, 3 weight × 4 KV configs at ctx 8192 in bf16 — ~75 GiB as
+    copies, under 24 GiB with one model (its parts are the weights and one cache, plus one chunk's logits)."""
+    desc = ModelDescription.from_name("llama-3-8b")
+    grid = GridShape(tuple(WeightSpec.parse(w) for w in ("bf16", "int8", "int4-g128")),
+                     tuple(KVSpec.parse(k) for k in ("fp16", "fp8_e4m3", "int8", "int4")), ctx=8192, tokens=8191, dtype="bfloat16", device="cuda")
+    est = estimate_memory(desc, grid, budget_bytes=24 * GIB)
+    assert est.plan("copies").device_bytes > 70 * GIB
+    assert est.plan("one-model", 1).device_bytes < 20 * GIB
+    assert est.chosen.plan == "one-model" and est.chosen.device_bytes <= 24 * GIB
+
+
+def test_dry_run_prints_the_estimate_without_loading(tmp_path):
+    from typer.testing import CliRunner
+
+    from wkvlab.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--model", "llama-3-8b", "--weights", "bf16,int8,int4-g128", "--kv", "fp16,fp8_e4m3,int8,int4",
+                                      "--ctx", "8192", "--tokens", "8192", "--dtype", "bfloat16", "--device", "cuda", "--max-memory", "24",
+                                      "--dry-run", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    one = float(re.search(r"one-model \(1 cache at once\): ([\d.]+) GiB", result.output).group(1))
+    chosen = float(re.search(r"one-model \(\d caches? at once\): ([\d.]+) GiB on the device  <- chosen", result.output).group(1))
+    assert one <= 24 and chosen <= 24
+    assert "memory: one-model" in result.output
+
+
+def test_dry_run_refuses_in_one_line_naming_what_fits():
+    from typer.testing import CliRunner
+
+    from wkvlab.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--model", "llama-3-8b", "--weights", "int8", "--kv", "fp16", "--ctx", "32768", "--tokens", "32768",
+                                      "--dtype", "float32", "--device", "cuda", "--max-memory", "36", "--dry-run", "--threads", "1"])
+    # the entry point prints a WkvlabError as its one line and exits 2 (tests/test_cli_fuzz.py)
+    assert isinstance(result.exception, ConfigError) and "\n" not in str(result.exception)
+    assert "--dtype bfloat16 with --memory-plan one-model fits" in str(result.exception)
+    assert "one-model (1 cache at once)" in result.output  # the table came first
+
+
+@pytest.mark.slow
+def test_out_of_memory_mid_run_keeps_the_finished_results_in_the_json(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from wkvlab.cli import app
+    from wkvlab.eval.chunks import WindowPass
+
+    calls, original = [], WindowPass.step
+
+    def step(self, tokens):
+        calls.append(1)
+        if len(calls) > 4:  # the reference's two windows, then none × fp16; int8 runs out
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(self, tokens)
+
+    monkeypatch.setattr(WindowPass, "step", step)
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(app, ["eval", "--ctx", "64", "--tokens", "128", "--weights", "none,int8", "--kv", "fp16", "--memory-plan",
+                                      "one-model", "--threads", "1", "--json", str(out)])
+    assert isinstance(result.exception, OutOfMemory) and "1 of 2 result(s) had finished" in str(result.exception)
+    assert "none" in result.output  # the finished result's table was printed
+    saved = json.loads(out.read_text())
+    assert saved["weights"] == "none" and saved["kv"] == "fp16"
