@@ -55,3 +55,18 @@ def test_presets_lists_weights_and_kv():
     assert proc.returncode == 0, proc.stderr
     for name in ("gptq-int4-g128", "llamacpp:q4_0", "kvquant:3-1%", "qserve:kv4", "q5_1"):
         assert name in proc.stdout
+
+
+def test_an_unexpected_error_is_not_masked_by_the_abort_clause(monkeypatch):
+    """An exception no clause handles must surface as itself: naming typer's missing click Abort in the
+    except tuple turned every such error into AttributeError."""
+    import pytest
+
+    from wkvlab import cli
+
+    def boom(**_):
+        raise RuntimeError("the real error")
+
+    monkeypatch.setattr(cli, "app", boom)
+    with pytest.raises(RuntimeError, match="the real error"):
+        cli.main()

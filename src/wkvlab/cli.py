@@ -36,6 +36,9 @@ try:  # typer 0.29 vendors click; usage errors are raised as its classes
     from typer._click import exceptions as click_errors
 except ImportError:  # older typer: click itself
     from click import exceptions as click_errors
+# typer's vendored click has no Abort (Ctrl-C arrives as KeyboardInterrupt); naming a missing attribute in an
+# except clause raised AttributeError for any exception that reached it, hiding the real one.
+_ABORT = getattr(click_errors, "Abort", KeyboardInterrupt)
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -376,7 +379,7 @@ def main() -> None:
         # escaped: a message naming e.g. an install extra in [brackets] must not be read as rich markup
         err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except (KeyboardInterrupt, click_errors.Abort):
+    except (KeyboardInterrupt, _ABORT):
         err_console.print("interrupted")
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
