@@ -18,6 +18,10 @@ ThreadsOption = Annotated[Optional[int], typer.Option(
     "--threads", help=f"CPU threads (torch, llama.cpp); default: the cores other work leaves idle, at least 1 "
                       f"(docs/threads.md); also {ENV}", show_default=False)]
 
+MarginOption = Annotated[float, typer.Option(
+    "--margin", help="the decision rule's practical margin m as a fraction: of the cache's own effect for an interaction, "
+                     "of the baseline's KLD for a difference (docs/explain.md, 'The decision rule')")]
+
 
 def start_run(command: str, threads: int | None, facts: str = "") -> ThreadChoice:
     """Choose and set the threads, print the header line; call after all checks, before heavy work."""
