@@ -8,7 +8,8 @@ from __future__ import annotations
 import csv
 import html
 import io
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, Callable
 
@@ -105,7 +106,9 @@ def cross_term_table(data: ReportData) -> Table:
     columns = (
         *KEY_COLUMNS,
         *_interval_columns("interaction", lambda r: r.interaction),
-        Column("significant", lambda r: int(r.interaction.excludes_zero), lambda r: "yes" if r.interaction.excludes_zero else "no"),
+        *_interval_columns("holm_adjusted", lambda r: r.verdict.adjusted if r.verdict else replace(r.interaction, low=math.nan, high=math.nan)),
+        Column("verdict", lambda r: r.verdict.outcome if r.verdict else "undecided",
+               lambda r: f"{r.verdict.word} (m ±{r.verdict.margin.value:.2g}; {r.verdict.adjustment})" if r.verdict else "undecided"),
         _number("kld_both", "kld_both", ".5f"),
         _number("additive", "additive", ".5f"),
         _number("kld_weights_only", "kld_weights", ".5f"),
@@ -113,7 +116,8 @@ def cross_term_table(data: ReportData) -> Table:
         _number("kld_baseline", "kld_baseline", ".5f"),
         Column("baseline_weights", lambda r: r.baseline_weights),
     )
-    return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% paired bootstrap interval",
+    return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% studentized paired bootstrap interval; "
+                 "verdict: the one decision rule (m = 10% of the cache's own KLD, Holm over the group's cross terms)",
                  columns, data.cross_terms)
 
 
