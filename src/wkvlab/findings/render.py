@@ -122,18 +122,23 @@ def search_markdown(data: dict) -> str:
     from wkvlab.findings.search import search_rows_from_dict
 
     body = []
-    for r in search_rows_from_dict(data):
+    rows = search_rows_from_dict(data)
+    for r in rows:
+        said = lambda key: f" → {_decision(r.verdicts[key])}" if key in r.verdicts else ""  # noqa: E731
         body.append([r.profile_text, f"{r.budget:,.0f} ({100 * r.share:.0f}%)", r.heldout_text, f"{r.aware:.5f}", f"{r.unaware:.5f}",
-                     _iv(r.aware_minus_unaware, "+.5f"), f"{r.uniform_name} {r.uniform:.5f}", _iv(r.aware_minus_uniform, "+.5f")])
+                     _iv(r.aware_minus_unaware, "+.5f") + said("unaware"), f"{r.uniform_name} {r.uniform:.5f}",
+                     _iv(r.aware_minus_uniform, "+.5f") + said("uniform")])
     table = _table(["profiled on", "budget B/token (of 16-bit)", "held-out text", "aware plan KLD", "unaware plan KLD",
-                    "aware − unaware [95%]", "best fitting uniform", "aware − uniform [95%]"], body)
+                    "aware − unaware [raw 95%] → verdict", "best fitting uniform", "aware − uniform [raw 95%] → verdict"], body)
+    table += _rule_note(v for r in rows for v in r.verdicts.values())
     rho = _table(["profile text → held-out text", "Spearman (predicted vs held-out KLD)"],
                  [[k, f"{v:.3f}"] for k, v in data["rank_correlation"].items()])
     agree = _table(["per-layer delta", "Spearman between the two profile texts"],
                    [[k, f"{v:.3f}"] for k, v in data["layer_agreement"].items()])
     return (table + "\n\nDifferences are paired by held-out window (the same windows for every plan), 95% bootstrap intervals; "
             "'aware' allocates from a profile measured under the quantized weights, 'unaware' from one measured with 16-bit "
-            "weights (KVTuner-style), both evaluated under the quantized weights.\n\n" + rho + "\n\n" + agree)
+            "weights (KVTuner-style), both evaluated under the quantized weights. The best fitting uniform is any uniform format at or "
+            "under the budget, so it may use less memory than the plan: not a comparison at equal memory.\n\n" + rho + "\n\n" + agree)
 
 
 def engine_markdown(data: dict) -> str:
