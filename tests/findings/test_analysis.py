@@ -4,7 +4,7 @@ import pytest
 
 from wkvlab.eval.metrics import position_buckets
 from wkvlab.eval.result import EvalResult, TokenArrays
-from wkvlab.findings.analysis import additivity, calibration, penalties
+from wkvlab.findings.analysis import additivity, calibration, method_differences, penalties
 from wkvlab.findings.render import additivity_markdown, calibration_markdown, penalty_markdown
 from wkvlab.kv import KVSpec
 from wkvlab.weights.spec import WeightSpec
@@ -156,3 +156,19 @@ def test_finding_sweeps_run_one_weight_config_per_task():
         plan = plan_sweep(spec, None)
         assert all(len({c.label.split(" × ")[0] for c in t.configs}) == 1 for t in plan.tasks), spec.name
         assert len(plan.tasks) == len(spec.weights)
+
+
+def test_weight_methods_are_compared_as_differences():
+    """A significant row next to a non-significant one is not a difference: the pair is tested itself."""
+    grid = _grid(interaction=0.05)  # int4-g128 compounds with int4
+    rng = np.random.default_rng(3)
+    size = WINDOWS * (CTX - 1)
+    w2 = 0.20 + rng.normal(0, 0.01, size)
+    grid += [_result("gptq-int4-g128", "fp16", w2), _result("gptq-int4-g128", "int4", w2 + grid[1].arrays.kld + rng.normal(0, 0.01, size))]
+    (d,) = method_differences(grid, n_resamples=500)
+    assert (d.kv, d.a, d.b) == ("int4", "int4-g128", "gptq-int4-g128")
+    assert d.difference.estimate == pytest.approx(0.05, abs=0.01) and d.verdict.word == "higher"
+    assert d.verdict.margin.value == pytest.approx(0.1 * grid[1].arrays.kld.mean())
+    from wkvlab.findings.render import method_differences_markdown
+
+    assert "int4-g128 − gptq-int4-g128" in method_differences_markdown([d])

@@ -149,6 +149,50 @@ def penalties(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin:
 
 
 @dataclass(frozen=True)
+class MethodDifference:
+    """Does the cache cost more under weight method ``a`` than under ``b``? penalty(a) − penalty(b), paired by window."""
+
+    kv: str
+    a: str
+    b: str
+    difference: Interval
+    verdict: Verdict
+
+    def to_dict(self) -> dict:
+        return {"kv": self.kv, "a": self.a, "b": self.b, "difference": self.difference.to_dict(), "verdict": self.verdict.word,
+                "decision": self.verdict.to_dict()}
+
+
+def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[MethodDifference]:
+    """Every pair of quantized weight methods, per cache: penalty(a) − penalty(b) = (KLD(a×C) − KLD(a×fp16)) − (KLD(b×C) − KLD(b×fp16)).
+
+    What "the cache hurts more under GPTQ than under RTN" must rest on: a tested difference, not a
+    significant row next to a non-significant one. m = ``margin`` × the cache's own KLD (its
+    penalty under unquantized weights); all pairs of the table are one Holm family."""
+    results = list(results)
+    ref = _reference_cell(results)
+    base = {r.weights: r for r in results if _is_fp16(r)}
+    cells = {(r.weights, r.kv): r for r in results if not _is_fp16(r) and r.weights in base}
+    methods = [w for w in base if w != ref.weights]
+    found = []
+    for kv in dict.fromkeys(k for _, k in cells):
+        own = cells.get((ref.weights, kv))
+        scale = float(own.arrays.kld.mean() - ref.arrays.kld.mean()) if own is not None else float("nan")
+        present = [w for w in methods if (w, kv) in cells]
+        for i, a in enumerate(present):
+            for b in present[i + 1:]:
+                arrays = {"ac": cells[(a, kv)].arrays.kld, "a": base[a].arrays.kld, "bc": cells[(b, kv)].arrays.kld, "b": base[b].arrays.kld}
+                for r in (cells[(a, kv)], base[a], cells[(b, kv)], base[b]):
+                    check_same_tokens(ref, r)
+                draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.window, n_resamples=n_resamples)
+                found.append((kv, a, b, Effect(f"{kv}: penalty under {a} − under {b}", draws,
+                                               Margin.relative_to(scale, f"KLD({kv}) under unquantized weights", margin), ref.tokens,
+                                               DIFFERENCE)))
+    verdicts = decide([e for *_, e in found], family=f"{ref.model} weight-method differences")
+    return [MethodDifference(kv, a, b, e.draws.interval(), v) for (kv, a, b, e), v in zip(found, verdicts)]
+
+
+@dataclass(frozen=True)
 class CalibrationRow:
     """One calibrated method evaluated on one text: KLD per calibration text, and the mismatch's cost."""
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from wkvlab.findings.analysis import AdditivityRow, CalibrationRow, PenaltyRow
+from wkvlab.findings.analysis import AdditivityRow, CalibrationRow, MethodDifference, PenaltyRow
 from wkvlab.stats import Interval
 
 
@@ -66,6 +66,17 @@ def penalty_markdown(rows: list[PenaltyRow]) -> str:
             "unquantized weights (the additivity interaction): ↑ larger beyond ±m, ↓ smaller beyond ±m, ≈ the same within ±m, "
             "? undecided.")
     return _table(["KV \\ weights", *weights], body) + note + _rule_note(r.verdict for r in rows)
+
+
+def method_differences_markdown(rows: list[MethodDifference]) -> str:
+    """The decided weight-method differences (every pair tested; the undecided ones counted)."""
+    decided = [r for r in rows if r.verdict.decided]
+    body = [[r.kv, f"{r.a} − {r.b}", _iv(r.difference, "+.5f"), _iv(r.verdict.adjusted, "+.5f"), f"±{r.verdict.margin.value:.2g}",
+             r.verdict.word] for r in decided]
+    head = (f"**Differences between weight methods**: the KV penalty under method a minus under method b, every pair of "
+            f"quantized methods for every cache ({len(rows)} tests, {len(decided)} decided; the rest undecided).\n\n")
+    return head + _table(["KV", "a − b", "difference [raw 95%]", "Holm-adjusted", "margin m", "verdict"], body) + \
+        _rule_note(r.verdict for r in rows)
 
 
 def attention_markdown(rows) -> str:

@@ -79,7 +79,9 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
             markdown, data = render.additivity_markdown(rows), {"rows": [r.to_dict() for r in rows]}
         else:
             rows = analysis.penalties(results, margin=margin)
-            markdown, data = render.penalty_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+            differences = analysis.method_differences(results, margin=margin)
+            markdown = render.penalty_markdown(rows) + "\n\n" + render.method_differences_markdown(differences)
+            data = {"rows": [r.to_dict() for r in rows], "differences": [d.to_dict() for d in differences]}
     elif name == "attention":
         from wkvlab.findings.attention import measure_attention
 
