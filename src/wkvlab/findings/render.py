@@ -80,20 +80,26 @@ def method_differences_markdown(rows: list[MethodDifference]) -> str:
 
 
 def attention_markdown(rows) -> str:
-    """Where the cross term sits: term shares, the cross term on the sinks, the layers that hold it."""
-    header = ["weights", "KV", "KV term Q·ε_kᵀ", "weight term ε_q·Kᵀ", "cross term ε_q·ε_kᵀ [95%]", "cross term on sinks / elsewhere (RMS) [95%]",
+    """Where the cross term sits: term shares, the cross term's weight and cache parts, the 2×2 interaction, sinks, layers."""
+    header = ["weights", "KV", "KV term Q·ε_kᵀ", "weight term ε_q·Kᵀ", "cross term ε_q·ε_kᵀ [95%]", "its weight part ε_q·ε_k,wᵀ [95%]",
+              "its cache part ε_q·ε_k,cᵀ [95%]", "2×2 interaction / score error [95%]", "cross term on sinks / elsewhere (RMS) [95%]",
               "layers holding most of the cross term", "attention KL"]
     body = []
     for r in rows:
         layers = ", ".join(f"L{l} {100 * m:.0f}%" for l, m in r.top_layers)
+        part = lambda key: format(percent(r.shares[key]), ".1f") + " %" if key in r.shares else "—"  # noqa: E731
         body.append([r.weights, r.kv, f"{100 * r.shares['kv'].estimate:.1f}%", f"{100 * r.shares['weight'].estimate:.1f}%",
-                     format(percent(r.shares["cross"]), ".1f") + " %", format(r.cross_sink_ratio, ".2f"), layers, f"{r.attention_kl:.2e}"])
+                     part("cross"), part("cross_weight"), part("cross_cache"), part("interaction"), format(r.cross_sink_ratio, ".2f"),
+                     layers, f"{r.attention_kl:.2e}"])
     windows = rows[0].windows if rows else 0
     sinks = rows[0].sink_tokens if rows else 0
     return _table(header, body) + (
         "\n\nShares of the summed energy of the three score-error terms over every layer, head and causal (query, key) pair; "
-        f"95% intervals over {windows} windows resampled. Sinks: the first {sinks} keys; 1.00 means the cross term is no "
-        "larger on them than elsewhere. Layers: share of the network's cross-term energy.")
+        "the cross term's weight part uses the candidate's key before the cache (K_W − K), its cache part the cache's own error "
+        "(K_stored − K_W): the parts' energies need not add to the cross term's. The 2×2 interaction is the layer-local "
+        "S_WC − S_W − S_C + S_R over the score error's energy. KV fp16 rows: the (W, 16-bit cache) cell, where the cross term is "
+        f"all weight part. 95% intervals over {windows} windows resampled. Sinks: the first {sinks} keys; 1.00 means the cross "
+        "term is no larger on them than elsewhere. Layers: share of the network's cross-term energy.")
 
 
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
