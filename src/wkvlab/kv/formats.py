@@ -15,7 +15,8 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int4, int2  | D·b/8 bytes + fp16 scale + fp16 minimum (asym)   | HF QuantizedCache / KIVI's V path |
 | int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ min) each | exllamav3-style grouping |
 | q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` |
-| int8_pth, fp8_pth | D bytes + fp32 scale per token and head (absmax/127, absmax/448) | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` |
+| int8_pth, fp8_pth | D bytes + fp32 scale per token and head (max(absmax/127, 1e-6), max(absmax/448, 1e-6)); int8 codes truncated toward zero as the Triton store does | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` (:mod:`wkvlab.formats.vllm_pth`) |
+| int8_pth-round | int8_pth with codes rounded half to even | not an engine: what vLLM's truncation costs |
 | int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
 | exl3_<b>    | b bits per value + fp16 scale per 32: H32-rotated groups on a midpoint grid | ExLlamaV3 cache (:mod:`wkvlab.formats.exl3`) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
@@ -152,9 +153,15 @@ def _nuq_format(bits: int, per_channel: bool) -> KVFormat:
                     lambda d: d * bits / 8 + 4.0, calibrated=True)
 
 
-def _fp8_per_token_head(x: torch.Tensor) -> torch.Tensor:
-    k = _kernels()
-    return k.fake_quant_fp8(x, "e4m3", k.fp8_absmax_scale(x.float(), "e4m3", dim=-1))
+def _vllm_pth(kind: str):
+    """vLLM's per-token-head store (:mod:`wkvlab.formats.vllm_pth`): ``int8`` truncates, ``fp8`` rounds."""
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        from wkvlab.formats.vllm_pth import fake_quant_vllm_per_token_head
+
+        return fake_quant_vllm_per_token_head(x, kind)
+
+    return quantize
 
 
 def _ggml(type_name: str) -> KVFormat:
@@ -188,8 +195,11 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("int8", "INT8 symmetric per token and head", _affine(8, True), lambda d: d + 2.0),
         KVFormat("int4", "INT4 asymmetric per token and head", _affine(4, False), lambda d: d / 2 + 4.0),
         KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),
-        KVFormat("int8_pth", "vLLM int8_per_token_head: symmetric, fp32 scale", _affine(8, True), lambda d: d + 4.0),
-        KVFormat("fp8_pth", "vLLM fp8_per_token_head: E4M3 with absmax/448 fp32 scale", _fp8_per_token_head, lambda d: d + 4.0),
+        KVFormat("int8_pth", "vLLM int8_per_token_head: fp32 scale max(absmax/127, 1e-6), codes truncated toward zero", _vllm_pth("int8"),
+                 lambda d: d + 4.0),
+        KVFormat("int8_pth-round", "int8_pth's scale with codes rounded half to even (not vLLM: measures its truncation)",
+                 _vllm_pth("int8_round"), lambda d: d + 4.0),
+        KVFormat("fp8_pth", "vLLM fp8_per_token_head: E4M3 with fp32 scale max(absmax/448, 1e-6)", _vllm_pth("fp8"), lambda d: d + 4.0),
         KVFormat("int4_pth", "vLLM int4_per_token_head: randomized Hadamard, asymmetric INT4, fp32 scale + zero point", _vllm_int4,
                  vllm_int4_bytes_per_vector),
         *(_ggml(t) for t in GGML_TYPES),

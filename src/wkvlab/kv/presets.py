@@ -26,6 +26,8 @@ FIDELITY = ("bit-exact", "engine-checked", "source-faithful", "approximate")
 # llama.cpp cache types whose preset's KLD was measured within ±15% of llama.cpp's own (engine
 # baseline, SmolLM2-135M, ctx 1024; docs/engines.md) — tests/engines/test_fidelity_ratios.py checks it.
 ENGINE_CHECKED_LLAMACPP = ("q8_0", "q4_0", "q4_1", "q5_0", "q8_0/q4_0")
+VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "
+                   "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0)")
 LLAMACPP_SOURCE = "llama.cpp -ctk/-ctv, ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
 
 
@@ -72,13 +74,9 @@ def _vllm(rest: str) -> Preset:
     fmt = VLLM_DTYPES[rest]
     spec = KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}")
     if fmt == "int4_pth":
-        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@a7f284a2 vllm/v1/attention/ops/int4_per_token_head.py", "source-faithful")
+        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@055e47c2 (re-read; write path as at @a7f284a2) vllm/v1/attention/ops/int4_per_token_head.py: single_rht, then asymmetric INT4", "source-faithful")
     if fmt.endswith("_pth"):
-        rounding = ("int8 codes here round half to even, the kernel's store truncates toward zero" if fmt == "int8_pth"
-                    else "the FP8 cast's rounding was not read")
-        return Preset(spec, f"vLLM --kv-cache-dtype {rest} (Triton backend), fp32 scale per token and head", "approximate",
-                      f"scale max(absmax/{'127' if fmt == 'int8_pth' else '448'}, 1e-6) per token and head as an unpinned copy of vLLM's "
-                      f"_reshape_cache_per_token_head computes it; {rounding}")
+        return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_PTH_SOURCE}", "source-faithful")
     return Preset(spec, f"vLLM --kv-cache-dtype {rest}: scale 1.0 unless set (vllm-project/vllm@5d4420da vllm/attention/layer.py)",
                   "approximate", "FP8 rounding to nearest even with saturation; vLLM's cast kernels were not read, only the scale rule")
 
