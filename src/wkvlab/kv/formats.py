@@ -20,7 +20,7 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
 | exl3_<b>    | b bits per value + fp16 scale per 32: H32-rotated groups on a midpoint grid | ExLlamaV3 cache (:mod:`wkvlab.formats.exl3`) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
-| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up | SGLang ``--kv-cache-dtype fp4_e2m1`` |
+| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipe blockfp4) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
 
 Per-channel formats (``-c<G>``) are the exception to "each token on its own": a group's scale
@@ -126,17 +126,21 @@ _E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
 def _sglang_fp4(x: torch.Tensor) -> torch.Tensor:
-    """SGLang's KVFP4 (MX-style): blocks of 16, scale 2^ceil(log2(amax/6)) so nothing saturates,
-    magnitudes snapped to E2M1 by ``bucketize`` over the midpoints (a tie goes to the lower value),
-    as ``KVFP4QuantizeUtil.batched_quantize`` does."""
+    """SGLang's block FP4 cache (``FP4MXBlock16KVQuantizeUtil.batched_quantize``, sgl-project/sglang
+    @0dae407b ``python/sglang/srt/layers/quantization/kvfp4_tensor.py``): blocks of 16, scale
+    ``2^ceil(log2(max(amax/6, 1e-10)))`` stored as a uint8 exponent, so nothing saturates; the
+    magnitude is ``sum(|x|/scale >= E2M1_BOUNDS)`` — a value exactly on a midpoint takes the UPPER
+    E2M1 value (``bucketize(right=True)`` counts the same bounds). The function is ``torch.compile``d,
+    so Inductor keeps the pointwise chain in float32 even for bf16 inputs, as here."""
     import torch
 
     blocks = x.float().reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     scale = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / 6.0, min=1e-10))))
     scaled = blocks / scale
-    values = torch.tensor(_E2M1_VALUES, device=x.device)[torch.bucketize(scaled.abs().contiguous(), torch.tensor(_E2M1_BOUNDS, device=x.device))]
-    return (torch.sign(scaled) * values * scale).reshape(x.shape)
+    bounds = torch.tensor(_E2M1_BOUNDS, device=x.device)
+    values = torch.tensor(_E2M1_VALUES, device=x.device)[torch.bucketize(scaled.abs().contiguous(), bounds, right=True)]
+    return (torch.sign(scaled) * values * scale).reshape(x.shape).to(x.dtype)
 
 
 def _needs_calibration(x: torch.Tensor) -> torch.Tensor:

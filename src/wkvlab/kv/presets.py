@@ -28,6 +28,7 @@ FIDELITY = ("bit-exact", "engine-checked", "source-faithful", "approximate")
 ENGINE_CHECKED_LLAMACPP = ("q8_0", "q4_0", "q4_1", "q5_0", "q8_0/q4_0")
 VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "
                    "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0)")
+SGLANG_FP4_SOURCE = "sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil"
 LLAMACPP_SOURCE = "llama.cpp -ctk/-ctv, ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
 
 
@@ -144,10 +145,13 @@ def describe_preset(text: str) -> Preset | None:
         return _vllm(rest)
     elif engine == "vllm-fa3" and rest in ("fp8", "fp8_e4m3"):
         return _vllm_fa3(rest)
-    elif engine == "sglang" and rest in ("fp4_e2m1", "fp8_e4m3", "fp8_e5m2"):
+    elif engine == "sglang" and rest == "fp4_e2m1":
         spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
-        return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales; FP4 per KVFP4QuantizeUtil)",
-                      "approximate", "taken from an earlier reading of SGLang's KVFP4QuantizeUtil and FP8 path, not re-read at a pinned commit")
+        return Preset(spec, f"SGLang --kv-cache-dtype fp4_e2m1 (recipe blockfp4, the default): {SGLANG_FP4_SOURCE}", "source-faithful")
+    elif engine == "sglang" and rest in ("fp8_e4m3", "fp8_e5m2"):
+        spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
+        return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales)",
+                      "approximate", "taken from an earlier reading of SGLang's FP8 path, not re-read at a pinned commit")
     elif engine == "hf-quanto" and rest in ("int2", "int4"):
         # transformers' QuantizedCache with the quanto backend: nbits, q_group_size 64 (consecutive
         # values of a token, i.e. along head_dim), affine with a float offset, residual_length 128
