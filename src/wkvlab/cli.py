@@ -295,7 +295,6 @@ def presets_command() -> None:
 
     from wkvlab import listing
     from wkvlab.kv import KV_FORMATS, KVSpec
-    from wkvlab.kv.presets import fidelity_of, preset_names as kv_preset_names
     from wkvlab.weights import PRESETS, WeightSpec
 
     listing.check_examples()
@@ -318,19 +317,12 @@ def presets_command() -> None:
     console.print(formats)
     console.print(_forms_table("KV: grammar", listing.KV_GRAMMAR))
     console.print(_forms_table("KV: options after '+' (several allowed)", listing.KV_OPTIONS))
-    kv = Table(title="KV presets (--kv): engines and papers; fidelity: bit-exact > engine-checked > source-faithful > approximate",
+    kv = Table(title="KV presets (--kv): engines and papers; fidelity: bit-exact > engine-checked > source-faithful > approximate; identity: nothing quantized",
                title_justify="left")
     for column in ("name", "spec", "fidelity", "source"):
         kv.add_column(column, overflow="fold")
-    for name in kv_preset_names():
-        example = listing.KV_PRESET_EXAMPLES.get(name)
-        spec = KVSpec.parse(example or name)
-        info = fidelity_of(spec)
-        label = info["label"] + (f" ({info['differs']})" if info.get("differs") else "")
-        if example:
-            kv.add_row(escape(name), f"e.g. {escape(example)} = {escape(spec.canonical())}", escape(label), "any bit widths / pair of the types above")
-            continue
-        kv.add_row(escape(name), escape(spec.canonical()), escape(label), escape(info["source"]))
+    for row in listing.kv_preset_rows():
+        kv.add_row(*(escape(cell) for cell in row))
     console.print(kv)
     console.print("Details: docs/weights.md, docs/kv.md. Weight sizes are MiB (2^20 bytes) everywhere; KV caches are bytes per token.")
 

@@ -96,3 +96,56 @@ def check_examples() -> None:
             KVSpec.parse(form.example)
     for example in KV_PRESET_EXAMPLES.values():
         KVSpec.parse(example)
+
+
+def _pattern_members(pattern: str) -> list[str]:
+    """The concrete presets a pattern row stands for (those not listed on rows of their own)."""
+    from wkvlab.kv.presets import LLAMACPP_TYPES, preset_names
+
+    own = set(preset_names())
+    if pattern == "llamacpp:<k>/<v>":
+        members = [f"llamacpp:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES if k != v]
+    elif pattern == "exl3:k<b>v<b>":
+        members = [f"exl3:k{k}v{v}" for k in range(2, 9) for v in range(2, 9)]
+    elif pattern == "K<b>V<b>":
+        members = [f"K{k}V{v}" for k in (16, 8, 4, 2) for v in (16, 8, 4, 2)]
+    elif pattern == "KV<b>":
+        members = [f"KV{b}" for b in (16, 8, 4, 2)]
+    else:
+        members = [KV_PRESET_EXAMPLES[pattern]]
+    return [m for m in members if m not in own]
+
+
+def _pattern_label(pattern: str) -> str:
+    """The label every member of a pattern row can claim; the exceptions are named."""
+    from wkvlab.kv import KVSpec
+    from wkvlab.kv.presets import fidelity_of
+
+    by_label: dict[str, list[str]] = {}
+    for member in _pattern_members(pattern):
+        by_label.setdefault(fidelity_of(KVSpec.parse(member))["label"], []).append(member)
+    main = max(by_label, key=lambda label: len(by_label[label]))
+    others = "; ".join(f"{label}: {', '.join(names)}" for label, names in by_label.items() if label != main)
+    return main + (f" ({others})" if others else "")
+
+
+def kv_preset_rows() -> list[tuple[str, str, str, str]]:
+    """``(name, spec, fidelity, source)`` for every KV preset ``wkvlab presets`` lists.
+
+    A concrete row shows :func:`~wkvlab.kv.presets.fidelity_of` of that exact spec; a pattern row
+    (``llamacpp:<k>/<v>``) shows the label all its members share — the members with evidence of
+    their own (a recorded engine check) are rows of their own, so a pattern never borrows one.
+    """
+    from wkvlab.kv import KVSpec
+    from wkvlab.kv.presets import fidelity_of, preset_names
+
+    rows = []
+    for name in preset_names():
+        example = KV_PRESET_EXAMPLES.get(name)
+        spec = KVSpec.parse(example or name)
+        if example:
+            rows.append((name, f"e.g. {example} = {spec.canonical()}", _pattern_label(name), "any bit widths / pair of the types above"))
+            continue
+        info = fidelity_of(spec)
+        rows.append((name, spec.canonical(), info["label"] + (f" ({info['differs']})" if info.get("differs") else ""), info["source"]))
+    return rows

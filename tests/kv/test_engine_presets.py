@@ -135,26 +135,77 @@ def test_vllm_fa3_quantizes_q_and_plain_vllm_fp8_does_not():
     assert KVSpec.parse("vllm:fp8_e4m3").q == "none"
 
 
-# ---- fidelity labels --------------------------------------------------------------------------
+# ---- fidelity labels: derived here from the recorded checks, not from the code's constants --------
 
-def test_every_preset_has_a_label_and_none_claims_more_than_was_shown():
+def _recorded():
+    import json
+    from pathlib import Path
+
+    import wkvlab.kv
+
+    data = json.loads((Path(wkvlab.kv.__file__).parent / "fidelity_checks.json").read_text(encoding="utf-8"))
+    return data["band"], data["checks"]
+
+
+def _expected_label(name: str, spec: KVSpec) -> str | None:
+    """identity when nothing is quantized; engine-checked iff a recorded ratio within the band names
+    this exact preset and spec; otherwise anything but engine-checked (None)."""
+    band, checks = _recorded()
+    if spec.is_identity:
+        return "identity"
+    if any(c["preset"] == name and c["spec"] == spec.canonical() and abs(c["ratio"] - 1) <= band for c in checks):
+        return "engine-checked"
+    return None
+
+
+def test_every_recorded_check_is_complete_and_still_names_the_current_spec():
+    band, checks = _recorded()
+    assert band == 0.15 and len(checks) >= 5
+    for c in checks:
+        assert c["command"] and c["model"] and c["engine"] and c["engine_kld"] > 0 and c["sim_kld"] > 0
+        assert c["ratio"] == pytest.approx(c["sim_kld"] / c["engine_kld"], abs=0.006)  # the ratio is what the two KLDs say
+        # a preset whose spec changed since it was measured must be re-measured (or the row removed)
+        assert KVSpec.parse(c["preset"]).canonical() == c["spec"], c
+
+
+def test_every_listed_label_follows_from_the_recorded_checks():
+    from wkvlab.listing import kv_preset_rows
+
+    checked = set()
+    for name, _spec, label, _source in kv_preset_rows():
+        if "<" in name:
+            assert not label.startswith("engine-checked"), name  # a pattern never borrows a member's check
+            continue
+        spec = KVSpec.parse(name)
+        want = _expected_label(name, spec)
+        if want:
+            assert label.startswith(want), (name, label)
+            checked.add(name) if want == "engine-checked" else None
+        else:
+            assert not label.startswith(("engine-checked", "identity", "bit-exact")), (name, label)
+    assert checked == {c["preset"] for c in _recorded()[1]}  # every recorded check is shown on its own row
+
+
+def test_labels_of_the_cases_the_review_found():
+    assert fidelity_of(KVSpec.parse("llamacpp:q4_0"))["label"] == "engine-checked"
+    assert fidelity_of(KVSpec.parse("llamacpp:q4_0+norot"))["label"] == "source-faithful"  # no ratio without rotation
+    assert fidelity_of(KVSpec.parse("llamacpp:q5_1"))["label"] == "source-faithful"
+    assert fidelity_of(KVSpec.parse("llamacpp:f16/q4_0"))["label"] == "source-faithful"  # only q8_0/q4_0 among pairs
+    assert fidelity_of(KVSpec.parse("llamacpp:f16"))["label"] == "identity"
+    assert fidelity_of(KVSpec.parse("llamacpp:q4_0+sinks=4"))["label"] == "approximate"  # not llama.cpp's any more
+    assert "sinks=4" in fidelity_of(KVSpec.parse("kivi2+sinks=4"))["differs"]
+    assert fidelity_of(KVSpec.parse("q4_0"))["label"] == "no preset"
     for name in preset_names():
         if "<" in name:
             continue
         preset = describe_preset(name.split("+")[0])
         assert preset.fidelity in FIDELITY
         assert preset.fidelity != "bit-exact"  # bit-exact holds for formats (gguf.quants), not for any whole preset
-        if preset.fidelity == "engine-checked":
-            assert name.startswith("llamacpp:") and name.split(":")[1] in ENGINE_CHECKED_LLAMACPP
         if preset.fidelity == "approximate":
             assert preset.differs  # says what differs
     assert describe_preset("kivi2").fidelity == describe_preset("exl3:k2v2").fidelity == "source-faithful"
     assert describe_preset("vllm:int4_per_token_head").fidelity == "source-faithful"
-    assert describe_preset("llamacpp:q5_1").fidelity == "source-faithful"
 
 
-def test_fidelity_of_results():
-    assert fidelity_of(KVSpec.parse("llamacpp:q4_0"))["label"] == "engine-checked"
-    assert fidelity_of(KVSpec.parse("llamacpp:q4_0+norot"))["label"] == "engine-checked"
-    assert "sinks=4" in fidelity_of(KVSpec.parse("kivi2+sinks=4"))["differs"]
-    assert fidelity_of(KVSpec.parse("q4_0"))["label"] == "no preset"
+def test_the_slow_engine_test_measures_exactly_the_default_models_checks():
+    assert ENGINE_CHECKED_LLAMACPP == tuple(c["preset"].split(":")[1] for c in _recorded()[1] if c["model"].startswith("SmolLM2"))

@@ -6,8 +6,11 @@ does not know, and ``wkvlab presets`` lists them with their labels.
 """
 from __future__ import annotations
 
+import functools
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from wkvlab.kv.spec import KVSpec
 
@@ -22,10 +25,30 @@ VLLM_DTYPES = {
 }
 
 
-FIDELITY = ("bit-exact", "engine-checked", "source-faithful", "approximate")
-# llama.cpp cache types whose preset's KLD was measured within ±15% of llama.cpp's own (engine
-# baseline, SmolLM2-135M, ctx 1024; docs/engines.md) — tests/engines/test_fidelity_ratios.py checks it.
-ENGINE_CHECKED_LLAMACPP = ("q8_0", "q4_0", "q4_1", "q5_0", "q8_0/q4_0")
+FIDELITY = ("bit-exact", "engine-checked", "source-faithful", "approximate", "identity")
+# The measured checks (wkvlab eval's KLD over the engine's own, same windows) behind every
+# engine-checked label: a preset is engine-checked only for the exact name and spec a ratio within
+# the band was recorded for (fidelity_checks.json says by which command, on which model).
+CHECKS_FILE = Path(__file__).with_name("fidelity_checks.json")
+
+
+@functools.lru_cache(maxsize=1)
+def recorded_checks() -> tuple[float, tuple[dict, ...]]:
+    """(band, checks) from :data:`CHECKS_FILE`."""
+    data = json.loads(CHECKS_FILE.read_text(encoding="utf-8"))
+    return float(data["band"]), tuple(data["checks"])
+
+
+def engine_checks(name: str, spec: KVSpec) -> list[dict]:
+    """The recorded checks that make ``name`` engine-checked: same preset name, the spec that was
+    measured (a preset whose spec changed since loses the label), ratio within 1 ± band."""
+    band, checks = recorded_checks()
+    return [c for c in checks if c["preset"] == name and c["spec"] == spec.canonical() and abs(c["ratio"] - 1) <= band]
+
+
+# llama.cpp cache types the slow test re-measures on the default model (tests/engines/test_fidelity_ratios.py)
+ENGINE_CHECKED_LLAMACPP = tuple(dict.fromkeys(
+    c["preset"].split(":", 1)[1] for c in recorded_checks()[1] if c["preset"].startswith("llamacpp:") and c["model"].startswith("SmolLM2")))
 VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "
                    "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0)")
 SGLANG_FP4_SOURCE = "sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil"
@@ -37,8 +60,10 @@ class Preset:
     """A named configuration, where it comes from and how sure the simulation is.
 
     ``fidelity``: ``bit-exact`` (tested against the engine's own quantizer), ``engine-checked``
-    (KLD measured against the real engine), ``source-faithful`` (read from the engine's or paper's
-    source at a cited commit, not run), ``approximate`` (``differs`` says what differs).
+    (a KLD ratio against the real engine was recorded for exactly this spec, :data:`CHECKS_FILE`),
+    ``source-faithful`` (read from the engine's or paper's source at a cited commit, tested
+    against hand-computed values, not run), ``approximate`` (``differs`` says what differs),
+    ``identity`` (nothing is quantized).
     """
 
     spec: KVSpec
@@ -65,10 +90,21 @@ def _llamacpp(k: str, v: str) -> Preset:
     quantized_k = k != "f16"
     name = f"llamacpp:{k}" if k == v else f"llamacpp:{k}/{v}"
     spec = KVSpec(k=k, v=v, rotate=-2 if (quantized_k or v != "f16") else 0, q="q8_0" if quantized_k else "none", name=name)
-    pair = k if k == v else f"{k}/{v}"
-    if pair in ENGINE_CHECKED_LLAMACPP:
-        return Preset(spec, LLAMACPP_SOURCE, "engine-checked", "KLD within ±15% of llama.cpp's own on SmolLM2-135M with --baseline engine (docs/engines.md)")
     return Preset(spec, LLAMACPP_SOURCE, "source-faithful")
+
+
+def _labelled(preset: Preset) -> Preset:
+    """The label the recorded evidence supports: ``identity`` when nothing is quantized,
+    ``engine-checked`` only with a recorded check (:func:`engine_checks`), else as built."""
+    if preset.spec.is_identity:
+        return replace(preset, fidelity="identity", differs="nothing is quantized: K/V stay at model precision"
+                       + (" (llama.cpp stores them as f16; the engine baseline of docs/engines.md is this very cache)"
+                          if preset.spec.name.startswith("llamacpp:") else ""))
+    checks = engine_checks(preset.spec.name, preset.spec)
+    if checks:
+        ratios = ", ".join(f"{c['ratio']:.2f} on {c['model'].split(' (')[0]}" for c in checks)
+        return replace(preset, fidelity="engine-checked", differs=f"KLD ratio to the engine's own {ratios} (src/wkvlab/kv/fidelity_checks.json)")
+    return preset
 
 
 def _vllm(rest: str) -> Preset:
@@ -116,6 +152,12 @@ def lookup_preset(text: str) -> KVSpec | None:
 
 
 def describe_preset(text: str) -> Preset | None:
+    """The preset named ``text`` with the label its evidence supports, or None for a plain format."""
+    preset = _build_preset(text)
+    return _labelled(preset) if preset is not None else None
+
+
+def _build_preset(text: str) -> Preset | None:
     key = text.strip().lower()
     if key in ("kivi2", "kivi4"):
         return _kivi(key[-1])
@@ -125,7 +167,8 @@ def describe_preset(text: str) -> Preset | None:
         # per-(token, head) integer formats; 16 = the cache at model precision. A shorthand, not KVTuner's quantizer.
         kb, vb = (shorthand.group(3),) * 2 if shorthand.group(3) else shorthand.group(1, 2)
         k, v = ("fp16" if b == "16" else f"int{b}" for b in (kb, vb))
-        return Preset(KVSpec(k=k, v=v), f"bit pair K{kb}V{vb}: wkvlab {k} keys, {v} values (per token and head)")
+        return Preset(KVSpec(k=k, v=v), f"bit pair K{kb}V{vb}: wkvlab {k} keys, {v} values (per token and head)",
+                      "approximate", "KVTuner's names for wkvlab's own per-(token, head) integer formats, not KVTuner's quantizer")
     engine, sep, rest = key.partition(":")
     if engine == "kvquant":
         match = re.fullmatch(r"([2-4])(-1%)?", rest)
@@ -178,7 +221,7 @@ def describe_preset(text: str) -> Preset | None:
 def preset_names() -> list[str]:
     return (
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
-        + ["llamacpp:<k>/<v>"]
+        + ["llamacpp:q8_0/q4_0", "llamacpp:<k>/<v>", "llamacpp:q4_0+norot"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
            "sglang:fp4_e2m1", "sglang:fp8_e4m3",
@@ -200,12 +243,21 @@ def fidelity_of(spec: KVSpec) -> dict:
         preset = None
     if preset is None:
         return {"label": "no preset", "differs": "plain formats and options: named after no engine or paper", "source": ""}
-    differs = preset.differs
-    # +norot is llama.cpp's LLAMA_ATTN_ROT_DISABLE and scales= the documented FP8 scale rules: both covered
-    extra = [o for o in options if o.strip().lower() != "norot" and not o.strip().lower().startswith("scales=")]
-    if extra:
-        differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
-    return {"label": preset.fidelity, "differs": differs, "source": preset.source}
+    label, differs = preset.fidelity, preset.differs
+    if options and label not in ("identity", "approximate"):
+        # the label covers the preset as listed: with options it is another spec, and no check names it
+        engine = [o for o in options if o.strip().lower() == "norot" or o.strip().lower().startswith("scales=")]
+        extra = [o for o in options if o not in engine]
+        if label == "engine-checked":
+            differs = f"no ratio was measured for this spec ({base} without {'+'.join(options)} was)"
+        label = "approximate" if extra else "source-faithful"
+        if extra:
+            differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not part of it"
+    elif options and label == "approximate":
+        extra = [o for o in options if o.strip().lower() != "norot" and not o.strip().lower().startswith("scales=")]
+        if extra:
+            differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
+    return {"label": label, "differs": differs, "source": preset.source}
 
 
 def fidelity_note(spec: KVSpec) -> list[str]:
