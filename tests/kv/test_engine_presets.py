@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_llama
-from wkvlab.formats import fake_quant_ggml
 from wkvlab.formats.exl3 import fake_quant_exl3
-from wkvlab.formats.hadamard import rotate
 from wkvlab.formats.vllm_int4 import fake_quant_vllm_int4, rht_signs
 from wkvlab.kv import KVSpec, get_kv_format
 from wkvlab.kv.hook import layer_stores
@@ -89,12 +87,30 @@ def test_llamacpp_rotates_k_in_the_largest_power_of_two_and_v_in_64(head_dim, k_
     model = tiny_llama(head_dim=head_dim, num_attention_heads=2, num_key_value_heads=1, hidden_size=128)
     store = layer_stores(model, KVSpec.parse("llamacpp:q4_0"))[0]
     assert (store.rot_k, store.rot_v) == (k_block, 64)
-    torch.manual_seed(0)
-    q, k, v = torch.randn(1, 2, 5, head_dim), torch.randn(1, 1, 5, head_dim), torch.randn(1, 1, 5, head_dim)
-    q2, k2, kq, v2, vq = store.apply(q, k, v)
-    torch.testing.assert_close(kq, fake_quant_ggml(rotate(k, k_block), "q4_0"))
-    torch.testing.assert_close(vq, fake_quant_ggml(rotate(v, 64), "q4_0"))
-    torch.testing.assert_close(q2, fake_quant_ggml(rotate(q, k_block), "q8_0"))
+    # e_5 through llama.cpp's rotation (ggml_gen_hadamard in src/llama-kv-cache.cpp: the orthonormal
+    # Sylvester matrix, H[i][j] = (-1)^popcount(i & j) / sqrt(n)) is row 5 of H: +-c with c = 1/sqrt(block),
+    # sign s_i = (-1)^popcount(5 & i), the same pattern in every block of 32 and + at each block's start.
+    e5 = torch.zeros(head_dim)
+    e5[5] = 1.0
+    q, k, v = e5.expand(1, 2, 1, head_dim).clone(), e5.expand(1, 1, 1, head_dim).clone(), e5.expand(1, 1, 1, head_dim).clone()
+    _q2, _k2, kq, _v2, vq = store.apply(q, k, v)
+    sign = torch.tensor([(-1.0) ** bin(5 & i).count("1") for i in range(head_dim)])
+    fp16 = lambda t: float(torch.tensor(t).to(torch.float16))  # noqa: E731
+
+    def q4_0_of_pm(c: float, signs: torch.Tensor) -> torch.Tensor:
+        # q4_0 (ggml-quants.c): d = max/-8 with max = the block's first largest |x| = +c -> d = fp16(-c/8);
+        # +c -> trunc(-8 + 8.5) = 0 -> value d * -8; -c -> MIN(15, trunc(8 + 8.5)) = 15 -> value d * 7
+        d16 = fp16(-c / 8)
+        return torch.where(signs > 0, torch.tensor(-8.0 * d16), torch.tensor(7.0 * d16))
+
+    c_k = 1 / math.sqrt(k_block)
+    torch.testing.assert_close(kq[0, 0, 0], q4_0_of_pm(c_k, sign), rtol=0, atol=0)
+    # V: blocks of 64; e_5 lives in the first block (c = 1/8, fp16(1/64) exact), the others stay 0 (d = 0)
+    want_v = torch.zeros(head_dim)
+    want_v[:64] = q4_0_of_pm(1 / 8, sign[:64])
+    torch.testing.assert_close(vq[0, 0, 0], want_v, rtol=0, atol=0)
+    # Q rotated like K, then q8_0 (vec_dot_type of q4_0): d = fp16(c/127), codes roundf(+-c * 127/c) = +-127
+    torch.testing.assert_close(_q2[0, 0, 0], sign * 127 * fp16(c_k / 127), rtol=0, atol=0)
 
 
 def test_gemma3_head_dim_256_rotation_blocks():
