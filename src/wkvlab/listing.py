@@ -80,7 +80,7 @@ KV_OPTIONS = (
 )
 
 # Presets whose name is a pattern: the example parsed for them.
-KV_PRESET_EXAMPLES = {"llamacpp:<k>/<v>": "llamacpp:q8_0/q4_0", "exl3:k<b>v<b>": "exl3:k4v4", "K<b>V<b>": "K8V4", "KV<b>": "KV4"}
+KV_PRESET_EXAMPLES = {"llamacpp:<k>/<v>": "llamacpp:q8_0/q4_0", "llamacpp-x86:<k>/<v>": "llamacpp-x86:q8_0", "exl3:k<b>v<b>": "exl3:k4v4", "K<b>V<b>": "K8V4", "KV<b>": "KV4"}
 
 
 def check_examples() -> None:
@@ -105,6 +105,8 @@ def _pattern_members(pattern: str) -> list[str]:
     own = set(preset_names())
     if pattern == "llamacpp:<k>/<v>":
         members = [f"llamacpp:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES if k != v]
+    elif pattern == "llamacpp-x86:<k>/<v>":
+        members = [f"llamacpp-x86:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES]
     elif pattern == "exl3:k<b>v<b>":
         members = [f"exl3:k{k}v{v}" for k in range(2, 9) for v in range(2, 9)]
     elif pattern == "K<b>V<b>":

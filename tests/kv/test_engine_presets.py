@@ -225,3 +225,45 @@ def test_labels_of_the_cases_the_review_found():
 
 def test_the_slow_engine_test_measures_exactly_the_default_models_checks():
     assert ENGINE_CHECKED_LLAMACPP == tuple(c["preset"].split(":")[1] for c in _recorded()[1] if c["model"].startswith("SmolLM2"))
+
+
+# ---- llama.cpp: the x86 q8_0 writer and the fp16 Q of an f16 K -----------------------------------
+
+def test_x86_q8_0_writer_hand_computed():
+    # arch/x86/quants.c quantize_row_q8_0 (@04e1dd75): d = max/127 -> fp16; id = 127/max; _mm256_round_ps
+    # to nearest EVEN. Block A: max 127 -> d = id = 1: ties 2.5 -> 2, -2.5 -> -2, 3.5 -> 4 (reference roundf: 3, -3, 4).
+    # Block B: max 0.96774715 gives fl32(127/max) = 131.23262 but fl32(1/fl32(max/127)) = 131.23264, so
+    # 0.011430084 * id is 1.4999999 -> 1 on x86 and 1.5 -> 2 in the reference (found with numpy float32).
+    from wkvlab.formats import fake_quant_ggml
+    from wkvlab.formats.ggml_x86 import fake_quant_q8_0_x86
+
+    x = torch.zeros(2, 32)
+    x[0, :4] = torch.tensor([127.0, 2.5, -2.5, 3.5])
+    x[1, :2] = torch.tensor([0.96774715, 0.011430084])
+    d_b = float(torch.tensor(0.96774715 / 127, dtype=torch.float32).to(torch.float16))
+    got = fake_quant_q8_0_x86(x)
+    assert got[0, :4].tolist() == [127.0, 2.0, -2.0, 4.0]
+    assert got[1, :2].tolist() == [127 * d_b, 1 * d_b]
+    ref = fake_quant_ggml(x, "q8_0")
+    assert ref[0, :4].tolist() == [127.0, 3.0, -3.0, 4.0] and ref[1, 1].item() == 2 * d_b
+    assert get_kv_format("q8_0-x86").bytes_per_vector(64) == get_kv_format("q8_0").bytes_per_vector(64) == 68
+
+
+def test_llamacpp_x86_presets_use_the_x86_writer_for_cache_and_q():
+    spec = KVSpec.parse("llamacpp-x86:q8_0/q4_0")
+    assert (spec.k, spec.v, spec.q, spec.rotate) == ("q8_0-x86", "q4_0", "q8_0-x86", -2)
+    assert KVSpec.parse("llamacpp-x86:q4_1").q == "q8_0-x86"  # q8_1's x86 writer gives the same codes
+    assert fidelity_of(spec)["label"] == "source-faithful"  # no ratio was measured for the x86 variant
+
+
+def test_f16_k_beside_a_quantized_v_rounds_q_to_fp16():
+    # ggml's CPU flash attention converts Q to K's vec_dot_type: fp16 for an f16 K
+    model = tiny_llama()
+    q = torch.full((1, 4, 1, 32), 1.0 + 2.0**-12)  # halfway between fp16 1.0 and 1 + 2^-10 -> 1.0 (even)
+    k = v = torch.randn(1, 2, 1, 32)
+    for name, want in (("llamacpp:f16/q4_0", 1.0), ("llamacpp:f16", 1.0 + 2.0**-12)):
+        spec = KVSpec.parse(name)
+        assert spec.q == ("fp16" if "/" in name else "none")
+        store = layer_stores(model, spec)[0]
+        q2 = store.apply(q, k, v)[0]
+        assert torch.all(q2 == want), name

@@ -14,7 +14,8 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int8        | D bytes + fp16 scale, symmetric absmax/127       | per-token-head INT8 |
 | int4, int2  | D·b/8 bytes + fp16 scale + fp16 minimum (asym)   | HF QuantizedCache / KIVI's V path |
 | int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ min) each | exllamav3-style grouping |
-| q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` |
+| q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` (reference quantizers) |
+| q8_0-x86    | q8_0 as llama.cpp's x86 AVX/AVX2 ``quantize_row_q8_0`` writes it (``127/max``, ties to even) | llama.cpp ``-ctk q8_0`` on x86 CPUs (:mod:`wkvlab.formats.ggml_x86`) |
 | int8_pth, fp8_pth | D bytes + fp32 scale per token and head (max(absmax/127, 1e-6), max(absmax/448, 1e-6)); int8 codes truncated toward zero as the Triton store does | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` (:mod:`wkvlab.formats.vllm_pth`) |
 | int8_pth-round | int8_pth with codes rounded half to even | not an engine: what vLLM's truncation costs |
 | int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
@@ -178,6 +179,12 @@ def _ggml(type_name: str) -> KVFormat:
     )
 
 
+def _q8_0_x86(x: "torch.Tensor") -> "torch.Tensor":
+    from wkvlab.formats.ggml_x86 import fake_quant_q8_0_x86
+
+    return fake_quant_q8_0_x86(x)
+
+
 def _exl3_kernel():
     import wkvlab.formats.exl3 as exl3
 
@@ -207,6 +214,8 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("int4_pth", "vLLM int4_per_token_head: randomized Hadamard, asymmetric INT4, fp32 scale + zero point", _vllm_int4,
                  vllm_int4_bytes_per_vector),
         *(_ggml(t) for t in GGML_TYPES),
+        KVFormat("q8_0-x86", "llama.cpp q8_0 as x86 AVX/AVX2 writes it: id = 127/max, ties to even (34 bytes per 32)",
+                 lambda x: _q8_0_x86(x).to(x.dtype), lambda d: d / 32 * 34, 32),
         KVFormat("fp4_e2m1", "SGLang FP4: E2M1, UE8M0 scale per 16", _sglang_fp4, lambda d: d / 2 + d / 16, 16),
     )
 }

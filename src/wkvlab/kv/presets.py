@@ -53,6 +53,8 @@ VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_c
                    "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0)")
 SGLANG_FP4_SOURCE = "sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil"
 LLAMACPP_SOURCE = "llama.cpp -ctk/-ctv, ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
+LLAMACPP_X86_SOURCE = (LLAMACPP_SOURCE + "; x86 AVX/AVX2 q8_0/q8_1 writer: ggml/src/ggml-cpu/arch/x86/quants.c quantize_row_q8_0 "
+                       "@04e1dd75 (id = 127/max, _mm256_round_ps to nearest even)")
 
 
 @dataclass(frozen=True)
@@ -76,21 +78,29 @@ class Preset:
         return f"{self.fidelity}: {self.differs}" if self.differs else self.fidelity
 
 
-def _llamacpp(k: str, v: str) -> Preset:
+def _llamacpp(k: str, v: str, x86: bool = False) -> Preset:
     """llama.cpp ``-ctk k -ctv v`` (see :data:`LLAMACPP_SOURCE`).
 
-    * The cache stores blocks of 32 along head_dim (ggml types, bit-exact with ``gguf.quants``).
+    * The cache stores blocks of 32 along head_dim (ggml types, bit-exact with ``gguf.quants``, the
+      reference quantizers ``ggml-quants.c``).
     * PR #21038 rotates Q/K by a Hadamard transform when K is quantized and V (with the inverse on
       the output) when V is, only when head_dim is a multiple of 64: K's block is the largest power
       of two ≥ 64 dividing head_dim, V's is 64 (:meth:`KVSpec.rotation_blocks`);
       ``LLAMA_ATTN_ROT_DISABLE=1`` turns it off: append ``+norot``.
     * A quantized V needs flash attention; ggml's CPU flash attention converts Q to K's dot
-      type — q8_0 (or q8_1, the same values) for every quantized K here — before the Q·K products.
+      type — q8_0 (or q8_1, the same values) for every quantized K here, fp16 for an f16 K
+      (``q=fp16``, applied beside a quantized V) — before the Q·K products.
+    * ``x86`` (the ``llamacpp-x86:`` presets): the q8_0 cache and the Q conversion go through
+      ``arch/x86/quants.c``'s AVX/AVX2 writer instead (:mod:`wkvlab.formats.ggml_x86`).
     """
     quantized_k = k != "f16"
-    name = f"llamacpp:{k}" if k == v else f"llamacpp:{k}/{v}"
-    spec = KVSpec(k=k, v=v, rotate=-2 if (quantized_k or v != "f16") else 0, q="q8_0" if quantized_k else "none", name=name)
-    return Preset(spec, LLAMACPP_SOURCE, "source-faithful")
+    engine = "llamacpp-x86" if x86 else "llamacpp"
+    name = f"{engine}:{k}" if k == v else f"{engine}:{k}/{v}"
+    q8 = "q8_0-x86" if x86 else "q8_0"
+    q = q8 if quantized_k else ("fp16" if v != "f16" else "none")
+    cache = (lambda t: "q8_0-x86" if t == "q8_0" else t) if x86 else (lambda t: t)
+    spec = KVSpec(k=cache(k), v=cache(v), rotate=-2 if (quantized_k or v != "f16") else 0, q=q, name=name)
+    return Preset(spec, LLAMACPP_X86_SOURCE if x86 else LLAMACPP_SOURCE, "source-faithful")
 
 
 def _labelled(preset: Preset) -> Preset:
@@ -179,11 +189,11 @@ def _build_preset(text: str) -> Preset | None:
                           "approximate", "codebooks by unweighted k-means (KVQuant weights by Fisher information, which needs gradients)")
     if not sep:
         return None
-    if engine == "llamacpp":
+    if engine in ("llamacpp", "llamacpp-x86"):
         k, _, v = rest.partition("/")
         v = v or k
         if k in LLAMACPP_TYPES and v in LLAMACPP_TYPES:
-            return _llamacpp(k, v)
+            return _llamacpp(k, v, x86=engine == "llamacpp-x86")
     elif engine == "vllm" and rest in VLLM_DTYPES:
         return _vllm(rest)
     elif engine == "vllm-fa3" and rest in ("fp8", "fp8_e4m3"):
@@ -221,7 +231,7 @@ def _build_preset(text: str) -> Preset | None:
 def preset_names() -> list[str]:
     return (
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
-        + ["llamacpp:q8_0/q4_0", "llamacpp:<k>/<v>", "llamacpp:q4_0+norot"]
+        + ["llamacpp:q8_0/q4_0", "llamacpp:<k>/<v>", "llamacpp:q4_0+norot", "llamacpp:f16/q4_0", "llamacpp-x86:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
            "sglang:fp4_e2m1", "sglang:fp8_e4m3",

@@ -20,7 +20,8 @@ most recent tokens of every query kept at model precision), ``k_residual=``, ``k
 ``v_residual=``, ``v_window=`` (the same for one side only: KIVI flushes keys and slides values;
 see :mod:`wkvlab.kv.tokens`), ``pastonly`` (WKVQuant: the current token attends to its own K/V at
 model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
-``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is),
+``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0|q8_0-x86>`` (queries quantized too, where K is;
+``q=fp16``: rounded to fp16 where K or V is quantized, llama.cpp's conversion for an f16 K),
 ``sinks=auto`` / ``sinkratio=<τ>`` (KVSink: tokens whose residual-stream activation peak exceeds τ
 times the layer's calibrated median — 8 for ``auto`` — stay at model precision, wherever they are),
 ``smooth[=α]`` (QServe's SmoothAttention, α = 0.5 by default; calibrated), ``scales=amax448``
@@ -43,7 +44,8 @@ from wkvlab.specio import reject_unknown_fields
 from wkvlab.kv.formats import KVFormat, get_kv_format
 from wkvlab.kv.tokens import TokenPolicy, side_policy
 
-Q_FORMATS = ("none", "fp8_e4m3", "q8_0")
+# fp16: llama.cpp's Q conversion for an f16 K (vec_dot_type of f16); q8_0-x86: its x86 q8_0 writer
+Q_FORMATS = ("none", "fp8_e4m3", "q8_0", "q8_0-x86", "fp16")
 # FP8 KV scales: 1.0; amax/448 per layer or per layer and KV head (checkpoint convention); vLLM's runtime rule
 SCALES = ("static", "amax448", "amax448-head", "calculate")
 _SCALE_ALIASES = {"tensor": "amax448", "head": "amax448-head", "calc": "calculate"}
@@ -221,7 +223,9 @@ class KVSpec:
         ``src/llama-kv-cache.cpp``, ggml-org/llama.cpp@0c1e57098 as vendored by llama-cpp-python
         0.3.36): rotation only when head_dim is a multiple of 64; K (and Q) in blocks of the largest
         power of two ≥ 64 dividing head_dim — 64, 128, 256 for head_dim 64, 128, 256 —, V in
-        blocks of 64 ("using smaller rotation matrices for V seems beneficial").
+        blocks of 64 ("using smaller rotation matrices for V seems beneficial"). llama.cpp also
+        requires ``n_embd_head_k_all > 0`` — one head size across the layers of a cache — which
+        holds for every model here (one head_dim per model).
         """
         if self.rotate == -2:
             if head_dim % 64:
@@ -469,7 +473,7 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
             return replace(spec, outliers=float(value.rstrip("%")) / (100 if value.endswith("%") else 1))
         except ValueError:
             raise ConfigError(f"outliers= needs a fraction such as 0.01 or 1%, got {value!r}") from None
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0|q8_0-x86|fp16, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
 
 
 def split_kv_list(text: str) -> list[str]:
