@@ -267,3 +267,16 @@ def test_f16_k_beside_a_quantized_v_rounds_q_to_fp16():
         store = layer_stores(model, spec)[0]
         q2 = store.apply(q, k, v)[0]
         assert torch.all(q2 == want), name
+
+
+def test_the_planner_reads_each_engine_formats_bytes_from_the_spec():
+    # Llama-3-70B: 80 layers x 8 KV heads x head_dim 128, K and V. Per (token, head, side):
+    # vLLM *_per_token_head: 128 codes + one float32 scale = 132 B (KVQuantMode.*_PER_TOKEN_HEAD);
+    # SGLang FP4 (mxfp4/blockfp4 recipes): 64 B of E2M1 + 128/16 uint8 exponents = 72 B (compute_cell_size,
+    # without its dequant workspace, which is shared across layers); llama.cpp q8_0 on x86: 4 x 34 B = 136 B.
+    from wkvlab.plan import ModelDescription, kv_bytes_per_token
+
+    llama70 = ModelDescription.from_name("Llama-3-70B")
+    for name, per_row in (("vllm:fp8_per_token_head", 132), ("vllm:int8_per_token_head", 132), ("sglang:fp4_e2m1", 72),
+                          ("llamacpp-x86:q8_0", 136), ("vllm:int4_per_token_head", 68)):
+        assert kv_bytes_per_token(llama70, name).total_bytes == per_row * 2 * 80 * 8, name

@@ -51,7 +51,8 @@ ENGINE_CHECKED_LLAMACPP = tuple(dict.fromkeys(
     c["preset"].split(":", 1)[1] for c in recorded_checks()[1] if c["preset"].startswith("llamacpp:") and c["model"].startswith("SmolLM2")))
 VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "
                    "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0)")
-SGLANG_FP4_SOURCE = "sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil"
+SGLANG_FP4_SOURCE = ("sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil; "
+                     "recipes in kv_cache_quant_method.py @1c5f9e23 (MXFP4Method, blockfp4 its alias)")
 LLAMACPP_SOURCE = "llama.cpp -ctk/-ctv, ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
 LLAMACPP_X86_SOURCE = (LLAMACPP_SOURCE + "; x86 AVX/AVX2 q8_0/q8_1 writer: ggml/src/ggml-cpu/arch/x86/quants.c quantize_row_q8_0 "
                        "@04e1dd75 (id = 127/max, _mm256_round_ps to nearest even)")
@@ -200,7 +201,7 @@ def _build_preset(text: str) -> Preset | None:
         return _vllm_fa3(rest)
     elif engine == "sglang" and rest == "fp4_e2m1":
         spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
-        return Preset(spec, f"SGLang --kv-cache-dtype fp4_e2m1 (recipe blockfp4, the default): {SGLANG_FP4_SOURCE}", "source-faithful")
+        return Preset(spec, f"SGLang --kv-cache-dtype fp4_e2m1, --fp4-kv-cache-recipe mxfp4 or blockfp4 (one kernel): {SGLANG_FP4_SOURCE}", "source-faithful")
     elif engine == "sglang" and rest in ("fp8_e4m3", "fp8_e5m2"):
         spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
         return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales)",
