@@ -280,3 +280,23 @@ def test_the_planner_reads_each_engine_formats_bytes_from_the_spec():
     for name, per_row in (("vllm:fp8_per_token_head", 132), ("vllm:int8_per_token_head", 132), ("sglang:fp4_e2m1", 72),
                           ("llamacpp-x86:q8_0", 136), ("vllm:int4_per_token_head", 68)):
         assert kv_bytes_per_token(llama70, name).total_bytes == per_row * 2 * 80 * 8, name
+
+
+def test_exl3_flash_attn_path_lets_the_current_token_see_its_own_kv_unquantized():
+    # exllamav3/modules/attn.py @00ad26e8: flash_attn_with_kvcache(q, k, v, k_cache=dequantized old, ...) and
+    # only then update_layer quantizes the new K/V. With one token there is no old cache: exl3-fa gives
+    # exactly the unquantized logits; exl3 (the quant-direct view) quantizes the token's own K/V.
+    from wkvlab.kv.hook import kv_quantization
+
+    model = tiny_llama()
+    ids = torch.tensor([[5, 9, 17]])
+    with torch.no_grad():
+        ref = model(ids).logits
+        with kv_quantization(model, KVSpec.parse("exl3-fa:k2v2")):
+            fa = model(ids).logits
+        with kv_quantization(model, KVSpec.parse("exl3:k2v2")):
+            direct = model(ids).logits
+    assert KVSpec.parse("exl3-fa:k2v2").pastonly and not KVSpec.parse("exl3:k2v2").pastonly
+    torch.testing.assert_close(fa[0, 0], ref[0, 0], rtol=0, atol=1e-6)  # the first token sees only itself
+    assert not torch.allclose(direct[0, 0], ref[0, 0], atol=1e-4)
+    assert not torch.allclose(fa[0, 2], ref[0, 2], atol=1e-4)  # later tokens see the earlier ones quantized

@@ -147,13 +147,23 @@ def _kivi(bits: str) -> Preset:
     return Preset(spec, "KIVI: jy-yuan/KIVI@876b4d2d models/llama_kivi.py, quant/new_pack.py", "source-faithful")
 
 
-def _exl3(rest: str) -> Preset | None:
+EXL3_SOURCE = "ExLlamaV3 cache: turboderp-org/exllamav3@4f8ad012 exllamav3_ext/cache/q_cache_kernels.cuh"
+
+
+def _exl3(rest: str, flash_attn_path: bool = False) -> Preset | None:
+    """``exl3:k<b>v<b>``: every token, the current one included, attends to quantized K/V.
+    ``exl3-fa:``: ExLlamaV3's ``flash_attn_with_kvcache`` path (exllamav3/modules/attn.py
+    @00ad26e8): the old cache is dequantized to fp16 (``get_layer``), the chunk's own K/V are passed
+    unquantized and quantized only afterwards (``update_layer``) — in decoding, ``+pastonly``."""
     match = re.fullmatch(r"k([2-8])v([2-8])", rest)
     if not match:
         return None
     kb, vb = match.groups()
-    spec = KVSpec(k=f"exl3_{kb}", v=f"exl3_{vb}", name=f"exl3:{rest}")
-    return Preset(spec, "ExLlamaV3 cache: turboderp-org/exllamav3@4f8ad012 exllamav3_ext/cache/q_cache_kernels.cuh", "source-faithful")
+    engine = "exl3-fa" if flash_attn_path else "exl3"
+    spec = KVSpec(k=f"exl3_{kb}", v=f"exl3_{vb}", pastonly=flash_attn_path, name=f"{engine}:{rest}")
+    source = EXL3_SOURCE + ("; attention: exllamav3/modules/attn.py @00ad26e8 (get_layer, flash_attn_with_kvcache(k=, v=), "
+                            "update_layer)" if flash_attn_path else "")
+    return Preset(spec, source, "source-faithful")
 
 
 def lookup_preset(text: str) -> KVSpec | None:
@@ -220,8 +230,8 @@ def _build_preset(text: str) -> Preset | None:
         spec = KVSpec(k="int4", v="int4", smooth=0.5, name="qserve:kv4")
         return Preset(spec, "QServe KV4: SmoothAttention (λ = max|K|^0.5, RoPE pairs shared) + per-head asymmetric INT4", "approximate",
                       "from the QServe paper; its kernels (scale/zero layout, rounding) were not read")
-    elif engine == "exl3":
-        preset = _exl3(rest)
+    elif engine in ("exl3", "exl3-fa"):
+        preset = _exl3(rest, flash_attn_path=engine == "exl3-fa")
         if preset is not None:
             return preset
     from wkvlab.errors import ConfigError
@@ -236,7 +246,7 @@ def preset_names() -> list[str]:
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
            "sglang:fp4_e2m1", "sglang:fp8_e4m3",
-           "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
+           "exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
            "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]
     )
 
