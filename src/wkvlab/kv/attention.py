@@ -49,17 +49,23 @@ def sliding_selection(window: int) -> Selection:
     return select
 
 
-def flush_selection(residual: int) -> Selection:
+def flush_selection(residual: int, prefill: int = 0) -> Selection:
     """KIVI's and HF QuantizedCache's residual: full-precision tokens pile up and are quantized
     all at once when ``residual`` of them have accumulated.
 
     Token t is decoded with the cache holding 0..t-1 plus itself in the full-precision part; after
     attending, a full residual is flushed. So query t sees keys below ``(t // residual) * residual``
     quantized — between 0 and ``residual - 1`` recent tokens stay full precision, not a fixed window.
+    With ``prefill=L`` (QuantizedCache after an L-token prompt) the prompt attends unquantized and
+    query t >= L sees keys below ``L + ((t - L) // residual) * residual`` quantized.
     """
 
     def select(query_pos: torch.Tensor, n_keys: int) -> torch.Tensor:
         key_pos = torch.arange(n_keys, device=query_pos.device)
+        if prefill:
+            decoded = query_pos[:, None] >= prefill
+            bound = prefill + torch.div(query_pos[:, None] - prefill, residual, rounding_mode="floor") * residual
+            return decoded & (key_pos[None, :] < bound)
         return key_pos[None, :] < (query_pos[:, None] // residual) * residual
 
     return select

@@ -217,14 +217,20 @@ def _build_preset(text: str) -> Preset | None:
         return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales)",
                       "approximate", "taken from an earlier reading of SGLang's FP8 path, not re-read at a pinned commit")
     elif engine == "hf-quanto" and rest in ("int2", "int4"):
-        # transformers' QuantizedCache with the quanto backend: nbits, q_group_size 64 (consecutive
-        # values of a token, i.e. along head_dim), affine with a float offset, residual_length 128
-        # flushed all at once. At each flush quanto re-quantizes the dequantized old tokens too; with
-        # groups inside one token that reproduces the same codes, so it is not simulated separately.
+        # transformers 5.24 QuantizedCache(backend="quanto") (cache_utils.py QuantizedLayer.update,
+        # QuantoQuantizedLayer): optimum-quanto 0.2.7 MaxOptimizer + quantize_affine with axis=0 and
+        # q_group_size 64 — groups of 64 consecutive values of a token (along head_dim), scale
+        # (max - min)/(2^b - 1), float shift -min, codes round((x + shift)/scale) half to even,
+        # dequantized scale*q - shift: int<b>-g64-asym's arithmetic. The first update quantizes the
+        # prompt but returns it unquantized; decoded tokens pile up to residual_length 128, then the
+        # whole cache is re-quantized (near-idempotent: the replay test matches to 1e-6). prefill=1:
+        # decoding from a one-token prompt, as every preset here measures; +prefill=L for a prompt of L.
         bits = rest[-1]
-        spec = KVSpec(k=f"int{bits}-g64-asym", v=f"int{bits}-g64-asym", residual=128, name=f"hf-quanto:{rest}")
-        return Preset(spec, "transformers QuantizedCache(backend='quanto'): groups of 64 per token, residual 128", "approximate",
-                      "quanto's own rounding and its re-quantization of old tokens at each flush are not simulated")
+        spec = KVSpec(k=f"int{bits}-g64-asym", v=f"int{bits}-g64-asym", residual=128, prefill=1, name=f"hf-quanto:{rest}")
+        return Preset(spec, "transformers 5.24 src/transformers/cache_utils.py QuantizedLayer.update + QuantoQuantizedLayer; "
+                      "optimum-quanto 0.2.7 MaxOptimizer, quantize_affine (tests/kv/test_quantized_cache_replay.py replays it)",
+                      "source-faithful", "a bf16 model's quanto computes scale, shift and codes in bf16 (here float32) and stores "
+                      "both in the model dtype (counted as fp16)")
     elif engine == "qserve" and rest == "kv4":
         # QServe/QoQ (Lin et al. 2024): SmoothAttention with α = 0.5, then per-head asymmetric 4-bit.
         spec = KVSpec(k="int4", v="int4", smooth=0.5, name="qserve:kv4")
