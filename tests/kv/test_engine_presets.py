@@ -210,6 +210,9 @@ def test_labels_of_the_cases_the_review_found():
     assert fidelity_of(KVSpec.parse("llamacpp:f16"))["label"] == "identity"
     assert fidelity_of(KVSpec.parse("llamacpp:q4_0+sinks=4"))["label"] == "approximate"  # not llama.cpp's any more
     assert "sinks=4" in fidelity_of(KVSpec.parse("kivi2+sinks=4"))["differs"]
+    # an engine's own settings keep the preset source-faithful (QuantizedCache's prompt length and residual_length)
+    assert fidelity_of(KVSpec.parse("hf-quanto:int4+prefill=512+residual=64"))["label"] == "source-faithful"
+    assert fidelity_of(KVSpec.parse("hf-quanto:int4+sinks=2"))["label"] == "approximate"
     assert fidelity_of(KVSpec.parse("q4_0"))["label"] == "no preset"
     for name in preset_names():
         if "<" in name:

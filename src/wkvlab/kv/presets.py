@@ -257,6 +257,12 @@ def preset_names() -> list[str]:
     )
 
 
+# Options that are the engine's own settings (llama.cpp's LLAMA_ATTN_ROT_DISABLE, vLLM's FP8 scale
+# rules, QuantizedCache's residual_length and prompt length): source-faithful with them appended.
+ENGINE_OPTIONS = {"llamacpp": ("norot",), "llamacpp-x86": ("norot",), "vllm": ("scales=",), "vllm-fa3": ("scales=",),
+                  "hf-quanto": ("residual=", "prefill=")}
+
+
 def fidelity_of(spec: KVSpec) -> dict:
     """How sure a result computed with ``spec`` is about the engine or paper it is named after.
 
@@ -271,19 +277,19 @@ def fidelity_of(spec: KVSpec) -> dict:
     if preset is None:
         return {"label": "no preset", "differs": "plain formats and options: named after no engine or paper", "source": ""}
     label, differs = preset.fidelity, preset.differs
+    engine_name = base.strip().lower().partition(":")[0]
+    covered = ENGINE_OPTIONS.get(engine_name, ())
+    engine = [o for o in options if o.strip().lower().startswith(covered)] if covered else []
+    extra = [o for o in options if o not in engine]
     if options and label not in ("identity", "approximate"):
         # the label covers the preset as listed: with options it is another spec, and no check names it
-        engine = [o for o in options if o.strip().lower() == "norot" or o.strip().lower().startswith("scales=")]
-        extra = [o for o in options if o not in engine]
         if label == "engine-checked":
             differs = f"no ratio was measured for this spec ({base} without {'+'.join(options)} was)"
         label = "approximate" if extra else "source-faithful"
         if extra:
             differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not part of it"
-    elif options and label == "approximate":
-        extra = [o for o in options if o.strip().lower() != "norot" and not o.strip().lower().startswith("scales=")]
-        if extra:
-            differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
+    elif extra and label == "approximate":
+        differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
     return {"label": label, "differs": differs, "source": preset.source}
 
 
