@@ -37,7 +37,8 @@ def rotate(x: torch.Tensor, block: int, *, inverse: bool = False) -> torch.Tenso
     d = x.shape[-1]
     if d % block:
         raise ConfigError(f"rotation block {block} does not divide the head dimension {d}; use a block that divides {d}")
-    h = hadamard_matrix(block).to(dtype=torch.float32, device=x.device)
-    blocks = x.float().reshape(*x.shape[:-1], d // block, block)
+    work = torch.promote_types(x.dtype, torch.float32)  # float32 at least; a float64 tensor stays float64
+    h = hadamard_matrix(block).to(dtype=work, device=x.device)
+    blocks = x.to(work).reshape(*x.shape[:-1], d // block, block)
     out = blocks @ (h.T if inverse else h)
     return out.reshape(x.shape).to(x.dtype)
