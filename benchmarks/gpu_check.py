@@ -52,7 +52,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "src") not in sys.path:
+try:  # an installed wkvlab or PYTHONPATH wins; else this checkout's
+    import wkvlab  # noqa: F401
+except ImportError:
     sys.path.insert(0, str(ROOT / "src"))
 
 from wkvlab import api  # noqa: E402
