@@ -26,7 +26,7 @@ from wkvlab.export_cli import export_command
 from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.plan.cli import plan_command
-from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, parse_configs
+from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, check_weights_for_model, parse_configs
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
@@ -227,6 +227,7 @@ def eval_command(
         check_window_options(ctx, score)
     else:
         check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
+        check_weights_for_model(weight_specs, model)
         if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
             check_data(data)
     check_calibration(calib, calib_samples, calib_len)
@@ -260,6 +261,7 @@ def demo_command(
 
     weight_specs, kv_specs = parse_configs(DEMO_WEIGHTS, DEMO_KV)
     check_kv_for_model(kv_specs, check_model(model, ctx, tokens))
+    check_weights_for_model(weight_specs, model)
     check_output_file(json_out, "--json")
     if report is not None:
         check_report_folder(report)  # before the grid: a refused folder must not cost the whole run
