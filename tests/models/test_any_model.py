@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.conftest import tiny_llama
-from tests.models.tiny_folders import save_folder, tiny_gemma3_multimodal, tiny_mixtral, tiny_qwen3_moe, word_text
+from tests.models.tiny_folders import (save_folder, tiny_gemma3_multimodal, tiny_llama4, tiny_mistral3, tiny_mixtral, tiny_qwen3_moe,
+                                       tiny_qwen25_vl, word_text)
 from wkvlab.errors import ConfigError
 from wkvlab.models.loading import _folder_fingerprint, load_model
 from wkvlab.weights import CalibrationSet, CalibrationSpec, WeightSpec, quantize_model_weights
@@ -63,6 +64,20 @@ def test_multimodal_quantizes_the_language_model_not_the_vision_tower():
             assert torch.equal(before, after), name
         elif name.startswith("model.language_model.layers.") and name.endswith("proj.weight"):
             assert not torch.equal(before, after), name
+
+
+@pytest.mark.parametrize("make", [tiny_qwen25_vl, tiny_mistral3])
+def test_other_multimodal_layouts_find_their_language_layers(make):
+    model = make()
+    assert [n for n, _ in decoder_layers(model)] == ["model.language_model.layers.0", "model.language_model.layers.1"]
+    assert quantize_model_weights(model, WeightSpec.parse("int4-g32")).quantized_fraction == 1.0
+
+
+def test_llama4_experts_of_an_undeclared_layout_are_refused_not_skipped():
+    model = tiny_llama4()
+    assert [n for n, _ in decoder_layers(model)] == ["language_model.model.layers.0", "language_model.model.layers.1"]
+    with pytest.raises(ConfigError, match=r"feed_forward\.experts\.gate_up_proj is a fused 3-D weight of Llama4TextExperts"):
+        quantize_model_weights(model, WeightSpec.parse("int4-g128"))
 
 
 def test_multimodal_loads_and_reads_its_text_config(folders):
@@ -130,3 +145,19 @@ def test_offloaded_layers_are_refused_before_any_work(tmp_path):
     assert "\n" not in str(info.value) and steps == []  # not even the reference pass ran
     with pytest.raises(ConfigError, match="offloaded by accelerate"):
         quantize_model_weights(model, WeightSpec.parse("int8"))
+
+
+def test_cache_dir_is_stated_with_its_size_and_the_weight_cache_can_be_skipped(folders, tmp_path):
+    def header(*extra):
+        run = _cli("eval", "--model", str(folders["tiny_qwen3_moe"]), "--data", str(folders["text"]), "--ctx", "64", "--tokens", "64",
+                   "--weights", "gptq-int4-g32", "--calib-samples", "2", "--calib-len", "32", "--device", "cpu", *extra)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return next(line for line in run.stderr.splitlines() if line.startswith("wkvlab eval:"))
+
+    cache = tmp_path / "cache"
+    assert f"cache {cache}: empty; " in header("--cache-dir", str(cache))
+    assert (cache / "quantized").is_dir()
+    assert f"cache {cache}: quantized weights " in header("--cache-dir", str(cache))  # the build is there now, with its size
+    other = tmp_path / "other"
+    assert "quantized weights not cached (--no-weight-cache)" in header("--cache-dir", str(other), "--no-weight-cache")
+    assert not (other / "quantized").exists()

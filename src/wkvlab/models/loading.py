@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from wkvlab.errors import ModelError
+from wkvlab.models.cache import cache_dir  # noqa: F401  (imported from here by the caches)
 from wkvlab.models.facts import check_model_source
 from wkvlab.models.fingerprint import file_sha256, folder_fingerprint
 from wkvlab.models.packaged import canonical_name, packaged_gguf
@@ -55,12 +56,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
     if key not in _DTYPES:
         raise ModelError(f"unknown --dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     return key
-
-
-def cache_dir() -> Path:
-    """Root of wkvlab's on-disk cache (``$WKVLAB_CACHE`` or ``~/.cache/wkvlab``)."""
-    root = os.environ.get("WKVLAB_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "wkvlab"
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 
 from wkvlab.errors import ConfigError
+from wkvlab.models.cache import weight_cache_enabled
 from wkvlab.weights.activations import ActivationQuant, attach_activation_quantizers
 from wkvlab.weights.arch import architecture_of, decoder_layers, layers_prefix, text_config
 from wkvlab.weights.awq import awq_layer
@@ -346,7 +347,8 @@ def quantize_model_weights(model: torch.nn.Module, spec: WeightSpec, calibration
 
         return load_checkpoint(model, spec, tokenizer)
     build = functools.partial(build_quantized, progress=progress, in_place=in_place, originals=originals)
-    if model_key is None or not spec.needs_calibration or calibration is None or (in_place and originals is None):
+    if model_key is None or not spec.needs_calibration or calibration is None or (in_place and originals is None) \
+            or not weight_cache_enabled():
         return build(model, spec, calibration)
     from wkvlab.weights.cache import cached_quantize
 

@@ -81,15 +81,25 @@ def text_decoder(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
 
     transformers' ``get_decoder()`` names it: ``model`` for a causal LM, ``model.language_model``
     for Gemma3ForConditionalGeneration and the other multimodal models (never the vision tower,
-    whose encoder also has ``layers``). Without it, the one ModuleList named ``layers``.
+    whose encoder also has ``layers``); Llama 4's ``language_model`` is a causal LM, whose decoder
+    is asked in turn. Without ``get_decoder()``, the one ModuleList named ``layers``.
     """
     names = {id(m): n for n, m in model.named_modules()}
-    getter = getattr(model, "get_decoder", None)
-    try:
-        decoder = getter() if callable(getter) else None
-    except (AttributeError, NotImplementedError, TypeError):
-        decoder = None
-    if decoder is not None and id(decoder) in names and isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+    decoder = model
+    for _ in range(4):  # Llama 4: get_decoder() is a causal LM whose own decoder holds the layers
+        if decoder is not model and isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+            break
+        getter = getattr(decoder, "get_decoder", None)
+        try:
+            inner = getter() if callable(getter) else getattr(decoder, "model", None)
+        except (AttributeError, NotImplementedError, TypeError):
+            inner = getattr(decoder, "model", None)
+        if inner is None or inner is decoder:
+            inner = getattr(decoder, "model", None)
+        if not isinstance(inner, torch.nn.Module) or inner is decoder:
+            break
+        decoder = inner
+    if id(decoder) in names and isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
         return names[id(decoder)], decoder
     lists = [n for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and LAYER_LIST.search(n)]
     if len(lists) != 1:
