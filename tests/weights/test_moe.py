@@ -6,7 +6,7 @@ import torch
 
 from tests.models.tiny_folders import VOCAB, tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe
 from wkvlab.errors import ConfigError
-from wkvlab.weights import CalibrationSet, CalibrationSpec, WeightSpec, quantize_model_weights
+from wkvlab.weights import ActivationQuant, CalibrationSet, CalibrationSpec, WeightSpec, fake_quant_activation, quantize_model_weights
 from wkvlab.weights.apply import all_experts, model_weight_bytes, resolve_experts
 from wkvlab.weights.experts import expert_inputs
 from wkvlab.weights.restore import WeightSnapshot
@@ -109,7 +109,7 @@ def test_expert_inputs_follow_the_routing():
     assert torch.allclose(seen[0][1], experts.act_fn(gate) * up)
 
 
-@pytest.mark.parametrize("config", ["awq-int4-g128", "w8a8-int8", "fp8", "nvfp4", "llm-int8"])
+@pytest.mark.parametrize("config", ["awq-int4-g128", "w8a8-int8", "fp8-static", "nvfp4", "llm-int8"])
 def test_methods_that_do_not_apply_to_experts_are_refused_before_any_change(config):
     model = tiny_mixtral()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -150,3 +150,53 @@ def test_unknown_fused_tensor_is_refused():
     with pytest.raises(ConfigError, match=r"model\.layers\.0\.mlp\.packed is a fused 3-D weight"):
         quantize_model_weights(model, WeightSpec.parse("int4-g128"))
     assert quantize_model_weights(model, WeightSpec.parse("none")).model is model  # KV-only runs are unaffected
+
+
+@pytest.mark.parametrize("config, kind", [("fp8", "fp8-token"), ("int8;a=int8", "int8-token"), ("mxfp4", "mxfp4")])
+def test_dynamic_activations_quantize_both_inputs_of_every_expert(config, kind):
+    model = tiny_mixtral()
+    built = quantize_model_weights(model, WeightSpec.parse(config))
+    experts = built.model.model.layers[0].mlp.experts
+    assert built.activations["model.layers.0.mlp.experts"].kind == kind
+    assert built.activations["model.layers.0.mlp.experts.gated"].kind == kind
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 64, generator=g)
+    index = torch.tensor([[0, 1], [1, 2], [0, 2], [3, 0], [2, 1], [3, 2]])
+    weights = torch.rand(6, 2, generator=g)
+    with torch.no_grad():
+        out = experts(x, index, weights)
+        quant = ActivationQuant(kind)
+        xq = fake_quant_activation(x, quant)
+        expected = torch.zeros_like(x)
+        for t in range(6):
+            for k in range(2):
+                e = int(index[t, k])
+                gate, up = torch.nn.functional.linear(xq[t:t + 1], experts.gate_up_proj[e]).chunk(2, dim=-1)
+                inner = fake_quant_activation(experts.act_fn(gate) * up, quant)
+                expected[t] += weights[t, k] * torch.nn.functional.linear(inner, experts.down_proj[e])[0]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_activation_hooks_on_experts_are_removed_by_restore():
+    model = tiny_qwen3_moe()
+    ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    spec = WeightSpec.parse("fp8")
+    snapshot = WeightSnapshot(model, [spec])
+    built = quantize_model_weights(model, spec, in_place=True, originals=snapshot)
+    experts = model.model.layers[0].mlp.experts
+    assert "_apply_gate" in experts.__dict__
+    snapshot.restore(model, built.hooks)
+    snapshot.close()
+    assert "_apply_gate" not in experts.__dict__
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, ref)
+
+
+def test_activations_on_the_eager_experts_forward_are_refused():
+    model = tiny_mixtral()
+    model.config._experts_implementation = "eager"
+    with pytest.raises(ConfigError, match="eager experts forward"):
+        quantize_model_weights(model, WeightSpec.parse("fp8"))
+    assert quantize_model_weights(model, WeightSpec.parse("fp8-wo")).quantized_fraction == 1.0

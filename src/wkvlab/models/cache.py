@@ -38,8 +38,14 @@ def weight_cache_enabled() -> bool:
 def use_cache(folder: Path | None, weights: bool) -> None:
     """Apply ``--cache-dir`` / ``--no-weight-cache`` to this process (and the workers it starts)."""
     if folder is not None:
-        os.environ[ENV] = str(Path(folder).expanduser())
-    os.environ[WEIGHT_CACHE_ENV] = "1" if weights else "0"
+        os.environ[ENV] = str(Path(folder).expanduser().resolve())
+    if not weights:
+        os.environ[WEIGHT_CACHE_ENV] = "0"
+
+
+def cache_env() -> dict[str, str]:
+    """The variables that carry ``--cache-dir`` / ``--no-weight-cache`` to worker processes (Ray actors)."""
+    return {k: os.environ[k] for k in (ENV, WEIGHT_CACHE_ENV) if k in os.environ}
 
 
 def _size(folder: Path) -> int:

@@ -35,7 +35,7 @@ from wkvlab.weights.arch import architecture_of, decoder_layers, layers_prefix, 
 from wkvlab.weights.awq import awq_layer
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.capture import capture_layer_inputs
-from wkvlab.weights.experts import ExpertMatrix, expert_matrices, fused_experts, unknown_fused
+from wkvlab.weights.experts import GATED, ExpertMatrix, expert_matrices, fused_experts, gated_hookable, unknown_fused
 from wkvlab.weights.gptq import gptq_layers
 from wkvlab.weights.rtn import quantize_weight, ragged_group_note
 from wkvlab.weights.storage import weight_storage_bytes
@@ -125,8 +125,12 @@ def check_quantizable(model: torch.nn.Module, specs) -> None:
                           "quantizing the rest would label a partly quantized model as a whole, so this model takes only --kv configs")
     where = f"{type(model).__name__} ({getattr(text_config(model), 'model_type', '?')})"
     for spec in specs:
-        for _, (_, sub) in resolve_experts(model, spec).items():
+        for name, (matrix, sub) in resolve_experts(model, spec).items():
             reason = expert_refusal(sub, where)
+            if reason is None and sub.activations != "none" and not gated_hookable(matrix.module):
+                reason = (f"{spec.label}: {name.rsplit('.', 2)[0]} runs transformers' eager experts forward, which computes the gate "
+                          "inline, so down_proj's input cannot be quantized; load it with experts_implementation='grouped_mm' "
+                          "(the default) or use a weight-only config")
             if reason:
                 raise ConfigError(reason)
         if any(s.method in BALANCED_METHODS for _, (_, s) in resolve_linears(model, spec).items()):
@@ -245,6 +249,29 @@ def _activation_plan(model, targets, calibration: CalibrationSet | None) -> dict
     return plan
 
 
+def _expert_activation_plan(experts: dict) -> dict[str, ActivationQuant]:
+    """Per experts module, the quantizer of its input (``<module>``, gate/up's input) and of its gate's
+    output (``<module>.gated``, down_proj's input): every expert reads them, so one kind per module."""
+    kinds: dict[str, set[str]] = {}
+    counts: dict[str, tuple[int, int]] = {}
+    for name, (matrix, sub) in experts.items():
+        module_name, param, _ = name.rsplit(".", 2)
+        key = module_name + GATED if param == "down_proj" else module_name
+        kinds.setdefault(key, set()).add(sub.activations)
+        done, total = counts.get(key, (0, matrix.tensor.shape[0]))
+        counts[key] = (done + 1, total)
+    plan = {}
+    for key, found in kinds.items():
+        if found == {"none"}:
+            continue
+        if len(found) > 1 or counts[key][0] < counts[key][1]:
+            raise ConfigError(f"{key}: its experts would read one input under different activation quantization "
+                              f"({', '.join(sorted(found | ({'16-bit'} if counts[key][0] < counts[key][1] else set())))}); "
+                              "give every expert of a layer the same activations")
+        plan[key] = ActivationQuant(kind=found.pop())
+    return plan
+
+
 def _round_experts(experts: dict) -> None:
     """Round-to-nearest of each expert's matrix, as its own linear."""
     for _, (matrix, sub) in experts.items():
@@ -299,7 +326,7 @@ def build_quantized(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
     if _ends(quantized, spec):
         notes.append("embeddings / lm_head quantized with round-to-nearest in the same format; their inputs stay at 16 bits")
     unchanged = _unchanged(targets, experts, original_of)
-    plan = _activation_plan(quantized, targets, calibration)
+    plan = {**_activation_plan(quantized, targets, calibration), **_expert_activation_plan(experts)}
     hooks = attach_activation_quantizers(quantized, plan)
     fraction = quantized_fraction(quantized, targets, experts)
     if fraction < 1:

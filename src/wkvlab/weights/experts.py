@@ -14,6 +14,13 @@ same either way; a per-tensor scale is one for both, as vLLM's FP8 MoE takes the
 
 Routers (``mlp.gate``) and biases stay at 16 bits, as vLLM and llama.cpp keep them.
 
+Dynamic activation quantization (``int8-token``, ``fp8-token``, ``mxfp4``: scales from each token
+alone) runs at both inputs of each expert: the experts module's input (every expert's gate/up
+reads the same token, quantized the same way) and the gated activations, the output of the
+module's ``_apply_gate`` (``act_fn`` without a gate) that transformers' ``batched_mm`` and
+``grouped_mm`` experts forwards feed to ``down_proj`` — wrapped per module instance
+(:func:`wrap_gated`). The eager forward computes the gate inline, so there it is refused.
+
 For GPTQ, :func:`observe_expert_inputs` gives each expert matrix the Hessian of the inputs it
 sees: the tokens routed to that expert (``top_k_index``) for ``gate_up_proj``, and the gated
 activations of those tokens, computed with the expert's own (unquantized) gate/up weights, for
@@ -31,6 +38,7 @@ from torch import Tensor
 from wkvlab.weights.capture import accumulate_hessian
 
 EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")
+GATED = ".gated"  # an activation-plan name: ``<experts module>.gated`` quantizes down_proj's input
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,3 +151,36 @@ def observe_expert_inputs(modules: dict[str, torch.nn.Module]) -> Iterator[dict[
     finally:
         for handle in handles:
             handle.remove()
+
+
+_MISSING = object()
+
+
+class _Unwrap:
+    """A hook handle: ``remove()`` puts the module's own gate function back."""
+
+    def __init__(self, module: torch.nn.Module, attr: str, previous) -> None:
+        self.module, self.attr, self.previous = module, attr, previous
+
+    def remove(self) -> None:
+        if self.previous is _MISSING:
+            self.module.__dict__.pop(self.attr, None)
+        else:
+            self.module.__dict__[self.attr] = self.previous
+
+
+def wrap_gated(module: torch.nn.Module, fn) -> _Unwrap:
+    """Apply ``fn`` to what the experts' gate produces (down_proj's input), for this module only:
+    an instance attribute shadows the class's ``_apply_gate`` (or the ``act_fn`` submodule)."""
+    attr = "_apply_gate" if getattr(module, "has_gate", True) else "act_fn"
+    inner = getattr(module, attr)
+    previous = module.__dict__.get(attr, _MISSING)
+    module.__dict__[attr] = lambda x: fn(inner(x))
+    return _Unwrap(module, attr, previous)
+
+
+def gated_hookable(module: torch.nn.Module) -> bool:
+    """Whether the module's forward reaches down_proj's input through ``_apply_gate`` / ``act_fn``
+    (transformers' batched_mm / grouped_mm experts forwards do; the eager one inlines it)."""
+    config = getattr(module, "config", None)
+    return getattr(config, "_experts_implementation", "eager") not in (None, "eager")

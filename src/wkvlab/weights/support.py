@@ -21,6 +21,8 @@ ARCH_MODEL_TYPES: dict[str, tuple[str, ...]] = {
     "gemma3": ("gemma3_text", "gemma3", "gemma2"),
 }
 BALANCED_METHODS = ("awq", "smoothquant")
+# activation scales from each token alone, the same whichever expert reads it (wkvlab.weights.experts)
+DYNAMIC_ACTIVATIONS = ("int8-token", "fp8-token", "mxfp4")
 # config.json keys that declare routed experts (Mixtral / Llama 4, Qwen-MoE, DeepSeek)
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
@@ -49,15 +51,17 @@ def mapping_refusal(spec: WeightSpec, model_type: str) -> str | None:
 def expert_refusal(spec: WeightSpec, where: str) -> str | None:
     """Why ``spec`` (the spec a fused-experts matrix gets) cannot quantize MoE experts; None when it can.
 
-    Round-to-nearest in every format and GPTQ quantize each expert's matrix as its own linear
-    (:mod:`wkvlab.weights.experts`); the rest would need what wkvlab does not implement.
+    Round-to-nearest in every format and GPTQ quantize each expert's matrix as its own linear,
+    with dynamic per-token activations or none (:mod:`wkvlab.weights.experts`); the rest would
+    need what wkvlab does not implement.
     """
     if spec.method in BALANCED_METHODS:
         return (f"{spec.label}: {spec.method} on the fused MoE experts of {where} is not implemented (one scale per input channel "
                 f"shared by every expert, searched on the whole MoE block); use gptq-int4-g128 or int4-g128 on MoE models")
-    if spec.method == "llm-int8" or spec.activations != "none":
-        return (f"{spec.label}: activation quantization inside the fused MoE experts of {where} is not implemented (the experts' "
-                f"inner inputs are no module's input); use a weight-only config such as int8, int4-g128, gptq-int4-g128 or fp8-wo")
+    if spec.method == "llm-int8" or spec.activations not in ("none", *DYNAMIC_ACTIVATIONS):
+        return (f"{spec.label}: {spec.activations if spec.method != 'llm-int8' else 'LLM.int8()'} activations inside the fused MoE "
+                f"experts of {where} are not implemented (a static or outlier-dependent scale per expert input); use dynamic "
+                f"per-token activations (fp8, int8;a=int8, mxfp4) or a weight-only config (int4-g128, gptq-int4-g128, fp8-wo, nvfp4-wo)")
     return None
 
 
