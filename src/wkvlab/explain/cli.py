@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import ConfigError, DataError
 from wkvlab.explain.options import STEPS, ExplainOptions, planned_steps
@@ -129,6 +129,8 @@ def explain_command(
     resamples: Annotated[int, typer.Option(help="bootstrap resamples per interval")] = 2000,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
     skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
@@ -145,7 +147,7 @@ def explain_command(
         check_context_fits(max_ctx, None, facts.max_context, model, option="--max-ctx")
     _check_explain_data(data, tokens)
     check_output_file(json_out, "--json")
-    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens")
+    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.explain.run import explain
 
     total = planned_steps(options, max(1, tokens // ctx))

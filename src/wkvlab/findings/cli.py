@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
 
 
 def findings_command(
@@ -19,6 +19,8 @@ def findings_command(
     dtype: Annotated[str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
     markdown: Annotated[Optional[Path], typer.Option(help="also write the finding's tables as Markdown here")] = None,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Measure one of the seeds' questions on a model (resumable through the store) and print its tables with intervals."""
     from wkvlab.display import console, err_console, progress_bar
@@ -34,7 +36,7 @@ def findings_command(
     if markdown is not None and not markdown.parent.is_dir():
         raise ConfigError(f"folder {markdown.parent} does not exist; create it or choose another --markdown")
     grids.check_size(name, model, ctx=ctx, tokens=tokens)
-    start_run("findings", threads, f"{name} on {model} (store {store})")
+    start_run("findings", threads, f"{name} on {model} (store {store})", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.findings.run import run_finding
 
     finding = run_finding(name, model=model, store=store, tokens=tokens, ctx=ctx, device=device, dtype=dtype, progress=progress_bar)
