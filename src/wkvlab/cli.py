@@ -26,7 +26,7 @@ from wkvlab.export_cli import export_command
 from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.plan.cli import plan_command
-from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, parse_configs
+from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, check_weight_groups, parse_configs
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
@@ -191,7 +191,7 @@ def _grid_facts(model: str, data: str, ctx: int, tokens: int, weights: list[Weig
 
 @app.command("eval")
 def eval_command(
-    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
+    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file, an HF folder, or an HF id org/name (local HF cache first)")] = "default",
     data: Annotated[str, typer.Option(help="'default' (pydoc prose), 'code' (stdlib source), a UTF-8 .txt/.jsonl file, hf:<dataset>, or selfgen[:<tokens>] (text the model samples itself, cached)")] = "default",
     ctx: Annotated[int, typer.Option(help="tokens per window (BOS included when the model wants one)")] = 1024,
     tokens: Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")] = 8192,
@@ -227,6 +227,7 @@ def eval_command(
         check_window_options(ctx, score)
     else:
         check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
+        check_weight_groups(weight_specs, model)
         if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
             check_data(data)
     check_calibration(calib, calib_samples, calib_len)

@@ -196,7 +196,10 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
         loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache, device=device)
         loaded.name = loaded.spec = packaged
         return loaded
-    path = Path(spec).expanduser()
+    from wkvlab.models.hub import is_hub_id, resolve_hub_model
+
+    hub_id = spec.strip() if is_hub_id(spec) else None
+    path = resolve_hub_model(hub_id) if hub_id else Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
@@ -206,5 +209,5 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
     # accelerate places the layers straight onto the GPUs (no full copy on the CPU first)
     placement = {} if device == "cpu" else {"device_map": "auto" if device == "cuda" else device}
     model, tokenizer = _from_pretrained(path, _DTYPES[dtype], **placement)
-    return LoadedModel(name=path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path),
+    return LoadedModel(name=hub_id or path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path),
                        device=device, dtype=dtype)

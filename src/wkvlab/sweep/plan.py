@@ -69,7 +69,9 @@ def model_fingerprint(model: str) -> str:
     packaged = canonical_name(model)
     if packaged is not None:
         return _sha256(packaged_gguf(packaged))
-    path = Path(model).expanduser()
+    from wkvlab.models.hub import is_hub_id, resolve_hub_model
+
+    path = resolve_hub_model(model) if is_hub_id(model) else Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _sha256(path)
     if path.is_dir() and (path / "config.json").is_file():
