@@ -90,6 +90,8 @@ CASES = [
     # issue #26: each of these used to run (or load) first and fail after seconds to minutes, or not at all
     (["eval", "--kv", "q4_0", "--json", "/sys/out.json"], "folder /sys does not take new files", {}),  # root ignores mode bits; /sys refuses root
     (["eval", "--kv", "q4_0", "--json", OUT + "/out.txt"], "use a file name ending in .json", {}),
+    (["demo", "--report", "/sys/report"], "cannot create report folder /sys/report", {}),
+    (["sweep", SPEC, "--store", "/sys/r.db"], "folder /sys does not take new files", {}),
     (["eval", "--kv", "q4_0", "--data", EMPTY], "holds no text", {}),
     (["eval", "--kv", "q4_0", "--data", "hf:wikitext"], "the Hugging Face hub cannot be used (HF_HUB_OFFLINE is set)",
      {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": OUT + "/datasets"}),

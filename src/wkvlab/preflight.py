@@ -71,6 +71,9 @@ def require_store(path: Path, create: bool = False) -> None:
     from wkvlab.store.schema import check_store
 
     check_store(Path(path), create)
+    folder = Path(path).parent if str(Path(path).parent) else Path(".")
+    if create and (refusal := folder_refusal(folder)) is not None:  # SQLite writes its journal beside the store
+        raise ConfigError(f"folder {folder} does not take new files ({refusal}); choose another --store path")
 
 
 def folder_refusal(folder: Path) -> str | None:
