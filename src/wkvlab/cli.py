@@ -108,7 +108,7 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk, plan=run.plan,
                               interleave=run.interleave, max_memory=run.max_memory)
     failures: list[WkvlabError] = []
-    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title) as advance:
+    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title, grid=(weight_specs, kv_specs)) as advance:
         try:
             results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options, run.baseline)
         except OutOfMemory as exc:  # keep what finished: written and printed below, then the one line
