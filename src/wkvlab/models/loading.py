@@ -177,6 +177,8 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
                 os.environ["TQDM_DISABLE"] = previous
         if use_cache:
             _save_plain_copy(model, tokenizer, cached)
+    # the model's own weights as stored: what --weights none reports (weights/apply.py model_weight_bytes), not float32
+    model.wkvlab_stored_bytes = path.stat().st_size
     return LoadedModel(name=path.stem, model=_place(model, device), tokenizer=tokenizer, source=str(path), fingerprint=fingerprint,
                        device=device, dtype=dtype)
 
