@@ -101,6 +101,10 @@ CASES = [
     (["eval", "--weights", "int4-g1288"], "groups of 1288 are wider than default's layer input of 576", {}),
     (["eval", "--weights", "gptq-int4-g100"], "groups of 100 divide none of default's layer input widths", {}),
     (["explain", "--weights", "int4-g1288", "--kv", "int4"], "groups of 1288 are wider", {}),
+    (["tasks", "--store", OUT + "/r.db", "--tokens", "0"], "give at least one lm-eval task", {}),  # used to import torch first: 10-20 s
+    (["tasks", "--tasks", "x", "--include-path", "/no/such/dir", "--store", OUT + "/r.db"], "is not a folder of lm-eval task YAMLs", {}),
+    (["tasks", "--kv", "int9", "--tasks", "x", "--store", OUT + "/r.db"], "unknown KV format 'int9'", {}),
+    (["tasks", "--tasks", "x", "--store", "/sys/r.db"], "folder /sys does not take new files", {}),
 ]
 
 RUNNER = textwrap.dedent('''
