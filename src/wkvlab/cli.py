@@ -25,12 +25,14 @@ from wkvlab.explain.cli import compare_command, explain_command
 from wkvlab.export_cli import export_command
 from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_output_file, write_json_atomic
+from wkvlab.listing import kv_help, weights_help
 from wkvlab.plan.cli import plan_command
-from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, check_weights_for_model, parse_configs
+from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, check_weight_groups, check_weights_for_model, parse_configs
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
 from wkvlab.tasks.cli import tasks_command
+from wkvlab.weights.parse import PRESETS as WEIGHT_PRESETS
 
 try:  # typer 0.29 vendors click; usage errors are raised as its classes
     from typer._click import exceptions as click_errors
@@ -106,7 +108,7 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk, plan=run.plan,
                               interleave=run.interleave, max_memory=run.max_memory)
     failures: list[WkvlabError] = []
-    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title) as advance:
+    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title, grid=(weight_specs, kv_specs)) as advance:
         try:
             results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options, run.baseline)
         except OutOfMemory as exc:  # keep what finished: written and printed below, then the one line
@@ -191,12 +193,12 @@ def _grid_facts(model: str, data: str, ctx: int, tokens: int, weights: list[Weig
 
 @app.command("eval")
 def eval_command(
-    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
+    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file, an HF folder, or an HF id org/name (local HF cache first)")] = "default",
     data: Annotated[str, typer.Option(help="'default' (pydoc prose), 'code' (stdlib source), a UTF-8 .txt/.jsonl file, hf:<dataset>, or selfgen[:<tokens>] (text the model samples itself, cached)")] = "default",
     ctx: Annotated[int, typer.Option(help="tokens per window (BOS included when the model wants one)")] = 1024,
     tokens: Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")] = 8192,
-    weights: Annotated[Optional[list[str]], typer.Option(help="weight config(s): none, bf16, fp16, int8, int4-g128, int<b>[-g<G>], gptq-int4-g128, awq-int4-g128, w8a8-int8, llm-int8, fp8, fp8-wo, nvfp4, nvfp4-mlp, mxfp4, options after ';' (repeat or comma-separate; 'wkvlab presets' lists all)")] = None,
-    kv: Annotated[Optional[list[str]], typer.Option(help="KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ..., K/V pairs (q8_0/q4_0), presets (llamacpp:q4_0, vllm:fp8_e4m3, exl3:k4v4), options (+rot, +sinks=4, +residual=128, +skip=0,1, +q=q8_0), @spec.yaml")] = None,
+    weights: Annotated[Optional[list[str]], typer.Option(help=weights_help(tuple(WEIGHT_PRESETS)))] = None,
+    kv: Annotated[Optional[list[str]], typer.Option(help=kv_help())] = None,
     score: Annotated[str, typer.Option(help="'all' positions or 'second-half' of each window (llama.cpp)")] = "all",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON (a list when several configs run)")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq/w8a8-int8/static scales: prose, code, math, or a file (samples come from its end)")] = "prose",
@@ -230,6 +232,7 @@ def eval_command(
     else:
         check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
         check_weights_for_model(weight_specs, model)
+        check_weight_groups(weight_specs, model)
         if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
             check_data(data)
     check_calibration(calib, calib_samples, calib_len)

@@ -9,10 +9,10 @@ from rich.table import Table
 
 from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
-from wkvlab.errors import ConfigError, DataError
+from wkvlab.errors import DataError
 from wkvlab.explain.options import STEPS, ExplainOptions, planned_steps
 from wkvlab.io import check_output_file, write_json_atomic
-from wkvlab.preflight import check_kv_for_model, check_model, parse_configs, require_store
+from wkvlab.preflight import check_kv_for_model, check_model, check_one_config, check_weight_groups, parse_configs, require_store
 
 if TYPE_CHECKING:  # the explain pipeline (torch) is imported by the commands, after their checks
     from wkvlab.explain.compare import Comparison
@@ -135,12 +135,12 @@ def explain_command(
     """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
     skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
     options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples)
-    if "," in weights:
-        raise ConfigError("explain takes one weight config; to evaluate a grid use 'wkvlab eval'")
     # Everything that can be refused without the model, before the progress bar draws: a typo is one error line.
-    _, kv_specs = parse_configs([weights], [kv])
+    weight_specs, kv_specs = parse_configs([weights], [kv])
+    check_one_config(weight_specs, kv_specs, "explain")
     facts = check_model(model, ctx, tokens)
     check_kv_for_model(kv_specs, facts)
+    check_weight_groups(weight_specs, model)
     if facts is not None and options.runs("context"):
         from wkvlab.preflight import check_context_fits
 

@@ -159,6 +159,8 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
                 os.environ["TQDM_DISABLE"] = previous
         if use_cache:
             _save_plain_copy(model, tokenizer, cached)
+    # the model's own weights as stored: what --weights none reports (weights/apply.py model_weight_bytes), not float32
+    model.wkvlab_stored_bytes = path.stat().st_size
     return LoadedModel(name=path.stem, model=_place(model, device), tokenizer=tokenizer, source=str(path), fingerprint=fingerprint,
                        device=device, dtype=dtype)
 
@@ -178,7 +180,10 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
         loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache, device=device)
         loaded.name = loaded.spec = packaged
         return loaded
-    path = Path(spec).expanduser()
+    from wkvlab.models.hub import is_hub_id, resolve_hub_model
+
+    hub_id = spec.strip() if is_hub_id(spec) else None
+    path = resolve_hub_model(hub_id) if hub_id else Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
@@ -188,5 +193,5 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
     # accelerate places the layers straight onto the GPUs (no full copy on the CPU first)
     placement = {} if device == "cpu" else {"device_map": "auto" if device == "cuda" else device}
     model, tokenizer = _from_pretrained(path, _DTYPES[dtype], **placement)
-    return LoadedModel(name=path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path),
+    return LoadedModel(name=hub_id or path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path),
                        device=device, dtype=dtype)

@@ -169,16 +169,21 @@ def model_weight_bytes(model: torch.nn.Module, spec: WeightSpec) -> int:
     """Bytes of all weights as an engine would hold them under ``spec``.
 
     Quantized linears and expert matrices count their codes, scales and zero points (plus a fp32
-    static input scale); every other parameter counts at 16 bits (4 for the untouched float32
-    reference); tied tensors count once.
+    static input scale); every other parameter counts at 16 bits; tied tensors count once. The
+    untouched model (the identity spec) counts as it is stored: a GGUF at its file's size (its own
+    quantized blocks, ``wkvlab_stored_bytes`` set by the loader), a folder at its tensors' dtype
+    (bfloat16: 2 bytes).
     """
+    stored = getattr(model, "wkvlab_stored_bytes", None)
+    if spec.is_identity and stored:
+        return int(stored)
     costs: dict[int, float] = {}
-    other = 4.0 if spec.is_identity else 2.0
     for _, (module, sub) in resolve_linears(model, spec).items():
         static = 4.0 if sub.activations in ("int8-tensor", "fp8-tensor") else 0.0
         costs[id(module.weight)] = weight_storage_bytes(tuple(module.weight.shape), sub) + static
     for _, (matrix, sub) in resolve_experts(model, spec).items():  # a fused tensor: its experts' costs add up
         key = id(matrix.tensor)
+        other = float(matrix.tensor.element_size()) if spec.is_identity else 2.0
         costs[key] = costs.get(key, matrix.tensor.numel() * other) + weight_storage_bytes(matrix.shape, sub) - matrix.numel() * other
     for _, module in _ends(model, spec):
         costs[id(module.weight)] = weight_storage_bytes(tuple(module.weight.shape), spec.for_embeddings())
@@ -188,7 +193,7 @@ def model_weight_bytes(model: torch.nn.Module, spec: WeightSpec) -> int:
         if id(param) in seen:
             continue
         seen.add(id(param))
-        total += costs.get(id(param), param.numel() * other)
+        total += costs.get(id(param), param.numel() * (param.element_size() if spec.is_identity else 2.0))
     return int(round(total))
 
 
