@@ -19,6 +19,10 @@ ThreadsOption = Annotated[Optional[int], typer.Option(
     "--threads", help=f"CPU threads (torch, llama.cpp); default: the cores other work leaves idle, at least 1 "
                       f"(docs/threads.md); also {ENV}", show_default=False)]
 
+MarginOption = Annotated[float, typer.Option(
+    "--margin", help="the decision rule's practical margin m as a fraction: of the cache's own effect for an interaction, "
+                     "of the baseline's KLD for a difference (docs/explain.md, 'The decision rule')")]
+
 
 CacheDirOption = Annotated[Optional[Path], typer.Option(
     "--cache-dir", help="wkvlab's disk cache: calibrated weight builds, K/V statistics, GGUF copies (docs/weights.md); "

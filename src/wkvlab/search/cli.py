@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import ConfigError
 from wkvlab.io import check_output_file, write_json_atomic
@@ -147,6 +147,7 @@ def search_command(
     recipe: Annotated[Optional[Path], typer.Option(help="write the layer-wise recipe JSON (KVTuner bits, ModelOpt quant_cfg)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the full result as JSON")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq weights")] = "prose",
+    margin: MarginOption = 0.10,
     threads: ThreadsOption = None,
     cache_dir: CacheDirOption = None,
     no_weight_cache: NoWeightCacheOption = False,
@@ -168,7 +169,8 @@ def search_command(
 
     result = api.search(model, data, budget=budget, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats, ctx=ctx,
                         profile_tokens=profile_tokens, heldout_tokens=heldout_tokens, candidates=candidates,
-                        joint_weights=joint_weights, unaware=unaware, calibration=_calib(calib), bars=_bars)
+                        joint_weights=joint_weights, unaware=unaware, calibration=_calib(calib), bars=_bars,
+                        margin=margin)
     print_search(result)
     if out is not None and result.spec:
         _write_spec(out, result.spec)
