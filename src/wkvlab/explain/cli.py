@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from wkvlab.cliopts import MarginOption, ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
-from wkvlab.errors import ConfigError, DataError
+from wkvlab.errors import DataError
 from wkvlab.explain.options import STEPS, ExplainOptions, planned_steps
 from wkvlab.io import check_output_file, write_json_atomic
-from wkvlab.preflight import check_kv_for_model, check_model, parse_configs, require_store
+from wkvlab.preflight import check_kv_for_model, check_model, check_one_config, check_weight_groups, parse_configs, require_store
 
 if TYPE_CHECKING:  # the explain pipeline (torch) is imported by the commands, after their checks
     from wkvlab.explain.compare import Comparison
@@ -138,23 +138,25 @@ def explain_command(
     margin: MarginOption = 0.10,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
     skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
     options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples, margin=margin)
-    if "," in weights:
-        raise ConfigError("explain takes one weight config; to evaluate a grid use 'wkvlab eval'")
     # Everything that can be refused without the model, before the progress bar draws: a typo is one error line.
-    _, kv_specs = parse_configs([weights], [kv])
+    weight_specs, kv_specs = parse_configs([weights], [kv])
+    check_one_config(weight_specs, kv_specs, "explain")
     facts = check_model(model, ctx, tokens)
     check_kv_for_model(kv_specs, facts)
+    check_weight_groups(weight_specs, model)
     if facts is not None and options.runs("context"):
         from wkvlab.preflight import check_context_fits
 
         check_context_fits(max_ctx, None, facts.max_context, model, option="--max-ctx")
     _check_explain_data(data, tokens)
     check_output_file(json_out, "--json")
-    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens")
+    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.explain.run import explain
 
     total = planned_steps(options, max(1, tokens // ctx))

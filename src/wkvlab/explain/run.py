@@ -197,7 +197,7 @@ def explain(
             shares = attention.cross_mass().sum(1) if attention is not None else None
             from wkvlab.kv.override import model_head_dim
 
-            chosen = candidates(c_spec, net.config.num_hidden_layers, model_head_dim(net), shares)
+            chosen = candidates(c_spec, net.config.get_text_config().num_hidden_layers, model_head_dim(net), shares)
             results = grid(work.windows, [w_spec], [c.kv for c in chosen])
             return measure(cells, results, chosen, **boot)
         mitigations = timed("mitigations", run_mitigations)

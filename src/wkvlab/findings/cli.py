@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from wkvlab.cliopts import MarginOption, ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
 
 
 def findings_command(
@@ -20,6 +20,8 @@ def findings_command(
     markdown: Annotated[Optional[Path], typer.Option(help="also write the finding's tables as Markdown here")] = None,
     margin: MarginOption = 0.10,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Measure one of the seeds' questions on a model (resumable through the store) and print its tables with intervals."""
     from wkvlab.display import console, err_console, progress_bar
@@ -37,7 +39,7 @@ def findings_command(
     if not margin >= 0:
         raise ConfigError(f"--margin is a fraction (0.1 = 10%) and cannot be negative, got {margin}")
     grids.check_size(name, model, ctx=ctx, tokens=tokens)
-    start_run("findings", threads, f"{name} on {model} (store {store})")
+    start_run("findings", threads, f"{name} on {model} (store {store})", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.findings.run import run_finding
 
     finding = run_finding(name, model=model, store=store, tokens=tokens, ctx=ctx, device=device, dtype=dtype, progress=progress_bar,

@@ -97,7 +97,7 @@ def cached_profile(reference: torch.nn.Module, windows: WindowSet, weights: Weig
     path = cache_dir() / "search-profiles" / f"{key}.json"
     if use_cache and path.is_file():
         return SensitivityProfile.load(path), True
-    total = profile_steps(reference.config.num_hidden_layers, choices, weights, weight_profile)
+    total = profile_steps(reference.config.get_text_config().num_hidden_layers, choices, weights, weight_profile)
     with bars(f"profile under {weights.label} weights", total) as tick:
         prof = collect_profile(reference, windows, weights, choices, model_name=model_name, data_name=data_name,
                                fingerprints=fingerprints, calibration=calibration, weight_profile=weight_profile, progress=tick)
