@@ -116,22 +116,25 @@ def calibration_markdown(rows: list[CalibrationRow]) -> str:
                                    + _rule_note(v for r in rows for v in (r.verdicts or {}).values()))
 
 
-def depth_markdown(tables: list[dict]) -> str:
-    parts = []
-    for t in tables:
-        rows = []
-        for row in t["rows"]:
-            penalty = Interval.from_dict(row["penalty"])
-            growth = Interval.from_dict(row["growth"]) if row["growth"] else None
-            rel = row["relative_growth"]
-            rows.append([f"{row['start']:,}–{row['end']:,}", f"{row['tokens']:,}", format(penalty, ".5f"),
-                         "—" if growth is None else format(growth, "+.5f"), "—" if rel is None else f"{100 * rel:+.1f}%"])
-        parts.append(f"**{t['weights']} × {t['kv']}** (minus {t['paired_with']}; unit: {t['unit']}, {t['units']} units, "
-                     f"decorrelation lag {t['decorrelation_lag']}). **Content-confounded**: each bucket holds different text, so a "
-                     "difference between buckets mixes depth with what the text says there; no verdict on depth is drawn from it "
-                     "(that needs the same tokens scored after prefixes of different lengths).\n\n"
-                     + _table(["positions", "tokens", "penalty [95%]", "minus first bucket [95%]", "relative"], rows))
-    return "\n\n".join(parts)
+def identical_depth_markdown(data: dict) -> str:
+    """The depth finding on identical tokens (:meth:`wkvlab.findings.depth.DepthFinding.to_dict`)."""
+    from wkvlab.stats.decision import Verdict
+
+    body = []
+    verdicts = []
+    for r in data["rows"]:
+        v = Verdict.from_dict(r["decision"]) if r.get("decision") else None
+        verdicts.append(v)
+        growth = Interval.from_dict(r["growth"]) if r["growth"] else None
+        relative = Interval.from_dict(r["relative"]) if r["relative"] else None
+        body.append([r["kv"], f"{r['length']:,}", f"{r['tokens']:,}", format(Interval.from_dict(r["penalty"]), ".5f"),
+                     "—" if growth is None else format(growth, "+.5f"), "—" if relative is None else format(percent(relative), "+.1f") + " %",
+                     "—" if v is None else _decision(v)])
+    table = _table(["KV", "prefix tokens", "scored tokens", "penalty (KLD) [95%]", "minus the shortest prefix [raw 95%]",
+                    "relative growth [95%]", "verdict"], body)
+    return (f"{data['model']}, unquantized weights: the same {data['target']} target tokens of each of {data['documents']} documents "
+            f"({data['data']}) scored after prefixes of {', '.join(f'{n:,}' for n in data['lengths'])} tokens; documents resampled "
+            f"(paired across lengths); {data['seconds']:,.0f} s.\n\n" + table + _rule_note(verdicts))
 
 
 def search_markdown(data: dict) -> str:

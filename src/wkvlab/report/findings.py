@@ -23,7 +23,7 @@ TITLES = {
     "methods": "Which weight methods hurt the cache more: KV penalty under each weight config",
     "attention": "Where the cross term sits inside attention: score-error terms, sinks, layers",
     "calibration": "Calibration domain: KLD by calibration text and evaluation text",
-    "depth": "Depth: KV penalty by position bucket on long documents",
+    "depth": "Depth: KV penalty on the same tokens after longer prefixes (stores before issue #24: position buckets, content-confounded)",
     "search": "Weight-aware vs weight-unaware per-layer KV plans",
     "engine": "Engine confirmation: llama.cpp's own KLD next to the presets",
 }
@@ -155,6 +155,8 @@ def _calibration(f: StoredFinding, cid: str):
 
 
 def _depth(f: StoredFinding, cid: str):
+    if "tables" not in f.data:
+        return _identical_depth(f, cid)
     rows = [{**row, "config": f"{t['weights']} × {t['kv']}", "unit": t["unit"]} for t in f.data["tables"] for row in t["rows"]]
     columns = (Column("config", lambda r: r["config"]),
                Column("positions", lambda r: f"{r['start']}-{r['end']}", lambda r: f"{r['start']:,}–{r['end']:,}"),
@@ -164,8 +166,24 @@ def _depth(f: StoredFinding, cid: str):
                Column("relative", lambda r: r["relative_growth"], lambda r: "—" if r["relative_growth"] is None else f"{100 * r['relative_growth']:+.1f}%"),
                Column("resampling unit", lambda r: r["unit"], shown=False))
     groups = _grouped(rows, lambda r: r["config"], lambda r: (f"{r['start']:,}–{r['end']:,}", r["penalty"]))
-    chart = _interval_chart(cid, f"KV penalty by depth — {f.model}", "penalty (KLD)", groups,
-                            f"Bars: 95% interval, {', '.join(sorted({r['unit'] for r in rows}))} resampled.", zero_line=False)
+    chart = _interval_chart(cid, f"KV penalty by position bucket (content-confounded: each bucket holds other text) — {f.model}",
+                            "penalty (KLD)", groups,
+                            f"Bars: 95% interval, {', '.join(sorted({r['unit'] for r in rows}))} resampled. Content-confounded: no "
+                            "depth verdict is drawn from these buckets; rerun `wkvlab findings depth` (identical tokens).", zero_line=False)
+    return columns, rows, (chart,)
+
+
+def _identical_depth(f: StoredFinding, cid: str):
+    rows = f.data["rows"]
+    columns = (Column("kv", lambda r: r["kv"]), Column("prefix tokens", lambda r: r["length"], lambda r: f"{r['length']:,}"),
+               *_interval_columns("penalty", lambda r: r["penalty"]),
+               *_interval_columns("minus the shortest prefix", lambda r: r["growth"]),
+               *_interval_columns("relative growth", lambda r: r["relative"]),
+               Column("verdict", lambda r: _decision(r) if r.get("decision") else "—"))
+    groups = _grouped(rows, lambda r: r["kv"], lambda r: (f"{r['length']:,}", r["penalty"]))
+    chart = _interval_chart(cid, f"KV penalty on the same tokens after longer prefixes — {f.model}", "penalty (KLD)", groups,
+                            f"The same {f.data['target']} target tokens of {f.data['documents']} documents; bars: 95% interval, "
+                            "documents resampled.", zero_line=False)
     return columns, rows, (chart,)
 
 
