@@ -90,8 +90,9 @@ def _grouped(rows: Sequence[dict], series: Callable[[dict], str], point: Callabl
 
 
 def _decision(row: dict) -> str:
-    """The stored verdict with its margin and adjustment; rows stored before the one rule say so."""
-    d = row.get("decision")
+    """The stored verdict (a row's ``decision``, or a verdict dict itself) with its margin and adjustment;
+    rows stored before the one rule say so."""
+    d = row if "outcome" in row else row.get("decision")
     if not d:
         return f"{row['verdict']} (old rule: rerun pending)"
     need = Verdict.from_dict(d).need()
@@ -147,7 +148,9 @@ def _calibration(f: StoredFinding, cid: str):
     calibs = list(dict.fromkeys(c for r in rows for c in r["kld"]))
     columns = (Column("method", lambda r: r["weights"]), Column("evaluated on", lambda r: r["data"]),
                *(c for name in calibs for c in _interval_columns(f"calibrated on {name}", lambda r, n=name: r["kld"].get(n), ".4f")),
-               *(c for name in calibs for c in _interval_columns(f"calibrated on {name} minus own domain", lambda r, n=name: r["mismatch"].get(n), "+.4f")))
+               *(c for name in calibs for c in _interval_columns(f"calibrated on {name} minus own domain", lambda r, n=name: r["mismatch"].get(n), "+.4f")),
+               *(Column(f"verdict on {name}", lambda r, n=name: _decision(r["verdicts"][n]) if n in (r.get("verdicts") or {}) else "—")
+                 for name in calibs))
     groups = {f"calibrated on {c}": [(f"{r['weights']} on {r['data']}", r["kld"].get(c)) for r in rows if c in r["kld"]] for c in calibs}
     chart = _interval_chart(cid, f"KLD by calibration text — {f.model}", "KLD vs the unquantized model", groups,
                             "Bars: 95% interval, windows resampled.", zero_line=False)
@@ -195,8 +198,10 @@ def _search(f: StoredFinding, cid: str):
                Column("aware", lambda r: r["aware"], lambda r: _num(r["aware"])),
                Column("unaware", lambda r: r["unaware"], lambda r: _num(r["unaware"])),
                *_interval_columns("aware − unaware", lambda r: r["aware_minus_unaware"]),
+               Column("verdict vs unaware", lambda r: _decision((r.get("verdicts") or {})["unaware"]) if "unaware" in (r.get("verdicts") or {}) else "—"),
                Column("best uniform", lambda r: r["uniform_name"]),
-               *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]))
+               *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]),
+               Column("verdict vs uniform", lambda r: _decision((r.get("verdicts") or {})["uniform"]) if "uniform" in (r.get("verdicts") or {}) else "—"))
     groups = _grouped(rows, lambda r: f"profiled on {r['profile_text']}, held out {r['heldout_text']}",
                       lambda r: (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
     chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,
