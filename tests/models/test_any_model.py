@@ -161,3 +161,18 @@ def test_cache_dir_is_stated_with_its_size_and_the_weight_cache_can_be_skipped(f
     other = tmp_path / "other"
     assert "quantized weights not cached (--no-weight-cache)" in header("--cache-dir", str(other), "--no-weight-cache")
     assert not (other / "quantized").exists()
+
+
+def test_multimodal_in_place_build_snapshots_only_the_language_layers_and_restores_exactly():
+    from wkvlab.weights.restore import WeightSnapshot
+
+    model = tiny_gemma3_multimodal()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    spec = WeightSpec.parse("int4-g32")
+    snapshot = WeightSnapshot(model, [spec])
+    assert snapshot.names and all(n.startswith("model.language_model.layers.") for n in snapshot.names)
+    built = quantize_model_weights(model, spec, in_place=True, originals=snapshot)
+    assert built.model is model and not built.lossless
+    snapshot.restore(model, built.hooks)
+    snapshot.close()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
