@@ -48,7 +48,7 @@ def test_experts_bytes_and_fraction_count_the_experts(make):
     experts = resolve_experts(model, spec)
     assert len(experts) == len(all_experts(model)) == 2 * 2 * 4  # layers × (gate_up, down) × experts
     shape = next(iter(experts.values()))[0].shape
-    assert shape[1] == 64  # gate_up: [2·intermediate, hidden], the input last
+    assert shape[1] == 128  # gate_up: [2·intermediate, hidden], the input last
     bf16 = model_weight_bytes(model, WeightSpec.parse("bf16"))
     int4 = model_weight_bytes(model, spec)
     saved = sum(m.numel() * 2 - weight_storage_bytes(m.shape, spec) for m, _ in experts.values())
@@ -100,7 +100,7 @@ def test_gptq_quantizes_each_expert_on_its_routed_tokens(make):
 def test_expert_inputs_follow_the_routing():
     model = tiny_mixtral()
     experts = model.model.layers[0].mlp.experts
-    x = torch.randn(5, 64)
+    x = torch.randn(5, 128)
     top = torch.tensor([[0, 1], [1, 2], [0, 2], [1, 0], [2, 1]])
     seen = {e: (xe, inner) for e, xe, inner in expert_inputs(experts, x, top)}
     assert sorted(seen) == [0, 1, 2]  # expert 3 got no token
@@ -160,7 +160,7 @@ def test_dynamic_activations_quantize_both_inputs_of_every_expert(config, kind):
     assert built.activations["model.layers.0.mlp.experts"].kind == kind
     assert built.activations["model.layers.0.mlp.experts.gated"].kind == kind
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(6, 64, generator=g)
+    x = torch.randn(6, 128, generator=g)
     index = torch.tensor([[0, 1], [1, 2], [0, 2], [3, 0], [2, 1], [3, 2]])
     weights = torch.rand(6, 2, generator=g)
     with torch.no_grad():
