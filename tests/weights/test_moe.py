@@ -197,6 +197,6 @@ def test_activation_hooks_on_experts_are_removed_by_restore():
 def test_activations_on_the_eager_experts_forward_are_refused():
     model = tiny_mixtral()
     model.config._experts_implementation = "eager"
-    with pytest.raises(ConfigError, match="eager experts forward"):
+    with pytest.raises(ConfigError, match="runs the .eager. experts forward"):
         quantize_model_weights(model, WeightSpec.parse("fp8"))
     assert quantize_model_weights(model, WeightSpec.parse("fp8-wo")).quantized_fraction == 1.0

@@ -128,9 +128,10 @@ def check_quantizable(model: torch.nn.Module, specs) -> None:
         for name, (matrix, sub) in resolve_experts(model, spec).items():
             reason = expert_refusal(sub, where)
             if reason is None and sub.activations != "none" and not gated_hookable(matrix.module):
-                reason = (f"{spec.label}: {name.rsplit('.', 2)[0]} runs transformers' eager experts forward, which computes the gate "
-                          "inline, so down_proj's input cannot be quantized; load it with experts_implementation='grouped_mm' "
-                          "(the default) or use a weight-only config")
+                impl = getattr(getattr(matrix.module, "config", None), "_experts_implementation", None)
+                reason = (f"{spec.label}: {name.rsplit('.', 2)[0]} runs the {impl!r} experts forward, not transformers' grouped_mm or "
+                          "batched_mm (which call _apply_gate), so down_proj's input cannot be quantized; load it with "
+                          "experts_implementation='grouped_mm' (the default) or use a weight-only config")
             if reason:
                 raise ConfigError(reason)
         if any(s.method in BALANCED_METHODS for _, (_, s) in resolve_linears(model, spec).items()):
