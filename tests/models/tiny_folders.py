@@ -107,3 +107,13 @@ def tiny_llama4(seed: int = 0):
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28, patch_size=14,
                   vision_output_dim=64, projector_input_dim=64, projector_output_dim=64)
     return Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision)).eval()
+
+
+def tiny_gpt_oss(seed: int = 0):
+    """gpt-oss: experts stored transposed ([experts, in, out]), gate/up interleaved, with biases and its own gate."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = GptOssConfig(**{**_TEXT, "intermediate_size": 128}, num_local_experts=4, num_experts_per_tok=2,
+                       layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    return GptOssForCausalLM(cfg).eval()
