@@ -76,8 +76,12 @@ def test_other_multimodal_layouts_find_their_language_layers(make):
 def test_llama4_experts_of_an_undeclared_layout_are_refused_not_skipped():
     model = tiny_llama4()
     assert [n for n, _ in decoder_layers(model)] == ["language_model.model.layers.0", "language_model.model.layers.1"]
-    with pytest.raises(ConfigError, match=r"feed_forward\.experts\.gate_up_proj is a fused 3-D weight of Llama4TextExperts"):
+    with pytest.raises(ConfigError, match=r"feed_forward\.experts\.gate_up_proj: a fused 3-D weight in Llama4TextExperts"):
         quantize_model_weights(model, WeightSpec.parse("int4-g128"))
+    from wkvlab.weights.support import check_config
+
+    with pytest.raises(ConfigError, match=r"int4-g128: tiny \(llama4_text\): fused experts in Llama4TextExperts, a layout"):
+        check_config([WeightSpec.parse("int4-g128")], model.config.to_dict(), "tiny")  # before loading, from config.json
 
 
 def test_multimodal_loads_and_reads_its_text_config(folders):

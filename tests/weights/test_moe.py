@@ -144,7 +144,7 @@ def test_unknown_fused_tensor_is_refused():
     model = tiny_mixtral()
     layer = model.model.layers[0]
     layer.mlp.register_parameter("packed", torch.nn.Parameter(torch.zeros(2, 3, 4), requires_grad=False))
-    with pytest.raises(ConfigError, match=r"model\.layers\.0\.mlp\.packed is a fused 3-D weight"):
+    with pytest.raises(ConfigError, match=r"model\.layers\.0\.mlp\.packed: a fused 3-D weight in MixtralSparseMoeBlock, a layout wkvlab does not know"):
         quantize_model_weights(model, WeightSpec.parse("int4-g128"))
     assert quantize_model_weights(model, WeightSpec.parse("none")).model is model  # KV-only runs are unaffected
 
