@@ -38,6 +38,7 @@ def test_csv_holds_raw_numbers_for_every_config(data):
     cross = list(csv.DictReader(io.StringIO(to_csv(cross_term_table(data)))))
     top = next(r for r in cross if r["weights"] == "int4-g128" and r["kv"] == "int4")
     assert float(top["interaction"]) == pytest.approx(0.003) and top["verdict"] == "above"  # beyond m = 10% of KLD(C) 0.011
+    assert float(top["holm_adjusted_low"]) == pytest.approx(0.003)  # every window gives 0.003: no spread to widen
     assert all(r["verdict"] == "within" for r in cross if r is not top)
 
 
