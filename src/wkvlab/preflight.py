@@ -40,6 +40,17 @@ def check_model(model: str, ctx: int, tokens: int | None = None, score: str = "a
     return facts
 
 
+def check_weights_for_model(specs: Iterable[WeightSpec], model: str) -> None:
+    """Weight configs the model's config.json already rules out (MoE experts under AWQ, an
+    architecture without an AWQ/SmoothQuant mapping), refused before loading."""
+    from wkvlab.models.facts import folder_config
+    from wkvlab.weights.support import check_config
+
+    config = folder_config(model)
+    if config is not None:
+        check_config(specs, config, Path(model).name)
+
+
 def check_kv_for_model(specs: Iterable[KVSpec], facts: ModelFacts | None) -> None:
     """KV formats this model's head_dim and layer count cannot hold (when its files say)."""
     if facts is not None:

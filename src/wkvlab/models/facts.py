@@ -148,6 +148,16 @@ def _gguf_facts(path: Path) -> ModelFacts | None:
         return None
 
 
+def folder_config(spec: str) -> dict | None:
+    """The config.json of a Hugging Face folder ``spec`` (None for GGUF files, packaged names, unreadable files)."""
+    path = Path(spec).expanduser()
+    try:
+        config = json.loads((path / "config.json").read_text()) if path.is_dir() else None
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def _config_facts(folder: Path) -> ModelFacts | None:
     try:
         cfg = json.loads((folder / "config.json").read_text())

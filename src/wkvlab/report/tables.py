@@ -9,7 +9,7 @@ import csv
 import html
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, Callable
 
@@ -127,8 +127,11 @@ def cross_term_table(data: ReportData) -> Table:
     columns = (
         *KEY_COLUMNS,
         *_interval_columns("interaction", lambda r: r.interaction, "KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline): what the pair adds beyond the sum"),
-        Column("significant", lambda r: int(r.interaction.excludes_zero), lambda r: "yes" if r.interaction.excludes_zero else "no",
-               doc="yes when the interval excludes 0"),
+        *_interval_columns("holm_adjusted", lambda r: r.verdict.adjusted if r.verdict else replace(r.interaction, low=math.nan, high=math.nan),
+                           "the interaction's interval widened by Holm's adjustment over the group's cross terms (the family)"),
+        Column("verdict", lambda r: r.verdict.outcome if r.verdict else "undecided",
+               lambda r: f"{r.verdict.word} (m ±{r.verdict.margin.value:.2g}; {r.verdict.adjustment})" if r.verdict else "undecided",
+               doc="the one decision rule: compounds / sub-additive beyond ±m, additive within ±m, else undecided"),
         _number("kld_both", "kld_both", ".5f", "KLD of W and C together"),
         _number("additive", "additive", ".5f", "what the two would give if their errors simply added"),
         _number("kld_weights_only", "kld_weights", ".5f", "KLD of W with a 16-bit cache"),
@@ -136,7 +139,8 @@ def cross_term_table(data: ReportData) -> Table:
         _number("kld_baseline", "kld_baseline", ".5f", "KLD of the baseline (baseline weights, 16-bit cache)"),
         Column("baseline_weights", lambda r: r.baseline_weights, doc="the 16-bit weight config the factorial is measured against"),
     )
-    return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% paired bootstrap interval",
+    return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% studentized paired bootstrap interval; "
+                 "verdict: the one decision rule (m = 10% of the cache's own KLD, Holm over the group's cross terms)",
                  columns, data.cross_terms)
 
 

@@ -95,7 +95,7 @@ def run_tasks(model: str, weights: list[WeightSpec], kv: list[KVSpec], spec: Tas
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its per-task notices would interleave with the progress bar
     loaded = load_model(model)
     for k in kv:  # a cache format the model's head_dim cannot hold fails before any task runs
-        k.check_model(_head_dim(loaded), loaded.model.config.num_hidden_layers)
+        k.check_model(_head_dim(loaded), loaded.model.config.get_text_config().num_hidden_layers)
     done = store.task_config_ids()
     ran = skipped = 0
     for w in weights:
