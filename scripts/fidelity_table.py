@@ -10,6 +10,7 @@ For each llama.cpp cache type, on the same token windows:
 
 Usage (heavy: run under the shared lock):
     flock /tmp/wkvlab-heavy.lock python scripts/fidelity_table.py --model default --ctx 1024 --tokens 4096 --json fidelity.json
+    ... --preset llamacpp-x86 --kv q8_0,q8_0/q4_0    # the simulated side with the x86 q8_0 writer
 """
 from __future__ import annotations
 
@@ -31,10 +32,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-float", action="store_true", help="skip the --baseline float column")
+    parser.add_argument("--preset", default="llamacpp", choices=("llamacpp", "llamacpp-x86"),
+                        help="the simulated presets: llama.cpp's reference q8_0 writer or its x86 AVX/AVX2 one")
     parser.add_argument("--json")
     args = parser.parse_args()
     types = [t for t in args.kv.split(",") if t]
-    presets = [f"llamacpp:{t}" for t in types]
+    presets = [f"{args.preset}:{t}" for t in types]
 
     started = time.perf_counter()
     report = fidelity(args.model, types, ctx=args.ctx, tokens=args.tokens, threads=args.threads)

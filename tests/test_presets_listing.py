@@ -36,3 +36,23 @@ def test_listing_examples_parse():
     from wkvlab.listing import check_examples
 
     check_examples()
+
+
+def test_the_command_shows_engine_checked_only_on_rows_with_a_recorded_check():
+    import json
+
+    import wkvlab.kv
+
+    checks = json.loads((Path(wkvlab.kv.__file__).parent / "fidelity_checks.json").read_text(encoding="utf-8"))["checks"]
+    proc = subprocess.run([sys.executable, "-m", "wkvlab.cli", "presets"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    rows = {}
+    for line in proc.stdout[proc.stdout.index("KV presets"):].splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 4 and cells[0]:
+            rows[cells[0]] = cells[2]  # a row's first line: its name and the label's first words
+    assert rows["llamacpp:f16"].startswith("identity") and rows["llamacpp:q4_0+norot"].startswith("source-faithful")
+    assert rows["llamacpp:<k>/<v>"].startswith("source-faithful")
+    shown = {name for name, label in rows.items() if label.startswith("engine-checked")}
+    assert shown == {c["preset"] for c in checks}

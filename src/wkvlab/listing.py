@@ -7,6 +7,7 @@ that each name the README mentions appears here).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -64,7 +65,8 @@ KV_OPTIONS = (
     Form("+rot | +rot=<block> | +rot=full | +norot", "q4_0+rot", "Hadamard rotation of Q/K/V along head_dim (llama.cpp's rule by default)"),
     Form("+sinks=<N>", "int4+sinks=4", "the first N positions kept at model precision"),
     Form("+sinks=auto | +sinkratio=<t>", "int4+sinks=auto", "KVSink: outlier tokens kept at model precision (calibrated)"),
-    Form("+residual=<R>", "int2+residual=128", "KIVI/HF QuantizedCache: R tokens at full precision until flushed"),
+    Form("+residual=<R>", "int2+residual=128", "KIVI-style flush: full-precision tokens quantized all at once when R have piled up (from position 0)"),
+    Form("+prefill=<L>", "hf-quanto:int4+prefill=512", "with residual: transformers' QuantizedCache after an L-token prompt (the prompt attends unquantized)"),
     Form("+window=<W>", "int4+window=128", "SKVQ: the W most recent tokens of every query at model precision"),
     Form("+k_residual=<R> +k_window=<W> +v_residual=<R> +v_window=<W>", "int4+k_residual=128+v_window=129",
          "the same for one side only (KIVI: keys flushed every 128, values in a sliding window of 129)"),
@@ -80,7 +82,33 @@ KV_OPTIONS = (
 )
 
 # Presets whose name is a pattern: the example parsed for them.
-KV_PRESET_EXAMPLES = {"llamacpp:<k>/<v>": "llamacpp:q8_0/q4_0", "exl3:k<b>v<b>": "exl3:k4v4", "K<b>V<b>": "K8V4", "KV<b>": "KV4"}
+KV_PRESET_EXAMPLES = {"llamacpp:<k>/<v>": "llamacpp:q8_0/q4_0", "llamacpp-x86:<k>/<v>": "llamacpp-x86:q8_0", "exl3:k<b>v<b>": "exl3:k4v4", "exl3-fa:k<b>v<b>": "exl3-fa:k4v4", "K<b>V<b>": "K8V4", "KV<b>": "KV4"}
+
+
+def _options(forms: tuple[Form, ...]) -> str:
+    """The option names the forms start with: '+a=', '+wo', ... (each once)."""
+    names = []
+    for form in forms:
+        token = form.pattern.split(" ")[0]
+        name = re.split(r"[=\[|]", token)[0] + ("=" if re.search(r"(?<!\[)=", token) else "")
+        names.append(name)
+    return " ".join(dict.fromkeys(names))
+
+
+def weights_help(preset_names: tuple[str, ...]) -> str:
+    """``--weights``' help, built from the listing above and the presets, so it says what
+    ``wkvlab presets`` says (one grammar, one separator: '+')."""
+    names = ", ".join(form.pattern for form in WEIGHT_NAMES)
+    grammar = ", ".join(form.pattern for form in WEIGHT_GRAMMAR if not form.pattern.startswith("<file>"))
+    return (f"weight config(s): {names}, {grammar}; presets {', '.join(preset_names)}; options after '+' "
+            f"({_options(WEIGHT_OPTIONS)}), e.g. {WEIGHT_OPTIONS[3].example} (repeat or comma-separate; 'wkvlab presets' lists all)")
+
+
+def kv_help() -> str:
+    """``--kv``' help, built from the listing above (as ``wkvlab presets`` prints it)."""
+    grammar = ", ".join(form.pattern for form in KV_GRAMMAR)
+    return (f"KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ... ({grammar}), presets (llamacpp:q4_0, vllm:fp8_e4m3, "
+            f"exl3:k4v4, kivi2, ...), options after '+' ({_options(KV_OPTIONS)}) ('wkvlab presets' lists all)")
 
 
 def check_examples() -> None:
@@ -96,3 +124,58 @@ def check_examples() -> None:
             KVSpec.parse(form.example)
     for example in KV_PRESET_EXAMPLES.values():
         KVSpec.parse(example)
+
+
+def _pattern_members(pattern: str) -> list[str]:
+    """The concrete presets a pattern row stands for (those not listed on rows of their own)."""
+    from wkvlab.kv.presets import LLAMACPP_TYPES, preset_names
+
+    own = set(preset_names())
+    if pattern == "llamacpp:<k>/<v>":
+        members = [f"llamacpp:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES if k != v]
+    elif pattern == "llamacpp-x86:<k>/<v>":
+        members = [f"llamacpp-x86:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES]
+    elif pattern in ("exl3:k<b>v<b>", "exl3-fa:k<b>v<b>"):
+        members = [f"{pattern.split(':')[0]}:k{k}v{v}" for k in range(2, 9) for v in range(2, 9)]
+    elif pattern == "K<b>V<b>":
+        members = [f"K{k}V{v}" for k in (16, 8, 4, 2) for v in (16, 8, 4, 2)]
+    elif pattern == "KV<b>":
+        members = [f"KV{b}" for b in (16, 8, 4, 2)]
+    else:
+        members = [KV_PRESET_EXAMPLES[pattern]]
+    return [m for m in members if m not in own]
+
+
+def _pattern_label(pattern: str) -> str:
+    """The label every member of a pattern row can claim; the exceptions are named."""
+    from wkvlab.kv import KVSpec
+    from wkvlab.kv.presets import fidelity_of
+
+    by_label: dict[str, list[str]] = {}
+    for member in _pattern_members(pattern):
+        by_label.setdefault(fidelity_of(KVSpec.parse(member))["label"], []).append(member)
+    main = max(by_label, key=lambda label: len(by_label[label]))
+    others = "; ".join(f"{label}: {', '.join(names)}" for label, names in by_label.items() if label != main)
+    return main + (f" ({others})" if others else "")
+
+
+def kv_preset_rows() -> list[tuple[str, str, str, str]]:
+    """``(name, spec, fidelity, source)`` for every KV preset ``wkvlab presets`` lists.
+
+    A concrete row shows :func:`~wkvlab.kv.presets.fidelity_of` of that exact spec; a pattern row
+    (``llamacpp:<k>/<v>``) shows the label all its members share — the members with evidence of
+    their own (a recorded engine check) are rows of their own, so a pattern never borrows one.
+    """
+    from wkvlab.kv import KVSpec
+    from wkvlab.kv.presets import fidelity_of, preset_names
+
+    rows = []
+    for name in preset_names():
+        example = KV_PRESET_EXAMPLES.get(name)
+        spec = KVSpec.parse(example or name)
+        if example:
+            rows.append((name, f"e.g. {example} = {spec.canonical()}", _pattern_label(name), "any bit widths / pair of the types above"))
+            continue
+        info = fidelity_of(spec)
+        rows.append((name, spec.canonical(), info["label"] + (f" ({info['differs']})" if info.get("differs") else ""), info["source"]))
+    return rows

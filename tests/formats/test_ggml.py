@@ -82,11 +82,24 @@ def test_bit_identical_to_gguf(type_name: str, data: str) -> None:
 
 @pytest.mark.parametrize("type_name", LINEAR)
 def test_rounding_mode_matters_on_ties(type_name: str) -> None:
-    # sanity check that the tie rows really are ties: half-even would give other codes for q8_0
-    x = DATA["ties"][0:1]
-    if type_name == "q8_0":
-        naive = torch.round(x)  # d = 1
-        assert not torch.equal(fake_quant_ggml(x, "q8_0"), naive)
+    # Row i of DATA["ties"] has d = 1 for type i by construction, so every x * id lands on k + 0.5.
+    # Hand values from ggml-quants.c's reference formulas (gguf.quants ports them):
+    #   q8_0: roundf(x)                      -> half AWAY from zero
+    #   q4_0/q5_0: MIN(15, trunc(x + 8.5)) - 8 (31, 16.5, 16); q4_1/q5_1: trunc((x - 0) + 0.5) -> a tie goes UP (+inf),
+    #   and on the positive side q4_0/q5_0 clip at code 15/31 (value 7/15: one level less than the negative side)
+    row = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4}[type_name]
+    x = DATA["ties"][row : row + 1].double()
+    ties = (x - torch.floor(x)) == 0.5
+    assert ties.sum() >= 15  # the row really is made of ties
+    want = torch.sign(x) * torch.floor(x.abs() + 0.5) if type_name == "q8_0" else torch.floor(x + 0.5)
+    if type_name in ("q4_0", "q5_0"):
+        want = want.clamp(max=7 if type_name == "q4_0" else 15)
+    got = fake_quant_ggml(x.float(), type_name).double()
+    assert torch.equal(got, want), (got - want)[got != want]
+    # neither rule is torch's half-to-even: each type differs from torch.round on some ties
+    assert not torch.equal(got[ties], torch.round(x)[ties])
+    if type_name == "q8_0":  # and q8_0's rule is not "ties up": the negative ties go down
+        assert not torch.equal(got[ties], torch.floor(x + 0.5)[ties])
 
 
 @pytest.mark.parametrize("type_name", GGML_TYPES)

@@ -17,16 +17,41 @@ KV = KVALUES_IQ4NL
 
 
 def _best_index_int8(x: np.float32) -> int:
-    """Upstream best_index_int8 (branchless binary search on 2x vs v[j-1] + v[j])."""
-    x2 = f32(x + x)
-    idx = 0
-    step = 8
-    while step > 0:
-        j = idx + step
-        if x2 >= f32(KV[j - 1] + KV[j]):
-            idx = j
-        step >>= 1
-    return idx
+    """ggml-quants.c's best_index_int8, transcribed literally: a binary search, then the float32
+    comparison ``x - val[mu-1] < val[mu] - x ? mu-1 : mu`` (so an exact midpoint goes up)."""
+    val = [f32(v) for v in KV]
+    if x <= val[0]:
+        return 0
+    if x >= val[15]:
+        return 15
+    ml, mu = 0, 15
+    while mu - ml > 1:
+        mav = (ml + mu) // 2
+        if x < val[mav]:
+            mu = mav
+        else:
+            ml = mav
+    return mu - 1 if f32(x - val[mu - 1]) < f32(val[mu] - x) else mu
+
+
+def test_the_lookup_table_agrees_with_upstreams_search_around_every_midpoint():
+    # wkvlab indexes a table by floor(2x) (2x >= v[i-1] + v[i]: exact integer sums) instead of
+    # upstream's subtraction; the two must agree, above all on and next to the midpoints
+    from wkvlab.formats._iq4nl import _codebook, _lookup, _lut_pos
+
+    xs = []
+    for i in range(1, 16):
+        lo = hi = f32((KV[i - 1] + KV[i]) / 2)
+        xs.append(lo)
+        for _ in range(300):
+            lo, hi = np.nextafter(lo, f32(-1e9), dtype=np.float32), np.nextafter(hi, f32(1e9), dtype=np.float32)
+            xs += [lo, hi]
+    xs += list(np.random.default_rng(0).uniform(-140, 130, 20000).astype(np.float32))
+    _, idx, _ = _codebook(torch.device("cpu"))
+    x = torch.tensor(np.array(xs, dtype=np.float32))
+    got = _lookup(idx, _lut_pos(x + x)).tolist()
+    assert got == [_best_index_int8(v) for v in xs]
+    assert _best_index_int8(f32(-4.5)) == 8 and _best_index_int8(f32(-4.500001)) == 7  # the midpoint of -10 and 1 goes up
 
 
 def _sums(xb: np.ndarray, weight: list[np.float32], inv: np.float32) -> tuple[np.float32, np.float32, list[int]]:

@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_llama
-from wkvlab.formats import fake_quant_ggml
 from wkvlab.formats.exl3 import fake_quant_exl3
-from wkvlab.formats.hadamard import rotate
 from wkvlab.formats.vllm_int4 import fake_quant_vllm_int4, rht_signs
 from wkvlab.kv import KVSpec, get_kv_format
 from wkvlab.kv.hook import layer_stores
@@ -89,12 +87,30 @@ def test_llamacpp_rotates_k_in_the_largest_power_of_two_and_v_in_64(head_dim, k_
     model = tiny_llama(head_dim=head_dim, num_attention_heads=2, num_key_value_heads=1, hidden_size=128)
     store = layer_stores(model, KVSpec.parse("llamacpp:q4_0"))[0]
     assert (store.rot_k, store.rot_v) == (k_block, 64)
-    torch.manual_seed(0)
-    q, k, v = torch.randn(1, 2, 5, head_dim), torch.randn(1, 1, 5, head_dim), torch.randn(1, 1, 5, head_dim)
-    q2, k2, kq, v2, vq = store.apply(q, k, v)
-    torch.testing.assert_close(kq, fake_quant_ggml(rotate(k, k_block), "q4_0"))
-    torch.testing.assert_close(vq, fake_quant_ggml(rotate(v, 64), "q4_0"))
-    torch.testing.assert_close(q2, fake_quant_ggml(rotate(q, k_block), "q8_0"))
+    # e_5 through llama.cpp's rotation (ggml_gen_hadamard in src/llama-kv-cache.cpp: the orthonormal
+    # Sylvester matrix, H[i][j] = (-1)^popcount(i & j) / sqrt(n)) is row 5 of H: +-c with c = 1/sqrt(block),
+    # sign s_i = (-1)^popcount(5 & i), the same pattern in every block of 32 and + at each block's start.
+    e5 = torch.zeros(head_dim)
+    e5[5] = 1.0
+    q, k, v = e5.expand(1, 2, 1, head_dim).clone(), e5.expand(1, 1, 1, head_dim).clone(), e5.expand(1, 1, 1, head_dim).clone()
+    _q2, _k2, kq, _v2, vq = store.apply(q, k, v)
+    sign = torch.tensor([(-1.0) ** bin(5 & i).count("1") for i in range(head_dim)])
+    fp16 = lambda t: float(torch.tensor(t).to(torch.float16))  # noqa: E731
+
+    def q4_0_of_pm(c: float, signs: torch.Tensor) -> torch.Tensor:
+        # q4_0 (ggml-quants.c): d = max/-8 with max = the block's first largest |x| = +c -> d = fp16(-c/8);
+        # +c -> trunc(-8 + 8.5) = 0 -> value d * -8; -c -> MIN(15, trunc(8 + 8.5)) = 15 -> value d * 7
+        d16 = fp16(-c / 8)
+        return torch.where(signs > 0, torch.tensor(-8.0 * d16), torch.tensor(7.0 * d16))
+
+    c_k = 1 / math.sqrt(k_block)
+    torch.testing.assert_close(kq[0, 0, 0], q4_0_of_pm(c_k, sign), rtol=0, atol=0)
+    # V: blocks of 64; e_5 lives in the first block (c = 1/8, fp16(1/64) exact), the others stay 0 (d = 0)
+    want_v = torch.zeros(head_dim)
+    want_v[:64] = q4_0_of_pm(1 / 8, sign[:64])
+    torch.testing.assert_close(vq[0, 0, 0], want_v, rtol=0, atol=0)
+    # Q rotated like K, then q8_0 (vec_dot_type of q4_0): d = fp16(c/127), codes roundf(+-c * 127/c) = +-127
+    torch.testing.assert_close(_q2[0, 0, 0], sign * 127 * fp16(c_k / 127), rtol=0, atol=0)
 
 
 def test_gemma3_head_dim_256_rotation_blocks():
@@ -135,26 +151,155 @@ def test_vllm_fa3_quantizes_q_and_plain_vllm_fp8_does_not():
     assert KVSpec.parse("vllm:fp8_e4m3").q == "none"
 
 
-# ---- fidelity labels --------------------------------------------------------------------------
+# ---- fidelity labels: derived here from the recorded checks, not from the code's constants --------
 
-def test_every_preset_has_a_label_and_none_claims_more_than_was_shown():
+def _recorded():
+    import json
+    from pathlib import Path
+
+    import wkvlab.kv
+
+    data = json.loads((Path(wkvlab.kv.__file__).parent / "fidelity_checks.json").read_text(encoding="utf-8"))
+    return data["band"], data["checks"]
+
+
+def _expected_label(name: str, spec: KVSpec) -> str | None:
+    """identity when nothing is quantized; engine-checked iff a recorded ratio within the band names
+    this exact preset and spec; otherwise anything but engine-checked (None)."""
+    band, checks = _recorded()
+    if spec.is_identity:
+        return "identity"
+    if any(c["preset"] == name and c["spec"] == spec.canonical() and abs(c["ratio"] - 1) <= band for c in checks):
+        return "engine-checked"
+    return None
+
+
+def test_every_recorded_check_is_complete_and_still_names_the_current_spec():
+    band, checks = _recorded()
+    assert band == 0.15 and len(checks) >= 5
+    for c in checks:
+        assert c["command"] and c["model"] and c["engine"] and c["engine_kld"] > 0 and c["sim_kld"] > 0
+        assert c["ratio"] == pytest.approx(c["sim_kld"] / c["engine_kld"], abs=0.006)  # the ratio is what the two KLDs say
+        # a preset whose spec changed since it was measured must be re-measured (or the row removed)
+        assert KVSpec.parse(c["preset"]).canonical() == c["spec"], c
+
+
+def test_every_listed_label_follows_from_the_recorded_checks():
+    from wkvlab.listing import kv_preset_rows
+
+    checked = set()
+    for name, _spec, label, _source in kv_preset_rows():
+        if "<" in name:
+            assert not label.startswith("engine-checked"), name  # a pattern never borrows a member's check
+            continue
+        spec = KVSpec.parse(name)
+        want = _expected_label(name, spec)
+        if want:
+            assert label.startswith(want), (name, label)
+            checked.add(name) if want == "engine-checked" else None
+        else:
+            assert not label.startswith(("engine-checked", "identity", "bit-exact")), (name, label)
+    assert checked == {c["preset"] for c in _recorded()[1]}  # every recorded check is shown on its own row
+
+
+def test_labels_of_the_cases_the_review_found():
+    assert fidelity_of(KVSpec.parse("llamacpp:q4_0"))["label"] == "engine-checked"
+    assert fidelity_of(KVSpec.parse("llamacpp:q4_0+norot"))["label"] == "source-faithful"  # no ratio without rotation
+    assert fidelity_of(KVSpec.parse("llamacpp:q5_1"))["label"] == "source-faithful"
+    assert fidelity_of(KVSpec.parse("llamacpp:f16/q4_0"))["label"] == "source-faithful"  # only q8_0/q4_0 among pairs
+    assert fidelity_of(KVSpec.parse("llamacpp:f16"))["label"] == "identity"
+    assert fidelity_of(KVSpec.parse("llamacpp:q4_0+sinks=4"))["label"] == "approximate"  # not llama.cpp's any more
+    assert "sinks=4" in fidelity_of(KVSpec.parse("kivi2+sinks=4"))["differs"]
+    # an engine's own settings keep the preset source-faithful (QuantizedCache's prompt length and residual_length)
+    assert fidelity_of(KVSpec.parse("hf-quanto:int4+prefill=512+residual=64"))["label"] == "source-faithful"
+    assert fidelity_of(KVSpec.parse("hf-quanto:int4+sinks=2"))["label"] == "approximate"
+    assert fidelity_of(KVSpec.parse("q4_0"))["label"] == "no preset"
     for name in preset_names():
         if "<" in name:
             continue
         preset = describe_preset(name.split("+")[0])
         assert preset.fidelity in FIDELITY
         assert preset.fidelity != "bit-exact"  # bit-exact holds for formats (gguf.quants), not for any whole preset
-        if preset.fidelity == "engine-checked":
-            assert name.startswith("llamacpp:") and name.split(":")[1] in ENGINE_CHECKED_LLAMACPP
         if preset.fidelity == "approximate":
             assert preset.differs  # says what differs
     assert describe_preset("kivi2").fidelity == describe_preset("exl3:k2v2").fidelity == "source-faithful"
     assert describe_preset("vllm:int4_per_token_head").fidelity == "source-faithful"
-    assert describe_preset("llamacpp:q5_1").fidelity == "source-faithful"
 
 
-def test_fidelity_of_results():
-    assert fidelity_of(KVSpec.parse("llamacpp:q4_0"))["label"] == "engine-checked"
-    assert fidelity_of(KVSpec.parse("llamacpp:q4_0+norot"))["label"] == "engine-checked"
-    assert "sinks=4" in fidelity_of(KVSpec.parse("kivi2+sinks=4"))["differs"]
-    assert fidelity_of(KVSpec.parse("q4_0"))["label"] == "no preset"
+def test_the_slow_engine_test_measures_exactly_the_default_models_checks():
+    assert ENGINE_CHECKED_LLAMACPP == tuple(c["preset"].split(":")[1] for c in _recorded()[1] if c["model"].startswith("SmolLM2"))
+
+
+# ---- llama.cpp: the x86 q8_0 writer and the fp16 Q of an f16 K -----------------------------------
+
+def test_x86_q8_0_writer_hand_computed():
+    # arch/x86/quants.c quantize_row_q8_0 (@04e1dd75): d = max/127 -> fp16; id = 127/max; _mm256_round_ps
+    # to nearest EVEN. Block A: max 127 -> d = id = 1: ties 2.5 -> 2, -2.5 -> -2, 3.5 -> 4 (reference roundf: 3, -3, 4).
+    # Block B: max 0.96774715 gives fl32(127/max) = 131.23262 but fl32(1/fl32(max/127)) = 131.23264, so
+    # 0.011430084 * id is 1.4999999 -> 1 on x86 and 1.5 -> 2 in the reference (found with numpy float32).
+    from wkvlab.formats import fake_quant_ggml
+    from wkvlab.formats.ggml_x86 import fake_quant_q8_0_x86
+
+    x = torch.zeros(2, 32)
+    x[0, :4] = torch.tensor([127.0, 2.5, -2.5, 3.5])
+    x[1, :2] = torch.tensor([0.96774715, 0.011430084])
+    d_b = float(torch.tensor(0.96774715 / 127, dtype=torch.float32).to(torch.float16))
+    got = fake_quant_q8_0_x86(x)
+    assert got[0, :4].tolist() == [127.0, 2.0, -2.0, 4.0]
+    assert got[1, :2].tolist() == [127 * d_b, 1 * d_b]
+    ref = fake_quant_ggml(x, "q8_0")
+    assert ref[0, :4].tolist() == [127.0, 3.0, -3.0, 4.0] and ref[1, 1].item() == 2 * d_b
+    assert get_kv_format("q8_0-x86").bytes_per_vector(64) == get_kv_format("q8_0").bytes_per_vector(64) == 68
+
+
+def test_llamacpp_x86_presets_use_the_x86_writer_for_cache_and_q():
+    spec = KVSpec.parse("llamacpp-x86:q8_0/q4_0")
+    assert (spec.k, spec.v, spec.q, spec.rotate) == ("q8_0-x86", "q4_0", "q8_0-x86", -2)
+    assert KVSpec.parse("llamacpp-x86:q4_1").q == "q8_0-x86"  # q8_1's x86 writer gives the same codes
+    assert fidelity_of(spec)["label"] == "source-faithful"  # no ratio was measured for the x86 variant
+
+
+def test_f16_k_beside_a_quantized_v_rounds_q_to_fp16():
+    # ggml's CPU flash attention converts Q to K's vec_dot_type: fp16 for an f16 K
+    model = tiny_llama()
+    q = torch.full((1, 4, 1, 32), 1.0 + 2.0**-12)  # halfway between fp16 1.0 and 1 + 2^-10 -> 1.0 (even)
+    k = v = torch.randn(1, 2, 1, 32)
+    for name, want in (("llamacpp:f16/q4_0", 1.0), ("llamacpp:f16", 1.0 + 2.0**-12)):
+        spec = KVSpec.parse(name)
+        assert spec.q == ("fp16" if "/" in name else "none")
+        store = layer_stores(model, spec)[0]
+        q2 = store.apply(q, k, v)[0]
+        assert torch.all(q2 == want), name
+
+
+def test_the_planner_reads_each_engine_formats_bytes_from_the_spec():
+    # Llama-3-70B: 80 layers x 8 KV heads x head_dim 128, K and V. Per (token, head, side):
+    # vLLM *_per_token_head: 128 codes + one float32 scale = 132 B (KVQuantMode.*_PER_TOKEN_HEAD);
+    # SGLang FP4 (mxfp4/blockfp4 recipes): 64 B of E2M1 + 128/16 uint8 exponents = 72 B (compute_cell_size,
+    # without its dequant workspace, which is shared across layers); llama.cpp q8_0 on x86: 4 x 34 B = 136 B.
+    from wkvlab.plan import ModelDescription, kv_bytes_per_token
+
+    llama70 = ModelDescription.from_name("Llama-3-70B")
+    for name, per_row in (("vllm:fp8_per_token_head", 132), ("vllm:int8_per_token_head", 132), ("sglang:fp4_e2m1", 72),
+                          ("llamacpp-x86:q8_0", 136), ("vllm:int4_per_token_head", 68)):
+        assert kv_bytes_per_token(llama70, name).total_bytes == per_row * 2 * 80 * 8, name
+
+
+def test_exl3_flash_attn_path_lets_the_current_token_see_its_own_kv_unquantized():
+    # exllamav3/modules/attn.py @00ad26e8: flash_attn_with_kvcache(q, k, v, k_cache=dequantized old, ...) and
+    # only then update_layer quantizes the new K/V. With one token there is no old cache: exl3-fa gives
+    # exactly the unquantized logits; exl3 (the quant-direct view) quantizes the token's own K/V.
+    from wkvlab.kv.hook import kv_quantization
+
+    model = tiny_llama()
+    ids = torch.tensor([[5, 9, 17]])
+    with torch.no_grad():
+        ref = model(ids).logits
+        with kv_quantization(model, KVSpec.parse("exl3-fa:k2v2")):
+            fa = model(ids).logits
+        with kv_quantization(model, KVSpec.parse("exl3:k2v2")):
+            direct = model(ids).logits
+    assert KVSpec.parse("exl3-fa:k2v2").pastonly and not KVSpec.parse("exl3:k2v2").pastonly
+    torch.testing.assert_close(fa[0, 0], ref[0, 0], rtol=0, atol=1e-6)  # the first token sees only itself
+    assert not torch.allclose(direct[0, 0], ref[0, 0], atol=1e-4)
+    assert not torch.allclose(fa[0, 2], ref[0, 2], atol=1e-4)  # later tokens see the earlier ones quantized

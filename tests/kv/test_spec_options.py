@@ -104,10 +104,14 @@ def test_sglang_fp4_hand_values():
     from wkvlab.kv import get_kv_format
 
     fmt = get_kv_format("fp4_e2m1")
-    # block amax 12 -> scale 2^ceil(log2(12/6)) = 2; 12/2 = 6, 1.1/2 = 0.55 -> 0.5, 0.5/2 = 0.25 (tie) -> 0
+    # SGLang (kvfp4_tensor.py @0dae407b): magnitude = sum(|x|/scale >= E2M1_BOUNDS), so a tie goes UP.
+    # block amax 12 -> scale 2^ceil(log2(12/6)) = 2; 12/2 = 6, 1.1/2 = 0.55 -> 0.5, -0.5/2 = -0.25 (tie) -> -0.5 -> -1
     x = torch.tensor([12.0, 1.1, -0.5, 3.0] + [0.0] * 12)
     out = fmt.quantize(x[None])[0]
-    assert out[:4].tolist() == [12.0, 1.0, -0.0, 3.0]
+    assert out[:4].tolist() == [12.0, 1.0, -1.0, 3.0]
+    # every midpoint at scale 1 (amax 6): each tie takes the upper E2M1 value
+    ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -5.0, 0.2499, 4.99] + [0.0] * 4)
+    assert fmt.quantize(ties[None])[0, :12].tolist() == [6.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -6.0, 0.0, 4.0]
     assert fmt.bytes_per_vector(64) == 32 + 4
     assert KVSpec.parse("hf-quanto:int4").residual == 128
 

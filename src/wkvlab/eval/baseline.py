@@ -72,8 +72,11 @@ def llamacpp_baseline(model: torch.nn.Module, gguf: str | Path) -> Baseline:
     return Baseline("engine", LLAMACPP_LABEL, "llamacpp", tuple(sorted(plan.items())), tuple(sorted(outputs.items())), description)
 
 
+_LLAMACPP_PRESETS = ("llamacpp:", "llamacpp-x86:")  # the reference and the x86-writer variants (wkvlab.kv.presets)
+
+
 def _is_llamacpp(kv) -> bool:
-    return kv.name.startswith("llamacpp:") or kv.is_identity
+    return kv.name.startswith(_LLAMACPP_PRESETS) or kv.is_identity
 
 
 def choose_baseline(requested: str, *, model: torch.nn.Module, source: str, weights: Iterable, kv: Iterable) -> tuple[Baseline, list[str]]:
@@ -91,7 +94,7 @@ def choose_baseline(requested: str, *, model: torch.nn.Module, source: str, weig
     is_gguf = Path(source).suffix.lower() == ".gguf"
     own_weights = all(w.is_identity for w in weights)
     all_llamacpp = all(_is_llamacpp(k) for k in kv)
-    any_llamacpp = any(k.name.startswith("llamacpp:") for k in kv)
+    any_llamacpp = any(k.name.startswith(_LLAMACPP_PRESETS) for k in kv)
     if requested == "engine":
         if not is_gguf:
             raise ConfigError("--baseline engine simulates llama.cpp running a GGUF; this model is not a GGUF, use --baseline float")

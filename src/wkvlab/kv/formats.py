@@ -14,12 +14,14 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int8        | D bytes + fp16 scale, symmetric absmax/127       | per-token-head INT8 |
 | int4, int2  | D·b/8 bytes + fp16 scale + fp16 minimum (asym)   | HF QuantizedCache / KIVI's V path |
 | int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ min) each | exllamav3-style grouping |
-| q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` |
-| int8_pth, fp8_pth | D bytes + fp32 scale per token and head (absmax/127, absmax/448) | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` |
+| q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` (reference quantizers) |
+| q8_0-x86    | q8_0 as llama.cpp's x86 AVX/AVX2 ``quantize_row_q8_0`` writes it (``127/max``, ties to even) | llama.cpp ``-ctk q8_0`` on x86 CPUs (:mod:`wkvlab.formats.ggml_x86`) |
+| int8_pth, fp8_pth | D bytes + fp32 scale per token and head (max(absmax/127, 1e-6), max(absmax/448, 1e-6)); int8 codes truncated toward zero as the Triton store does | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` (:mod:`wkvlab.formats.vllm_pth`) |
+| int8_pth-round | int8_pth with codes rounded half to even | not an engine: what vLLM's truncation costs |
 | int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
 | exl3_<b>    | b bits per value + fp16 scale per 32: H32-rotated groups on a midpoint grid | ExLlamaV3 cache (:mod:`wkvlab.formats.exl3`) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
-| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up | SGLang ``--kv-cache-dtype fp4_e2m1`` |
+| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipe blockfp4) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
 
 Per-channel formats (``-c<G>``) are the exception to "each token on its own": a group's scale
@@ -125,17 +127,23 @@ _E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
 def _sglang_fp4(x: torch.Tensor) -> torch.Tensor:
-    """SGLang's KVFP4 (MX-style): blocks of 16, scale 2^ceil(log2(amax/6)) so nothing saturates,
-    magnitudes snapped to E2M1 by ``bucketize`` over the midpoints (a tie goes to the lower value),
-    as ``KVFP4QuantizeUtil.batched_quantize`` does."""
+    """SGLang's block FP4 cache (``FP4MXBlock16KVQuantizeUtil.batched_quantize``, sgl-project/sglang
+    @0dae407b ``python/sglang/srt/layers/quantization/kvfp4_tensor.py``): blocks of 16, scale
+    ``2^ceil(log2(max(amax/6, 1e-10)))`` stored as a uint8 exponent, so nothing saturates; the
+    magnitude is ``sum(|x|/scale >= E2M1_BOUNDS)`` — a value exactly on a midpoint takes the UPPER
+    E2M1 value (``bucketize(right=True)`` counts the same bounds). The function is ``torch.compile``d,
+    so Inductor keeps the pointwise chain in float32 even for bf16 inputs, as here."""
     import torch
 
     blocks = x.float().reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     scale = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / 6.0, min=1e-10))))
     scaled = blocks / scale
-    values = torch.tensor(_E2M1_VALUES, device=x.device)[torch.bucketize(scaled.abs().contiguous(), torch.tensor(_E2M1_BOUNDS, device=x.device))]
-    return (torch.sign(scaled) * values * scale).reshape(x.shape)
+    from wkvlab.formats._checks import device_constant
+
+    grid, bounds = device_constant("sglang_e2m1", x.device, lambda d: (torch.tensor(_E2M1_VALUES, device=d), torch.tensor(_E2M1_BOUNDS, device=d)))
+    values = grid[torch.bucketize(scaled.abs().contiguous(), bounds, right=True)]
+    return (torch.sign(scaled) * values * scale).reshape(x.shape).to(x.dtype)
 
 
 def _needs_calibration(x: torch.Tensor) -> torch.Tensor:
@@ -152,9 +160,15 @@ def _nuq_format(bits: int, per_channel: bool) -> KVFormat:
                     lambda d: d * bits / 8 + 4.0, calibrated=True)
 
 
-def _fp8_per_token_head(x: torch.Tensor) -> torch.Tensor:
-    k = _kernels()
-    return k.fake_quant_fp8(x, "e4m3", k.fp8_absmax_scale(x.float(), "e4m3", dim=-1))
+def _vllm_pth(kind: str):
+    """vLLM's per-token-head store (:mod:`wkvlab.formats.vllm_pth`): ``int8`` truncates, ``fp8`` rounds."""
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        from wkvlab.formats.vllm_pth import fake_quant_vllm_per_token_head
+
+        return fake_quant_vllm_per_token_head(x, kind)
+
+    return quantize
 
 
 def _ggml(type_name: str) -> KVFormat:
@@ -165,6 +179,12 @@ def _ggml(type_name: str) -> KVFormat:
         type_name, f"llama.cpp {type_name} blocks of {values} ({nbytes} bytes)",
         lambda x: _kernels().fake_quant_ggml(x, type_name, ntry=ntry), lambda d: d / values * nbytes, values,
     )
+
+
+def _q8_0_x86(x: "torch.Tensor") -> "torch.Tensor":
+    from wkvlab.formats.ggml_x86 import fake_quant_q8_0_x86
+
+    return fake_quant_q8_0_x86(x)
 
 
 def _exl3_kernel():
@@ -188,11 +208,16 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("int8", "INT8 symmetric per token and head", _affine(8, True), lambda d: d + 2.0),
         KVFormat("int4", "INT4 asymmetric per token and head", _affine(4, False), lambda d: d / 2 + 4.0),
         KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),
-        KVFormat("int8_pth", "vLLM int8_per_token_head: symmetric, fp32 scale", _affine(8, True), lambda d: d + 4.0),
-        KVFormat("fp8_pth", "vLLM fp8_per_token_head: E4M3 with absmax/448 fp32 scale", _fp8_per_token_head, lambda d: d + 4.0),
+        KVFormat("int8_pth", "vLLM int8_per_token_head: fp32 scale max(absmax/127, 1e-6), codes truncated toward zero", _vllm_pth("int8"),
+                 lambda d: d + 4.0),
+        KVFormat("int8_pth-round", "int8_pth's scale with codes rounded half to even (not vLLM: measures its truncation)",
+                 _vllm_pth("int8_round"), lambda d: d + 4.0),
+        KVFormat("fp8_pth", "vLLM fp8_per_token_head: E4M3 with fp32 scale max(absmax/448, 1e-6)", _vllm_pth("fp8"), lambda d: d + 4.0),
         KVFormat("int4_pth", "vLLM int4_per_token_head: randomized Hadamard, asymmetric INT4, fp32 scale + zero point", _vllm_int4,
                  vllm_int4_bytes_per_vector),
         *(_ggml(t) for t in GGML_TYPES),
+        KVFormat("q8_0-x86", "llama.cpp q8_0 as x86 AVX/AVX2 writes it: id = 127/max, ties to even (34 bytes per 32)",
+                 lambda x: _q8_0_x86(x).to(x.dtype), lambda d: d / 32 * 34, 32),
         KVFormat("fp4_e2m1", "SGLang FP4: E2M1, UE8M0 scale per 16", _sglang_fp4, lambda d: d / 2 + d / 16, 16),
     )
 }

@@ -6,8 +6,11 @@ does not know, and ``wkvlab presets`` lists them with their labels.
 """
 from __future__ import annotations
 
+import functools
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from wkvlab.kv.spec import KVSpec
 
@@ -22,11 +25,37 @@ VLLM_DTYPES = {
 }
 
 
-FIDELITY = ("bit-exact", "engine-checked", "source-faithful", "approximate")
-# llama.cpp cache types whose preset's KLD was measured within ±15% of llama.cpp's own (engine
-# baseline, SmolLM2-135M, ctx 1024; docs/engines.md) — tests/engines/test_fidelity_ratios.py checks it.
-ENGINE_CHECKED_LLAMACPP = ("q8_0", "q4_0", "q4_1", "q5_0", "q8_0/q4_0")
+FIDELITY = ("bit-exact", "engine-checked", "source-faithful", "approximate", "identity")
+# The measured checks (wkvlab eval's KLD over the engine's own, same windows) behind every
+# engine-checked label: a preset is engine-checked only for the exact name and spec a ratio within
+# the band was recorded for (fidelity_checks.json says by which command, on which model).
+CHECKS_FILE = Path(__file__).with_name("fidelity_checks.json")
+
+
+@functools.lru_cache(maxsize=1)
+def recorded_checks() -> tuple[float, tuple[dict, ...]]:
+    """(band, checks) from :data:`CHECKS_FILE`."""
+    data = json.loads(CHECKS_FILE.read_text(encoding="utf-8"))
+    return float(data["band"]), tuple(data["checks"])
+
+
+def engine_checks(name: str, spec: KVSpec) -> list[dict]:
+    """The recorded checks that make ``name`` engine-checked: same preset name, the spec that was
+    measured (a preset whose spec changed since loses the label), ratio within 1 ± band."""
+    band, checks = recorded_checks()
+    return [c for c in checks if c["preset"] == name and c["spec"] == spec.canonical() and abs(c["ratio"] - 1) <= band]
+
+
+# llama.cpp cache types the slow test re-measures on the default model (tests/engines/test_fidelity_ratios.py)
+ENGINE_CHECKED_LLAMACPP = tuple(dict.fromkeys(
+    c["preset"].split(":", 1)[1] for c in recorded_checks()[1] if c["preset"].startswith("llamacpp:") and c["model"].startswith("SmolLM2")))
+VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "
+                   "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0)")
+SGLANG_FP4_SOURCE = ("sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil; "
+                     "recipes in kv_cache_quant_method.py @1c5f9e23 (MXFP4Method, blockfp4 its alias)")
 LLAMACPP_SOURCE = "llama.cpp -ctk/-ctv, ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
+LLAMACPP_X86_SOURCE = (LLAMACPP_SOURCE + "; x86 AVX/AVX2 q8_0/q8_1 writer: ggml/src/ggml-cpu/arch/x86/quants.c quantize_row_q8_0 "
+                       "@04e1dd75 (id = 127/max, _mm256_round_ps to nearest even)")
 
 
 @dataclass(frozen=True)
@@ -34,8 +63,10 @@ class Preset:
     """A named configuration, where it comes from and how sure the simulation is.
 
     ``fidelity``: ``bit-exact`` (tested against the engine's own quantizer), ``engine-checked``
-    (KLD measured against the real engine), ``source-faithful`` (read from the engine's or paper's
-    source at a cited commit, not run), ``approximate`` (``differs`` says what differs).
+    (a KLD ratio against the real engine was recorded for exactly this spec, :data:`CHECKS_FILE`),
+    ``source-faithful`` (read from the engine's or paper's source at a cited commit, tested
+    against hand-computed values, not run), ``approximate`` (``differs`` says what differs),
+    ``identity`` (nothing is quantized).
     """
 
     spec: KVSpec
@@ -48,37 +79,52 @@ class Preset:
         return f"{self.fidelity}: {self.differs}" if self.differs else self.fidelity
 
 
-def _llamacpp(k: str, v: str) -> Preset:
+def _llamacpp(k: str, v: str, x86: bool = False) -> Preset:
     """llama.cpp ``-ctk k -ctv v`` (see :data:`LLAMACPP_SOURCE`).
 
-    * The cache stores blocks of 32 along head_dim (ggml types, bit-exact with ``gguf.quants``).
+    * The cache stores blocks of 32 along head_dim (ggml types, bit-exact with ``gguf.quants``, the
+      reference quantizers ``ggml-quants.c``).
     * PR #21038 rotates Q/K by a Hadamard transform when K is quantized and V (with the inverse on
       the output) when V is, only when head_dim is a multiple of 64: K's block is the largest power
       of two ≥ 64 dividing head_dim, V's is 64 (:meth:`KVSpec.rotation_blocks`);
       ``LLAMA_ATTN_ROT_DISABLE=1`` turns it off: append ``+norot``.
     * A quantized V needs flash attention; ggml's CPU flash attention converts Q to K's dot
-      type — q8_0 (or q8_1, the same values) for every quantized K here — before the Q·K products.
+      type — q8_0 (or q8_1, the same values) for every quantized K here, fp16 for an f16 K
+      (``q=fp16``, applied beside a quantized V) — before the Q·K products.
+    * ``x86`` (the ``llamacpp-x86:`` presets): the q8_0 cache and the Q conversion go through
+      ``arch/x86/quants.c``'s AVX/AVX2 writer instead (:mod:`wkvlab.formats.ggml_x86`).
     """
     quantized_k = k != "f16"
-    name = f"llamacpp:{k}" if k == v else f"llamacpp:{k}/{v}"
-    spec = KVSpec(k=k, v=v, rotate=-2 if (quantized_k or v != "f16") else 0, q="q8_0" if quantized_k else "none", name=name)
-    pair = k if k == v else f"{k}/{v}"
-    if pair in ENGINE_CHECKED_LLAMACPP:
-        return Preset(spec, LLAMACPP_SOURCE, "engine-checked", "KLD within ±15% of llama.cpp's own on SmolLM2-135M with --baseline engine (docs/engines.md)")
-    return Preset(spec, LLAMACPP_SOURCE, "source-faithful")
+    engine = "llamacpp-x86" if x86 else "llamacpp"
+    name = f"{engine}:{k}" if k == v else f"{engine}:{k}/{v}"
+    q8 = "q8_0-x86" if x86 else "q8_0"
+    q = q8 if quantized_k else ("fp16" if v != "f16" else "none")
+    cache = (lambda t: "q8_0-x86" if t == "q8_0" else t) if x86 else (lambda t: t)
+    spec = KVSpec(k=cache(k), v=cache(v), rotate=-2 if (quantized_k or v != "f16") else 0, q=q, name=name)
+    return Preset(spec, LLAMACPP_X86_SOURCE if x86 else LLAMACPP_SOURCE, "source-faithful")
+
+
+def _labelled(preset: Preset) -> Preset:
+    """The label the recorded evidence supports: ``identity`` when nothing is quantized,
+    ``engine-checked`` only with a recorded check (:func:`engine_checks`), else as built."""
+    if preset.spec.is_identity:
+        return replace(preset, fidelity="identity", differs="nothing is quantized: K/V stay at model precision"
+                       + (" (llama.cpp stores them as f16; the engine baseline of docs/engines.md is this very cache)"
+                          if preset.spec.name.startswith("llamacpp:") else ""))
+    checks = engine_checks(preset.spec.name, preset.spec)
+    if checks:
+        ratios = ", ".join(f"{c['ratio']:.2f} on {c['model'].split(' (')[0]}" for c in checks)
+        return replace(preset, fidelity="engine-checked", differs=f"KLD ratio to the engine's own {ratios} (src/wkvlab/kv/fidelity_checks.json)")
+    return preset
 
 
 def _vllm(rest: str) -> Preset:
     fmt = VLLM_DTYPES[rest]
     spec = KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}")
     if fmt == "int4_pth":
-        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@a7f284a2 vllm/v1/attention/ops/int4_per_token_head.py", "source-faithful")
+        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@055e47c2 (re-read; write path as at @a7f284a2) vllm/v1/attention/ops/int4_per_token_head.py: single_rht, then asymmetric INT4", "source-faithful")
     if fmt.endswith("_pth"):
-        rounding = ("int8 codes here round half to even, the kernel's store truncates toward zero" if fmt == "int8_pth"
-                    else "the FP8 cast's rounding was not read")
-        return Preset(spec, f"vLLM --kv-cache-dtype {rest} (Triton backend), fp32 scale per token and head", "approximate",
-                      f"scale max(absmax/{'127' if fmt == 'int8_pth' else '448'}, 1e-6) per token and head as an unpinned copy of vLLM's "
-                      f"_reshape_cache_per_token_head computes it; {rounding}")
+        return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_PTH_SOURCE}", "source-faithful")
     return Preset(spec, f"vLLM --kv-cache-dtype {rest}: scale 1.0 unless set (vllm-project/vllm@5d4420da vllm/attention/layer.py)",
                   "approximate", "FP8 rounding to nearest even with saturation; vLLM's cast kernels were not read, only the scale rule")
 
@@ -101,13 +147,23 @@ def _kivi(bits: str) -> Preset:
     return Preset(spec, "KIVI: jy-yuan/KIVI@876b4d2d models/llama_kivi.py, quant/new_pack.py", "source-faithful")
 
 
-def _exl3(rest: str) -> Preset | None:
+EXL3_SOURCE = "ExLlamaV3 cache: turboderp-org/exllamav3@4f8ad012 exllamav3_ext/cache/q_cache_kernels.cuh"
+
+
+def _exl3(rest: str, flash_attn_path: bool = False) -> Preset | None:
+    """``exl3:k<b>v<b>``: every token, the current one included, attends to quantized K/V.
+    ``exl3-fa:``: ExLlamaV3's ``flash_attn_with_kvcache`` path (exllamav3/modules/attn.py
+    @00ad26e8): the old cache is dequantized to fp16 (``get_layer``), the chunk's own K/V are passed
+    unquantized and quantized only afterwards (``update_layer``) — in decoding, ``+pastonly``."""
     match = re.fullmatch(r"k([2-8])v([2-8])", rest)
     if not match:
         return None
     kb, vb = match.groups()
-    spec = KVSpec(k=f"exl3_{kb}", v=f"exl3_{vb}", name=f"exl3:{rest}")
-    return Preset(spec, "ExLlamaV3 cache: turboderp-org/exllamav3@4f8ad012 exllamav3_ext/cache/q_cache_kernels.cuh", "source-faithful")
+    engine = "exl3-fa" if flash_attn_path else "exl3"
+    spec = KVSpec(k=f"exl3_{kb}", v=f"exl3_{vb}", pastonly=flash_attn_path, name=f"{engine}:{rest}")
+    source = EXL3_SOURCE + ("; attention: exllamav3/modules/attn.py @00ad26e8 (get_layer, flash_attn_with_kvcache(k=, v=), "
+                            "update_layer)" if flash_attn_path else "")
+    return Preset(spec, source, "source-faithful")
 
 
 def lookup_preset(text: str) -> KVSpec | None:
@@ -117,6 +173,12 @@ def lookup_preset(text: str) -> KVSpec | None:
 
 
 def describe_preset(text: str) -> Preset | None:
+    """The preset named ``text`` with the label its evidence supports, or None for a plain format."""
+    preset = _build_preset(text)
+    return _labelled(preset) if preset is not None else None
+
+
+def _build_preset(text: str) -> Preset | None:
     key = text.strip().lower()
     if key in ("kivi2", "kivi4"):
         return _kivi(key[-1])
@@ -126,7 +188,8 @@ def describe_preset(text: str) -> Preset | None:
         # per-(token, head) integer formats; 16 = the cache at model precision. A shorthand, not KVTuner's quantizer.
         kb, vb = (shorthand.group(3),) * 2 if shorthand.group(3) else shorthand.group(1, 2)
         k, v = ("fp16" if b == "16" else f"int{b}" for b in (kb, vb))
-        return Preset(KVSpec(k=k, v=v), f"bit pair K{kb}V{vb}: wkvlab {k} keys, {v} values (per token and head)")
+        return Preset(KVSpec(k=k, v=v), f"bit pair K{kb}V{vb}: wkvlab {k} keys, {v} values (per token and head)",
+                      "approximate", "KVTuner's names for wkvlab's own per-(token, head) integer formats, not KVTuner's quantizer")
     engine, sep, rest = key.partition(":")
     if engine == "kvquant":
         match = re.fullmatch(r"([2-4])(-1%)?", rest)
@@ -137,35 +200,44 @@ def describe_preset(text: str) -> Preset | None:
                           "approximate", "codebooks by unweighted k-means (KVQuant weights by Fisher information, which needs gradients)")
     if not sep:
         return None
-    if engine == "llamacpp":
+    if engine in ("llamacpp", "llamacpp-x86"):
         k, _, v = rest.partition("/")
         v = v or k
         if k in LLAMACPP_TYPES and v in LLAMACPP_TYPES:
-            return _llamacpp(k, v)
+            return _llamacpp(k, v, x86=engine == "llamacpp-x86")
     elif engine == "vllm" and rest in VLLM_DTYPES:
         return _vllm(rest)
     elif engine == "vllm-fa3" and rest in ("fp8", "fp8_e4m3"):
         return _vllm_fa3(rest)
-    elif engine == "sglang" and rest in ("fp4_e2m1", "fp8_e4m3", "fp8_e5m2"):
+    elif engine == "sglang" and rest == "fp4_e2m1":
         spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
-        return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales; FP4 per KVFP4QuantizeUtil)",
-                      "approximate", "taken from an earlier reading of SGLang's KVFP4QuantizeUtil and FP8 path, not re-read at a pinned commit")
+        return Preset(spec, f"SGLang --kv-cache-dtype fp4_e2m1, --fp4-kv-cache-recipe mxfp4 or blockfp4 (one kernel): {SGLANG_FP4_SOURCE}", "source-faithful")
+    elif engine == "sglang" and rest in ("fp8_e4m3", "fp8_e5m2"):
+        spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
+        return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales)",
+                      "approximate", "taken from an earlier reading of SGLang's FP8 path, not re-read at a pinned commit")
     elif engine == "hf-quanto" and rest in ("int2", "int4"):
-        # transformers' QuantizedCache with the quanto backend: nbits, q_group_size 64 (consecutive
-        # values of a token, i.e. along head_dim), affine with a float offset, residual_length 128
-        # flushed all at once. At each flush quanto re-quantizes the dequantized old tokens too; with
-        # groups inside one token that reproduces the same codes, so it is not simulated separately.
+        # transformers 5.24 QuantizedCache(backend="quanto") (cache_utils.py QuantizedLayer.update,
+        # QuantoQuantizedLayer): optimum-quanto 0.2.7 MaxOptimizer + quantize_affine with axis=0 and
+        # q_group_size 64 — groups of 64 consecutive values of a token (along head_dim), scale
+        # (max - min)/(2^b - 1), float shift -min, codes round((x + shift)/scale) half to even,
+        # dequantized scale*q - shift: int<b>-g64-asym's arithmetic. The first update quantizes the
+        # prompt but returns it unquantized; decoded tokens pile up to residual_length 128, then the
+        # whole cache is re-quantized (near-idempotent: the replay test matches to 1e-6). prefill=1:
+        # decoding from a one-token prompt, as every preset here measures; +prefill=L for a prompt of L.
         bits = rest[-1]
-        spec = KVSpec(k=f"int{bits}-g64-asym", v=f"int{bits}-g64-asym", residual=128, name=f"hf-quanto:{rest}")
-        return Preset(spec, "transformers QuantizedCache(backend='quanto'): groups of 64 per token, residual 128", "approximate",
-                      "quanto's own rounding and its re-quantization of old tokens at each flush are not simulated")
+        spec = KVSpec(k=f"int{bits}-g64-asym", v=f"int{bits}-g64-asym", residual=128, prefill=1, name=f"hf-quanto:{rest}")
+        return Preset(spec, "transformers 5.24 src/transformers/cache_utils.py QuantizedLayer.update + QuantoQuantizedLayer; "
+                      "optimum-quanto 0.2.7 MaxOptimizer, quantize_affine (tests/kv/test_quantized_cache_replay.py replays it)",
+                      "source-faithful", "a bf16 model's quanto computes scale, shift and codes in bf16 (here float32) and stores "
+                      "both in the model dtype (counted as fp16)")
     elif engine == "qserve" and rest == "kv4":
         # QServe/QoQ (Lin et al. 2024): SmoothAttention with α = 0.5, then per-head asymmetric 4-bit.
         spec = KVSpec(k="int4", v="int4", smooth=0.5, name="qserve:kv4")
         return Preset(spec, "QServe KV4: SmoothAttention (λ = max|K|^0.5, RoPE pairs shared) + per-head asymmetric INT4", "approximate",
                       "from the QServe paper; its kernels (scale/zero layout, rounding) were not read")
-    elif engine == "exl3":
-        preset = _exl3(rest)
+    elif engine in ("exl3", "exl3-fa"):
+        preset = _exl3(rest, flash_attn_path=engine == "exl3-fa")
         if preset is not None:
             return preset
     from wkvlab.errors import ConfigError
@@ -176,13 +248,19 @@ def describe_preset(text: str) -> Preset | None:
 def preset_names() -> list[str]:
     return (
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
-        + ["llamacpp:<k>/<v>"]
+        + ["llamacpp:q8_0/q4_0", "llamacpp:<k>/<v>", "llamacpp:q4_0+norot", "llamacpp:f16/q4_0", "llamacpp-x86:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
            "sglang:fp4_e2m1", "sglang:fp8_e4m3",
-           "exl3:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
+           "exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
            "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]
     )
+
+
+# Options that are the engine's own settings (llama.cpp's LLAMA_ATTN_ROT_DISABLE, vLLM's FP8 scale
+# rules, QuantizedCache's residual_length and prompt length): source-faithful with them appended.
+ENGINE_OPTIONS = {"llamacpp": ("norot",), "llamacpp-x86": ("norot",), "vllm": ("scales=",), "vllm-fa3": ("scales=",),
+                  "hf-quanto": ("residual=", "prefill=")}
 
 
 def fidelity_of(spec: KVSpec) -> dict:
@@ -198,12 +276,21 @@ def fidelity_of(spec: KVSpec) -> dict:
         preset = None
     if preset is None:
         return {"label": "no preset", "differs": "plain formats and options: named after no engine or paper", "source": ""}
-    differs = preset.differs
-    # +norot is llama.cpp's LLAMA_ATTN_ROT_DISABLE and scales= the documented FP8 scale rules: both covered
-    extra = [o for o in options if o.strip().lower() != "norot" and not o.strip().lower().startswith("scales=")]
-    if extra:
+    label, differs = preset.fidelity, preset.differs
+    engine_name = base.strip().lower().partition(":")[0]
+    covered = ENGINE_OPTIONS.get(engine_name, ())
+    engine = [o for o in options if o.strip().lower().startswith(covered)] if covered else []
+    extra = [o for o in options if o not in engine]
+    if options and label not in ("identity", "approximate"):
+        # the label covers the preset as listed: with options it is another spec, and no check names it
+        if label == "engine-checked":
+            differs = f"no ratio was measured for this spec ({base} without {'+'.join(options)} was)"
+        label = "approximate" if extra else "source-faithful"
+        if extra:
+            differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not part of it"
+    elif extra and label == "approximate":
         differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
-    return {"label": preset.fidelity, "differs": differs, "source": preset.source}
+    return {"label": label, "differs": differs, "source": preset.source}
 
 
 def fidelity_note(spec: KVSpec) -> list[str]:

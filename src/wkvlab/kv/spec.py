@@ -18,9 +18,11 @@ positions kept at model precision), ``residual=<R>`` (KIVI/HF QuantizedCache: fu
 tokens accumulate and are quantized all at once when R have piled up), ``window=<W>`` (SKVQ: the W
 most recent tokens of every query kept at model precision), ``k_residual=``, ``k_window=``,
 ``v_residual=``, ``v_window=`` (the same for one side only: KIVI flushes keys and slides values;
-see :mod:`wkvlab.kv.tokens`), ``pastonly`` (WKVQuant: the current token attends to its own K/V at
+see :mod:`wkvlab.kv.tokens`), ``prefill=<L>`` (with ``residual``: transformers' ``QuantizedCache``
+after an L-token prompt, which attends unquantized while the cache quantizes it), ``pastonly`` (WKVQuant: the current token attends to its own K/V at
 model precision), ``skip=<i,j,...|sliding_window>`` (layers kept at model precision, as vLLM's
-``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0>`` (queries quantized too, where K is),
+``--kv-cache-dtype-skip-layers``), ``q=<fp8_e4m3|q8_0|q8_0-x86>`` (queries quantized too, where K is;
+``q=fp16``: rounded to fp16 where K or V is quantized, llama.cpp's conversion for an f16 K),
 ``sinks=auto`` / ``sinkratio=<τ>`` (KVSink: tokens whose residual-stream activation peak exceeds τ
 times the layer's calibrated median — 8 for ``auto`` — stay at model precision, wherever they are),
 ``smooth[=α]`` (QServe's SmoothAttention, α = 0.5 by default; calibrated), ``scales=amax448``
@@ -43,7 +45,8 @@ from wkvlab.specio import reject_unknown_fields
 from wkvlab.kv.formats import KVFormat, get_kv_format
 from wkvlab.kv.tokens import TokenPolicy, side_policy
 
-Q_FORMATS = ("none", "fp8_e4m3", "q8_0")
+# fp16: llama.cpp's Q conversion for an f16 K (vec_dot_type of f16); q8_0-x86: its x86 q8_0 writer
+Q_FORMATS = ("none", "fp8_e4m3", "q8_0", "q8_0-x86", "fp16")
 # FP8 KV scales: 1.0; amax/448 per layer or per layer and KV head (checkpoint convention); vLLM's runtime rule
 SCALES = ("static", "amax448", "amax448-head", "calculate")
 _SCALE_ALIASES = {"tensor": "amax448", "head": "amax448-head", "calc": "calculate"}
@@ -90,6 +93,7 @@ class KVSpec:
     v_residual: int = 0
     v_window: int = 0
     pastonly: bool = False
+    prefill: int = 0
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -102,7 +106,7 @@ class KVSpec:
         object.__setattr__(self, "skip", skip)
         layers = tuple(sorted((int(i), _format_name(k), _format_name(v)) for i, k, v in self.layers))
         object.__setattr__(self, "layers", layers)
-        for what in ("sinks", "residual", "window", "k_residual", "k_window", "v_residual", "v_window"):
+        for what in ("sinks", "residual", "window", "k_residual", "k_window", "v_residual", "v_window", "prefill"):
             value = getattr(self, what)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{what} must be a non-negative integer, got {value!r}")
@@ -110,6 +114,8 @@ class KVSpec:
             raise ConfigError(f"rotate must be 0 (off), -1 (whole head_dim), -2 (llama.cpp rule) or a power-of-two block, got {self.rotate!r}")
         self._normalize_token_policies()
         object.__setattr__(self, "pastonly", bool(self.pastonly))
+        if self.prefill and not (self._side("k")[0] and self._side("v")[0]):
+            raise ConfigError("prefill=L is transformers' QuantizedCache prompt length; it needs residual=R (both sides flushed)")
         for side, names in (("k", {self.k} | {k for _, k, _ in self.layers}), ("v", {self.v} | {v for *_, v in self.layers})):
             residual, window = self._side(side)
             for group in {get_kv_format(n).token_group for n in names} - {None}:
@@ -162,7 +168,7 @@ class KVSpec:
     def token_policies(self, k_fmt: KVFormat, v_fmt: KVFormat) -> tuple[TokenPolicy, TokenPolicy]:
         """The key and value policies of a layer holding these formats (see :mod:`wkvlab.kv.tokens`)."""
         return tuple(  # type: ignore[return-value]
-            side_policy(*self._side(side), self.pastonly, fmt.token_group) for side, fmt in (("k", k_fmt), ("v", v_fmt))
+            side_policy(*self._side(side), self.pastonly, fmt.token_group, self.prefill) for side, fmt in (("k", k_fmt), ("v", v_fmt))
         )
 
     # ---- what applies where -------------------------------------------------------------
@@ -197,7 +203,7 @@ class KVSpec:
         """The key-side per-(query, key) selection when it depends on the query, else None (the
         scores' view; :meth:`token_policies` gives both sides of a layer)."""
         groups = [get_kv_format(n).token_group for n in {self.k} | {k for _, k, _ in self.layers}]
-        return side_policy(*self._side("k"), self.pastonly, max((g for g in groups if g), default=None)).selection()
+        return side_policy(*self._side("k"), self.pastonly, max((g for g in groups if g), default=None), self.prefill).selection()
 
     def all_formats(self) -> list[KVFormat]:
         names = {self.k, self.v} | {k for _, k, _ in self.layers} | {v for *_, v in self.layers}
@@ -221,7 +227,9 @@ class KVSpec:
         ``src/llama-kv-cache.cpp``, ggml-org/llama.cpp@0c1e57098 as vendored by llama-cpp-python
         0.3.36): rotation only when head_dim is a multiple of 64; K (and Q) in blocks of the largest
         power of two ≥ 64 dividing head_dim — 64, 128, 256 for head_dim 64, 128, 256 —, V in
-        blocks of 64 ("using smaller rotation matrices for V seems beneficial").
+        blocks of 64 ("using smaller rotation matrices for V seems beneficial"). llama.cpp also
+        requires ``n_embd_head_k_all > 0`` — one head size across the layers of a cache — which
+        holds for every model here (one head_dim per model).
         """
         if self.rotate == -2:
             if head_dim % 64:
@@ -287,6 +295,8 @@ class KVSpec:
                 text += f"+{name}={getattr(self, name)}"
         if self.pastonly:
             text += "+pastonly"
+        if self.prefill:
+            text += f"+prefill={self.prefill}"
         if self.skip:
             text += "+skip=" + ",".join(str(s) for s in self.skip)
         if self.q != "none":
@@ -441,6 +451,8 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
         return replace(spec, **{key: _int_option(key, value)})
     if key == "pastonly" and not value:
         return replace(spec, pastonly=True)
+    if key == "prefill":
+        return replace(spec, prefill=_int_option(key, value))
     if key == "skip":
         items: list = []
         for part in filter(None, value.split(",")):
@@ -469,7 +481,7 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
             return replace(spec, outliers=float(value.rstrip("%")) / (100 if value.endswith("%") else 1))
         except ValueError:
             raise ConfigError(f"outliers= needs a fraction such as 0.01 or 1%, got {value!r}") from None
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0|q8_0-x86|fp16, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, prefill=L, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
 
 
 def split_kv_list(text: str) -> list[str]:

@@ -15,7 +15,8 @@ Order of operations, each optional, mirroring the engines:
 4. Sink tokens restored to full precision: the first N, and with ``sinks=auto`` any token whose
    residual-stream peak marks it as an attention sink (KVSink).
 5. Queries quantized where the spec says (vLLM's FP8 query on FlashAttention-3/Triton with its
-   static per-tensor ``q_scale``, llama.cpp's Q conversion to q8_0).
+   static per-tensor ``q_scale``, llama.cpp's Q conversion to K's ``vec_dot_type``: q8_0, or fp16 for
+   an f16 K beside a quantized V).
 """
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ VLLM_SCALE_CONSTANTS = {"q": 200.0, "k": 200.0, "v": 100.0}
 def _quantize_query(query: torch.Tensor, q_format: str, scale: torch.Tensor | float = 1.0) -> torch.Tensor:
     if q_format == "q8_0":
         return fake_quant_ggml(query, "q8_0").to(query.dtype)
+    if q_format == "q8_0-x86":
+        from wkvlab.formats.ggml_x86 import fake_quant_q8_0_x86
+
+        return fake_quant_q8_0_x86(query).to(query.dtype)
+    if q_format == "fp16":
+        return query.to(torch.float16).to(query.dtype)
     return fake_quant_fp8(query, "e4m3", scale).to(query.dtype)
 
 
@@ -67,7 +74,9 @@ class LayerStore:
         self.k_policy, self.v_policy = spec.token_policies(k_fmt, v_fmt)
         self.sinks = spec.sinks
         self.sink_peak = spec.sink_ratio * float(layer_stats.hidden_peak_median) if spec.sink_ratio and stats is not None else 0.0
-        self.q_format = spec.q if not k_fmt.is_identity else "none"
+        # Q follows K's dot-product type where K is quantized; llama.cpp's fp16 Q (f16 K) wherever K or V is
+        quantized = not k_fmt.is_identity or (spec.q == "fp16" and not v_fmt.is_identity)
+        self.q_format = spec.q if quantized else "none"
         if spec.needs_calibration and stats is None:
             raise ConfigError(f"KV config {spec.label} needs calibration statistics; run it through wkvlab eval, which calibrates on held-out text")
         self.smooth = None
@@ -110,7 +119,8 @@ class LayerStore:
         if rope is None:
             raise ConfigError("prerope needs the layer's rotary angles; this architecture does not pass position_embeddings")
         cos, sin = rope
-        return apply_rope(self.k_quant(undo_rope(key.float(), cos, sin)), cos, sin).to(key.dtype)
+        work = torch.promote_types(key.dtype, torch.float32)
+        return apply_rope(self.k_quant(undo_rope(key.to(work), cos, sin)), cos, sin).to(key.dtype)
 
     def store_keys(self, key: torch.Tensor, rope, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Keys as stored; with ``prerope`` they are quantized before RoPE and RoPE is re-applied."""

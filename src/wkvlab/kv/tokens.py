@@ -13,6 +13,11 @@ decoded included. Methods that keep recent tokens at model precision differ in *
   precision: W = R + 1) and SKVQ.
 * ``pastonly``: the token being decoded attends to its own K/V at model precision and is stored
   quantized afterwards (WKVQuant's past-only quantization; the paper publishes no code we could find).
+* ``prefill=L`` with a residual (transformers' ``QuantizedCache``, ``cache_utils.py`` 5.24
+  ``QuantizedLayer.update``): the first update quantizes the whole L-token prompt but returns it
+  unquantized, so the prompt attends at model precision; decoded tokens then pile up in the
+  residual, and when R have (``residual + new >= residual_length``) the whole cache is re-quantized.
+  Query t >= L sees keys below ``L + R * ((t - L) // R)`` quantized, query t < L none.
 
 Per-channel formats (KIVI's ``int<b>-c<G>`` keys) need a closed group of G tokens before it can be
 quantized, so a side holding one is flushed in multiples of G. Everything here is a pure function
@@ -36,6 +41,7 @@ class TokenPolicy:
     residual: int = 0
     window: int = 0
     pastonly: bool = False
+    prefill: int = 0  # with a residual: the prompt length of transformers' QuantizedCache
 
     @property
     def depends_on_query(self) -> bool:
@@ -47,7 +53,7 @@ class TokenPolicy:
             return None
         from wkvlab.kv.attention import flush_selection, past_only, sliding_selection
 
-        base = sliding_selection(self.window) if self.window else flush_selection(self.residual) if self.residual else None
+        base = sliding_selection(self.window) if self.window else flush_selection(self.residual, self.prefill) if self.residual else None
         return past_only(base) if self.pastonly else base
 
     def quantized_prefix(self, position: int, n_new: int) -> int:
@@ -58,16 +64,18 @@ class TokenPolicy:
         """
         if self.window:
             return max(0, position - self.window + 1)
+        if self.residual and self.prefill:
+            return 0 if position < self.prefill else self.prefill + (position - self.prefill) // self.residual * self.residual
         if self.residual:
             return (position // self.residual) * self.residual
         return position if self.pastonly else position + n_new
 
 
-def side_policy(residual: int, window: int, pastonly: bool, token_group: int | None) -> TokenPolicy:
+def side_policy(residual: int, window: int, pastonly: bool, token_group: int | None, prefill: int = 0) -> TokenPolicy:
     """A side's policy given its format: a per-channel format flushes at least its token group."""
     if token_group and not residual:
         residual = token_group
-    return TokenPolicy(residual=residual, window=window, pastonly=pastonly)
+    return TokenPolicy(residual=residual, window=window, pastonly=pastonly, prefill=prefill if residual else 0)
 
 
 

@@ -321,7 +321,7 @@ def _llamacpp_kv(model: ModelDescription, spec: KVSpec, pairs: dict[int, tuple[s
     table = matrix()["llama.cpp"]["kv"]
     if spec.rotate not in (0, -2):
         reasons.append("llama.cpp rotates in its own blocks (wkvlab's +rot); other rotations have no flag")
-    if spec.q not in ("none", "q8_0"):
+    if spec.q not in ("none", "q8_0", "q8_0-x86", "fp16"):  # llama.cpp's own Q conversions (K's vec_dot_type)
         reasons.append(f"llama.cpp does not quantize queries as {spec.q}")
     if spec.skip and not spec.layers:
         reasons.append("llama.cpp has no per-layer KV types (-ctk/-ctv apply to every layer): it cannot skip layers")
@@ -330,7 +330,8 @@ def _llamacpp_kv(model: ModelDescription, spec: KVSpec, pairs: dict[int, tuple[s
     chosen = []
     for side in (0, 1):
         counts = Counter(pair[side] for pair in pairs.values())
-        names = {f: (f if f in table else _nearest_llamacpp(f, head_dim)) if per_layer else f for f in counts}
+        # q8_0-x86 is llama.cpp's q8_0 cache as its x86 writer fills it: the same -ctk/-ctv q8_0
+        names = {f: (f if f in table else _nearest_llamacpp(f, head_dim)) if per_layer else ("q8_0" if f == "q8_0-x86" else f) for f in counts}
         missing = sorted(f for f, t in names.items() if t not in table)
         if missing:
             reasons.append(f"llama.cpp has no {'K' if side == 0 else 'V'} cache type for {', '.join(missing)} "
