@@ -116,3 +116,8 @@ def test_plan_screen_names_the_flagged_layers_in_the_unmeasured_rows(planted_fol
     console = Console(width=400, record=True)
     render(result, console)
     assert "2 of 2 layers flagged (0-1)" in console.export_text()
+    import json
+
+    from wkvlab.plan import PlanResult
+
+    assert PlanResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result  # --json carries the screen
