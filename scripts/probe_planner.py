@@ -6,7 +6,7 @@ and prints a Markdown section: the command, commit, machine load and thread coun
 every probed row with its interval and the guard's verdict, the ranking's head, and the outlier screen.
 ``--write`` replaces the section between the markers in docs/planner.md.
 
-Usage: python scripts/probe_planner.py [--tokens 2048] [--models default,gemma3-270m] [--write]
+Usage: python scripts/probe_planner.py [--tokens 1024] [--models default,gemma3-270m] [--section NAME] [--write]
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from wkvlab.plan.guard import thresholds
 from wkvlab.plan.probe import DEFAULT_TOKENS, Probe
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
-BEGIN, END = "<!-- scripts/probe_planner.py: begin -->", "<!-- scripts/probe_planner.py: end -->"
 
 
 def commit() -> str:
@@ -37,9 +36,9 @@ def commit() -> str:
 def section(model: str, tokens: int) -> list[str]:
     load_before = os.getloadavg()[0]
     probe = Probe(tokens, say=lambda line: print(line, file=sys.stderr))
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     result = plan(model, "RTX-4090", 8, 8192, probe=probe, screen=True)
-    wall = time.perf_counter() - began
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu
     load_after = os.getloadavg()[0]
     cost = probe.cost
     lines = [f"#### `{model}` ({result.model.name}: {result.model.num_layers} layers, {result.model.num_kv_heads} KV heads x "
@@ -47,7 +46,7 @@ def section(model: str, tokens: int) -> list[str]:
              "```", f"wkvlab plan --model {model} --gpu rtx-4090 --batch 8 --context 8192 --probe {tokens} --screen", "```", "",
              f"Probe cost: {cost.configs} configurations on {cost.windows} windows x {cost.ctx} tokens, "
              f"{cost.passes} window passes (references included), **{cost.seconds:.0f} s** on {cost.threads} CPU thread(s) "
-             f"(model load included; the whole plan {wall:.0f} s); load average {load_before:.1f} before, {load_after:.1f} after, "
+             f"(model load included; the whole plan {wall:.0f} s wall, {cpu:.0f} s CPU); load average {load_before:.1f} before, {load_after:.1f} after, "
              f"commit {commit()}.", "",
              "| # | weights | KV | engine | KLD | 95% interval | top-1 | verdict |", "|---|---|---|---|---|---|---|---|"]
     for row in result.rows:
@@ -75,7 +74,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS)
     parser.add_argument("--models", default="default,gemma3-270m")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--section", default="", help="marker name: several runs (token counts) keep their own sections")
     args = parser.parse_args()
+    tag = f"scripts/probe_planner.py{' ' + args.section if args.section else ''}"
+    BEGIN, END = f"<!-- {tag}: begin -->", f"<!-- {tag}: end -->"
     body = [BEGIN, ""]
     for model in args.models.split(","):
         body += section(model, args.tokens)

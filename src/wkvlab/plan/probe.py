@@ -35,7 +35,7 @@ from wkvlab.weights.spec import WeightSpec
 if TYPE_CHECKING:
     from wkvlab.plan.planner import Combination
 
-DEFAULT_TOKENS = 2048  # 8 windows of 256 tokens: about a CPU minute for the default grid on SmolLM2-135M (docs/planner.md)
+DEFAULT_TOKENS = 1024  # 8 windows of 128 tokens: about a CPU minute for the default grid on SmolLM2-135M (docs/planner.md)
 MAX_CTX = 512
 MIN_CTX = 32
 LOADABLE = ("packaged", "gguf", "folder")
