@@ -20,8 +20,10 @@ The rule's limit: a symmetric 4-bit grid has 7 positive levels; a channel at 1/8
 keeps less than one level (it rounds to 0 or ±1 step), so spread > 8 means the typical channel of
 that head is not represented. Calibrated on (docs/planner.md, ``scripts/probe_planner.py``): the
 planted-outlier Qwen2 of ``tests/plan`` (bias 60 on one RoPE pair: spread in the hundreds; probe:
-per-token ``int4`` KLD 0.39, top-1 14%, ``kivi4`` KLD 0.0002) and the two packaged models (their
-spreads and probes are in docs/planner.md). It is a screen, not a measurement: hidden-state outlier
+per-token ``int4`` KLD 0.39, top-1 14%, ``kivi4`` KLD 0.0002) and the two packaged models
+(docs/planner.md): Gemma-3-270M, whose ``k_norm`` weights give layers 5, 11 and 15 spreads of 21x,
+16x and 12x, loses 1.55 nat (top-1 39%) with a per-token ``int4`` cache; SmolLM2-135M (at most
+5.3x, nothing flagged) loses 0.13 — over the guard's 0.1, but from 4-bit noise, not an outlier. It is a screen, not a measurement: hidden-state outlier
 dimensions (massive activations) are not modelled; ``--probe`` measures.
 
 Formats that avoid it: per-channel keys (``kivi4``, ``int4-c32``, KVQuant's ``kvquant:4``), a
