@@ -37,8 +37,10 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where a screen runs: the planner imports this module, and `wkvlab` starts without numpy
+    import numpy as np
 
 from wkvlab.errors import ConfigError
 from wkvlab.plan._serde import JsonMixin
@@ -101,6 +103,8 @@ def _ranges(layers: tuple[int, ...]) -> str:
 def layer_spread(layer: int, weight: np.ndarray, bias: np.ndarray | None, norm: np.ndarray | None, k_norm: np.ndarray | None,
                  kv_heads: int, interleaved: bool) -> LayerScreen:
     """The spread of one layer from its k_proj ``weight`` [out, in], ``bias`` [out], input ``norm`` [in] and per-head ``k_norm`` [head_dim]."""
+    import numpy as np
+
     w = weight.astype(np.float64)
     gamma2 = np.ones(w.shape[1]) if norm is None else norm.astype(np.float64) ** 2
     from_weights = (w**2) @ gamma2
@@ -153,6 +157,7 @@ def screen_model(model: ModelDescription, source: ModelSource) -> ScreenResult:
 
 
 def _gguf_tensors(path: Path):
+    import numpy as np
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -173,12 +178,14 @@ def _gguf_tensors(path: Path):
     return tensors, arch
 
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": "bf16", "F64": np.float64}
+_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bf16", "F64": "float64"}  # safetensors dtype -> numpy's name
 
 
 def _safetensors(folder: Path):
     """The layer's k_proj weight/bias, input norm and k_norm from a folder's *.safetensors (read by the
     format's header: 8-byte length, JSON directory, raw little-endian data; bf16 widened to float32)."""
+    import numpy as np
+
     index: dict[str, tuple[Path, dict]] = {}
     for file in sorted(folder.glob("*.safetensors")):
         with file.open("rb") as f:
