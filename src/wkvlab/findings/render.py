@@ -22,7 +22,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _rule_note(verdicts) -> str:
+def _rule_note(verdicts, unit: str = "windows") -> str:
     """The footnote every verdict table carries: the rule, the margin, the family and its adjustment."""
     verdicts = [v for v in verdicts if v is not None]
     if not verdicts:
@@ -31,7 +31,7 @@ def _rule_note(verdicts) -> str:
     return (f"\n\nVerdicts: the one decision rule (docs/explain.md, 'The decision rule'): margin m = {100 * v.margin.relative:g}% of "
             f"{v.margin.of.split(' of ')[0]}; {v.adjustment}; an interval beyond ±m compounds (or is higher/lower), one inside ±m is "
             "additive (or equivalent) within ±m, anything else is undecided with the tokens that would decide it. Raw intervals are "
-            "95% studentized paired bootstrap over windows; adjusted ones are the same bootstrap at Holm's level.")
+            f"95% studentized paired bootstrap over {unit}; adjusted ones are the same bootstrap at Holm's level.")
 
 
 def _decision(v) -> str:
@@ -134,7 +134,7 @@ def identical_depth_markdown(data: dict) -> str:
                     "relative growth [95%]", "verdict"], body)
     return (f"{data['model']}, unquantized weights: the same {data['target']} target tokens of each of {data['documents']} documents "
             f"({data['data']}) scored after prefixes of {', '.join(f'{n:,}' for n in data['lengths'])} tokens; documents resampled "
-            f"(paired across lengths); {data['seconds']:,.0f} s.\n\n" + table + _rule_note(verdicts))
+            f"(paired across lengths); {data['seconds']:,.0f} s.\n\n" + table + _rule_note(verdicts, "documents"))
 
 
 def search_markdown(data: dict) -> str:
