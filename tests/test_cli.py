@@ -70,3 +70,18 @@ def test_an_unexpected_error_is_not_masked_by_the_abort_clause(monkeypatch):
     monkeypatch.setattr(cli, "app", boom)
     with pytest.raises(RuntimeError, match="the real error"):
         cli.main()
+
+
+def test_eval_help_names_the_grammar_presets_lists():
+    """--weights/--kv help is built from wkvlab.listing (what 'wkvlab presets' prints): '+' options, checkpoint:, every preset."""
+    from typer.testing import CliRunner
+
+    from wkvlab import listing
+    from wkvlab.cli import app
+    from wkvlab.weights.parse import PRESETS
+
+    text = " ".join(CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "400"}).output.split())
+    assert "options after '+'" in text and "after ';'" not in text and "checkpoint:<folder|file.gguf>" in text
+    for name in [*PRESETS, "+a=", "+wo", "+skip=", "+override=", "+rot", "+sinks=", "+residual="]:
+        assert name in text, name
+    assert all(form.pattern in text for form in listing.WEIGHT_NAMES)

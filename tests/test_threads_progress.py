@@ -19,9 +19,9 @@ def test_option_beats_environment_beats_load(monkeypatch):
     assert choose_threads(None, {}) == ThreadChoice(2, "auto", 2, 0.0)
 
 
-@pytest.mark.parametrize("load, threads", [(0.0, 2), (0.2, 2), (0.3, 1), (1.0, 1), (3.9, 1), (40.0, 1)])
+@pytest.mark.parametrize("load, threads", [(0.0, 2), (0.3, 2), (0.5, 2), (0.6, 1), (1.0, 1), (1.4, 1), (3.9, 1), (40.0, 1)])
 def test_default_leaves_busy_cores_alone(monkeypatch, load, threads):
-    # idle cores = int(cores - load + 0.25): a core more than a quarter busy gets no thread of ours
+    # idle cores rounded to nearest: load 0.3 on 2 cores leaves 1.7 idle, so 2 threads (issue #26); 0.6 leaves 1.4, so 1
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr("wkvlab.threads.runnable_now", lambda: 0.0)
     monkeypatch.setattr("wkvlab.threads.available_cores", lambda: 2)
@@ -83,3 +83,83 @@ def test_plain_progress_counts_fractional_layer_steps_and_finishes_an_upper_boun
     assert "explain 1/4 (25%) elapsed 0:04 eta 0:12" in lines[-1]
     progress.finish()  # the planned total was an upper bound: the last line says done
     assert "explain 4/4 (100%)" in lines[-1] and lines[-1].endswith("done")
+
+
+def _grid_events(builds, windows, reference, cells, one_model=False):
+    """(seconds, description, steps) the runner reports for a grid: builds are (label, seconds, layers),
+    a calibrated build reporting per-layer fractions as wkvlab.weights.apply does; cells are per-KV seconds."""
+    def build(label, seconds, layers):
+        if layers == 1:
+            return [(seconds, f"quantized weights {label}", 1.0)]
+        return [(seconds / layers, f"quantizing {label}: layer {i + 1}/{layers}, about 1:00 left in this step", 1 / layers)
+                for i in range(layers)] + [(0.0, f"quantized weights {label}", 0.0)]
+
+    def passes(labels):
+        return [(c, f"{w} × kv{k}", 1.0) for _ in range(windows) for w in labels for k, c in enumerate(cells)]
+
+    events = []
+    if one_model:  # the per-token reference first, then each weight config built in place and run
+        events += [(reference, "reference", 1.0)] * windows
+        for label, seconds, layers in builds:
+            events += build(label, seconds, layers) + passes([label])
+        return events
+    for label, seconds, layers in builds:  # copies: every build first, then the windows (reference + cells)
+        events += build(label, seconds, layers)
+    for _ in range(windows):
+        events += [(reference, "reference", 1.0)] + [(c, f"{w} × kv{k}", 1.0) for w, _, _ in builds for k, c in enumerate(cells)]
+    return events
+
+
+def _worst_eta_error(events, classes):
+    from wkvlab.display import StepCosts
+
+    clock = Clock()
+    costs = StepCosts(sum(steps for _, _, steps in events), classes, clock)
+    finish = sum(seconds for seconds, _, _ in events)
+    worst, marked = 1.0, []
+    for seconds, description, steps in events:
+        clock.now += seconds
+        costs.advance(description, steps)
+        left, untimed = costs.remaining()
+        truth = finish - clock.now
+        if clock.now < 60 or truth < 5:
+            continue
+        ratio = left / truth
+        marked.append(untimed)
+        if untimed:  # something ahead is not timed yet: never an overestimate past 2x, and the line says '+'
+            worst = max(worst, ratio)
+            assert costs.text().endswith("+")
+        else:
+            worst = max(worst, ratio, 1 / ratio)
+    return worst, marked
+
+
+DEMO = dict(builds=[("bf16", 0.3, 1), ("int8", 1.5, 1), ("int4-g128", 2.0, 1)], windows=8, reference=2.5, cells=[2.6, 3.2, 3.0, 3.1])
+METHODS = dict(builds=[("none", 0.1, 1), ("int8", 2.0, 1), ("gptq-int4-g128", 300.0, 24), ("awq-int4-g128", 200.0, 24)],
+               windows=8, reference=6.0, cells=[6.0, 6.5, 7.0])
+CLASSES = {"bf16": "cheap", "int8": "cheap", "int4-g128": "cheap", "none": "cheap", "gptq-int4-g128": "calibrated", "awq-int4-g128": "calibrated"}
+
+
+@pytest.mark.parametrize("grid, one_model", [(DEMO, False), (DEMO, True), (METHODS, False), (METHODS, True)])
+def test_eta_weighs_steps_by_their_measured_cost_and_is_never_2x_off_after_a_minute(grid, one_model):
+    events = _grid_events(**grid, one_model=one_model)
+    worst, marked = _worst_eta_error(events, {label: CLASSES[label] for label, _, _ in grid["builds"]})
+    assert worst <= 2.0, worst
+    assert not any(marked[len(marked) // 2:])  # by the second half of the run everything ahead has been timed
+
+
+def test_the_old_per_step_average_was_many_times_off_on_a_gptq_grid():
+    # issue #26: "eta 3:12:50" four minutes into a grid that needed well under an hour
+    events = _grid_events(**METHODS)
+    clock = Clock()
+    progress = PlainProgress(sum(s for _, _, s in events), "eval", lambda _: None, interval=0.0, clock=clock)  # no builds: the old rule
+    for seconds, description, steps in events:
+        clock.now += seconds
+        progress.advance(description, steps)
+        if clock.now >= 240:
+            break
+    old, _ = progress.costs.remaining()
+    truth = sum(s for s, _, _ in events) - clock.now
+    assert old > 5 * truth
+    worst, _ = _worst_eta_error(events, {label: CLASSES[label] for label, _, _ in METHODS["builds"]})
+    assert worst <= 2.0

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.markup import escape
 
-from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table, status
 from wkvlab.engines.cli import engine_app
 from wkvlab.errors import ConfigError, OutOfMemory, WkvlabError
@@ -25,12 +25,14 @@ from wkvlab.explain.cli import compare_command, explain_command
 from wkvlab.export_cli import export_command
 from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_output_file, write_json_atomic
+from wkvlab.listing import kv_help, weights_help
 from wkvlab.plan.cli import plan_command
-from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, parse_configs
+from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, check_weight_groups, check_weights_for_model, parse_configs
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
 from wkvlab.tasks.cli import tasks_command
+from wkvlab.weights.parse import PRESETS as WEIGHT_PRESETS
 
 try:  # typer 0.29 vendors click; usage errors are raised as its classes
     from typer._click import exceptions as click_errors
@@ -106,7 +108,7 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk, plan=run.plan,
                               interleave=run.interleave, max_memory=run.max_memory)
     failures: list[WkvlabError] = []
-    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title) as advance:
+    with progress_bar(api.total_steps(work, weight_specs, kv_specs, options), title, grid=(weight_specs, kv_specs)) as advance:
         try:
             results = api.evaluate_workload(work, weight_specs, kv_specs, advance, calibration, options, run.baseline)
         except OutOfMemory as exc:  # keep what finished: written and printed below, then the one line
@@ -191,18 +193,20 @@ def _grid_facts(model: str, data: str, ctx: int, tokens: int, weights: list[Weig
 
 @app.command("eval")
 def eval_command(
-    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
+    model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file, an HF folder, or an HF id org/name (local HF cache first)")] = "default",
     data: Annotated[str, typer.Option(help="'default' (pydoc prose), 'code' (stdlib source), a UTF-8 .txt/.jsonl file, hf:<dataset>, or selfgen[:<tokens>] (text the model samples itself, cached)")] = "default",
     ctx: Annotated[int, typer.Option(help="tokens per window (BOS included when the model wants one)")] = 1024,
     tokens: Annotated[int, typer.Option(help="tokens to evaluate, rounded down to whole windows")] = 8192,
-    weights: Annotated[Optional[list[str]], typer.Option(help="weight config(s): none, bf16, fp16, int8, int4-g128, int<b>[-g<G>], gptq-int4-g128, awq-int4-g128, w8a8-int8, llm-int8, fp8, fp8-wo, nvfp4, nvfp4-mlp, mxfp4, options after ';' (repeat or comma-separate; 'wkvlab presets' lists all)")] = None,
-    kv: Annotated[Optional[list[str]], typer.Option(help="KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ..., K/V pairs (q8_0/q4_0), presets (llamacpp:q4_0, vllm:fp8_e4m3, exl3:k4v4), options (+rot, +sinks=4, +residual=128, +skip=0,1, +q=q8_0), @spec.yaml")] = None,
+    weights: Annotated[Optional[list[str]], typer.Option(help=weights_help(tuple(WEIGHT_PRESETS)))] = None,
+    kv: Annotated[Optional[list[str]], typer.Option(help=kv_help())] = None,
     score: Annotated[str, typer.Option(help="'all' positions or 'second-half' of each window (llama.cpp)")] = "all",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON (a list when several configs run)")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq/w8a8-int8/static scales: prose, code, math, or a file (samples come from its end)")] = "prose",
     calib_samples: Annotated[int, typer.Option(help="calibration samples")] = 16,
     calib_len: Annotated[int, typer.Option(help="tokens per calibration sample")] = 512,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda (one GPU, or all visible GPUs when the model needs them) or cuda:<N>")] = "auto",
     dtype: Annotated[str, typer.Option(help="precision of the reference: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
     chunk: Annotated[Optional[int], typer.Option(help="queries per prefill chunk (default: from the vocabulary size; the numbers do not depend on it)")] = None,
@@ -227,6 +231,8 @@ def eval_command(
         check_window_options(ctx, score)
     else:
         check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
+        check_weights_for_model(weight_specs, model)
+        check_weight_groups(weight_specs, model)
         if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
             check_data(data)
     check_calibration(calib, calib_samples, calib_len)
@@ -236,7 +242,7 @@ def eval_command(
         raise ConfigError(f"unknown --baseline {baseline!r}; use auto, float or engine")
     if max_memory is not None and max_memory <= 0:
         raise ConfigError(f"--max-memory {max_memory} must be a positive number of GiB")
-    start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs))
+    start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache)
     calibration = CalibrationSpec(calib, calib_samples, calib_len)
     run = RunFlags(device, dtype, chunk, reference, topk, store, baseline, memory_plan,
                    max_memory=int(max_memory * 2**30) if max_memory is not None else None)
@@ -254,16 +260,19 @@ def demo_command(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the grid as JSON")] = None,
     report: Annotated[Optional[Path], typer.Option(help="also write the grid's HTML report, PNGs and tables into this folder (docs/report.md)")] = None,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """The main job: weights {bf16, int8, int4-g128} × KV {fp16, fp8_e4m3, int8, int4} on the default model and text."""
     from wkvlab.report.output import check_folder as check_report_folder
 
     weight_specs, kv_specs = parse_configs(DEMO_WEIGHTS, DEMO_KV)
     check_kv_for_model(kv_specs, check_model(model, ctx, tokens))
+    check_weights_for_model(weight_specs, model)
     check_output_file(json_out, "--json")
     if report is not None:
         check_report_folder(report)  # before the grid: a refused folder must not cost the whole run
-    start_run("demo", threads, _grid_facts(model, "default", ctx, tokens, weight_specs, kv_specs))
+    start_run("demo", threads, _grid_facts(model, "default", ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache)
     results = _run_and_print(model, "default", ctx, tokens, weight_specs, kv_specs, "all", "demo")
     if report is not None:
         from wkvlab.report import write_report

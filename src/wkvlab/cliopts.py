@@ -7,6 +7,7 @@ then :func:`start_run` chooses the threads and prints the run header; only then 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -18,9 +19,26 @@ ThreadsOption = Annotated[Optional[int], typer.Option(
     "--threads", help=f"CPU threads (torch, llama.cpp); default: the cores other work leaves idle, at least 1 "
                       f"(docs/threads.md); also {ENV}", show_default=False)]
 
+MarginOption = Annotated[float, typer.Option(
+    "--margin", help="the decision rule's practical margin m as a fraction: of the cache's own effect for an interaction, "
+                     "of the baseline's KLD for a difference (docs/explain.md, 'The decision rule')")]
 
-def start_run(command: str, threads: int | None, facts: str = "") -> ThreadChoice:
-    """Choose and set the threads, print the header line; call after all checks, before heavy work."""
+
+CacheDirOption = Annotated[Optional[Path], typer.Option(
+    "--cache-dir", help="wkvlab's disk cache: calibrated weight builds, K/V statistics, GGUF copies (docs/weights.md); "
+                        "default $WKVLAB_CACHE or ~/.cache/wkvlab", show_default=False)]
+NoWeightCacheOption = Annotated[bool, typer.Option(
+    "--no-weight-cache", help="neither read nor write calibrated weight builds (GPTQ/AWQ/SmoothQuant, about the decoder's size each) on disk")]
+
+
+def start_run(command: str, threads: int | None, facts: str = "", cache_dir: Path | None = None,
+              weight_cache: bool = True) -> ThreadChoice:
+    """Choose and set the threads, apply ``--cache-dir`` / ``--no-weight-cache``, print the header
+    line (with the cache's size); call after all checks, before heavy work."""
+    from wkvlab.models.cache import describe_cache, use_cache
+
+    use_cache(cache_dir, weight_cache)
+    facts = f"{facts}; {describe_cache()}" if facts else describe_cache()
     # transformers' GGUF converter draws a tqdm bar that our status line already says; tqdm reads
     # TQDM_DISABLE only when it is imported, so it must be set before the API imports transformers.
     os.environ.setdefault("TQDM_DISABLE", "1")

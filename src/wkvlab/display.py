@@ -45,30 +45,130 @@ def _interval() -> float:
         return 10.0
 
 
-class PlainProgress:
-    """Timestamped progress lines for non-terminals, at most one per ``interval`` seconds.
+class StepCosts:
+    """The ETA of a run whose steps cost very different amounts: weight builds and calibrations
+    (a GPTQ build of a 0.5B model: minutes) beside window passes (a 256-token pass: a second).
 
-    The ETA is the average time per step so far times the steps left: steps are chosen to cost
-    about the same (a window, a layer of a calibrated method), and the average over the whole run
-    does not swing with one slow step the way a short moving window does.
+    ``builds`` names the run's build steps: weight label → its cost class (``cheap`` for a cast or
+    round-to-nearest, ``calibrated`` for GPTQ/AWQ/SmoothQuant), and ``kv-calibration`` → how many KV
+    calibrations run. Each class is timed on its own: the time between two progress calls is the
+    cost of the step the second one reports. A build in progress (per-layer fractions) finishes at
+    its own rate; a build not yet started costs what its class has cost so far (the one in progress
+    counted at its projected total); the passes left cost what the passes so far cost. A class not
+    yet timed (the first GPTQ build still ahead; the passes, while the copies plan builds every
+    weight config first) adds nothing, and the ETA then reads ``5:12+``: a lower bound. Without
+    ``builds`` it is the old rule: the average time per step so far times the steps left.
     """
 
-    def __init__(self, total: float, title: str, write: Callable[[str], None], interval: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.total, self.title, self.write, self.interval, self.clock = max(total, 1e-9), title, write, interval, clock
+    def __init__(self, total: float, builds: dict[str, str] | None, clock: Callable[[], float], kv_calibrations: int = 0) -> None:
+        self.total, self.clock = max(total, 1e-9), clock
+        self.classes = dict(builds) if builds is not None else None
+        self.expected: dict[str, int] = {}
+        for kind in (self.classes or {}).values():
+            self.expected[kind] = self.expected.get(kind, 0) + 1
+        if kv_calibrations:
+            self.expected["kv-calibration"] = kv_calibrations
+        self.start = self.last = clock()
         self.done = 0.0
-        self.start = clock()
+        self.pass_seconds = self.pass_steps = 0.0
+        self.finished: dict[str, list[float]] = {}  # class -> seconds of each finished build
+        self.current: list = [None, 0.0, 0.0]  # the build in progress: class, fraction done, seconds so far
+
+    def kind(self, description: str) -> str:
+        """The cost class of the step ``description`` reports (wkvlab.weights.apply, eval.runner word them)."""
+        if self.classes is None:
+            return "pass"
+        if description.startswith("calibrated KV statistics"):
+            return "kv-calibration"
+        for prefix, end in (("quantizing ", ": "), ("quantized weights ", None)):
+            if description.startswith(prefix):
+                label = description[len(prefix):]
+                label = label.split(end)[0] if end else label
+                return self.classes.get(label, "calibrated")
+        return "pass"
+
+    def advance(self, description: str, steps: float) -> None:
+        now, kind = self.clock(), self.kind(description)
+        spent, self.last = now - self.last, now
+        self.done = min(self.total, self.done + steps)
+        if kind == "pass":
+            self.pass_seconds += spent
+            self.pass_steps += steps
+            return
+        if self.current[0] not in (None, kind):  # a build that never reported its end: count it as finished
+            self._close()
+        self.current = [kind, self.current[1] + steps, self.current[2] + spent]
+        if self.current[1] >= 1 - 1e-6:
+            self._close()
+
+    def _close(self) -> None:
+        kind, fraction, seconds = self.current
+        self.finished.setdefault(kind, []).append(seconds / max(fraction, 1e-9) if fraction < 1 else seconds)
+        self.current = [None, 0.0, 0.0]
+
+    def remaining(self) -> tuple[float | None, bool]:
+        """(seconds left, whether some steps left are not yet timed: then a lower bound); (None, True) before any step."""
+        if self.done <= 0:
+            return None, True
+        if self.classes is None:
+            return (self.clock() - self.start) / self.done * max(self.total - self.done, 0.0), False
+        kind, fraction, spent = self.current
+        left, untimed = 0.0, False
+        for cls, count in self.expected.items():
+            measured = list(self.finished.get(cls, []))
+            running = cls == kind and fraction > 0
+            if running:
+                left += spent / fraction * (1 - fraction)  # its own rate
+                measured.append(spent / fraction)
+            future = count - len(self.finished.get(cls, [])) - running
+            if future > 0:
+                if measured:
+                    left += future * sum(measured) / len(measured)
+                else:
+                    untimed = True
+        builds = sum(self.expected.values())
+        passes_left = max(0.0, self.total - builds - self.pass_steps)
+        if passes_left > 0:
+            if self.pass_steps > 0:
+                left += passes_left * self.pass_seconds / self.pass_steps
+            else:
+                untimed = True
+        return left, untimed
+
+    def text(self) -> str:
+        left, untimed = self.remaining()
+        return "-" if left is None else _clock(left) + ("+" if untimed and self.done < self.total else "")
+
+
+def build_classes(weights, kv) -> tuple[dict[str, str], int]:
+    """:class:`StepCosts`' ``builds`` and ``kv_calibrations`` for a weights × KV grid (one build per weight config)."""
+    classes = {w.label: "calibrated" if w.needs_calibration else "cheap" for w in weights}
+    return classes, len(weights) if any(k.needs_calibration for k in kv) else 0
+
+
+class PlainProgress:
+    """Timestamped progress lines for non-terminals, at most one per ``interval`` seconds, each with
+    the ETA of :class:`StepCosts` (``builds``: how many of the steps are weight builds)."""
+
+    def __init__(self, total: float, title: str, write: Callable[[str], None], interval: float,
+                 clock: Callable[[], float] = time.monotonic, builds: dict[str, str] | None = None, kv_calibrations: int = 0) -> None:
+        self.total, self.title, self.write, self.interval, self.clock = max(total, 1e-9), title, write, interval, clock
+        self.costs = StepCosts(total, builds, clock, kv_calibrations)
+        self.start = self.costs.start
         self.last_line: float | None = None
+
+    @property
+    def done(self) -> float:
+        return self.costs.done
 
     def line(self, description: str) -> str:
         elapsed = self.clock() - self.start
-        eta = "-" if self.done <= 0 else _clock(elapsed / self.done * max(self.total - self.done, 0.0))
         stamp = datetime.now().strftime("%H:%M:%S")
         return (f"{stamp} {self.title} {self.done:.4g}/{self.total:.4g} ({100 * self.done / self.total:.0f}%) "
-                f"elapsed {_clock(elapsed)} eta {eta}" + (f" · {description}" if description else ""))
+                f"elapsed {_clock(elapsed)} eta {self.costs.text()}" + (f" · {description}" if description else ""))
 
     def advance(self, description: str, steps: float) -> None:
-        self.done = min(self.total, self.done + steps)
+        self.costs.advance(description, steps)
         now = self.clock()
         if self.last_line is None or now - self.last_line >= self.interval or self.done >= self.total:
             self.last_line = now
@@ -76,7 +176,7 @@ class PlainProgress:
 
     def finish(self) -> None:
         if self.done < self.total:  # an upper-bound step count finished early: say so once
-            self.done = self.total
+            self.costs.done = self.total
             self.write(self.line("done"))
 
 
@@ -85,23 +185,27 @@ def _plain_write(text: str) -> None:
 
 
 @contextmanager
-def progress_bar(total: float, title: str) -> Iterator[Advance]:
+def progress_bar(total: float, title: str, grid: tuple[list, list] | None = None) -> Iterator[Advance]:
     """Progress with ETA on stderr (a bar on a terminal, timestamped lines elsewhere); yields the
-    callback the runner expects."""
+    callback the runner expects. ``grid`` (weight specs, KV specs): the ETA times the weight builds
+    and calibrations apart from the window passes (:class:`StepCosts`)."""
+    builds, kv_calibrations = build_classes(*grid) if grid is not None else (None, 0)
     if not err_console.is_terminal:
-        plain = PlainProgress(total, title, _plain_write, _interval())
+        plain = PlainProgress(total, title, _plain_write, _interval(), builds=builds, kv_calibrations=kv_calibrations)
         plain.write(f"{datetime.now():%H:%M:%S} {title}: {total:.4g} steps")
         yield plain.advance
         plain.finish()
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"))
+    costs = StepCosts(total, builds, time.monotonic, kv_calibrations)
     with Progress(*columns, console=err_console, transient=False) as bar:
-        task = bar.add_task(title, total=total)
+        task = bar.add_task(title, total=total, eta="-")
 
         def advance(description: str, steps: float) -> None:
-            bar.update(task, advance=steps, description=f"{title}: {escape(description)}")
+            costs.advance(description, steps)
+            bar.update(task, advance=steps, description=f"{title}: {escape(description)}", eta=costs.text())
 
         yield advance
         bar.update(task, completed=total, description=title)

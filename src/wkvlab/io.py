@@ -8,7 +8,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from wkvlab.errors import ConfigError
+from wkvlab.preflight import check_output_file  # the output-path check lives with the other checks
+
+__all__ = ["check_output_file", "json_safe", "write_json_atomic"]
 
 
 def json_safe(value: Any) -> Any:
@@ -27,29 +29,6 @@ def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
-
-
-def check_output_file(path: Path | None, option: str = "--json", suffixes: tuple[str, ...] = ()) -> None:
-    """Refuse an output file that could not be written, before the work that produces it.
-
-    Nothing is created: the folder must exist and be writable, the path must not be a folder, and
-    (with ``suffixes``) the name must end in one of them. Writing is still atomic and re-checked.
-    """
-    if path is None:
-        return
-    path = Path(path)
-    example = f"results{suffixes[0] if suffixes else '.json'}"
-    if path.is_dir():
-        raise ConfigError(f"{option} {path} is a folder; give a file name such as {path / example}")
-    if suffixes and path.suffix.lower() not in suffixes:
-        raise ConfigError(f"{option} {path}: use a file name ending in {' or '.join(suffixes)}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError(f"folder {parent} does not exist; create it or choose another {option} path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"folder {parent} is not writable; choose another {option} path")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ConfigError(f"{option} {path} exists and is not writable; choose another path")
 
 
 def write_json_atomic(path: Path, payload: Any, option: str = "--json") -> None:

@@ -7,6 +7,7 @@ that each name the README mentions appears here).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -82,6 +83,32 @@ KV_OPTIONS = (
 
 # Presets whose name is a pattern: the example parsed for them.
 KV_PRESET_EXAMPLES = {"llamacpp:<k>/<v>": "llamacpp:q8_0/q4_0", "llamacpp-x86:<k>/<v>": "llamacpp-x86:q8_0", "exl3:k<b>v<b>": "exl3:k4v4", "exl3-fa:k<b>v<b>": "exl3-fa:k4v4", "K<b>V<b>": "K8V4", "KV<b>": "KV4"}
+
+
+def _options(forms: tuple[Form, ...]) -> str:
+    """The option names the forms start with: '+a=', '+wo', ... (each once)."""
+    names = []
+    for form in forms:
+        token = form.pattern.split(" ")[0]
+        name = re.split(r"[=\[|]", token)[0] + ("=" if re.search(r"(?<!\[)=", token) else "")
+        names.append(name)
+    return " ".join(dict.fromkeys(names))
+
+
+def weights_help(preset_names: tuple[str, ...]) -> str:
+    """``--weights``' help, built from the listing above and the presets, so it says what
+    ``wkvlab presets`` says (one grammar, one separator: '+')."""
+    names = ", ".join(form.pattern for form in WEIGHT_NAMES)
+    grammar = ", ".join(form.pattern for form in WEIGHT_GRAMMAR if not form.pattern.startswith("<file>"))
+    return (f"weight config(s): {names}, {grammar}; presets {', '.join(preset_names)}; options after '+' "
+            f"({_options(WEIGHT_OPTIONS)}), e.g. {WEIGHT_OPTIONS[3].example} (repeat or comma-separate; 'wkvlab presets' lists all)")
+
+
+def kv_help() -> str:
+    """``--kv``' help, built from the listing above (as ``wkvlab presets`` prints it)."""
+    grammar = ", ".join(form.pattern for form in KV_GRAMMAR)
+    return (f"KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ... ({grammar}), presets (llamacpp:q4_0, vllm:fp8_e4m3, "
+            f"exl3:k4v4, kivi2, ...), options after '+' ({_options(KV_OPTIONS)}) ('wkvlab presets' lists all)")
 
 
 def check_examples() -> None:

@@ -8,6 +8,9 @@ is worded in one place.
 """
 from __future__ import annotations
 
+import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -35,6 +38,17 @@ def check_model(model: str, ctx: int, tokens: int | None = None, score: str = "a
     facts = model_facts(model)
     check_context_fits(ctx, tokens, facts.max_context if facts else 1 << 30, model)
     return facts
+
+
+def check_weights_for_model(specs: Iterable[WeightSpec], model: str) -> None:
+    """Weight configs the model's config.json already rules out (MoE experts under AWQ, an
+    architecture without an AWQ/SmoothQuant mapping), refused before loading."""
+    from wkvlab.models.facts import folder_config
+    from wkvlab.weights.support import check_config
+
+    config = folder_config(model)
+    if config is not None:
+        check_config(specs, config, Path(model).name)
 
 
 def check_kv_for_model(specs: Iterable[KVSpec], facts: ModelFacts | None) -> None:
@@ -68,3 +82,106 @@ def require_store(path: Path, create: bool = False) -> None:
     from wkvlab.store.schema import check_store
 
     check_store(Path(path), create)
+    folder = Path(path).parent if str(Path(path).parent) else Path(".")
+    if create and (refusal := folder_refusal(folder)) is not None:  # SQLite writes its journal beside the store
+        raise ConfigError(f"folder {folder} does not take new files ({refusal}); choose another --store path")
+
+
+def folder_refusal(folder: Path) -> str | None:
+    """Why a new file cannot be created in ``folder`` (None when it can), found by creating and
+    removing one: mode bits say nothing for root, and /sys, /proc or a read-only mount refuse even root."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".wkvlab-probe-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+# The suffix an output option's file must have when the caller does not say (docs/cli.md).
+DEFAULT_SUFFIXES = {"--json": (".json",)}
+
+
+def check_output_file(path: Path | None, option: str = "--json", suffixes: tuple[str, ...] = ()) -> None:
+    """Refuse an output file that could not be written, before the work that produces it.
+
+    The folder must exist and take a new file (tried, not read from its mode bits), the path must
+    not be a folder, and the name must end in one of ``suffixes`` (``--json``: ``.json``). Nothing is
+    left behind. Writing is still atomic and re-checked (:func:`wkvlab.io.write_json_atomic`)."""
+    if path is None:
+        return
+    path = Path(path)
+    suffixes = suffixes or DEFAULT_SUFFIXES.get(option, ())
+    example = f"results{suffixes[0] if suffixes else '.json'}"
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a folder; give a file name such as {path / example}")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ConfigError(f"{option} {path}: use a file name ending in {' or '.join(suffixes)}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"folder {parent} does not exist; create it or choose another {option} path")
+    refusal = folder_refusal(parent)
+    if refusal is not None:
+        raise ConfigError(f"folder {parent} does not take new files ({refusal}); choose another {option} path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{option} {path} exists and is not writable; choose another path")
+
+
+def check_one_config(weight_specs: list[WeightSpec], kv_specs: list[KVSpec], command: str) -> None:
+    """Commands that explain one weights × KV pair refuse a list up front (each names the grid command)."""
+    if len(weight_specs) != 1:
+        raise ConfigError(f"{command} takes one weight config, got {len(weight_specs)}; to evaluate a grid use 'wkvlab eval'")
+    if len(kv_specs) != 1:
+        raise ConfigError(f"{command} takes one KV config, got {len(kv_specs)} ({', '.join(k.canonical() for k in kv_specs)}); "
+                          "to evaluate a grid use 'wkvlab eval'")
+
+
+def layer_input_widths(model: str) -> tuple[int, ...]:
+    """The input widths of the model's quantized linear layers, from its files (empty when unknown):
+    hidden size (q/k/v, gate/up), attention output (heads × head_dim into o_proj), MLP width (down_proj)."""
+    import json
+
+    from wkvlab.models.facts import _existing_file, gguf_metadata
+
+    source = _existing_file(model)
+    try:
+        if source is None:
+            return ()
+        if source.is_dir():
+            cfg = json.loads((source / "config.json").read_text())
+            cfg = cfg.get("text_config", cfg)
+            hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            head_dim = int(cfg.get("head_dim") or hidden // heads)
+            mlp = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+        else:
+            meta = gguf_metadata(source, ("{arch}.embedding_length", "{arch}.attention.head_count", "{arch}.attention.key_length",
+                                          "{arch}.feed_forward_length"))
+            hidden, heads = int(meta["{arch}.embedding_length"]), int(meta["{arch}.attention.head_count"])
+            head_dim = int(meta.get("{arch}.attention.key_length") or hidden // heads)
+            mlp = int(meta["{arch}.feed_forward_length"])
+    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError, EOFError):
+        return ()
+    return tuple(sorted({hidden, heads * head_dim, mlp}))
+
+
+def check_weight_groups(specs: Iterable[WeightSpec], model: str) -> None:
+    """Integer weight groups that no layer can hold, refused with the group sizes that fit: wider
+    than a layer's input (that layer would silently fall back to one scale per row), or dividing
+    none of the widths (every row would end in a shorter group). A group that divides some widths
+    runs, with a note (weights/rtn.py: ragged_group_note), as GPTQ's reference allows."""
+    checked = [s for s in specs if s.format == "int" and s.group_size is not None and s.method in ("rtn", "gptq", "awq")]
+    widths = layer_input_widths(model) if checked else ()
+    if not widths:
+        return
+    common = math.gcd(*widths)
+    fits = [g for g in range(8, common + 1, 8) if common % g == 0] or [common]
+    hint = f"group sizes that divide every width: {', '.join(map(str, fits[-6:]))}"
+    for spec in checked:
+        group = spec.group_size
+        if group > widths[0]:
+            raise ConfigError(f"--weights {spec.label}: groups of {group} are wider than {model}'s layer input of {widths[0]} "
+                              f"(input widths {', '.join(map(str, widths))}); {hint}")
+        if all(w % group for w in widths):
+            raise ConfigError(f"--weights {spec.label}: groups of {group} divide none of {model}'s layer input widths "
+                              f"({', '.join(map(str, widths))}); {hint}")

@@ -71,8 +71,9 @@ def choose_threads(option: int | None = None, environ: dict[str, str] | None = N
     load = busy_cores()
     if load is None:
         return ThreadChoice(1, "auto", cores)
-    # Cores left idle by everything else; a core more than a quarter busy is not worth a spinning thread.
-    idle = int(cores - load + 0.25)
+    # Cores left idle by everything else, to the nearest core (halves up): a core less than half busy
+    # counts as idle (load 0.3 on 2 cores: 2 threads), one more than half busy is not worth a spinning thread.
+    idle = int(cores - load + 0.5)
     return ThreadChoice(max(1, min(cores, idle)), "auto", cores, round(load, 2))
 
 

@@ -7,7 +7,7 @@ windows ranged 0.90–1.08 over 4 windows × 5 types, two 256-token windows 0.74
 """
 import pytest
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed; make test installs the llamacpp extra")
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed; make test-all installs the llamacpp extra")
 
 from wkvlab.engines.compare import compare_engine  # noqa: E402
 from wkvlab.engines.run import engine_workload  # noqa: E402

@@ -1,9 +1,9 @@
-"""llama.cpp in-process on the default model's GGUF (slow: needs llama-cpp-python, which make test installs)."""
+"""llama.cpp in-process on the default model's GGUF (slow: needs llama-cpp-python, which make test-all installs)."""
 import numpy as np
 import pytest
 import torch
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed; make test installs the llamacpp extra")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed; make test-all installs the llamacpp extra")
 
 from wkvlab.engines.bridge import compare_window  # noqa: E402
 from wkvlab.engines.llamacpp import LlamaCppEngine  # noqa: E402

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed; make test installs the llamacpp extra")
+pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed; make test-all installs the llamacpp extra")
 
 from wkvlab.engines.bridge import compare_window  # noqa: E402
 from wkvlab.engines.llamacpp import LlamaCppEngine  # noqa: E402

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed; make test installs the llamacpp extra")
+pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed; make test-all installs the llamacpp extra")
 
 from tests.engines.scores import reported_topk  # noqa: E402
 from wkvlab.engines import api  # noqa: E402

@@ -32,7 +32,7 @@ def test_hand_computed_kld_and_ppl_effects():
     # the window noise cancels in the interaction on every resample: a point interval at 0.02
     assert f.kld.interaction.estimate == pytest.approx(0.02)
     assert f.kld.interaction.low == pytest.approx(0.02) and f.kld.interaction.high == pytest.approx(0.02)
-    assert f.kld.interaction.excludes_zero and not f.kld.additive
+    assert f.kld.interaction.excludes_zero and not f.kld.additive and f.kld.word == "compounds"
     assert f.kld.ratio.estimate == pytest.approx((0.17 + 2 * n) / (0.15 + 2 * n))
     e = np.exp
     assert f.ppl.reference == pytest.approx(e(1.0))
@@ -108,4 +108,30 @@ def test_a_single_window_factorial_refuses_its_verdict():
              "c": result(0.05 + n, nll=1.2, windows=1), "wc": result(0.2 + 2 * n, nll=1.4, windows=1, weights="int4-g128", kv="int4")}
     f = factorial(cells, n_resamples=200)
     assert f.kld.interaction.estimate == pytest.approx(0.05) and not f.kld.interaction.decided
-    assert f.kld.additive  # not called compounding: nothing is decided
+    assert not f.kld.additive and f.kld.word == "undecided"  # neither compounding nor additive: nothing is decided
+
+
+def test_three_windows_and_a_true_interaction_print_undecided_never_additive():
+    """The issue's done-when: 3 windows, a true +0.05 interaction. No interval → undecided, with what would decide it."""
+    from wkvlab.explain.verdict import additivity
+
+    n = window_noise(3, windows=3)
+    cells = {"ref": result(0.0, windows=3), "w": result(0.1 + n, nll=1.1, windows=3, weights="int4-g128", kv="fp16"),
+             "c": result(0.05 + n, nll=1.2, windows=3), "wc": result(0.2 + 2 * n, nll=1.4, windows=3, weights="int4-g128", kv="int4")}
+    f = factorial(cells, n_resamples=200)
+    for metric in ("kld", "ppl", "top1"):
+        assert f.metric(metric).verdict.outcome == "undecided" and not f.metric(metric).additive
+    lines = additivity(f)
+    assert lines[0].startswith("Undecided") and "Additive" not in lines[0] and "additive" not in lines[0]
+    assert "margin ±" in lines[0] and "Holm over 3 tests" in lines[0] and "≥ 8 units" in lines[0]
+    assert all("margin ±" in line and "Holm over 3 tests" in line for line in lines)
+
+
+def test_verdicts_follow_the_margin_and_name_it():
+    """8 windows, interaction +0.02 exactly (the noise cancels): beyond m = 10% of KLD(C) → compounds;
+    with a margin of 50% of KLD(C) (> 0.02) the same interaction is additive within ±m."""
+    f = factorial(_cells(), n_resamples=300)
+    assert f.kld.verdict.outcome == "above" and f.kld.word == "compounds"
+    assert f.kld.verdict.margin.value == pytest.approx(0.1 * f.kld.c.estimate) and f.kld.verdict.family_size == 3
+    wide = factorial(_cells(), n_resamples=300, margin=0.5)
+    assert wide.kld.verdict.outcome == "within" and wide.kld.additive

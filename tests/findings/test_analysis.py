@@ -4,10 +4,9 @@ import pytest
 
 from wkvlab.eval.metrics import position_buckets
 from wkvlab.eval.result import EvalResult, TokenArrays
-from wkvlab.findings.analysis import additivity, calibration, penalties, tokens_to_decide
+from wkvlab.findings.analysis import additivity, calibration, method_differences, penalties
 from wkvlab.findings.render import additivity_markdown, calibration_markdown, penalty_markdown
 from wkvlab.kv import KVSpec
-from wkvlab.stats import Interval
 from wkvlab.weights.spec import WeightSpec
 
 WINDOWS, CTX = 32, 65
@@ -35,26 +34,38 @@ def test_compounding_is_found_and_decided():
     (row,) = additivity(_grid(interaction=0.05), n_resamples=500)
     assert (row.weights, row.kv) == ("int4-g128", "int4")
     assert row.interaction.estimate == pytest.approx(0.05 - 0.0, abs=0.01)  # wc − w − c, per_window counted twice in wc
-    assert row.interaction.low > 0 and row.verdict == "compounds (more than the sum)"
-    assert row.resolved and row.tokens_needed is None
+    assert row.interaction.low > 0 and row.verdict.word == "compounds" and row.tokens_needed is None
+    assert row.verdict.margin.value == pytest.approx(0.1 * row.c.estimate)
     assert row.share == pytest.approx(row.interaction.estimate / (row.w.estimate + row.c.estimate))
-    assert "compounds" in additivity_markdown([row])
+    assert row.share_of_cache == pytest.approx(row.interaction.estimate / row.c.estimate)
+    text = additivity_markdown([row])
+    assert "compounds" in text and "Holm over 1 test" in text and "margin m = 10%" in text
 
 
-def test_additive_grid_is_additive():
+def test_additive_grid_is_additive_within_the_margin():
     (row,) = additivity(_grid(interaction=0.0), n_resamples=500)
-    assert row.interaction.decided and row.resolved
-    assert row.interaction.contains(0.0) and row.verdict == "additive within the interval"
+    assert row.interaction.decided and row.verdict.outcome == "within"
+    assert row.verdict.adjusted.low >= -row.verdict.margin.value and row.verdict.adjusted.high <= row.verdict.margin.value
 
 
-def test_an_interval_wider_than_the_smaller_effect_is_not_called_additive():
-    # per-token noise 1.5 against a cache effect of 0.10: the interval holds 0 but cannot tell 0 from the effect
+def test_an_interval_wider_than_the_margin_is_undecided_not_additive():
+    # per-token noise 1.5 against a cache effect of 0.10: the interval holds 0 but cannot tell 0 from ±m
     (row,) = additivity(_grid(interaction=0.0, noise=1.5), n_resamples=500)
-    width = row.interaction.high - row.interaction.low
-    assert row.interaction.contains(0.0) and not row.resolved and width > row.smaller_effect
-    assert row.verdict == "not resolved (interval wider than the smaller effect)"
-    assert row.tokens_needed == int(np.ceil(row.tokens * (width / row.smaller_effect) ** 2))
-    assert f"no: ~{row.tokens_needed:,} tokens" in additivity_markdown([row])
+    assert row.interaction.contains(0.0) and row.verdict.outcome == "undecided"
+    half, target = row.verdict.adjusted.half_width, row.verdict.margin.value - abs(row.verdict.adjusted.estimate)
+    assert row.tokens_needed == int(np.ceil(row.tokens * (half / target) ** 2))
+    assert f"~{row.tokens_needed:,} tokens" in additivity_markdown([row])
+
+
+def test_the_grid_is_one_family():
+    """Two rows: each verdict is Holm-adjusted over both, and its adjusted interval is wider than its raw one."""
+    grid = _grid(interaction=0.05)
+    extra = _grid(interaction=0.0)
+    grid += [_result("none", "int8", extra[1].arrays.kld), _result("int4-g128", "int8", grid[2].arrays.kld + extra[1].arrays.kld)]
+    rows = additivity(grid, n_resamples=500)
+    assert len(rows) == 2 and all(r.verdict.family_size == 2 for r in rows)
+    assert all(r.verdict.adjusted.low <= r.interaction.low and r.verdict.adjusted.high >= r.interaction.high for r in rows)
+    assert "Holm over 2 tests" in additivity_markdown(rows)
 
 
 def test_methods_difference_is_the_additivity_interaction():
@@ -64,6 +75,16 @@ def test_methods_difference_is_the_additivity_interaction():
     (row,) = additivity(grid, n_resamples=300)
     versus = {(r.weights, r.kv): r for r in penalties(grid, n_resamples=300)}[("int4-g128", "int4")].vs_unquantized
     assert (versus.estimate, versus.low, versus.high) == (row.interaction.estimate, row.interaction.low, row.interaction.high)
+
+
+def test_results_on_other_tokens_are_refused():
+    from wkvlab.errors import DataError
+
+    grid = _grid(interaction=0.0)
+    other = grid[3]
+    other.arrays.nll_ref[:] = 1.0  # same shapes, other reference losses: not the same tokens
+    with pytest.raises(DataError, match="same tokens"):
+        additivity(grid)
 
 
 def test_a_grid_without_its_reference_cell_is_refused():
@@ -88,14 +109,9 @@ def test_penalty_under_quantized_weights_and_its_difference():
     plain, under = rows[("none", "int4")], rows[("int4-g128", "int4")]
     assert plain.penalty.estimate == pytest.approx(0.10, abs=0.01) and plain.vs_unquantized is None
     assert under.penalty.estimate == pytest.approx(0.15, abs=0.01)  # c + interaction
-    assert under.vs_unquantized.low > 0
-    assert "↑" in penalty_markdown(list(rows.values()))
-
-
-def test_tokens_to_decide_scales_with_the_square_of_the_width():
-    interval = Interval(0.0, -0.01, 0.01, 0.95, 16, 2000)
-    assert tokens_to_decide(interval, 0.01, 1000) == 4000  # width 0.02 → 0.01 needs 4× the tokens
-    assert tokens_to_decide(interval, 0.05, 1000) is None
+    assert under.vs_unquantized.low > 0 and under.verdict.outcome == "above"
+    text = penalty_markdown(list(rows.values()))
+    assert "↑" in text and "Holm over 1 test" in text
 
 
 def test_calibration_mismatch_is_paired_against_the_own_domain():
@@ -107,7 +123,17 @@ def test_calibration_mismatch_is_paired_against_the_own_domain():
     (row,) = calibration(grid, n_resamples=500)
     assert row.own == "prose" and set(row.mismatch) == {"code", "math"}
     assert row.mismatch["code"].estimate == pytest.approx(0.03, abs=0.005) and row.mismatch["code"].low > 0
-    assert "calibrated on code" in calibration_markdown([row])
+    assert row.verdicts["code"].word == "higher" and row.verdicts["code"].family_size == 2
+    assert "calibrated on code" in calibration_markdown([row]) and "Holm over 2 tests" in calibration_markdown([row])
+
+
+def test_a_calibration_text_other_than_prose_code_math_is_accepted():
+    rng = np.random.default_rng(2)
+    size = WINDOWS * (CTX - 1)
+    grid = {(calib, "default"): [_result("gptq-int4-g128", "fp16", level + rng.normal(0, 0.01, size))]
+            for calib, level in (("prose", 0.10), ("legal", 0.11))}
+    (row,) = calibration(grid, n_resamples=200)
+    assert set(row.mismatch) == {"legal"}
 
 
 def test_engine_markdown_shows_ratio_and_window_spread():
@@ -130,3 +156,19 @@ def test_finding_sweeps_run_one_weight_config_per_task():
         plan = plan_sweep(spec, None)
         assert all(len({c.label.split(" × ")[0] for c in t.configs}) == 1 for t in plan.tasks), spec.name
         assert len(plan.tasks) == len(spec.weights)
+
+
+def test_weight_methods_are_compared_as_differences():
+    """A significant row next to a non-significant one is not a difference: the pair is tested itself."""
+    grid = _grid(interaction=0.05)  # int4-g128 compounds with int4
+    rng = np.random.default_rng(3)
+    size = WINDOWS * (CTX - 1)
+    w2 = 0.20 + rng.normal(0, 0.01, size)
+    grid += [_result("gptq-int4-g128", "fp16", w2), _result("gptq-int4-g128", "int4", w2 + grid[1].arrays.kld + rng.normal(0, 0.01, size))]
+    (d,) = method_differences(grid, n_resamples=500)
+    assert (d.kv, d.a, d.b) == ("int4", "int4-g128", "gptq-int4-g128")
+    assert d.difference.estimate == pytest.approx(0.05, abs=0.01) and d.verdict.word == "higher"
+    assert d.verdict.margin.value == pytest.approx(0.1 * grid[1].arrays.kld.mean())
+    from wkvlab.findings.render import method_differences_markdown
+
+    assert "int4-g128 − gptq-int4-g128" in method_differences_markdown([d])

@@ -63,4 +63,6 @@ def test_a_rerun_reads_profiles_and_scores_back_without_measuring(tiny_folder, f
 def test_markdown_shows_every_row_with_its_interval(finding):
     text = search_markdown(finding.to_dict())
     assert text.count("\n| default |") + text.count("\n| code |") >= len(finding.rows)
-    assert "aware − unaware [95%]" in text and "Spearman between the two profile texts" in text
+    assert "aware − unaware [raw 95%] → verdict" in text and "Spearman between the two profile texts" in text
+    assert all(set(r.verdicts) >= {"unaware"} and r.verdicts["unaware"].family_size >= len(finding.rows) for r in finding.rows)
+    assert "Holm over" in text and "not a comparison at equal memory" in text

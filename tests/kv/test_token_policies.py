@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from tests.conftest import tiny_gemma3, tiny_llama, tiny_mistral, tiny_qwen3
+from tests.kv.test_streaming import assert_streams_as_forced
 from wkvlab.errors import ConfigError
 from wkvlab.kv import KVSpec, kv_quantization
 from wkvlab.kv.attention import KVSelection, mixed_attention
-from wkvlab.kv.cache import stream_logits
 from wkvlab.kv.hook import layer_stores
 
 # KIVI's rule at a small scale (R = 8, groups of 4 tokens), so a short stream passes every window
@@ -115,19 +115,13 @@ STREAMED = [SMALL_KIVI, "int4+pastonly", "int2+residual=8+pastonly", "int2+v_win
 def test_streaming_equals_teacher_forced_for_every_token_policy(build, text):
     model = build()
     ids = torch.randint(0, 128, (40,))  # past every window and residual here (9 at most) and Gemma's sliding window of 8
-    spec = KVSpec.parse(text)
-    with torch.no_grad(), kv_quantization(model, spec):
-        forced = model(input_ids=ids[None], use_cache=False).logits[0]
-    torch.testing.assert_close(stream_logits(model, spec, ids), forced, rtol=1e-4, atol=1e-4)
+    assert_streams_as_forced(model, KVSpec.parse(text), ids)  # float64: see tests/kv/test_streaming.py
 
 
 def test_real_kivi2_streams_past_its_residual_and_window():
     model = tiny_llama(num_hidden_layers=1)
     ids = torch.randint(0, 128, (300,))  # > 2 flushes of 128 keys and a value window of 129 that has slid
-    spec = KVSpec.parse("kivi2")
-    with torch.no_grad(), kv_quantization(model, spec):
-        forced = model(input_ids=ids[None], use_cache=False).logits[0]
-    torch.testing.assert_close(stream_logits(model, spec, ids), forced, rtol=1e-4, atol=1e-4)
+    forced = assert_streams_as_forced(model, KVSpec.parse("kivi2"), ids)
     with torch.no_grad():
         ref = model(input_ids=ids[None], use_cache=False).logits[0]
     torch.testing.assert_close(forced[:128], ref[:128], rtol=1e-5, atol=1e-5)  # no key flushed, no value old enough

@@ -75,3 +75,20 @@ def test_bad_input_raises_one_line(app, args, error, match):
     result = CliRunner().invoke(app, ["plan", *[x for kv in base.items() for x in kv]])
     assert result.exit_code != 0 and isinstance(result.exception, error), result.output
     assert match in str(result.exception) and "\n" not in str(result.exception)
+
+
+def test_small_confusions_of_issue_26(app):
+    """A too-long context names the plan's option; --help lists the built-in names; the breakdown says why the spec's
+    bytes and the engine's differ."""
+    from wkvlab.plan.models import builtin_model_names
+
+    long = CliRunner().invoke(app, ["plan", "-m", "default", "-g", "RTX-4090", "-b", "8", "--context", "32768"])
+    assert long.exit_code != 0 and "lower --context" in str(long.exception) and "lower --ctx" not in str(long.exception)
+    helptext = " ".join(CliRunner().invoke(app, ["plan", "--help"], terminal_width=400).output.split())
+    assert all(name in helptext for name in builtin_model_names()) and "gemma3-270m" in helptext
+    out = CliRunner().invoke(app, ["plan", "-m", "default", "-g", "RTX-4090", "-b", "8", "--context", "8192", "--kv", "int8", "-e", "vllm"])
+    assert out.exit_code == 0, out.output
+    spec = int(out.output.split("measures it): ")[1].split(" B")[0].replace(",", ""))
+    engine = int(out.output.split("vllm allocates ")[1].split(" B")[0].replace(",", ""))
+    assert (spec, engine) == (11880, 12240) and "its own storage int8_pth" in out.output  # fp16 vs fp32 scales per token and head
+    assert f"KV per token on this GPU: {engine:,} B" in out.output

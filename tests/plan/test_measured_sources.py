@@ -15,10 +15,6 @@ from wkvlab.plan import load_measurements, plan
 from wkvlab.plan.cli import plan_command
 from wkvlab.weights.spec import WeightSpec
 
-CONFIG = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
-
-
 def result(model: str, weights: str, kv: str, kld: float, n: int = 600) -> EvalResult:
     ctx = 64
     windows = n // (ctx - 1)
@@ -28,14 +24,6 @@ def result(model: str, weights: str, kv: str, kld: float, n: int = 600) -> EvalR
     w, k = WeightSpec.parse(weights), KVSpec.parse(kv)
     return EvalResult(model=model, data="default", ctx=ctx, weights=w.label, kv=k.label, weights_spec=w.to_dict(), kv_spec=k.to_dict(),
                       weight_bytes=1, kv_bytes_per_token=1.0, seconds=0.1, arrays=arrays, buckets=position_buckets(ctx))
-
-
-@pytest.fixture()
-def model_dir(tmp_path):
-    folder = tmp_path / "tinyplan"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(CONFIG))
-    return folder
 
 
 def test_results_file_ranks_by_measured_kld(model_dir, tmp_path):
@@ -75,4 +63,4 @@ def test_cli_results_and_store_options(model_dir, tmp_path):
     out = CliRunner().invoke(app, ["plan", "-m", str(model_dir), "-g", "RTX-4090", "-b", "4", "--context", "1024", "-e", "vllm",
                                    "--results", str(path)])
     assert out.exit_code == 0, out.output
-    assert "measured (567 tokens, ctx 64, default)" in out.output and "they rank first, by measured KLD" in out.output
+    assert "measured (567 tokens, ctx 64, default)" in out.output and "rank first, by measured KLD" in out.output

@@ -49,7 +49,11 @@ def test_each_finding_gets_a_table_whose_csv_keeps_the_interval_ends():
     iv = row["interaction"]
     assert shown["interaction"] == f"{iv['estimate']:+.5f} [{iv['low']:+.5f}, {iv['high']:+.5f}]"
     assert (raw["interaction low"], raw["interaction high"]) == (iv["low"], iv["high"]) and iv["low"] > 0
-    assert shown["verdict"] == "compounds (more than the sum)"
+    assert shown["verdict"].startswith("compounds (m ±0.0") and shown["verdict"].endswith("; Holm over 1 test (m additivity grid))")
+    old = {k: v for k, v in row.items() if k not in ("decision", "share_of_cache")}  # a finding stored before the one rule
+    (section,) = finding_sections([StoredFinding("additivity", "default", 0.0, 1.0, {"rows": [{**old, "verdict": "additive"}]}, "")])
+    shown = dict(zip([c.header for c in section.table.shown], section.table.text_rows()[0]))
+    assert shown["verdict"] == "additive (old rule: rerun pending)" and shown["% of KLD(C)"] == "—"
     depth = sections[2]
     assert [r[3] for r in depth.table.text_rows()] == ["+0.02000 [+0.01000, +0.03000]", "+0.02500 [+0.01000, +0.03000]"]
     assert depth.table.text_rows()[0][4] == "—"  # the first bucket has no growth

@@ -83,11 +83,15 @@ def test_verdict_pairs_the_plan_with_each_baseline_by_window():
                    score=Score(float(per_token.mean()), 0.01, windows.size, per_token, windows))
 
     plan = row("plan", "plan", 0.5)
-    text = _verdict(plan, [row("uniform K4V4", "uniform", 0.6), row("kvtuner", "unaware", 0.45), plan])
-    assert "minus best fitting uniform uniform K4V4" in text and "(lower)" in text  # plan beats uniform, decided
-    assert "minus kvtuner" in text and "(higher)" in text  # and the unaware baseline beats the plan
+    text = _verdict(plan, [row("uniform K4V4", "uniform", 0.9), row("kvtuner", "unaware", 0.3), plan])
+    assert "minus best fitting uniform uniform K4V4" in text and "→ better (lower KLD)" in text  # plan beats uniform, decided
+    assert "minus kvtuner" in text and "→ worse (higher KLD)" in text  # and the unaware baseline beats the plan
+    assert text.count("Holm over 2 tests (plan vs 2 baselines)") == 2 and "10% of its KLD" in text
+    close = _verdict(plan, [row("uniform K8V8", "uniform", 0.52), plan])  # 2% apart: equivalent within ±10% of its KLD
+    assert "→ equivalent within ±" in close
     few = Row("plan", "plan", "", 0.0, 0, 0.0, True, None, 0.5, 0.01,
               score=Score(0.5, 0.01, 4, np.full(4, 0.5), np.arange(4)))
     other = Row("uniform K8V8", "uniform", "", 0.0, 0, 0.0, True, None, 0.4, 0.01,
                 score=Score(0.4, 0.01, 4, np.full(4, 0.4), np.arange(4)))
-    assert "no interval: 4 < 8 units" in _verdict(few, [other, few])  # four windows decide nothing
+    text = _verdict(few, [other, few])
+    assert "no interval: 4 < 8 units" in text and "→ undecided" in text  # four windows decide nothing

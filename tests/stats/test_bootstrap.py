@@ -3,32 +3,66 @@ import pytest
 
 from wkvlab.errors import DataError
 from wkvlab.stats import Interval, paired_interval, unit_resampling_weights
-from wkvlab.stats.bootstrap import MIN_UNITS, _student_quantile, expanded_tail
+from wkvlab.stats.bootstrap import MIN_UNITS
 
 
 def _naive(statistic, arrays, units, n_resamples, seed):
-    """The textbook loop: draw windows with replacement, recompute token-weighted means."""
+    """The textbook loop: draw windows with replacement, recompute token-weighted means, and the
+    jackknife SE of each resample by deleting one drawn window at a time."""
     labels = np.unique(units)
     weights = unit_resampling_weights(labels.size, n_resamples, seed)
-    out = []
+    rows = [np.flatnonzero(units == label) for label in labels]
+
+    def value(drawn):
+        idx = np.concatenate([rows[u] for u in drawn])
+        return statistic({k: v[idx].mean() for k, v in arrays.items()})
+
+    def jackknife(drawn):
+        loo = np.array([value(drawn[:i] + drawn[i + 1:]) for i in range(len(drawn))])
+        return np.sqrt((len(drawn) - 1) / len(drawn) * ((loo - loo.mean()) ** 2).sum())
+
+    theta, se = [], []
     for row in weights:
-        idx = np.concatenate([np.flatnonzero(units == labels[u]).repeat(1) for u in range(labels.size) for _ in range(int(row[u]))])
-        out.append(statistic({k: v[idx].mean() for k, v in arrays.items()}))
-    return np.array(out)
+        drawn = [u for u in range(labels.size) for _ in range(int(row[u]))]
+        theta.append(value(drawn))
+        se.append(jackknife(drawn))
+    everything = list(range(labels.size))
+    return value(everything), jackknife(everything), np.array(theta), np.array(se)
 
 
 def test_matches_naive_resampling_loop():
+    from wkvlab.stats.bootstrap import seed_for
+
     rng = np.random.default_rng(1)
     units = np.repeat(np.arange(9), [3, 5, 4, 4, 2, 6, 3, 3, 5])
     arrays = {"a": rng.random(units.size), "b": rng.random(units.size)}
     stat = lambda m: np.exp(m["b"]) - m["a"]  # noqa: E731 - a nonlinear function of means
     iv = paired_interval(stat, arrays, units, n_resamples=300, seed=3)
-    naive = _naive(stat, arrays, units, 300, 3)
-    tail = expanded_tail(0.95, 9)
-    lo, hi = np.quantile(naive, [tail, 1 - tail])
-    assert iv.low == pytest.approx(min(lo, iv.estimate)) and iv.high == pytest.approx(max(hi, iv.estimate))
+    point, se, theta, se_star = _naive(stat, arrays, units, 300, seed_for(arrays, units, 3))
+    t = (theta - point) / se_star
+    t_low, t_high = np.quantile(t, [0.025, 0.975])
+    assert iv.low == pytest.approx(point - t_high * se) and iv.high == pytest.approx(point - t_low * se)
     assert iv.estimate == pytest.approx(np.exp(arrays["b"].mean()) - arrays["a"].mean())
-    assert iv.n_units == 9 and iv.decided
+    assert iv.n_units == 9 and iv.decided and iv.dropped == 0
+
+
+def test_seeds_come_from_the_data_and_reproduce():
+    units = np.repeat(np.arange(10), 4)
+    x = np.random.default_rng(0).lognormal(size=units.size)
+    same = [paired_interval(lambda m: m["x"], {"x": x}, units) for _ in range(2)]
+    assert same[0] == same[1]
+    other = paired_interval(lambda m: m["x"], {"x": x * 2}, units)  # same shape of data, other draws
+    assert (other.low / 2, other.high / 2) != pytest.approx((same[0].low, same[0].high), rel=1e-12)
+
+
+def test_dropped_resamples_are_counted_and_bounds_are_not_forced():
+    """A bucket that only some windows hold: resamples missing it are non-finite, counted, dropped."""
+    units = np.repeat(np.arange(12), 5)
+    mask = (units < 3).astype(float)  # three windows of twelve hold the bucket: some resamples miss it
+    x = np.random.default_rng(2).random(units.size)
+    iv = paired_interval(lambda m: m["x"] / m["n"], {"x": x * mask, "n": mask}, units, n_resamples=400)
+    assert 0 < iv.dropped < 400 and "resamples dropped" in f"{iv:.3f}"
+    assert Interval.from_dict(iv.to_dict()) == iv
 
 
 def test_identical_configs_give_exactly_zero():
@@ -78,21 +112,11 @@ def test_a_statistic_undefined_on_every_resample_decides_nothing():
     with np.errstate(invalid="ignore"):
         iv = paired_interval(lambda m: m["a"] / m["b"], {"a": zeros, "b": zeros}, units)
     assert iv.n_units == MIN_UNITS and not iv.decided and not iv.excludes_zero and iv.contains(0.0)
-    assert f"{iv:.2f}" == "nan [no interval: undefined on every resample]"
+    assert f"{iv:.2f}" == "nan [no interval: undefined on 2000 of 2000 resamples]"
     assert Interval.from_dict(iv.to_dict()).decided is False
 
 
-def test_student_quantile_matches_the_table():
-    # t_{0.975, df}: 2.3646 (7), 2.2281 (10), 2.0423 (30); t_{0.95, 7} = 1.8946
-    for p, df, expected in ((0.975, 7, 2.3646), (0.975, 10, 2.2281), (0.975, 30, 2.0423), (0.95, 7, 1.8946)):
-        assert _student_quantile(p, df) == pytest.approx(expected, abs=2e-3)
-
-
-def test_expanded_interval_covers_near_the_level_at_the_minimum():
-    """The reason for MIN_UNITS and the expansion: 95% intervals cover ~95% from 8 units on."""
-    rng = np.random.default_rng(0)
-    trials, hits = 300, 0
-    for trial in range(trials):
-        iv = paired_interval(lambda m: m["x"], {"x": rng.normal(0.0, 1.0, MIN_UNITS)}, np.arange(MIN_UNITS), n_resamples=500, seed=trial)
-        hits += iv.contains(0.0)
-    assert 0.89 <= hits / trials <= 0.99
+def test_old_results_without_a_dropped_count_still_load():
+    data = Interval(0.5, 0.25, 0.75, 0.95, 8, 100).to_dict()
+    del data["dropped"]
+    assert Interval.from_dict(data).dropped == 0

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_gemma3, tiny_llama, tiny_qwen3
+from tests.models.tiny_folders import tiny_gemma2, tiny_gemma3_multimodal
 from wkvlab.errors import ConfigError, DataError
 from wkvlab.weights import ActivationQuant, CalibrationSet, CalibrationSpec, WeightSpec, fake_quant_activation, quantize_model_weights, resolve_linears
 from wkvlab.weights.arch import architecture_of, decoder_layers, fold_scales, resolve
@@ -11,7 +12,8 @@ from wkvlab.weights.calibration import calibration_set, math_text
 from wkvlab.weights.capture import capture_layer_inputs
 from wkvlab.weights.smoothquant import smooth_model, smooth_scales
 
-MODELS = [tiny_llama, tiny_gemma3, tiny_qwen3]
+# Gemma 2 shares Gemma 3's layer layout; the multimodal Gemma 3's language layers come after its vision tower's
+MODELS = [tiny_llama, tiny_gemma3, tiny_qwen3, tiny_gemma2, tiny_gemma3_multimodal]
 
 
 def _calibration(samples=4, length=32, seed=1) -> CalibrationSet:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,9 @@ def check_text_file(path: Path, sample_bytes: int = 1 << 20) -> None:
         raise DataError(f"data file not found: {path} (pass --data default, --data code, or an existing .txt/.jsonl file)")
     with open(path, "rb") as handle:
         head = handle.read(sample_bytes)
-    _decode_text(head[: len(head) - 3] if len(head) == sample_bytes else head, path)  # a cut multi-byte character is not binary
+    text = _decode_text(head[: len(head) - 3] if len(head) == sample_bytes else head, path)  # a cut multi-byte character is not binary
+    if not text.strip():
+        raise DataError(f"{path} holds no text; give a file with at least a few thousand words")
 
 
 def _read_file(path: Path) -> str:
@@ -126,12 +129,36 @@ def _hf_dataset(spec: str) -> str:
         import datasets  # optional: not a dependency, the embedded corpora need nothing
     except ImportError:
         raise DataError("--data hf:... needs the 'datasets' package (pip install datasets); offline, use --data default, --data code or a text file") from None
+    _check_hub_dataset(name)
     try:
         ds = datasets.load_dataset(name, config, split=split)
     except Exception as exc:  # the hub raises many types; all mean the same to the user
         raise DataError(f"could not load Hugging Face dataset {name!r} ({type(exc).__name__}); offline, use --data default, --data code or a text file") from None
     column = "text" if "text" in ds.column_names else ds.column_names[0]
     return "\n\n".join(str(t) for t in ds[column])
+
+
+def _hub_dataset_cached(name: str) -> bool:
+    """Whether ``datasets`` has ``name`` cached locally (its own cache, or the hub cache's download)."""
+    from wkvlab.models.hub import hf_home, hub_cache
+
+    own = Path(os.environ.get("HF_DATASETS_CACHE") or os.path.join(hf_home(), "datasets"))
+    return (own / name.replace("/", "___")).is_dir() or (Path(hub_cache()) / f"datasets--{name.replace('/', '--')}").is_dir()
+
+
+def _check_hub_dataset(name: str) -> None:
+    """Offline (HF_HUB_OFFLINE, or the hub not answering within a second), a dataset that is not
+    cached is refused in one line now, instead of after ``datasets``' retries (14 lines over 55 s,
+    issue #26); a cached one then loads with the offline switches set, so nothing is retried."""
+    from wkvlab.models.hub import hub_unreachable
+
+    why = hub_unreachable()
+    if why is None:
+        return
+    if not _hub_dataset_cached(name):
+        raise DataError(f"--data hf:{name}: the Hugging Face hub cannot be used ({why}) and the dataset is not cached; "
+                        "use --data default, --data code or a .txt/.jsonl file, or run once where the hub is reachable")
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
 def is_selfgen(spec: str) -> bool:
@@ -165,6 +192,7 @@ def check_data(spec: str) -> None:
             raise DataError("hf data needs a dataset name: --data hf:<name>[:<config>][:<split>]")
         if importlib.util.find_spec("datasets") is None:
             raise DataError("--data hf:... needs the 'datasets' package (pip install datasets); offline, use --data default, --data code or a text file")
+        _check_hub_dataset(key[3:].split(":")[0])
         return
     check_text_file(_data_path(spec))
 

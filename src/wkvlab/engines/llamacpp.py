@@ -31,7 +31,7 @@ from wkvlab.errors import ConfigError, ModelError
 if TYPE_CHECKING:  # torch and numpy load with the engine, not with option checking (parse_cache_types)
     import torch
 
-INSTALL_HINT = "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'llama-cpp-python[server]==0.3.36' (what make test does; it compiles llama.cpp)"
+INSTALL_HINT = "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'llama-cpp-python[server]==0.3.36' (what make test-all does; it compiles llama.cpp)"
 # ggml type ids (ggml.h); llama-cpp-python exposes the same numbers as llama_cpp.GGML_TYPE_*.
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 FLASH_ATTN = ("auto", "on", "off")

@@ -70,6 +70,8 @@ class EvalResult:
     model_shape: dict | None = None  # layers, kv_heads, head_dim: what kv_bytes_per_token was computed from
     # how sure the KV preset is (label, what differs, source) and what the KLD is against (baseline)
     fidelity: dict = field(default_factory=dict)
+    # fraction of the decoder's linear and MoE expert weights the weight config quantized (None: not known)
+    quantized_fraction: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -113,6 +115,7 @@ class EvalResult:
             "delta_p": self.delta_p,
             "by_position": by_position(self.arrays.kld, self.arrays.top1_agree, self.arrays.position, self.buckets),
             "weight_bytes": self.weight_bytes,
+            "quantized_fraction": self.quantized_fraction,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "seconds": self.seconds,
             "fingerprints": self.fingerprints,

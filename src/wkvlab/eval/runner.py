@@ -51,7 +51,7 @@ from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
 from wkvlab.plan.models import ModelDescription
 from wkvlab.runtime import available_memory, input_device, keep_freed_memory
-from wkvlab.weights.apply import QuantizedWeights, quantize_with_progress
+from wkvlab.weights.apply import QuantizedWeights, check_quantizable, quantize_with_progress
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.restore import WeightSnapshot
 from wkvlab.weights.spec import WeightSpec
@@ -68,7 +68,7 @@ class ModelShape:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> "ModelShape":
-        cfg = model.config
+        cfg = model.config.get_text_config()  # a multimodal model's language part
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         return cls(cfg.num_hidden_layers, kv_heads, model_head_dim(model), sliding_layers(model))
 
@@ -112,7 +112,7 @@ def check_kv_specs(model: torch.nn.Module, kv_specs: list[KVSpec]) -> None:
     """Fail before any work on a format the model's head_dim cannot hold."""
     head_dim = model_head_dim(model)
     for kv in kv_specs:
-        kv.check_model(head_dim, model.config.num_hidden_layers)
+        kv.check_model(head_dim, model.config.get_text_config().num_hidden_layers)
 
 
 def grid_steps(windows: WindowSet, n_weights: int, n_kv: int, kv_calibration: bool = False, chunk: int | None = None,
@@ -222,6 +222,7 @@ def _result(grid: _Grid, cell: _Cell, reference, run: dict) -> EvalResult:
         weights_spec=built.spec.to_dict(),
         kv_spec=kv.to_dict(),
         weight_bytes=built.weight_bytes,
+        quantized_fraction=built.quantized_fraction,
         # sinks and residual windows held at 16 bits are amortized over the evaluated context
         kv_bytes_per_token=shape.kv_bytes_per_token(kv, context=grid.windows.ctx),
         seconds=cell.seconds + cell.build_seconds / len(grid.kv_specs),
@@ -328,6 +329,7 @@ def run_grid(
     """
     keep_freed_memory()
     check_kv_specs(model, kv_specs)
+    check_quantizable(model, weight_specs)  # offloaded layers, MoE experts a method cannot take: before the reference pass
     grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress, tokenizer, baseline, notes, model_name, data_name)
     plan = plan or memory_plan(model, windows, weight_specs, kv_specs, options, calibration)
     run = {"chunk": grid.chunk, **placement(model), "device": str(next(model.parameters()).device),

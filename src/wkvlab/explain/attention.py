@@ -288,7 +288,7 @@ def attention_decomposition(
     tick = progress or (lambda _d, _n: None)
     stores = stores if stores is not None else layer_stores(candidate, kv, stats)
     selection = kv.selection()
-    cfg = candidate.config
+    cfg = candidate.config.get_text_config()
     acc = _Accumulator(cfg.num_hidden_layers, cfg.num_attention_heads)
     for w in range(tokens.shape[0]):
         ids = tokens[w : w + 1]

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
-from wkvlab.errors import ConfigError, DataError
+from wkvlab.errors import DataError
 from wkvlab.explain.options import STEPS, ExplainOptions, planned_steps
 from wkvlab.io import check_output_file, write_json_atomic
-from wkvlab.preflight import check_kv_for_model, check_model, parse_configs, require_store
+from wkvlab.preflight import check_kv_for_model, check_model, check_one_config, check_weight_groups, parse_configs, require_store
 
 if TYPE_CHECKING:  # the explain pipeline (torch) is imported by the commands, after their checks
     from wkvlab.explain.compare import Comparison
@@ -40,17 +40,25 @@ def _mark(excludes_zero: bool) -> str:
     return "[bold]yes[/]" if excludes_zero else "no"
 
 
+def _verdict_cell(v) -> str:
+    """The verdict word over its margin (the adjustment is in the table title)."""
+    return "undecided\n(stored without a rule)" if v is None else f"[bold]{v.word}[/]\nm ±{v.margin.value:.3g}"
+
+
 def factorial_table(f: Factorial, ppl_ref: float) -> Table:
     from wkvlab.explain.factorial import METRIC_LABELS, METRICS
 
+    v = f.kld.verdict
+    family = f"; verdicts: {v.adjustment}, m = {100 * v.margin.relative:g}% of the cache's own effect" if v is not None else ""
     table = _table(f"2×2 factorial: {f.weights} × {f.kv} on {f.model}/{f.data}, {f.tokens} tokens in {f.windows} windows of {f.ctx} "
-                   f"(effects vs the unquantized reference, PPL {ppl_ref:.3f}; 95% paired bootstrap over windows)",
-                   ["metric", "W", "C", "W+C", "interaction", "≠ 0", "ratio (W+C)/(W + C)"])
+                   f"(effects vs the unquantized reference, PPL {ppl_ref:.3f}; 95% studentized paired bootstrap over windows{family})",
+                   ["metric", "W", "C", "W+C", "interaction (raw 95%)", "Holm-adjusted", "verdict", "ratio (W+C)/(W + C)"])
     for name in METRICS:
         e = f.metric(name)
         fmt = ".2%" if name == "top1" else ".4f"
+        adjusted = _two_lines(e.verdict.adjusted, fmt) if e.verdict is not None else "—"
         table.add_row(METRIC_LABELS[name], *(_two_lines(getattr(e, k), fmt) for k in ("w", "c", "wc", "interaction")),
-                      _mark(e.interaction.excludes_zero), _two_lines(e.ratio, ".2f"))
+                      adjusted, _verdict_cell(e.verdict), _two_lines(e.ratio, ".2f"))
     return table
 
 
@@ -127,31 +135,34 @@ def explain_command(
     diag_windows: Annotated[int, typer.Option(help="windows for the attention decomposition and per-layer diagnostics")] = 1,
     skip: Annotated[Optional[str], typer.Option(help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")] = None,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples per interval")] = 2000,
+    margin: MarginOption = 0.10,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
     skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
-    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples)
-    if "," in weights:
-        raise ConfigError("explain takes one weight config; to evaluate a grid use 'wkvlab eval'")
+    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples, margin=margin)
     # Everything that can be refused without the model, before the progress bar draws: a typo is one error line.
-    _, kv_specs = parse_configs([weights], [kv])
+    weight_specs, kv_specs = parse_configs([weights], [kv])
+    check_one_config(weight_specs, kv_specs, "explain")
     facts = check_model(model, ctx, tokens)
     check_kv_for_model(kv_specs, facts)
+    check_weight_groups(weight_specs, model)
     if facts is not None and options.runs("context"):
         from wkvlab.preflight import check_context_fits
 
         check_context_fits(max_ctx, None, facts.max_context, model, option="--max-ctx")
     _check_explain_data(data, tokens)
     check_output_file(json_out, "--json")
-    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens")
+    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.explain.run import explain
 
     total = planned_steps(options, max(1, tokens // ctx))
     with progress_bar(total, "explain") as advance:
         report = explain(weights, kv, model=model, data=data, ctx=ctx, tokens=tokens, max_ctx=max_ctx, context_docs=context_docs,
-                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, progress=advance)
+                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, margin=margin, progress=advance)
     print_report(report)
     if json_out is not None:
         write_json_atomic(json_out, {**report.to_dict(), "threads": choice.to_dict()})
@@ -176,12 +187,15 @@ def _resolve(db, ident: str) -> str:
 
 
 def comparison_table(c: Comparison) -> Table:
-    table = _table(f"{c.b} − {c.a}: {c.tokens} tokens in {c.windows} windows (95% paired bootstrap over windows)",
-                   ["metric", "difference [interval]", "distinguishable from 0"])
-    table.add_row("KLD", f"{c.kld:.5f}", _mark(c.kld.excludes_zero))
-    table.add_row("PPL", f"{c.ppl:.4f}", _mark(c.ppl.excludes_zero))
-    table.add_row("top-1 agreement", f"{c.top1:.3%}", _mark(c.top1.excludes_zero))
-    table.add_row("max |ΔKLD| per token", f"{c.max_abs_kld_diff:.3g}", "")
+    v = c.verdicts.get("kld")
+    family = f"; verdicts: {v.adjustment}, m = {100 * v.margin.relative:g}% of {c.a}'s own effect" if v is not None else ""
+    table = _table(f"{c.b} − {c.a}: {c.tokens} tokens in {c.windows} windows (95% studentized paired bootstrap over windows{family})",
+                   ["metric", "difference [raw 95%]", "Holm-adjusted", "verdict"])
+    for key, name, fmt in (("kld", "KLD", ".5f"), ("ppl", "PPL", ".4f"), ("top1", "top-1 agreement", ".3%")):
+        verdict = c.verdicts.get(key)
+        table.add_row(name, format(c.metric(key), fmt), "—" if verdict is None else format(verdict.adjusted, fmt),
+                      "—" if verdict is None else f"{verdict.word} (m ±{verdict.margin.value:.3g})")
+    table.add_row("max |ΔKLD| per token", f"{c.max_abs_kld_diff:.3g}", "", "")
     return table
 
 
@@ -190,6 +204,7 @@ def compare_command(
     b: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the second result")],
     store: Annotated[Path, typer.Option(help="results store written by 'wkvlab sweep' (it keeps the per-token arrays pairing needs)")] = Path("results.db"),
     resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 2000,
+    margin: MarginOption = 0.10,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the comparison as JSON")] = None,
 ) -> None:
     """Compare two stored results scored on the same tokens: b − a for KLD, PPL and top-1, with paired intervals."""
@@ -200,7 +215,7 @@ def compare_command(
 
     with open_store(store, create=False) as db:
         first, second = db.get(_resolve(db, a)), db.get(_resolve(db, b))
-    comparison = compare_results(first, second, n_resamples=resamples)
+    comparison = compare_results(first, second, n_resamples=resamples, margin=margin)
     console.print(comparison_table(comparison))
     if json_out is not None:
         write_json_atomic(json_out, comparison.to_dict())

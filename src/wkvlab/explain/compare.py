@@ -2,7 +2,10 @@
 
 Two configs evaluated on the same windows differ by ``metric(b) − metric(a)``; its interval comes
 from the paired bootstrap over windows, so window-to-window variation both share cancels. Results
-from different tokens cannot be paired and are refused with one line.
+from different tokens cannot be paired and are refused with one line. Each difference is decided
+by the one rule (:func:`wkvlab.stats.decide`): margin m = 10% (``margin``) of ``a``'s own effect on
+that metric (its KLD, its PPL above the reference's, its top-1 loss), the three metrics one Holm
+family; *higher*, *lower*, *equivalent within ±m* or *undecided*.
 
 The noise floor says how big a difference must be before it means anything:
 
@@ -16,7 +19,7 @@ The noise floor says how big a difference must be before it means anything:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import numpy as np
@@ -29,7 +32,8 @@ from wkvlab.eval.metrics import ReferenceTokens, chunk_metrics, host_metrics, po
 from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.eval.runner import Progress
 from wkvlab.explain.factorial import metric_arrays, metric_value
-from wkvlab.stats import Interval, paired_interval
+from wkvlab.stats import Interval, resample
+from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, Effect, Margin, Verdict, decide
 
 
 def check_same_tokens(a: EvalResult, b: EvalResult) -> None:
@@ -61,43 +65,66 @@ class Comparison:
     ppl: Interval
     top1: Interval  # difference of top-1 *agreement* (positive: b agrees more often)
     max_abs_kld_diff: float  # largest per-token |KLD(b) − KLD(a)|: 0.0 means bit-identical scores
+    verdicts: dict = field(default_factory=dict)  # metric -> Verdict (the one rule; empty when stored before it)
 
     @property
     def identical(self) -> bool:
         return self.max_abs_kld_diff == 0.0
 
+    def metric(self, name: str) -> Interval:
+        return {"kld": self.kld, "ppl": self.ppl, "top1": self.top1}[name]
+
     def to_dict(self) -> dict:
         return {"a": self.a, "b": self.b, "tokens": self.tokens, "windows": self.windows,
                 "kld": self.kld.to_dict(), "ppl": self.ppl.to_dict(), "top1": self.top1.to_dict(),
-                "max_abs_kld_diff": self.max_abs_kld_diff}
+                "max_abs_kld_diff": self.max_abs_kld_diff, "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Comparison":
         return cls(data["a"], data["b"], data["tokens"], data["windows"], Interval.from_dict(data["kld"]),
-                   Interval.from_dict(data["ppl"]), Interval.from_dict(data["top1"]), data["max_abs_kld_diff"])
+                   Interval.from_dict(data["ppl"]), Interval.from_dict(data["top1"]), data["max_abs_kld_diff"],
+                   {k: Verdict.from_dict(v) for k, v in (data.get("verdicts") or {}).items()})
 
 
 def label(result: EvalResult) -> str:
     return f"{result.weights} × {result.kv}"
 
 
+OWN_EFFECT = {"kld": "KLD", "ppl": "PPL − reference PPL", "top1": "top-1 loss"}
+
+
+def _own_effect(result: EvalResult, metric: str) -> float:
+    """``a``'s own cost on a metric, the scale its margin is a share of."""
+    a = result.arrays
+    if metric == "kld":
+        return float(a.kld.mean()) if a.kld.size else 0.0
+    if metric == "ppl":
+        return float(np.exp(a.nll.mean()) - np.exp(a.nll_ref.mean())) if a.nll.size else 0.0
+    return float(1.0 - a.top1_agree.mean()) if a.top1_agree.size else 0.0
+
+
 def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None, b_label: str | None = None,
-                    n_resamples: int = 2000, seed: int = 0) -> Comparison:
-    """The paired difference ``b − a`` of two results scored on the same tokens."""
+                    n_resamples: int = 2000, seed: int | None = None, margin: float = DEFAULT_MARGIN) -> Comparison:
+    """The paired difference ``b − a`` of two results scored on the same tokens, each decided by the one rule."""
     check_same_tokens(a, b)
     cells = {"a": a, "b": b}
 
-    def difference(metric: str) -> Interval:
+    def difference(metric: str):
         f = metric_value(metric)
         sign = -1.0 if metric == "top1" else 1.0  # metric_arrays holds top-1 *loss*; report agreement
         statistic: Callable = lambda m: sign * (f(m["b"]) - f(m["a"]))  # noqa: E731
-        return paired_interval(statistic, metric_arrays(cells, metric), a.arrays.window, n_resamples=n_resamples, seed=seed)
+        return resample(statistic, metric_arrays(cells, metric), a.arrays.window, n_resamples=n_resamples, seed=seed)
 
+    a_name, b_name = a_label or label(a), b_label or label(b)
+    draws = {m: difference(m) for m in ("kld", "ppl", "top1")}
+    effects = [Effect(f"Δ{m}", d, Margin.relative_to(_own_effect(a, m), f"{OWN_EFFECT[m]} of {a_name}", margin), a.tokens, DIFFERENCE)
+               for m, d in draws.items()]
+    verdicts = dict(zip(draws, decide(effects, family=f"{b_name} − {a_name}: KLD, PPL, top-1")))
     diff = np.abs(b.arrays.kld - a.arrays.kld)
     return Comparison(
-        a=a_label or label(a), b=b_label or label(b), tokens=a.tokens, windows=int(np.unique(a.arrays.window).size),
-        kld=difference("kld"), ppl=difference("ppl"), top1=difference("top1"),
-        max_abs_kld_diff=float(diff.max()) if diff.size else 0.0,
+        a=a_name, b=b_name, tokens=a.tokens, windows=int(np.unique(a.arrays.window).size),
+        kld=draws["kld"].interval(), ppl=draws["ppl"].interval(), top1=draws["top1"].interval(),
+        max_abs_kld_diff=float(diff.max()) if diff.size else 0.0, verdicts=verdicts,
     )
 
 

@@ -11,6 +11,10 @@ For top-1 the effect is the *loss* of agreement (1 − agreement), so positive i
 
 Every number comes with a paired bootstrap interval over windows (:mod:`wkvlab.stats`): all four
 cells were scored on the same windows, and one resample draws the same windows for all of them.
+Each interaction is decided by the one rule (:func:`wkvlab.stats.decide`): margin ±m = 10% (the
+``margin`` argument) of the cache's own effect on that metric, and the three interactions of one
+factorial (KLD, PPL, top-1) form one Holm family. Without an interval (fewer than 8 windows) the
+verdict is *undecided*, never *additive*.
 One ``run_grid`` call with weights ``[none, W]`` and KV ``[fp16, C]`` yields the four cells; the
 identity cell is computed too (its KLD is exactly zero when the hook is exact — a built-in check).
 """
@@ -24,7 +28,8 @@ import numpy as np
 from wkvlab.errors import DataError
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
-from wkvlab.stats import Interval, paired_interval
+from wkvlab.stats import Interval, Resampled, resample
+from wkvlab.stats.decision import DEFAULT_MARGIN, INTERACTION, Effect, Margin, Verdict, decide
 from wkvlab.weights.spec import WeightSpec
 
 CELLS = ("ref", "w", "c", "wc")  # grid order of run_grid([none, W], [fp16, C])
@@ -70,7 +75,7 @@ def metric_value(metric: str) -> Callable:
 
 @dataclass(frozen=True)
 class Effects:
-    """One metric's effects and interaction, each with its paired interval."""
+    """One metric's effects and interaction, each with its paired interval, and the interaction's verdict."""
 
     metric: str
     reference: float  # the identity cell's value (KLD 0, reference PPL, top-1 loss 0)
@@ -79,23 +84,31 @@ class Effects:
     wc: Interval
     interaction: Interval
     ratio: Interval  # effect(W+C) / (effect(W) + effect(C)): 1 = additive
+    verdict: Verdict | None = None  # the one rule's decision (None: stored before it existed)
 
     @property
     def additive(self) -> bool:
-        """True when the interaction's interval contains zero (not distinguishable from additive)."""
-        return not self.interaction.excludes_zero
+        """True only when the family-adjusted interval of the interaction lies inside ±m."""
+        return self.verdict is not None and self.verdict.outcome == "within"
+
+    @property
+    def word(self) -> str:
+        return self.verdict.word if self.verdict is not None else "undecided"
 
     def to_dict(self) -> dict:
         return {"metric": self.metric, "reference": self.reference,
-                **{k: getattr(self, k).to_dict() for k in ("w", "c", "wc", "interaction", "ratio")}}
+                **{k: getattr(self, k).to_dict() for k in ("w", "c", "wc", "interaction", "ratio")},
+                "verdict": self.verdict.to_dict() if self.verdict is not None else None}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Effects":
-        return cls(data["metric"], data["reference"], *(Interval.from_dict(data[k]) for k in ("w", "c", "wc", "interaction", "ratio")))
+        verdict = Verdict.from_dict(data["verdict"]) if data.get("verdict") else None
+        return cls(data["metric"], data["reference"], *(Interval.from_dict(data[k]) for k in ("w", "c", "wc", "interaction", "ratio")),
+                   verdict)
 
 
-def effects(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int = 0) -> Effects:
-    """Effects of W, C, W+C and their interaction for one metric (paired bootstrap over windows)."""
+def effect_draws(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int | None = None) -> dict[str, Resampled]:
+    """Bootstrap draws of effect(W), effect(C), effect(W+C), the interaction and the ratio (paired over windows)."""
     arrays = metric_arrays(cells, metric)
     units = cells["ref"].arrays.window
     f = metric_value(metric)
@@ -103,21 +116,34 @@ def effects(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 
     def effect(name: str) -> Callable:
         return lambda m: f(m[name]) - f(m["ref"])
 
-    def interval(statistic: Callable) -> Interval:
-        return paired_interval(statistic, arrays, units, n_resamples=n_resamples, seed=seed)
-
     w, c, wc = effect("w"), effect("c"), effect("wc")
-    with np.errstate(divide="ignore", invalid="ignore"):  # ratio is nan when both effects are 0
-        ratio = interval(lambda m: wc(m) / (w(m) + c(m)))
-    return Effects(
-        metric=metric,
-        reference=float(f(arrays["ref"].mean())),
-        w=interval(w),
-        c=interval(c),
-        wc=interval(wc),
-        interaction=interval(lambda m: wc(m) - w(m) - c(m)),
-        ratio=ratio,
-    )
+    statistics = {"w": w, "c": c, "wc": wc, "interaction": lambda m: wc(m) - w(m) - c(m),
+                  "ratio": lambda m: wc(m) / (w(m) + c(m))}  # NaN when both effects are 0
+    return {name: resample(stat, arrays, units, n_resamples=n_resamples, seed=seed) for name, stat in statistics.items()}
+
+
+def interaction_effect(draws: Mapping[str, Resampled], metric: str, tokens: int, margin: float = DEFAULT_MARGIN,
+                       name: str | None = None) -> Effect:
+    """The interaction as an effect for :func:`wkvlab.stats.decide`: m = ``margin`` × |effect(C)|."""
+    label = METRIC_LABELS[metric]
+    return Effect(name or f"{label} interaction", draws["interaction"], Margin.relative_to(draws["c"].estimate, f"{label}(C)", margin),
+                  tokens, INTERACTION)
+
+
+def _effects(metric: str, reference: float, draws: Mapping[str, Resampled], verdict: Verdict | None) -> Effects:
+    return Effects(metric, reference, *(draws[k].interval() for k in ("w", "c", "wc", "interaction", "ratio")), verdict)
+
+
+def _reference_value(cells: Mapping[str, EvalResult], metric: str) -> float:
+    return float(metric_value(metric)(metric_arrays({"ref": cells["ref"]}, metric)["ref"].mean()))
+
+
+def effects(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int | None = None,
+            margin: float = DEFAULT_MARGIN) -> Effects:
+    """Effects of W, C, W+C and their interaction for one metric; the interaction decided alone (a family of one)."""
+    draws = effect_draws(cells, metric, n_resamples=n_resamples, seed=seed)
+    verdict = decide([interaction_effect(draws, metric, cells["ref"].tokens, margin)])[0]
+    return _effects(metric, _reference_value(cells, metric), draws, verdict)
 
 
 @dataclass(frozen=True)
@@ -149,8 +175,11 @@ class Factorial:
         return cls(**plain, **{m: Effects.from_dict(data[m]) for m in METRICS})
 
 
-def factorial(cells: Mapping[str, EvalResult], *, n_resamples: int = 2000, seed: int = 0) -> Factorial:
-    """The factorial from four results scored on the same tokens (see :func:`cells_from_grid`)."""
+def factorial(cells: Mapping[str, EvalResult], *, n_resamples: int = 2000, seed: int | None = None,
+              margin: float = DEFAULT_MARGIN) -> Factorial:
+    """The factorial from four results scored on the same tokens (see :func:`cells_from_grid`).
+
+    The three interactions (KLD, PPL, top-1) are one family: Holm-adjusted together."""
     from wkvlab.explain.compare import check_same_tokens  # one definition of "same tokens"
 
     missing = [name for name in CELLS if name not in cells]
@@ -159,9 +188,12 @@ def factorial(cells: Mapping[str, EvalResult], *, n_resamples: int = 2000, seed:
     for name in ("w", "c", "wc"):
         check_same_tokens(cells["ref"], cells[name])
     ref, wc = cells["ref"], cells["wc"]
+    draws = {m: effect_draws(cells, m, n_resamples=n_resamples, seed=seed) for m in METRICS}
+    verdicts = decide([interaction_effect(draws[m], m, ref.tokens, margin) for m in METRICS],
+                      family=f"{wc.weights} × {wc.kv}: KLD, PPL, top-1 interactions")
     return Factorial(
         model=ref.model, data=ref.data, weights=wc.weights, kv=wc.kv, ctx=ref.ctx, tokens=ref.tokens,
         windows=int(np.unique(ref.arrays.window).size),
         identity_kld_max=float(np.abs(ref.arrays.kld).max()) if ref.tokens else 0.0,
-        **{m: effects(cells, m, n_resamples=n_resamples, seed=seed) for m in METRICS},
+        **{m: _effects(m, _reference_value(cells, m), draws[m], v) for m, v in zip(METRICS, verdicts)},
     )

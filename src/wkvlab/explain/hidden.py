@@ -165,7 +165,7 @@ def layer_diagnostics(
 ) -> LayerDiagnostics:
     """Compare ``candidate`` under ``kv`` with ``reference`` layer by layer on ``tokens`` ``[n_windows, ctx]``."""
     tick = progress or (lambda _d, _n: None)
-    n_layers = candidate.config.num_hidden_layers
+    n_layers = candidate.config.get_text_config().num_hidden_layers
     rel = np.zeros(n_layers)
     cos = np.zeros(n_layers)
     signal, noise = np.zeros(n_layers), np.zeros(n_layers)

@@ -36,6 +36,7 @@ class ExplainOptions:
     skip: tuple = ()
     n_resamples: int = 2000
     seed: int = 0
+    margin: float = 0.10  # the decision rule's m, as a fraction of the cache's own effect (wkvlab.stats.decision)
 
     def __post_init__(self) -> None:
         skip = tuple(sorted({s.strip() for s in self.skip if s.strip()}))
@@ -46,6 +47,8 @@ class ExplainOptions:
         for name in ("ctx", "tokens", "max_ctx", "context_docs", "diag_windows", "n_resamples"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not self.margin >= 0:
+            raise ConfigError(f"--margin is a fraction of the cache's own effect (0.1 = 10%) and cannot be negative, got {self.margin}")
         # Known before any model loads: the steps that use --max-ctx need room (the model's own limit
         # is checked by the CLI from the model's files, and again after loading).
         if self.runs("retrieval") and self.max_ctx < RETRIEVAL_MIN_CTX:

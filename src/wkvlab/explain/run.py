@@ -93,6 +93,7 @@ def explain(
     skip: tuple | list = (),
     n_resamples: int = 2000,
     seed: int = 0,
+    margin: float = 0.10,
     progress: Progress | None = None,
     loaded=None,
 ) -> ExplainReport:
@@ -100,7 +101,7 @@ def explain(
 
     ``loaded``: an already loaded :class:`wkvlab.models.loading.LoadedModel` to use instead of ``model``.
     """
-    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), n_resamples, seed)
+    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), n_resamples, seed, margin)
     w_spec, c_spec = WeightSpec.parse(weights), KVSpec.parse(kv)
     work = api.prepare(loaded or model, data, ctx=ctx, tokens=tokens)
     net = work.loaded.model
@@ -136,7 +137,7 @@ def explain(
         items = build_items(work.loaded.tokenizer, work.corpus.text, ctx=max_ctx, per_depth=RETRIEVAL_PER_DEPTH, seed=seed, bos_id=_bos(work))
 
     cells = timed("factorial", lambda: cells_from_grid(grid(work.windows, *factorial_specs(w_spec, c_spec))))
-    fact = factorial(cells, **boot)
+    fact = factorial(cells, margin=margin, **boot)
 
     noise = None
     if options.runs("noise"):
@@ -196,7 +197,7 @@ def explain(
             shares = attention.cross_mass().sum(1) if attention is not None else None
             from wkvlab.kv.override import model_head_dim
 
-            chosen = candidates(c_spec, net.config.num_hidden_layers, model_head_dim(net), shares)
+            chosen = candidates(c_spec, net.config.get_text_config().num_hidden_layers, model_head_dim(net), shares)
             results = grid(work.windows, [w_spec], [c.kv for c in chosen])
             return measure(cells, results, chosen, **boot)
         mitigations = timed("mitigations", run_mitigations)
@@ -232,8 +233,8 @@ class SelfGenFactorial:
     def lines(self) -> list[str]:
         k = self.factorial.kld
         return [f"on the model's own samples ({self.data}, {self.factorial.tokens} tokens): KLD(W) {k.w.estimate:.4f}, "
-                f"KLD(C) {k.c.estimate:.4f}, KLD(W+C) {k.wc.estimate:.4f}, interaction {k.interaction:.4f}"
-                f"{' (additive)' if k.additive else ''}"]
+                f"KLD(C) {k.c.estimate:.4f}, KLD(W+C) {k.wc.estimate:.4f}, interaction "
+                + (k.verdict.describe(".4f") if k.verdict is not None else f"{k.interaction:.4f}")]
 
 
 def _selfgen_factorial(work, options: ExplainOptions, w_spec, c_spec, grid, tick) -> SelfGenFactorial:
@@ -244,4 +245,4 @@ def _selfgen_factorial(work, options: ExplainOptions, w_spec, c_spec, grid, tick
     selfgen_corpus(work.loaded, spec, progress=tick)  # sampled here with progress, then read from the disk cache by prepare
     sg = api.prepare(work.loaded, data, ctx=options.ctx, tokens=spec.n_tokens)
     cells = cells_from_grid(grid(sg.windows, *factorial_specs(w_spec, c_spec)))
-    return SelfGenFactorial(sg.corpus.name, factorial(cells, n_resamples=options.n_resamples, seed=options.seed))
+    return SelfGenFactorial(sg.corpus.name, factorial(cells, n_resamples=options.n_resamples, seed=options.seed, margin=options.margin))

@@ -1,32 +1,37 @@
 """The plain-language verdict: a few sentences, each carrying the measured number it rests on.
 
-Words follow the intervals, never the point estimates alone: "not additive" only when the
-interaction's 95% interval excludes zero, "grows with context" only when the growth's interval
-lies above zero, a mitigation "recovers" only when its share's interval excludes zero.
+Words follow the one decision rule (:mod:`wkvlab.stats.decision`), never the point estimates
+alone: an interaction *compounds*, is *sub-additive* or *additive within ±m* only when its
+Holm-adjusted interval says so against the stated margin m; otherwise it is *undecided*, with
+the tokens that would decide it. Every verdict line names its margin and its family adjustment.
+Other steps keep their own words ("grows with context" only when the growth's interval lies above
+zero, a mitigation "recovers" only when its share's interval excludes zero).
 """
 from __future__ import annotations
 
 from wkvlab.explain.factorial import Effects, Factorial
 
+HEADS = {"above": "Compounds: {w} with {c} costs more than the sum of the two alone",
+         "below": "Sub-additive: {w} with {c} costs less than the sum of the two alone",
+         "within": "Additive within the margin: {w} and {c} cost their sum",
+         "undecided": "Undecided: the data do not say whether {w} and {c} add"}
+
 
 def additivity(f: Factorial) -> list[str]:
     k = f.kld
     parts = f"KLD(W) {k.w.estimate:.4f}, KLD(C) {k.c.estimate:.4f}, KLD(W+C) {k.wc.estimate:.4f}"
-    if k.additive:
-        head = (f"Additive: {f.weights} and {f.kv} cost their sum; the interaction {k.interaction:.4f} is not "
-                f"distinguishable from zero ({parts}).")
-    else:
-        more = k.interaction.estimate > 0
-        head = (f"{'Not additive' if more else 'Sub-additive'}: {f.weights} with {f.kv} costs {'more' if more else 'less'} than "
-                f"the sum of the two alone; interaction {k.interaction:.4f} excludes 0, ratio {k.ratio:.3f} ({parts}).")
-    return [head, _others(f.ppl, "PPL", f.tokens, f.windows), _others(f.top1, "top-1 loss", f.tokens, f.windows)]
+    outcome = k.verdict.outcome if k.verdict is not None else "undecided"
+    head = HEADS[outcome].format(w=f.weights, c=f.kv)
+    rule = k.verdict.describe(".4f") if k.verdict is not None else f"interaction {k.interaction:.4f} (stored without a verdict)"
+    return [f"{head}; KLD interaction {rule} ({parts}, ratio {k.ratio.estimate:.3f}).",
+            _others(f.ppl, "PPL", f.tokens, f.windows), _others(f.top1, "top-1 loss", f.tokens, f.windows)]
 
 
 def _others(e: Effects, name: str, tokens: int, windows: int) -> str:
-    what = "additive" if e.additive else ("super-additive" if e.interaction.estimate > 0 else "sub-additive")
     fmt = ".4f" if name == "PPL" else ".2%"
-    return (f"{name}: W {e.w.estimate:+{fmt}}, C {e.c.estimate:+{fmt}}, W+C {e.wc.estimate:+{fmt}}, interaction "
-            f"{e.interaction:{fmt}} ({what}; {tokens} tokens, {windows} windows, 95% paired bootstrap)")
+    rule = e.verdict.describe(fmt) if e.verdict is not None else f"{e.interaction:{fmt}} (no verdict)"
+    return (f"{name}: W {e.w.estimate:+{fmt}}, C {e.c.estimate:+{fmt}}, W+C {e.wc.estimate:+{fmt}}; interaction {rule} "
+            f"({tokens} tokens, {windows} windows, studentized paired bootstrap)")
 
 
 def noise_floor(report) -> list[str]:

@@ -1,25 +1,29 @@
 """Tables of the findings, from stored per-token arrays, every number with a paired interval.
 
-All intervals come from :func:`wkvlab.stats.paired_interval` (windows resampled, the same windows
-for every config compared — or blocks of positions for depth), so "decided" (an interval exists)
-and "significant" (it excludes 0) mean the same thing here as in explain, compare and the report.
-The additivity question asks more of an interval: that it be narrower than the smaller main effect
-("resolved"); where it is not, the table says how many tokens would resolve it — an interval's
-width shrinks with the square root of the resampling units, so ``tokens × (width / target)²``
-would bring it to the target.
+All intervals come from :func:`wkvlab.stats.resample` (studentized bootstrap, windows resampled,
+the same windows for every config compared), and every verdict from the one decision rule
+(:func:`wkvlab.stats.decide`), as in explain, compare and the report: a table's tests are one
+family, Holm-adjusted together, and each row shows its raw and its adjusted interval, its margin
+m (10% of the cache's own KLD by default) and its verdict — *compounds*, *sub-additive*,
+*additive within ±m* or *undecided* with the tokens that would decide it.
+
+The practitioner's number leads: the interaction against the cache's own cost (``share_of_cache``
+= interaction / KLD(C), how much more the cache costs under these weights than alone), not only
+against the sum of both costs (``share``), which a large weight error makes small.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable
 
 from wkvlab.errors import DataError
 from wkvlab.eval.depth import depth_tables
 from wkvlab.eval.result import EvalResult
-from wkvlab.explain.factorial import effects
+from wkvlab.explain.compare import check_same_tokens
+from wkvlab.explain.factorial import effect_draws, interaction_effect
 from wkvlab.kv.spec import KVSpec
-from wkvlab.stats import Interval, paired_interval
+from wkvlab.stats import Interval, resample
+from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, Effect, Margin, Verdict, decide
 from wkvlab.weights.spec import WeightSpec
 
 
@@ -31,15 +35,6 @@ def _is_fp16(result: EvalResult) -> bool:
     return KVSpec.from_dict(result.kv_spec).is_identity
 
 
-def tokens_to_decide(interval: Interval, target: float, tokens: int) -> int | None:
-    """Tokens at which an interval as wide as this one would be ``target`` wide (None: it already
-    is, or there is no interval to scale)."""
-    width = interval.high - interval.low
-    if not interval.decided or not math.isfinite(width) or target <= 0:
-        return None
-    return None if width < target else int(math.ceil(tokens * (width / target) ** 2))
-
-
 @dataclass(frozen=True)
 class AdditivityRow:
     weights: str
@@ -47,8 +42,9 @@ class AdditivityRow:
     w: Interval  # KLD of the weights with a 16-bit cache
     c: Interval  # KLD of the cache with unquantized weights
     wc: Interval  # KLD of both
-    interaction: Interval  # wc − w − c
+    interaction: Interval  # wc − w − c (raw 95%)
     tokens: int
+    verdict: Verdict  # the one rule, Holm-adjusted over the grid's rows
 
     @property
     def share(self) -> float:
@@ -57,33 +53,18 @@ class AdditivityRow:
         return self.interaction.estimate / total if total else float("nan")
 
     @property
-    def smaller_effect(self) -> float:
-        return min(abs(self.w.estimate), abs(self.c.estimate))
-
-    @property
-    def resolved(self) -> bool:
-        """The interaction's interval is narrower than the smaller main effect (the issue's criterion)."""
-        return self.interaction.decided and (self.interaction.high - self.interaction.low) < self.smaller_effect
-
-    @property
-    def verdict(self) -> str:
-        """The interval's sign when it excludes 0; "additive" only when it is also resolved."""
-        if not self.interaction.decided:
-            return "too few windows for an interval"
-        if self.interaction.low > 0:
-            return "compounds (more than the sum)"
-        if self.interaction.high < 0:
-            return "less than the sum"
-        return "additive within the interval" if self.resolved else "not resolved (interval wider than the smaller effect)"
+    def share_of_cache(self) -> float:
+        """The interaction as a share of the cache's own cost: how much more the cache costs under W."""
+        return self.interaction.estimate / self.c.estimate if self.c.estimate else float("nan")
 
     @property
     def tokens_needed(self) -> int | None:
-        return None if self.resolved else tokens_to_decide(self.interaction, self.smaller_effect, self.tokens)
+        return self.verdict.tokens_needed
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "kv": self.kv, **{k: getattr(self, k).to_dict() for k in ("w", "c", "wc", "interaction")},
-                "tokens": self.tokens, "share": self.share, "resolved": self.resolved, "verdict": self.verdict,
-                "tokens_needed": self.tokens_needed}
+                "tokens": self.tokens, "share": self.share, "share_of_cache": self.share_of_cache,
+                "verdict": self.verdict.word, "decision": self.verdict.to_dict(), "tokens_needed": self.tokens_needed}
 
 
 def _reference_cell(results: list[EvalResult]) -> EvalResult:
@@ -94,19 +75,31 @@ def _reference_cell(results: list[EvalResult]) -> EvalResult:
     return ref
 
 
-def additivity(results: Iterable[EvalResult], *, n_resamples: int = 2000) -> list[AdditivityRow]:
-    """The 2×2 factorial of every (W, C) pair of a weights × KV grid that holds none and fp16."""
+def _check_cells(cells: dict[str, EvalResult]) -> None:
+    for name, result in cells.items():
+        if name != "ref":
+            check_same_tokens(cells["ref"], result)
+
+
+def additivity(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[AdditivityRow]:
+    """The 2×2 factorial of every (W, C) pair of a weights × KV grid that holds none and fp16.
+
+    The grid's interactions are one family: their verdicts are Holm-adjusted together."""
     results = list(results)
     ref = _reference_cell(results)
     by_w = {r.weights: r for r in results if _is_fp16(r) and not _is_none(r)}
     by_c = {r.kv: r for r in results if _is_none(r) and not _is_fp16(r)}
-    rows = []
+    found = []
     for r in results:
         if _is_none(r) or _is_fp16(r) or r.weights not in by_w or r.kv not in by_c:
             continue
-        e = effects({"ref": ref, "w": by_w[r.weights], "c": by_c[r.kv], "wc": r}, "kld", n_resamples=n_resamples)
-        rows.append(AdditivityRow(r.weights, r.kv, e.w, e.c, e.wc, e.interaction, r.tokens))
-    return rows
+        cells = {"ref": ref, "w": by_w[r.weights], "c": by_c[r.kv], "wc": r}
+        _check_cells(cells)
+        found.append((r, effect_draws(cells, "kld", n_resamples=n_resamples)))
+    tests = [interaction_effect(d, "kld", r.tokens, margin, name=f"{r.weights} × {r.kv}") for r, d in found]
+    verdicts = decide(tests, family=f"{ref.model} additivity grid")
+    return [AdditivityRow(r.weights, r.kv, d["w"].interval(), d["c"].interval(), d["wc"].interval(), d["interaction"].interval(), r.tokens, v)
+            for (r, d), v in zip(found, verdicts)]
 
 
 @dataclass(frozen=True)
@@ -117,30 +110,86 @@ class PenaltyRow:
     kv: str
     penalty: Interval
     vs_unquantized: Interval | None  # penalty under W minus penalty under unquantized weights: the additivity interaction
+    verdict: Verdict | None = None  # the one rule on vs_unquantized, Holm-adjusted over the table
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "kv": self.kv, "penalty": self.penalty.to_dict(),
-                "vs_unquantized": self.vs_unquantized.to_dict() if self.vs_unquantized else None}
+                "vs_unquantized": self.vs_unquantized.to_dict() if self.vs_unquantized else None,
+                "verdict": self.verdict.word if self.verdict else None, "decision": self.verdict.to_dict() if self.verdict else None}
 
 
-def penalties(results: Iterable[EvalResult], *, n_resamples: int = 2000) -> list[PenaltyRow]:
-    """The KV penalty of every cache under every weight config of a grid, paired by window."""
+def penalties(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[PenaltyRow]:
+    """The KV penalty of every cache under every weight config of a grid, paired by window.
+
+    "Larger under these weights" is the additivity interaction, decided by the one rule; the
+    table's interactions are one Holm family."""
     results = list(results)
     ref = _reference_cell(results)
     base = {r.weights: r for r in results if _is_fp16(r)}
     plain = {r.kv: r for r in results if _is_none(r)}
-    rows = []
+    found = []
     for r in results:
         if _is_fp16(r) or r.weights not in base:
             continue
+        check_same_tokens(base[r.weights], r)
         arrays = {"wc": r.arrays.kld, "w": base[r.weights].arrays.kld}
-        penalty = paired_interval(lambda m: m["wc"] - m["w"], arrays, r.arrays.window, n_resamples=n_resamples)
-        versus = None
+        penalty = resample(lambda m: m["wc"] - m["w"], arrays, r.arrays.window, n_resamples=n_resamples).interval()
+        test = None
         if not _is_none(r) and r.kv in plain:
             # (wc − w) − (c − ref): the same interaction, on the same windows, as the additivity finding's
-            versus = effects({"ref": ref, "w": base[r.weights], "c": plain[r.kv], "wc": r}, "kld", n_resamples=n_resamples).interaction
-        rows.append(PenaltyRow(r.weights, r.kv, penalty, versus))
-    return rows
+            cells = {"ref": ref, "w": base[r.weights], "c": plain[r.kv], "wc": r}
+            _check_cells(cells)
+            test = interaction_effect(effect_draws(cells, "kld", n_resamples=n_resamples), "kld", r.tokens, margin,
+                                      name=f"{r.weights} × {r.kv}")
+        found.append((r, penalty, test))
+    tests = [t for _, _, t in found if t is not None]
+    verdicts = iter(decide(tests, family=f"{ref.model} penalty table"))
+    return [PenaltyRow(r.weights, r.kv, penalty, t.draws.interval() if t else None, next(verdicts) if t else None)
+            for r, penalty, t in found]
+
+
+@dataclass(frozen=True)
+class MethodDifference:
+    """Does the cache cost more under weight method ``a`` than under ``b``? penalty(a) − penalty(b), paired by window."""
+
+    kv: str
+    a: str
+    b: str
+    difference: Interval
+    verdict: Verdict
+
+    def to_dict(self) -> dict:
+        return {"kv": self.kv, "a": self.a, "b": self.b, "difference": self.difference.to_dict(), "verdict": self.verdict.word,
+                "decision": self.verdict.to_dict()}
+
+
+def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[MethodDifference]:
+    """Every pair of quantized weight methods, per cache: penalty(a) − penalty(b) = (KLD(a×C) − KLD(a×fp16)) − (KLD(b×C) − KLD(b×fp16)).
+
+    What "the cache hurts more under GPTQ than under RTN" must rest on: a tested difference, not a
+    significant row next to a non-significant one. m = ``margin`` × the cache's own KLD (its
+    penalty under unquantized weights); all pairs of the table are one Holm family."""
+    results = list(results)
+    ref = _reference_cell(results)
+    base = {r.weights: r for r in results if _is_fp16(r)}
+    cells = {(r.weights, r.kv): r for r in results if not _is_fp16(r) and r.weights in base}
+    methods = [w for w in base if w != ref.weights]
+    found = []
+    for kv in dict.fromkeys(k for _, k in cells):
+        own = cells.get((ref.weights, kv))
+        scale = float(own.arrays.kld.mean() - ref.arrays.kld.mean()) if own is not None else float("nan")
+        present = [w for w in methods if (w, kv) in cells]
+        for i, a in enumerate(present):
+            for b in present[i + 1:]:
+                arrays = {"ac": cells[(a, kv)].arrays.kld, "a": base[a].arrays.kld, "bc": cells[(b, kv)].arrays.kld, "b": base[b].arrays.kld}
+                for r in (cells[(a, kv)], base[a], cells[(b, kv)], base[b]):
+                    check_same_tokens(ref, r)
+                draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.window, n_resamples=n_resamples)
+                found.append((kv, a, b, Effect(f"{kv}: penalty under {a} − under {b}", draws,
+                                               Margin.relative_to(scale, f"KLD({kv}) under unquantized weights", margin), ref.tokens,
+                                               DIFFERENCE)))
+    verdicts = decide([e for *_, e in found], family=f"{ref.model} weight-method differences")
+    return [MethodDifference(kv, a, b, e.draws.interval(), v) for (kv, a, b, e), v in zip(found, verdicts)]
 
 
 @dataclass(frozen=True)
@@ -152,30 +201,50 @@ class CalibrationRow:
     kld: dict  # calibration text -> Interval
     mismatch: dict  # calibration text -> Interval of KLD(that text) − KLD(the evaluation's own domain)
     own: str  # the calibration text of the evaluation's own domain
+    verdicts: dict = None  # calibration text -> Verdict on the mismatch (the one rule, Holm over the table)
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "data": self.data, "own": self.own, "kld": {k: v.to_dict() for k, v in self.kld.items()},
-                "mismatch": {k: v.to_dict() for k, v in self.mismatch.items()}}
+                "mismatch": {k: v.to_dict() for k, v in self.mismatch.items()},
+                "verdicts": {k: v.to_dict() for k, v in (self.verdicts or {}).items()}}
 
 
-def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, n_resamples: int = 2000) -> list[CalibrationRow]:
-    """``results_by_text[(calibration text, evaluation data)]``: one grid each, on the same windows per data."""
-    own_domain = {"default": "prose", "prose": "prose", "code": "code"}
-    rows = []
+CALIBRATION_ORDER = ("prose", "code", "math")  # known texts first, any other calibration text after them by name
+OWN_DOMAIN = {"default": "prose", "prose": "prose", "code": "code"}
+
+
+def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, n_resamples: int = 2000,
+                margin: float = DEFAULT_MARGIN) -> list[CalibrationRow]:
+    """``results_by_text[(calibration text, evaluation data)]``: one grid each, on the same windows per data.
+
+    A mismatch (KLD calibrated on another text minus calibrated on the evaluation's own domain) is
+    decided with m = 10% of the own-domain KLD; the table's mismatches are one Holm family."""
+    found = []
     datas = sorted({d for _, d in results_by_text})
-    calibs = sorted({c for c, _ in results_by_text}, key=("prose", "code", "math").index)
+    calibs = sorted({c for c, _ in results_by_text},
+                    key=lambda c: (CALIBRATION_ORDER.index(c) if c in CALIBRATION_ORDER else len(CALIBRATION_ORDER), c))
     for data in datas:
         grids = {c: {r.weights: r for r in results_by_text[(c, data)] if not _is_none(r)} for c in calibs if (c, data) in results_by_text}
-        own = own_domain.get(data, calibs[0])
+        own = OWN_DOMAIN.get(data, next(iter(grids)))
         for weights in sorted(next(iter(grids.values()))):
             cells = {c: g[weights] for c, g in grids.items() if weights in g}
-            units = next(iter(cells.values())).arrays.window
+            first = next(iter(cells.values()))
+            for r in cells.values():
+                check_same_tokens(first, r)
+            units = first.arrays.window
             arrays = {c: r.arrays.kld for c, r in cells.items()}
-            kld = {c: paired_interval(lambda m, c=c: m[c], arrays, units, n_resamples=n_resamples) for c in cells}
-            mismatch = {c: paired_interval(lambda m, c=c: m[c] - m[own], arrays, units, n_resamples=n_resamples)
+            kld = {c: resample(lambda m, c=c: m[c], arrays, units, n_resamples=n_resamples) for c in cells}
+            mismatch = {c: resample(lambda m, c=c: m[c] - m[own], arrays, units, n_resamples=n_resamples)
                         for c in cells if c != own and own in cells}
-            rows.append(CalibrationRow(weights, data, kld, mismatch, own))
-    return rows
+            tests = {c: Effect(f"{weights} on {data}: calibrated on {c} − on {own}", d,
+                               Margin.relative_to(kld[own].estimate, f"KLD calibrated on {own}", margin), first.tokens, DIFFERENCE)
+                     for c, d in mismatch.items()}
+            found.append((weights, data, own, kld, mismatch, tests))
+    flat = [t for *_, tests in found for t in tests.values()]
+    verdicts = iter(decide(flat, family="calibration table"))
+    return [CalibrationRow(weights, data, {c: d.interval() for c, d in kld.items()}, {c: d.interval() for c, d in mismatch.items()}, own,
+                           {c: next(verdicts) for c in tests})
+            for weights, data, own, kld, mismatch, tests in found]
 
 
 def depth(results: Iterable[EvalResult]) -> list[dict]:

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
 
 
 def findings_command(
@@ -18,7 +18,10 @@ def findings_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<N>")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
     markdown: Annotated[Optional[Path], typer.Option(help="also write the finding's tables as Markdown here")] = None,
+    margin: MarginOption = 0.10,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Measure one of the seeds' questions on a model (resumable through the store) and print its tables with intervals."""
     from wkvlab.display import console, err_console, progress_bar
@@ -33,11 +36,14 @@ def findings_command(
         raise ConfigError(f"--markdown {markdown} is a folder; give a file name such as {markdown / (name + '.md')}")
     if markdown is not None and not markdown.parent.is_dir():
         raise ConfigError(f"folder {markdown.parent} does not exist; create it or choose another --markdown")
+    if not margin >= 0:
+        raise ConfigError(f"--margin is a fraction (0.1 = 10%) and cannot be negative, got {margin}")
     grids.check_size(name, model, ctx=ctx, tokens=tokens)
-    start_run("findings", threads, f"{name} on {model} (store {store})")
+    start_run("findings", threads, f"{name} on {model} (store {store})", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.findings.run import run_finding
 
-    finding = run_finding(name, model=model, store=store, tokens=tokens, ctx=ctx, device=device, dtype=dtype, progress=progress_bar)
+    finding = run_finding(name, model=model, store=store, tokens=tokens, ctx=ctx, device=device, dtype=dtype, progress=progress_bar,
+                          margin=margin)
     console.print(finding.markdown, markup=False, highlight=False, soft_wrap=True)
     err_console.print(f"{name} on {model}: {finding.seconds:,.0f} s (store {store})")
     if markdown is not None:  # the finding is already in the store: a failed write loses nothing

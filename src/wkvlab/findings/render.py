@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from wkvlab.findings.analysis import AdditivityRow, CalibrationRow, PenaltyRow
+from wkvlab.findings.analysis import AdditivityRow, CalibrationRow, MethodDifference, PenaltyRow
 from wkvlab.stats import Interval
 
 
@@ -22,31 +22,61 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _rule_note(verdicts) -> str:
+    """The footnote every verdict table carries: the rule, the margin, the family and its adjustment."""
+    verdicts = [v for v in verdicts if v is not None]
+    if not verdicts:
+        return ""
+    v = verdicts[0]
+    return (f"\n\nVerdicts: the one decision rule (docs/explain.md, 'The decision rule'): margin m = {100 * v.margin.relative:g}% of "
+            f"{v.margin.of.split(' of ')[0]}; {v.adjustment}; an interval beyond ±m compounds (or is higher/lower), one inside ±m is "
+            "additive (or equivalent) within ±m, anything else is undecided with the tokens that would decide it. Raw intervals are "
+            "95% studentized paired bootstrap over windows; adjusted ones are the same bootstrap at Holm's level.")
+
+
+def _decision(v) -> str:
+    need = v.need()
+    return v.word + (f" ({need})" if need else "")
+
+
 def additivity_markdown(rows: list[AdditivityRow]) -> str:
-    header = ["weights", "KV", "KLD(W)", "KLD(C)", "KLD(W+C)", "interaction [95%]", "share of sum", "verdict", "resolved?"]
+    header = ["weights", "KV", "KLD(W)", "KLD(C)", "KLD(W+C)", "interaction [raw 95%]", "Holm-adjusted", "% of KLD(C)", "% of sum",
+              "margin m", "verdict"]
     body = []
     for r in rows:
-        need = "yes" if r.resolved else (f"no: ~{r.tokens_needed:,} tokens" if r.tokens_needed else "no")
         body.append([r.weights, r.kv, f"{r.w.estimate:.5f}", f"{r.c.estimate:.5f}", f"{r.wc.estimate:.5f}", _iv(r.interaction, "+.5f"),
-                     f"{100 * r.share:+.1f}%", r.verdict, need])
-    return _table(header, body)
+                     _iv(r.verdict.adjusted, "+.5f"), f"{100 * r.share_of_cache:+.1f}%", f"{100 * r.share:+.1f}%",
+                     f"±{r.verdict.margin.value:.2g}", _decision(r.verdict)])
+    return _table(header, body) + _rule_note(r.verdict for r in rows)
 
 
 def penalty_markdown(rows: list[PenaltyRow]) -> str:
     weights = list(dict.fromkeys(r.weights for r in rows))
     kvs = list(dict.fromkeys(r.kv for r in rows))
     cell = {(r.weights, r.kv): r for r in rows}
+    marks = {"above": " ↑", "below": " ↓", "within": " ≈", "undecided": " ?"}
     body = []
     for kv in kvs:
         line = [kv]
         for w in weights:
             r = cell.get((w, kv))
-            line.append("—" if r is None else (format(r.penalty, ".4f") + ("" if r.vs_unquantized is None or not r.vs_unquantized.excludes_zero
-                                                                             else (" ↑" if r.vs_unquantized.low > 0 else " ↓"))))
+            line.append("—" if r is None else format(r.penalty, ".4f") + ("" if r.verdict is None else marks[r.verdict.outcome]))
         body.append(line)
-    note = ("\n\nEach cell: KLD(W × C) − KLD(W × fp16) with its 95% interval (windows resampled); ↑/↓: the penalty under these "
-            "weights is larger/smaller than under unquantized weights, interval excluding 0.")
-    return _table(["KV \\ weights", *weights], body) + note
+    note = ("\n\nEach cell: KLD(W × C) − KLD(W × fp16) with its 95% interval (windows resampled). Against the penalty under "
+            "unquantized weights (the additivity interaction): ↑ larger beyond ±m, ↓ smaller beyond ±m, ≈ the same within ±m, "
+            "? undecided.")
+    return _table(["KV \\ weights", *weights], body) + note + _rule_note(r.verdict for r in rows)
+
+
+def method_differences_markdown(rows: list[MethodDifference]) -> str:
+    """The decided weight-method differences (every pair tested; the undecided ones counted)."""
+    decided = [r for r in rows if r.verdict.decided]
+    body = [[r.kv, f"{r.a} − {r.b}", _iv(r.difference, "+.5f"), _iv(r.verdict.adjusted, "+.5f"), f"±{r.verdict.margin.value:.2g}",
+             r.verdict.word] for r in decided]
+    head = (f"**Differences between weight methods**: the KV penalty under method a minus under method b, every pair of "
+            f"quantized methods for every cache ({len(rows)} tests, {len(decided)} decided; the rest undecided).\n\n")
+    return head + _table(["KV", "a − b", "difference [raw 95%]", "Holm-adjusted", "margin m", "verdict"], body) + \
+        _rule_note(r.verdict for r in rows)
 
 
 def attention_markdown(rows) -> str:
@@ -68,13 +98,16 @@ def attention_markdown(rows) -> str:
 
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
     calibs = list(dict.fromkeys(c for r in rows for c in r.kld))
-    header = ["method", "evaluated on", *[f"calibrated on {c}" for c in calibs], "mismatch cost [95%]"]
+    header = ["method", "evaluated on", *[f"calibrated on {c}" for c in calibs], "mismatch cost [raw 95%] → verdict"]
     body = []
     for r in rows:
-        costs = "; ".join(f"{c}: {format(iv, '+.4f')}" for c, iv in r.mismatch.items())
+        verdicts = r.verdicts or {}
+        costs = "; ".join(f"{c}: {format(iv, '+.4f')} → " + (_decision(verdicts[c]) if c in verdicts else "no verdict")
+                          for c, iv in r.mismatch.items())
         body.append([r.weights, r.data, *[format(r.kld[c], ".4f") if c in r.kld else "—" for c in calibs], costs or "—"])
     return _table(header, body) + ("\n\nMismatch cost: KLD with that calibration text minus KLD with the evaluation's own domain "
-                                   "(prose for prose, code for code), paired by window.")
+                                   "(prose for prose, code for code), paired by window."
+                                   + _rule_note(v for r in rows for v in (r.verdicts or {}).values()))
 
 
 def depth_markdown(tables: list[dict]) -> str:
@@ -88,7 +121,9 @@ def depth_markdown(tables: list[dict]) -> str:
             rows.append([f"{row['start']:,}–{row['end']:,}", f"{row['tokens']:,}", format(penalty, ".5f"),
                          "—" if growth is None else format(growth, "+.5f"), "—" if rel is None else f"{100 * rel:+.1f}%"])
         parts.append(f"**{t['weights']} × {t['kv']}** (minus {t['paired_with']}; unit: {t['unit']}, {t['units']} units, "
-                     f"decorrelation lag {t['decorrelation_lag']})\n\n"
+                     f"decorrelation lag {t['decorrelation_lag']}). **Content-confounded**: each bucket holds different text, so a "
+                     "difference between buckets mixes depth with what the text says there; no verdict on depth is drawn from it "
+                     "(that needs the same tokens scored after prefixes of different lengths).\n\n"
                      + _table(["positions", "tokens", "penalty [95%]", "minus first bucket [95%]", "relative"], rows))
     return "\n\n".join(parts)
 
@@ -98,18 +133,23 @@ def search_markdown(data: dict) -> str:
     from wkvlab.findings.search import search_rows_from_dict
 
     body = []
-    for r in search_rows_from_dict(data):
+    rows = search_rows_from_dict(data)
+    for r in rows:
+        said = lambda key: f" → {_decision(r.verdicts[key])}" if key in r.verdicts else ""  # noqa: E731
         body.append([r.profile_text, f"{r.budget:,.0f} ({100 * r.share:.0f}%)", r.heldout_text, f"{r.aware:.5f}", f"{r.unaware:.5f}",
-                     _iv(r.aware_minus_unaware, "+.5f"), f"{r.uniform_name} {r.uniform:.5f}", _iv(r.aware_minus_uniform, "+.5f")])
+                     _iv(r.aware_minus_unaware, "+.5f") + said("unaware"), f"{r.uniform_name} {r.uniform:.5f}",
+                     _iv(r.aware_minus_uniform, "+.5f") + said("uniform")])
     table = _table(["profiled on", "budget B/token (of 16-bit)", "held-out text", "aware plan KLD", "unaware plan KLD",
-                    "aware − unaware [95%]", "best fitting uniform", "aware − uniform [95%]"], body)
+                    "aware − unaware [raw 95%] → verdict", "best fitting uniform", "aware − uniform [raw 95%] → verdict"], body)
+    table += _rule_note(v for r in rows for v in r.verdicts.values())
     rho = _table(["profile text → held-out text", "Spearman (predicted vs held-out KLD)"],
                  [[k, f"{v:.3f}"] for k, v in data["rank_correlation"].items()])
     agree = _table(["per-layer delta", "Spearman between the two profile texts"],
                    [[k, f"{v:.3f}"] for k, v in data["layer_agreement"].items()])
     return (table + "\n\nDifferences are paired by held-out window (the same windows for every plan), 95% bootstrap intervals; "
             "'aware' allocates from a profile measured under the quantized weights, 'unaware' from one measured with 16-bit "
-            "weights (KVTuner-style), both evaluated under the quantized weights.\n\n" + rho + "\n\n" + agree)
+            "weights (KVTuner-style), both evaluated under the quantized weights. The best fitting uniform is any uniform format at or "
+            "under the budget, so it may use less memory than the plan: not a comparison at equal memory.\n\n" + rho + "\n\n" + agree)
 
 
 def engine_markdown(data: dict) -> str:

@@ -14,6 +14,7 @@ from typing import Callable, ContextManager
 
 from wkvlab.errors import ConfigError
 from wkvlab.findings import FINDINGS, analysis, grids, render
+from wkvlab.stats.decision import DEFAULT_MARGIN
 
 
 def torch_threads() -> int:
@@ -60,8 +61,10 @@ def _run_sweeps(specs, store: Path, progress: ProgressFactory) -> list[list]:
 
 
 def run_finding(name: str, *, model: str = "default", store: str | Path = "out/findings.db", tokens: int | None = None,
-                ctx: int | None = None, device: str = "auto", dtype: str = "auto", progress: ProgressFactory = _silent) -> Finding:
-    """Measure (or read back) one finding on ``model`` and analyse it (``ctx``/``tokens`` override its size)."""
+                ctx: int | None = None, device: str = "auto", dtype: str = "auto", progress: ProgressFactory = _silent,
+                margin: float = DEFAULT_MARGIN) -> Finding:
+    """Measure (or read back) one finding on ``model`` and analyse it (``ctx``/``tokens`` override its size);
+    ``margin``: the decision rule's m as a fraction of the cache's own (or the baseline's) KLD."""
     if name not in FINDINGS:
         raise ConfigError(f"unknown finding {name!r}; use one of {', '.join(FINDINGS)}")
     store = Path(store)
@@ -72,11 +75,13 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
     if name in ("additivity", "methods"):
         (results,) = _run_sweeps(grids.additivity_sweeps(model, sized(), **where), store, progress)
         if name == "additivity":
-            rows = analysis.additivity(results)
+            rows = analysis.additivity(results, margin=margin)
             markdown, data = render.additivity_markdown(rows), {"rows": [r.to_dict() for r in rows]}
         else:
-            rows = analysis.penalties(results)
-            markdown, data = render.penalty_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+            rows = analysis.penalties(results, margin=margin)
+            differences = analysis.method_differences(results, margin=margin)
+            markdown = render.penalty_markdown(rows) + "\n\n" + render.method_differences_markdown(differences)
+            data = {"rows": [r.to_dict() for r in rows], "differences": [d.to_dict() for d in differences]}
     elif name == "attention":
         from wkvlab.findings.attention import measure_attention
 
@@ -88,7 +93,7 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         specs = grids.calibration_sweeps(model, sized(), **where)
         grids_out = _run_sweeps(specs, store, progress)
         by_text = {(s.calibration.data, s.data[0]): r for s, r in zip(specs, grids_out)}
-        rows = analysis.calibration(by_text)
+        rows = analysis.calibration(by_text, margin=margin)
         markdown, data = render.calibration_markdown(rows), {"rows": [r.to_dict() for r in rows]}
     elif name == "depth":
         (results,) = _run_sweeps(grids.depth_sweeps(model, sized(), **where), store, progress)
@@ -98,7 +103,7 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         from wkvlab.findings.search import measure_search
 
         grid = grids.search_grid(model, tokens=tokens, ctx=ctx)
-        found = measure_search(model, grid, progress=progress, **where)
+        found = measure_search(model, grid, progress=progress, margin=margin, **where)
         data = {**found.to_dict(), "grid": grid.__dict__}
         markdown = render.search_markdown(data)
     elif name == "engine":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -60,12 +60,14 @@ class PlanRow:
     aware_minus_unaware: Interval
     aware_minus_uniform: Interval | None  # None when no uniform pair fits the budget
     tokens: int
+    verdicts: dict = field(default_factory=dict)  # "unaware" / "uniform" -> Verdict (the one rule, Holm over the finding)
 
     def to_dict(self) -> dict:
         return {**{k: getattr(self, k) for k in ("profile_text", "budget", "share", "heldout_text", "aware", "unaware", "uniform_name",
                                                  "uniform", "tokens")},
-                "aware_minus_unaware": self.aware_minus_unaware.to_dict(),
-                "aware_minus_uniform": self.aware_minus_uniform.to_dict() if self.aware_minus_uniform else None}
+                "aware_minus_unaware": self.aware_minus_unaware.to_dict() if self.aware_minus_unaware else None,
+                "aware_minus_uniform": self.aware_minus_uniform.to_dict() if self.aware_minus_uniform else None,
+                "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}}
 
 
 @dataclass
@@ -113,7 +115,8 @@ def _cached_score(path_key: dict, score_fn):
     return score
 
 
-def measure_search(model: str, grid: SearchGrid, *, progress=None, device: str = "auto", dtype: str = "auto") -> SearchFinding:
+def measure_search(model: str, grid: SearchGrid, *, progress=None, device: str = "auto", dtype: str = "auto",
+                   margin: float = 0.10) -> SearchFinding:
     """Profiles on each profile text (with and without the weights), plans per budget, held-out scores on every text.
 
     ``progress(total, title)``: a context yielding ``tick(description, steps)`` (the findings' bars)."""
@@ -126,10 +129,11 @@ def measure_search(model: str, grid: SearchGrid, *, progress=None, device: str =
             title = f"search: {len(grid.budgets)} budgets x {len(grid.profile_texts)} profile texts"
             return stack.enter_context(progress(search_steps(grid, n_layers), title))
 
-        return _measure(model, grid, open_bar, device=device, dtype=dtype)
+        return _measure(model, grid, open_bar, device=device, dtype=dtype, margin=margin)
 
 
-def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, device: str, dtype: str) -> SearchFinding:
+def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, device: str, dtype: str,
+             margin: float = 0.10) -> SearchFinding:
     import torch
 
     from wkvlab.data import load_corpus, make_windows, tokenize, tokenizer_wants_bos
@@ -141,7 +145,9 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
     from wkvlab.search.baselines import uniform_plan
     from wkvlab.search.choices import FP16, choice_bytes, choice_label, parse_choices
     from wkvlab.search.export import plan_kvspec
-    from wkvlab.search.measure import Scorer, paired_difference
+    from wkvlab.search.api import SEARCH_WORDS
+    from wkvlab.search.measure import Scorer, paired_draws
+    from wkvlab.stats.decision import Effect, Margin, decide
     from wkvlab.search.predict import predictor_from_profile, spearman
     from wkvlab.weights.apply import quantize_model_weights
     from wkvlab.weights.calibration import CalibrationSpec, calibration_corpus, calibration_set
@@ -225,7 +231,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
             tick(f"held-out {text}: {name}", 1)
 
     plan_bytes = lambda plan: sum(per_choice[c] for c in plan)  # noqa: E731
-    rows = []
+    rows, effects = [], []
     for text in grid.profile_texts:
         for share in grid.budgets:
             budget = share * fp16_bytes
@@ -234,8 +240,17 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
                 a, u = scores[(held, f"{text}/aware/{share:.2f}")], scores[(held, f"{text}/unaware/{share:.2f}")]
                 best = min(fitting, key=lambda k: scores[(held, f"uniform {k}")].kld) if fitting else None
                 b = scores[(held, f"uniform {best}")] if best else None
-                rows.append(PlanRow(text, budget, share, held, a.kld, u.kld, best or "none fits", b.kld if b else float("nan"),
-                                    paired_difference(a, u), paired_difference(a, b) if b else None, a.tokens))
+                versus_u, versus_b = paired_draws(a, u), paired_draws(a, b) if b else None
+                mine = {}
+                for key, draws, rival, name in (("unaware", versus_u, u, "the unaware plan"), ("uniform", versus_b, b, f"uniform {best}")):
+                    if draws is not None:
+                        mine[key] = len(effects)
+                        effects.append(Effect(f"{text}/{share:.0%}/{held}: aware − {name}", draws,
+                                              Margin.relative_to(rival.kld, f"KLD of {name}", margin), a.tokens, SEARCH_WORDS))
+                rows.append((PlanRow(text, budget, share, held, a.kld, u.kld, best or "none fits", b.kld if b else float("nan"),
+                                     versus_u.interval() if versus_u else None, versus_b.interval() if versus_b else None, a.tokens), mine))
+    verdicts = decide(effects, family="search finding: every aware − unaware and aware − uniform difference")
+    rows = [replace(row, verdicts={k: verdicts[i] for k, i in mine.items()}) for row, mine in rows]
     rho = {}
     for text in grid.profile_texts:
         p = predictors[(text, "aware")]
@@ -254,9 +269,12 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
 
 def search_rows_from_dict(data: dict) -> list[PlanRow]:
     """Rows back from :meth:`SearchFinding.to_dict` (for rendering stored findings)."""
-    return [PlanRow(**{k: v for k, v in r.items() if k not in ("aware_minus_unaware", "aware_minus_uniform")},
-                    aware_minus_unaware=Interval.from_dict(r["aware_minus_unaware"]),
-                    aware_minus_uniform=Interval.from_dict(r["aware_minus_uniform"]) if r["aware_minus_uniform"] else None)
+    from wkvlab.stats.decision import Verdict
+
+    return [PlanRow(**{k: v for k, v in r.items() if k not in ("aware_minus_unaware", "aware_minus_uniform", "verdicts")},
+                    aware_minus_unaware=Interval.from_dict(r["aware_minus_unaware"]) if r["aware_minus_unaware"] else None,
+                    aware_minus_uniform=Interval.from_dict(r["aware_minus_uniform"]) if r["aware_minus_uniform"] else None,
+                    verdicts={k: Verdict.from_dict(v) for k, v in (r.get("verdicts") or {}).items()})
             for r in data["rows"]]
 
 

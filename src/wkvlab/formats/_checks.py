@@ -5,8 +5,13 @@ pass instead, because these arguments come straight from user specs (CLI flags, 
 """
 from __future__ import annotations
 
+from typing import Callable, Hashable, TypeVar
+
 import torch
 from torch import Tensor
+
+T = TypeVar("T")
+_DEVICE_CONSTANTS: dict = {}
 
 from wkvlab.errors import ConfigError
 
@@ -58,3 +63,15 @@ def const_like(ref: Tensor, value: float) -> Tensor:
     device (no host-to-device copy, so no synchronization in the hot path).
     """
     return torch.full((), value, dtype=torch.float32, device=ref.device)
+
+
+def device_constant(key: Hashable, device: torch.device | str, build: Callable[[torch.device], T]) -> T:
+    """``build(device)`` — a format's constant tensor(s): a Hadamard matrix, a codebook, a grid —
+    made once per ``(key, device)`` and reused. Built per call, a constant from a Python list or a
+    CPU-cached matrix is a host-to-device copy (and a synchronization) on every call of a hot path.
+    Callers never modify what this returns."""
+    device = torch.device(device)
+    entry = (key, device)
+    if entry not in _DEVICE_CONSTANTS:
+        _DEVICE_CONSTANTS[entry] = build(device)
+    return _DEVICE_CONSTANTS[entry]

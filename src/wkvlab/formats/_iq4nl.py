@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wkvlab.formats._checks import const_like
+from wkvlab.formats._checks import const_like, device_constant
 
 KVALUES_IQ4NL: tuple[int, ...] = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -139,7 +139,7 @@ def iq4nl_encode(blocks: Tensor, ntry: int = 7) -> tuple[Tensor, Tensor]:
     """Float32 scales ``[n, 1]`` (before fp16 rounding) and int64 codes ``[n, 32]`` for ``[n, 32]`` blocks."""
     if blocks.shape[0] == 0:
         return blocks.new_zeros((0, 1)), torch.zeros((0, QK_IQ4NL), dtype=torch.int64, device=blocks.device)
-    luts = _codebook(blocks.device)
+    luts = device_constant("iq4nl_luts", blocks.device, _codebook)
     ds, cs = [], []
     for chunk in blocks.split(_CHUNK):
         d, c = _encode_chunk(chunk, ntry, luts)
@@ -150,5 +150,5 @@ def iq4nl_encode(blocks: Tensor, ntry: int = 7) -> tuple[Tensor, Tensor]:
 
 def iq4nl_values(codes: Tensor) -> Tensor:
     """Float32 codebook values for integer codes (any shape)."""
-    vals = torch.tensor(KVALUES_IQ4NL, dtype=torch.float32, device=codes.device)
+    vals = device_constant("iq4nl_values", codes.device, lambda device: torch.tensor(KVALUES_IQ4NL, dtype=torch.float32, device=device))
     return _lookup(vals, codes.long())

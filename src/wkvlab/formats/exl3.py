@@ -39,12 +39,13 @@ def fake_quant_exl3(x: Tensor, bits: int) -> Tensor:
         raise ConfigError(f"ExLlamaV3 caches hold 2 to 8 bits, got {bits}")
     if x.shape[-1] % EXL3_GROUP:
         raise ConfigError(f"ExLlamaV3 quantizes groups of {EXL3_GROUP}; head_dim {x.shape[-1]} is not a multiple of {EXL3_GROUP}")
-    y = rotate(x.float(), EXL3_GROUP)
+    work = torch.promote_types(x.dtype, torch.float32)  # float32 (the kernel's); a float64 tensor stays float64
+    y = rotate(x.to(work), EXL3_GROUP)
     groups = y.reshape(*y.shape[:-1], -1, EXL3_GROUP)
     scale = groups.abs().amax(dim=-1, keepdim=True) + 1e-10
     m = float(1 << (bits - 1))
     q = torch.floor((groups * (1.0 / scale)) * m + m).clamp_(0, (1 << bits) - 1)
-    stored = scale.to(torch.float16).float()
+    stored = scale.to(torch.float16).to(work)
     values = (q - (m - 0.5)) * (stored / m)
     return rotate(values.reshape(y.shape), EXL3_GROUP, inverse=True).to(x.dtype)
 

@@ -15,6 +15,7 @@ import functools
 import torch
 
 from wkvlab.errors import ConfigError
+from wkvlab.formats._checks import device_constant
 
 
 @functools.lru_cache(maxsize=16)
@@ -37,7 +38,8 @@ def rotate(x: torch.Tensor, block: int, *, inverse: bool = False) -> torch.Tenso
     d = x.shape[-1]
     if d % block:
         raise ConfigError(f"rotation block {block} does not divide the head dimension {d}; use a block that divides {d}")
-    h = hadamard_matrix(block).to(dtype=torch.float32, device=x.device)
-    blocks = x.float().reshape(*x.shape[:-1], d // block, block)
+    work = torch.promote_types(x.dtype, torch.float32)  # float32 at least; a float64 tensor stays float64
+    h = device_constant(("hadamard", block, work), x.device, lambda device: hadamard_matrix(block).to(dtype=work, device=device))
+    blocks = x.to(work).reshape(*x.shape[:-1], d // block, block)
     out = blocks @ (h.T if inverse else h)
     return out.reshape(x.shape).to(x.dtype)

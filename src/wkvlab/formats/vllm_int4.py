@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from wkvlab.errors import ConfigError
-from wkvlab.formats._checks import check_float_tensor
+from wkvlab.formats._checks import check_float_tensor, device_constant
 from wkvlab.formats.hadamard import hadamard_matrix
 from wkvlab.formats.sizes import vllm_int4_bytes_per_vector  # noqa: F401 - sizes live torch-free
 
@@ -59,8 +59,9 @@ def fake_quant_vllm_int4(x: Tensor) -> Tensor:
     d = x.shape[-1]
     if d & (d - 1):
         raise ConfigError(f"vLLM's int4_per_token_head rotates the whole head with a Hadamard transform; head_dim {d} is not a power of two")
-    signs = rht_signs(d)
-    h = (hadamard_matrix(d) * d**0.5).to(torch.float32)  # unnormalized, entries ±1
+    # on x's device, made once per device (they were CPU tensors: a crash on CUDA)
+    signs = device_constant(("vllm_rht_signs", d), x.device, lambda device: rht_signs(d).to(device))
+    h = device_constant(("hadamard_pm1", d), x.device, lambda device: (hadamard_matrix(d) * d**0.5).to(torch.float32).to(device))  # entries ±1
     y = (x.float() * signs) @ h
     lo, hi = torch.aminmax(y, dim=-1, keepdim=True)
     scale = torch.clamp((hi - lo) / 15.0, min=1e-6)

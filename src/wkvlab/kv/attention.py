@@ -91,17 +91,19 @@ def _side_mask(selection: Selection | None, query_pos: torch.Tensor, n_keys: int
 SCORE_BLOCK_BYTES = 32 << 20  # one float32 [batch, heads, query chunk, key block] score block
 
 
-def _mask_block(attention_mask: torch.Tensor | None, rows: slice, query_pos: torch.Tensor, keys: slice, key_offset: int) -> torch.Tensor:
-    """Additive float32 mask ``[batch or 1, 1, 1, queries, keys]`` of one block: transformers' mask (bool or float) or plain causal."""
+def _mask_block(attention_mask: torch.Tensor | None, rows: slice, query_pos: torch.Tensor, keys: slice, key_offset: int,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive mask ``[batch or 1, 1, 1, queries, keys]`` of one block in ``dtype`` (the arithmetic's):
+    transformers' mask (bool or float) or plain causal."""
     if attention_mask is None:
         key_pos = torch.arange(key_offset + keys.start, key_offset + keys.stop, device=query_pos.device)
         allowed = key_pos[None, :] <= query_pos[:, None]
-        block = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        block = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
         return block[None, None, None]
     block = attention_mask[:, :, rows, keys]
     if block.dtype == torch.bool:
-        block = torch.zeros(block.shape, dtype=torch.float32, device=block.device).masked_fill_(~block, torch.finfo(torch.float32).min)
-    return block.float()[:, :, None]
+        block = torch.zeros(block.shape, dtype=dtype, device=block.device).masked_fill_(~block, torch.finfo(dtype).min)
+    return block.to(dtype)[:, :, None]
 
 
 def mixed_attention(
@@ -128,33 +130,37 @@ def mixed_attention(
     batch, heads, n_queries, head_dim = query.shape
     kv_heads, n_keys = key.shape[1], key.shape[2]
     n_rep = heads // kv_heads
+    # float32 at least (transformers' eager softmax); a float64 model keeps float64, so its
+    # teacher-forced and streamed passes agree to float64 rounding (tests/kv/test_streaming.py)
+    work = torch.promote_types(query.dtype, torch.float32)
+    lowest = torch.finfo(work).min
     chunk = max(1, min(chunk, n_queries))
     block = max(1, SCORE_BLOCK_BYTES // (4 * batch * heads * chunk))
     outputs = []
     for start in range(0, n_queries, chunk):
         rows = slice(start, min(start + chunk, n_queries))
         # [batch, kv_heads, n_rep, queries, head_dim]: a query head's group shares its key head (no repeat)
-        q = query[:, :, rows].float().reshape(batch, kv_heads, n_rep, rows.stop - rows.start, head_dim)
+        q = query[:, :, rows].to(work).reshape(batch, kv_heads, n_rep, rows.stop - rows.start, head_dim)
         query_pos = torch.arange(rows.start, rows.stop, device=query.device) + query_offset
         use_kq = _side_mask(sides.k, query_pos, key_offset + n_keys)[:, key_offset:]  # [Tc, S]
         use_vq = use_kq if sides.v is sides.k else _side_mask(sides.v, query_pos, key_offset + n_keys)[:, key_offset:]
-        running_max = torch.full(q.shape[:-1] + (1,), float("-inf"), device=q.device)
+        running_max = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=work, device=q.device)
         total = torch.zeros_like(running_max)
         acc = torch.zeros_like(q)
         for k0 in range(0, n_keys, block):
             keys = slice(k0, min(k0 + block, n_keys))
-            k_blk, kq_blk = (t[:, :, None, keys].float() for t in (key, key_q))  # [batch, kv_heads, 1, Kb, head_dim]
+            k_blk, kq_blk = (t[:, :, None, keys].to(work) for t in (key, key_q))  # [batch, kv_heads, 1, Kb, head_dim]
             sel_k = use_kq[:, keys]
             scores = torch.where(sel_k, q @ kq_blk.transpose(-1, -2), q @ k_blk.transpose(-1, -2)).mul_(scaling)
             if softcap is not None:
                 scores = torch.tanh(scores / softcap) * softcap
-            # masked keys at float32's lowest, never -inf: a block masked whole must rescale to 0, not NaN
-            scores = (scores + _mask_block(attention_mask, rows, query_pos, keys, key_offset)).clamp_(min=torch.finfo(torch.float32).min)
+            # masked keys at the dtype's lowest, never -inf: a block masked whole must rescale to 0, not NaN
+            scores = (scores + _mask_block(attention_mask, rows, query_pos, keys, key_offset, work)).clamp_(min=lowest)
             new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
             rescale = torch.exp(running_max - new_max)
             probs = torch.exp(scores - new_max)
             total = total * rescale + probs.sum(-1, keepdim=True)
-            v_blk, vq_blk = (t[:, :, None, keys].float() for t in (value, value_q))
+            v_blk, vq_blk = (t[:, :, None, keys].to(work) for t in (value, value_q))
             sel_v = use_vq[:, keys]
             acc = acc * rescale + torch.where(sel_v, probs, 0.0) @ vq_blk + torch.where(sel_v, 0.0, probs) @ v_blk
             running_max = new_max

@@ -112,7 +112,7 @@ def _pair_norm(x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict | None = None) -> KVStats:
     """Run ``tokens`` ``[samples, length]`` through ``model`` and record per-channel K/V maxima."""
-    n_layers = model.config.num_hidden_layers
+    n_layers = model.config.get_text_config().num_hidden_layers
     seen: dict[int, list[torch.Tensor]] = {}
     samples: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     peaks: dict[int, list[torch.Tensor]] = {}

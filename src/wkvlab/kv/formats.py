@@ -139,8 +139,10 @@ def _sglang_fp4(x: torch.Tensor) -> torch.Tensor:
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     scale = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / 6.0, min=1e-10))))
     scaled = blocks / scale
-    bounds = torch.tensor(_E2M1_BOUNDS, device=x.device)
-    values = torch.tensor(_E2M1_VALUES, device=x.device)[torch.bucketize(scaled.abs().contiguous(), bounds, right=True)]
+    from wkvlab.formats._checks import device_constant
+
+    grid, bounds = device_constant("sglang_e2m1", x.device, lambda d: (torch.tensor(_E2M1_VALUES, device=d), torch.tensor(_E2M1_BOUNDS, device=d)))
+    values = grid[torch.bucketize(scaled.abs().contiguous(), bounds, right=True)]
     return (torch.sign(scaled) * values * scale).reshape(x.shape).to(x.dtype)
 
 

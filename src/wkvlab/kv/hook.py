@@ -27,12 +27,12 @@ from wkvlab.kv.store import LayerStore
 
 def layer_stores(model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = None) -> list[LayerStore]:
     head_dim = model_head_dim(model)
-    spec.check_model(head_dim, model.config.num_hidden_layers)
+    spec.check_model(head_dim, model.config.get_text_config().num_hidden_layers)
     sliding = sliding_layers(model)
     devices = attention_devices(model) if stats is not None else {}
     return [
         LayerStore(spec, i, *spec.formats_for(i, sliding[i] if i < len(sliding) else False), head_dim, stats, devices.get(i))
-        for i in range(model.config.num_hidden_layers)
+        for i in range(model.config.get_text_config().num_hidden_layers)
     ]
 
 

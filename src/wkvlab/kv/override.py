@@ -32,14 +32,14 @@ def _eager_for(module: torch.nn.Module) -> Callable:
 
 
 def model_head_dim(model: torch.nn.Module) -> int:
-    cfg = model.config
+    cfg = model.config.get_text_config()  # a multimodal model's language part
     head_dim = getattr(cfg, "head_dim", None)
     return int(head_dim) if head_dim else cfg.hidden_size // cfg.num_attention_heads
 
 
 def sliding_layers(model: torch.nn.Module) -> tuple[bool, ...]:
     """Which decoder layers use sliding-window attention (Gemma 2/3, Mistral with a window)."""
-    cfg = model.config
+    cfg = model.config.get_text_config()
     types = getattr(cfg, "layer_types", None)
     if types:
         return tuple(t == "sliding_attention" for t in types)

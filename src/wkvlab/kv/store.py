@@ -119,7 +119,8 @@ class LayerStore:
         if rope is None:
             raise ConfigError("prerope needs the layer's rotary angles; this architecture does not pass position_embeddings")
         cos, sin = rope
-        return apply_rope(self.k_quant(undo_rope(key.float(), cos, sin)), cos, sin).to(key.dtype)
+        work = torch.promote_types(key.dtype, torch.float32)
+        return apply_rope(self.k_quant(undo_rope(key.to(work), cos, sin)), cos, sin).to(key.dtype)
 
     def store_keys(self, key: torch.Tensor, rope, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Keys as stored; with ``prerope`` they are quantized before RoPE and RoPE is re-applied."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from wkvlab.errors import ModelError
+from wkvlab.models.hub import cached_snapshot, is_hub_id, resolve_hub_model
 from wkvlab.models.packaged import PACKAGED_MODELS, _package_dir, canonical_name, packaged_gguf
 
 
@@ -33,9 +34,12 @@ def check_model_source(spec: str) -> None:
         package = PACKAGED_MODELS[canonical_name(spec)]
         _package_dir(package.package, package.install_hint)
         return
+    if is_hub_id(spec):  # org/name: the local Hugging Face cache, or a download when allowed (models/hub.py)
+        resolve_hub_model(spec)
+        return
     path = Path(spec).expanduser()
     if not path.exists():
-        raise ModelError(f"model not found: {spec!r}; use 'default', 'gemma3-270m', a .gguf file or a Hugging Face model folder")
+        raise ModelError(f"model not found: {spec!r}; use 'default', 'gemma3-270m', a .gguf file, a Hugging Face model folder or id (org/name)")
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
     if path.is_dir() and not (path / "config.json").is_file():
@@ -55,6 +59,8 @@ def _existing_file(spec: str) -> Path | None:
         except (ImportError, AttributeError):
             return None
         return target if target.is_file() else None
+    if is_hub_id(spec):
+        return cached_snapshot(spec)
     path = Path(spec).expanduser()
     return path if path.exists() else None
 
@@ -114,6 +120,22 @@ def gguf_metadata(path: Path, wanted: tuple[str, ...]) -> dict[str, object]:
     return found
 
 
+def gguf_array_length(path: Path, key: str) -> int | None:
+    """How many items the GGUF metadata array ``key`` holds (``tokenizer.ggml.tokens``: the vocabulary),
+    read from the header without decoding the array: milliseconds where ``gguf.GGUFReader`` takes 5 s."""
+    with open(path, "rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        _read(handle, "I"), _read(handle, "Q")  # version, tensor count
+        for _ in range(_read(handle, "Q")):
+            name, kind = _string(handle), _read(handle, "I")
+            if name == key and kind == _ARRAY:
+                _read(handle, "I")  # item type
+                return _read(handle, "Q")
+            _value(handle, kind)
+    return None
+
+
 def _gguf_facts(path: Path) -> ModelFacts | None:
     meta = gguf_metadata(path, ("{arch}.block_count", "{arch}.attention.head_count", "{arch}.attention.head_count_kv",
                                 "{arch}.attention.key_length", "{arch}.embedding_length", "{arch}.context_length"))
@@ -124,6 +146,16 @@ def _gguf_facts(path: Path) -> ModelFacts | None:
                           head_dim, int(meta["{arch}.context_length"]))
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
+
+
+def folder_config(spec: str) -> dict | None:
+    """The config.json of a Hugging Face folder ``spec`` (None for GGUF files, packaged names, unreadable files)."""
+    path = Path(spec).expanduser()
+    try:
+        config = json.loads((path / "config.json").read_text()) if path.is_dir() else None
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _config_facts(folder: Path) -> ModelFacts | None:

@@ -9,7 +9,6 @@ before saving. The reload is bit-identical (tested).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,7 +19,9 @@ from pathlib import Path
 import torch
 
 from wkvlab.errors import ModelError
+from wkvlab.models.cache import cache_dir  # noqa: F401  (imported from here by the caches)
 from wkvlab.models.facts import check_model_source
+from wkvlab.models.fingerprint import file_sha256, folder_fingerprint
 from wkvlab.models.packaged import canonical_name, packaged_gguf
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,12 +58,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return key
 
 
-def cache_dir() -> Path:
-    """Root of wkvlab's on-disk cache (``$WKVLAB_CACHE`` or ``~/.cache/wkvlab``)."""
-    root = os.environ.get("WKVLAB_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "wkvlab"
-
-
 @dataclass
 class LoadedModel:
     """A model ready to evaluate, with what identifies it."""
@@ -71,7 +66,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     source: str  # the GGUF or folder it came from
-    fingerprint: str  # SHA-256 of the GGUF, or of the folder's config + weight file names/sizes
+    fingerprint: str  # SHA-256 of the GGUF, or over the folder's files' names and contents (wkvlab.models.fingerprint)
     device: str = "cpu"
     dtype: str = "float32"
     spec: str = ""  # what load_model was given (a packaged name, or the path)
@@ -86,26 +81,13 @@ class LoadedModel:
 
     @property
     def max_context(self) -> int:
-        cfg = self.model.config
+        cfg = self.model.config.get_text_config()  # a multimodal model's language part
         return int(getattr(cfg, "max_position_embeddings", 0) or 0) or 1 << 30
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _folder_fingerprint(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.iterdir()):
-        if path.is_file():
-            digest.update(f"{path.name}:{path.stat().st_size}".encode())
-            if path.suffix == ".json":
-                digest.update(path.read_bytes())
-    return digest.hexdigest()
+# Content fingerprints (wkvlab.models.fingerprint); the names are the ones sweeps and engines import.
+_sha256 = file_sha256
+_folder_fingerprint = folder_fingerprint
 
 
 def _place(model: torch.nn.Module, device: str) -> torch.nn.Module:
@@ -177,6 +159,8 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
                 os.environ["TQDM_DISABLE"] = previous
         if use_cache:
             _save_plain_copy(model, tokenizer, cached)
+    # the model's own weights as stored: what --weights none reports (weights/apply.py model_weight_bytes), not float32
+    model.wkvlab_stored_bytes = path.stat().st_size
     return LoadedModel(name=path.stem, model=_place(model, device), tokenizer=tokenizer, source=str(path), fingerprint=fingerprint,
                        device=device, dtype=dtype)
 
@@ -196,7 +180,10 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
         loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache, device=device)
         loaded.name = loaded.spec = packaged
         return loaded
-    path = Path(spec).expanduser()
+    from wkvlab.models.hub import is_hub_id, resolve_hub_model
+
+    hub_id = spec.strip() if is_hub_id(spec) else None
+    path = resolve_hub_model(hub_id) if hub_id else Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
@@ -206,5 +193,5 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
     # accelerate places the layers straight onto the GPUs (no full copy on the CPU first)
     placement = {} if device == "cpu" else {"device_map": "auto" if device == "cuda" else device}
     model, tokenizer = _from_pretrained(path, _DTYPES[dtype], **placement)
-    return LoadedModel(name=path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path),
+    return LoadedModel(name=hub_id or path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path),
                        device=device, dtype=dtype)

@@ -28,8 +28,19 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _model_help() -> str:
+    from wkvlab.models.packaged import PACKAGED_MODELS
+    from wkvlab.plan.models import builtin_model_names
+
+    return ("A packaged model ('default' = smollm2, " + ", ".join(n for n in PACKAGED_MODELS if n != "smollm2")
+            + "), an HF folder, a config.json, a .gguf, or a built-in name (shapes only): " + ", ".join(builtin_model_names()) + ".")
+
+
+_MODEL_HELP = _model_help()
+
+
 def plan_command(
-    model: Annotated[str, typer.Option("--model", "-m", help="'default' (SmolLM2-135M), a built-in name (Llama-3-70B), an HF folder, a config.json or a .gguf.")],
+    model: Annotated[str, typer.Option("--model", "-m", help=_MODEL_HELP)],
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU name, e.g. A100-80GB, H100, RTX-4090, L40S.")],
     batch: Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")],
     context: Annotated[int, typer.Option("--context", "--ctx", "-c", help="Tokens per served sequence (prompt + output); --ctx is an alias.")],

@@ -39,8 +39,14 @@ class Measurement(JsonMixin):
     origin: str  # file or store (and config id) it came from
     weights_spec: dict
     kv_spec: dict
+    top1: float | None = None  # top-1 agreement with the 16-bit model (None: not recorded)
+    low: float | None = None  # 95% interval of the mean KLD (paired bootstrap over windows), when computed
+    high: float | None = None
+    kind: str = "results"  # results (an eval --json file) | store (a sweep store) | probe (plan --probe)
 
     def describe(self) -> str:
+        if self.kind == "probe":
+            return f"probe, {self.tokens:,} tokens"
         return f"{self.tokens:,} tokens, ctx {self.ctx}, {self.data}"
 
 
@@ -76,7 +82,8 @@ def _from_dict(data: dict, origin: str) -> Measurement:
         kld = data["kld"]
         return Measurement(model=str(data["model"]), data=str(data["data"]), ctx=int(data["ctx"]), tokens=int(data["tokens"]),
                            weights=str(data["weights"]), kv=str(data["kv"]), kld=float(kld["mean"]), se=float(kld.get("se") or 0.0),
-                           origin=origin, weights_spec=dict(data["weights_spec"]), kv_spec=dict(data["kv_spec"]))
+                           origin=origin, weights_spec=dict(data["weights_spec"]), kv_spec=dict(data["kv_spec"]),
+                           top1=None if data.get("top1_agreement") is None else float(data["top1_agreement"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{origin} is not a wkvlab result ({type(exc).__name__}: {exc}); pass the JSON of 'wkvlab eval --json'") from None
 
@@ -107,7 +114,8 @@ def load_store(path: str | Path) -> list[Measurement]:
             config = db.config(row.config_id)
             out.append(Measurement(model=row.model, data=row.data, ctx=row.ctx, tokens=row.tokens, weights=row.weights, kv=row.kv,
                                    kld=float(row.kld_mean), se=float(row.kld_se or 0.0), origin=f"{path}#{row.config_id[:12]}",
-                                   weights_spec=dict(config["weights"]), kv_spec=dict(config["kv"])))
+                                   weights_spec=dict(config["weights"]), kv_spec=dict(config["kv"]),
+                                   top1=None if row.top1 is None else float(row.top1), kind="store"))
     return out
 
 
@@ -131,8 +139,22 @@ class MeasuredQuality(JsonMixin):
     kld: float
     se: float
     kind: str  # measured | transfer
-    label: str  # "measured (4,088 tokens, ctx 512, default)" / "transfer from ..."
+    label: str  # "measured (4,088 tokens, ctx 512, default)" / "measured (probe, 2,016 tokens)" / "transfer from ..."
     origin: str
+    top1: float | None = None
+    low: float | None = None  # 95% interval of the mean KLD, when the measurement has one
+    high: float | None = None
+
+
+def model_spec_key(weights: WeightSpec, kv: KVSpec, model: ModelDescription) -> tuple:
+    """:func:`spec_key` with names mapped the way the plan's rows (and the engines) store them: ``none``
+    weights are the checkpoint in its own 16-bit dtype (the plan's ``bf16`` row of a bf16 model), and
+    the ``fp16`` cache is the engine's 16-bit cache (the row shown as the model's dtype). A plain
+    ``q8_0`` cache stays its own row: llama.cpp's ``-ctk q8_0`` without its rotation
+    (``LLAMA_ATTN_ROT_DISABLE=1``), not the ``llamacpp:q8_0`` preset."""
+    from wkvlab.plan.weights import as_weight_spec
+
+    return spec_key(as_weight_spec(weights, model), kv)
 
 
 def index_measurements(measurements: list[Measurement], model: ModelDescription,
@@ -148,7 +170,7 @@ def index_measurements(measurements: list[Measurement], model: ModelDescription,
     ignored: dict[str, str] = {}
     for m in measurements:
         try:
-            key = spec_key(WeightSpec.from_dict(m.weights_spec), KVSpec.from_dict(m.kv_spec))
+            key = model_spec_key(WeightSpec.from_dict(m.weights_spec), KVSpec.from_dict(m.kv_spec), model)
         except WkvlabError as exc:
             ignored[m.origin] = f"its specs do not parse ({exc})"
             continue
@@ -163,11 +185,14 @@ def index_measurements(measurements: list[Measurement], model: ModelDescription,
                                     if m_size and size else "its size is unknown")
                 continue
         best = target.get(key)
-        if best is None or m.tokens > best.tokens:
+        # the user's own runs win over the probe's; among equals, the one with more tokens
+        if best is None or (m.kind != "probe", m.tokens) > (best.kind != "probe", best.tokens):
             target[key] = m
-    out = {key: MeasuredQuality(m.kld, m.se, "measured", f"measured ({m.describe()})", m.origin) for key, m in own.items()}
+    out = {key: MeasuredQuality(m.kld, m.se, "measured", f"measured ({m.describe()})", m.origin, m.top1, m.low, m.high)
+           for key, m in own.items()}
     for key, m in proxy.items():
-        out.setdefault(key, MeasuredQuality(m.kld, m.se, "transfer", f"transfer from {m.model} ({m.describe()})", m.origin))
+        out.setdefault(key, MeasuredQuality(m.kld, m.se, "transfer", f"transfer from {m.model} ({m.describe()})", m.origin, m.top1,
+                                            m.low, m.high))
     notes = [f"measurements on {name} not used for {model.name}: {why}" for name, why in ignored.items()]
     return out, notes
 

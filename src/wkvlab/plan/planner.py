@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Iterable
 
 from wkvlab import __version__
-from wkvlab.errors import ConfigError
+from wkvlab.errors import ConfigError, WkvlabError
 from wkvlab.kv.spec import KVSpec
 from wkvlab.plan._serde import JsonMixin
 from wkvlab.plan.engines import COMMAND_ENGINES, ENGINES, normalize_engine
 from wkvlab.plan.evaluate import Context, EngineEvaluation, Layout, evaluate_engine, evaluate_speed
 from wkvlab.plan.gpus import GPU, find_gpu, load_gpu_catalog
+from wkvlab.plan.guard import thresholds
 from wkvlab.plan.kv import KVBytes, as_kv_spec, kv_bytes_per_token, min_bits
 from wkvlab.plan.launch import LaunchCommand
 from wkvlab.plan.measured import Measurement, index_measurements, spec_key
@@ -157,7 +158,7 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     if batch < 1 or ctx < 1:
         raise ConfigError(f"batch and ctx must be at least 1 (got batch={batch}, ctx={ctx})")
     if ctx > desc.max_position_embeddings:
-        raise ConfigError(f"--ctx {ctx} exceeds {desc.name}'s max_position_embeddings {desc.max_position_embeddings}; lower --ctx")
+        raise ConfigError(f"--context {ctx} exceeds {desc.name}'s max_position_embeddings {desc.max_position_embeddings}; lower --context")
     eng = normalize_engine(engine)
     parallel_for(None, gpus, tp, pp)  # a bad layout is the user's error, not a refusal of every engine
     parallel_for("llama.cpp", gpus, split=split)
@@ -167,10 +168,7 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     pairs, grid_notes = default_grid(desc, device, eng, w_specs, k_specs)
     notes += grid_notes
     if measured and not (weights or kv):  # every combination the user measured on this model joins the grid
-        for m in measurements or []:
-            w, k = WeightSpec.from_dict(m.weights_spec), KVSpec.from_dict(m.kv_spec)
-            if spec_key(w, k) in measured and w.method != "none":
-                pairs.append((w, k))
+        pairs += measured_pairs(measurements or [], desc, measured)
     unique: dict[tuple, tuple[WeightSpec, KVSpec]] = {}
     for w, k in pairs:
         unique.setdefault(spec_key(w, k), (w, k))
@@ -189,11 +187,29 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     if eng == "trtllm":
         notes.append("TensorRT-LLM: support and memory only, no launch line is written "
                      "(set KvCacheConfig.dtype and the quantization in its LLM API options)")
+    for name in ((eng,) if eng else COMMAND_ENGINES):
+        dropped = dropped_by_guard(ranked, name)
+        if dropped and not any(r.engine == name for r in recs):
+            warnings.append(f"{name}: no launch line: every combination it runs here was dropped as unsafe ({'; '.join(dropped)})")
     if not any(r.fits for r in ranked):
         warnings.append(f"nothing fits {desc.name} at batch {batch} x ctx {ctx} on {layout.gpus} x {device.name}; "
                         "lower batch or ctx, or use more GPUs (--gpus)")
     return PlanResult(desc, source, device, layout, batch, ctx, eng, tuple(ranked), tuple(recs), tuple(dict.fromkeys(notes)),
                       settings, assumptions, len(measured), warnings=tuple(warnings))
+
+
+def measured_pairs(measurements: list[Measurement], model: ModelDescription, measured: dict) -> list[tuple[WeightSpec, KVSpec]]:
+    """The (weights, KV) of every measurement that applies to ``model``, named as the plan's rows
+    (:func:`~wkvlab.plan.measured.model_spec_key`: ``none`` weights as the checkpoint's dtype)."""
+    out = []
+    for m in measurements:
+        try:
+            w, k = as_weight_spec(WeightSpec.from_dict(m.weights_spec), model), KVSpec.from_dict(m.kv_spec)
+        except WkvlabError:
+            continue  # index_measurements notes it
+        if spec_key(w, k) in measured:
+            out.append((w, k))
+    return out
 
 
 def _unrunnable_measurements(rows: list[Combination]) -> list[str]:
@@ -254,7 +270,10 @@ def _order(rows: list[Combination], gpu: GPU) -> list[Combination]:
 
 
 def _rank(rows: list[Combination], gpu: GPU, ctx: int) -> list[Combination]:
-    fitting = _order([r for r in rows if r.fits], gpu)
+    """Ranked fitting rows, then the rows the catastrophe guard dropped (no rank), then the rest."""
+    fitting = _order([r for r in rows if r.fits and not r.quality.unsafe], gpu)
+    dropped = [replace(r, ranking_notes=(f"unsafe: {r.quality.unsafe} ({thresholds()}): never recommended",))
+               for r in rows if r.fits and r.quality.unsafe]
     out = []
     measured_fitting = [r for r in fitting if r.quality.is_measured]
     for i, row in enumerate(fitting, 1):
@@ -266,7 +285,8 @@ def _rank(rows: list[Combination], gpu: GPU, ctx: int) -> list[Combination]:
             why.append(f"{row.engine} takes a silent slow path here (see warnings): ranked after fast paths")
         if evidence < 2:
             best = min(measured_fitting, key=lambda r: r.quality.kld)
-            why.append(f"decided by {row.quality.label}: KLD {row.quality.kld:.5f} ± {row.quality.se:.5f}"
+            spread = f" {row.quality.interval}" if row.quality.interval else f" ± {row.quality.se:.5f}"
+            why.append(f"decided by {row.quality.label}: KLD {row.quality.kld:.5f}{spread}"
                        + (" — the lowest that fits" if row is best else f" (lowest fitting: {best.quality.kld:.5f}; within "
                           f"{NOISE_SE:g} standard errors counts as a tie, broken by speed)"))
         else:
@@ -275,8 +295,16 @@ def _rank(rows: list[Combination], gpu: GPU, ctx: int) -> list[Combination]:
                            + (" (long context: its penalty grows with context)" if ctx >= 16384 else ""))
             bound = f"<= {QUALITY_TIERS[tier]}" if tier < len(QUALITY_TIERS) else f"> {QUALITY_TIERS[-1]}"
             why.append(f"decided by the prior: quality tier {tier + 1} of {len(QUALITY_TIERS) + 1} (KLD {bound}), then speed")
+        if row.quality.caution:
+            why.append(f"KV {row.kv}: {row.quality.caution}")
         out.append(replace(row, rank=i, ranking_notes=tuple(why)))
-    return out + [r for r in rows if not r.fits]
+    return out + dropped + [r for r in rows if not r.fits]
+
+
+def dropped_by_guard(rows: list[Combination], engine: str) -> list[str]:
+    """Why ``engine``'s launch line is not one of the combinations the catastrophe guard dropped."""
+    return [f"dropped {row.weights} x {row.kv}: {row.quality.unsafe} — {thresholds()}" for row in rows
+            if row.quality.unsafe and row.fits and (ev := row.evaluation(engine)) is not None and ev.support.accepted]
 
 
 def _recommend(rows: list[Combination], engine: str | None, ctx: int, batch: int) -> list[Recommendation]:
@@ -295,7 +323,7 @@ def _recommend(rows: list[Combination], engine: str | None, ctx: int, batch: int
                    f"decode ~{row.throughput.decode.tokens_per_s:.0f} tok/s at batch {batch} "
                    f"({row.throughput.decode.bound}-bound, estimate)",
                    f"quality KLD ~{row.quality.kld:.4f} ({row.quality.label})",
-                   *row.ranking_notes, *ev.support.warnings)
+                   *row.ranking_notes, *ev.support.warnings, *dropped_by_guard(rows, name))
             recs.append(Recommendation(name, row.weights, row.kv, ev.command, why))
             break
     return recs

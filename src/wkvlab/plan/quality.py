@@ -19,8 +19,10 @@ import yaml
 
 from wkvlab.kv.spec import KVSpec
 from wkvlab.plan._serde import JsonMixin
+from wkvlab.plan.guard import UNMEASURED, risky_keys, unsafe_reason
 from wkvlab.plan.measured import MeasuredQuality, spec_key
 from wkvlab.plan.models import SLIDING, ModelDescription
+from wkvlab.plan.weights import as_weight_spec
 from wkvlab.weights.spec import WeightSpec
 
 MEASURED = "measured"
@@ -38,10 +40,29 @@ class QualityEstimate(JsonMixin):
     weights_kld: float | None
     kv_kld: float | None
     detail: tuple[str, ...]  # where each number comes from
+    top1: float | None = None  # measured top-1 agreement with the 16-bit model
+    low: float | None = None  # 95% interval of a measured KLD (paired bootstrap over windows)
+    high: float | None = None
+    unsafe: str = ""  # why the guard drops it (plan/guard.py): never ranked, never recommended
+    caution: str = ""  # e.g. guard.UNMEASURED on a per-token 4-bit key cache without a measurement
 
     @property
     def is_measured(self) -> bool:
         return self.source in (MEASURED, TRANSFER)
+
+    @property
+    def interval(self) -> str:
+        """'[low, high]' of a measured KLD, '' when it has none."""
+        return "" if self.low is None or self.high is None else f"[{self.low:.4f}, {self.high:.4f}]"
+
+    @property
+    def shown(self) -> str:
+        """The table's quality cell: the evidence, its interval, and the guard's word."""
+        text = self.label if self.is_measured else self.source
+        text += f" {self.interval}" if self.interval else ""
+        if self.unsafe:
+            return f"UNSAFE ({self.unsafe}); {text}"
+        return f"{text}; {self.caution}" if self.caution else text
 
 
 @lru_cache(maxsize=1)
@@ -134,11 +155,32 @@ def kv_prior(model: ModelDescription, spec: KVSpec) -> tuple[float, set[str], li
 
 def estimate_quality(model: ModelDescription, weights: WeightSpec, kv: KVSpec,
                      measured: Mapping[tuple, MeasuredQuality] | None = None) -> QualityEstimate:
-    """KLD of ``weights`` x ``kv`` on ``model``: measured when the user has it, else a prior."""
-    found = (measured or {}).get(spec_key(weights, kv))
+    """KLD of ``weights`` x ``kv`` on ``model``: measured when the user has it, else a prior; with the
+    catastrophe guard's verdict (:mod:`.guard`)."""
+    measured = measured or {}
+    found = measured.get(spec_key(weights, kv))
     if found is not None:
         return QualityEstimate(found.kld, MEASURED if found.kind == "measured" else TRANSFER, found.label, found.se, None, None,
-                               (f"{found.label}: {found.origin}",))
+                               (f"{found.label}: {found.origin}",), found.top1, found.low, found.high,
+                               unsafe=unsafe_reason(found.kld, found.top1))
+    estimate = _prior(model, weights, kv)
+    # a half measured on its own (the model's own weights with this cache, or these weights with the 16-bit cache)
+    own = as_weight_spec("none", model)
+    halves = [(f"KV {kv.label}", measured.get(spec_key(own, kv))), (f"weights {weights.label}", measured.get(spec_key(weights, KVSpec())))]
+    for what, half in halves:
+        if half is not None and unsafe_reason(half.kld, half.top1):
+            return replace(estimate, unsafe=f"{what} alone: {unsafe_reason(half.kld, half.top1)} ({half.label})",
+                           detail=estimate.detail + (f"{what} {half.label}: KLD {half.kld:.4f}",))
+    risky = risky_keys(kv, model)
+    kv_half = halves[0][1]
+    if kv_half is not None:
+        return replace(estimate, detail=estimate.detail + (f"KV {kv.label} with the model's own weights {kv_half.label}: KLD {kv_half.kld:.4f}",))
+    if risky:
+        return replace(estimate, caution=f"{UNMEASURED} ({risky} keys per token)")
+    return estimate
+
+
+def _prior(model: ModelDescription, weights: WeightSpec, kv: KVSpec) -> QualityEstimate:
     w_kld, w_basis, w_cite = weight_prior(weights)
     kept = 1.0 - len(weights.skip_layers) / model.num_layers  # 16-bit layers add no error
     kv_kld, kv_bases, kv_cites = kv_prior(model, kv)

@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from wkvlab.plan.guard import RISKY_K_BITS, UNMEASURED, thresholds
 from wkvlab.plan.launch import LaunchCommand
 from wkvlab.plan.planner import Combination, PlanResult
 
@@ -31,12 +32,21 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
                   + (f", sliding window {m.sliding_window}" if m.sliding_window else "")
                   + f"  (source: {m.source})", highlight=False, markup=False)
     if result.measured:
-        console.print(f"quality: {result.measured} combination(s) measured by you apply to this model; they rank first, by measured KLD",
-                      highlight=False)
+        console.print(measured_header(result), highlight=False, markup=False)
     if not brief:
-        console.print(rows_table(result))
+        table = rows_table(result)
+        # one line per row: the quality cell carries the guard's words whole (a wider line beats a folded one)
+        wide = console.measure(table, options=console.options.update_width(400)).maximum
+        out = console if wide <= console.width else Console(file=console.file, width=wide, highlight=False, soft_wrap=True,
+                                                             color_system=console.color_system, force_terminal=console.is_terminal)
+        out.print(table)
         for label in dict.fromkeys(r.quality.label for r in result.rows if r.quality.is_measured):
             console.print(f"{label}", highlight=False, markup=False)
+        if any(r.quality.unsafe for r in result.rows):
+            console.print(f"UNSAFE rows are never ranked or recommended: {thresholds()} (plan/guard.py)", highlight=False, markup=False)
+        if any(r.quality.caution for r in result.rows):
+            console.print(f"{UNMEASURED}: a per-token key cache below {RISKY_K_BITS} bits collapses on models with outlier key "
+                          "channels (Qwen2/Qwen2.5 with QKV bias are a known case); no prior can tell", highlight=False, markup=False)
         console.print("* roofline estimate at the requested batch, every sequence at full context; not a measurement", highlight=False)
     if result.recommendations:
         console.print("\n[bold]Recommended launch lines[/bold]")
@@ -52,6 +62,21 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
         console.print(f"[bold red]warning[/bold red]: {escape(line)}", highlight=False)
     for line in result.notes:
         console.print(f"note: {line}", highlight=False, markup=False)
+
+
+def measured_header(result: PlanResult) -> str:
+    """What the measured rows are and where they rank, counted from the rows themselves."""
+    rows = [r for r in result.rows if r.quality.is_measured]
+    ranked = sum(r.rank is not None for r in rows)
+    unsafe = sum(r.rank is None and bool(r.quality.unsafe) for r in rows)
+    rest = len(rows) - ranked - unsafe
+    text = (f"quality: {result.measured} measurement(s) apply to this model ({len(rows)} row(s) measured); "
+            f"the {ranked} that fit and an engine runs rank first, by measured KLD")
+    if unsafe:
+        text += f"; {unsafe} dropped as unsafe"
+    if rest:
+        text += f"; {rest} listed last (no engine runs them here, or they do not fit)"
+    return text
 
 
 def rows_table(result: PlanResult) -> Table:
@@ -70,7 +95,7 @@ def rows_table(result: PlanResult) -> Table:
         speed = f"{row.throughput.decode.tokens_per_s:,.0f}" if row.fits else "—"
         table.add_row(str(row.rank or "—"), row.weights, row.kv, row.engine, _gb(row.gpu_weights_bytes), _gb(kv_bytes), _gb(total),
                       fits, str(row.fit.max_batch), speed,
-                      row.throughput.decode.bound if row.fits else "—", f"{row.quality.kld:.4f}", row.quality.source)
+                      row.throughput.decode.bound if row.fits else "—", f"{row.quality.kld:.4f}", row.quality.shown)
     return table
 
 
@@ -90,8 +115,15 @@ def memory_of(best: Combination, result: PlanResult, console: Console) -> None:
     ev = best.evaluation(best.engine)
     console.print(f"\n[bold]Memory of #1[/bold] ({escape(best.weights)} x {escape(best.kv)}, {best.engine} rule, "
                   f"{escape(ev.parallel.label if ev else '1 GPU')}):", highlight=False)
-    console.print(f"  checkpoint: {best.weight_bytes.total_bytes:,} B = {best.weight_bytes.gb:.2f} GB; KV of the spec: "
-                  f"{best.kv_bytes.total_bytes:,} B per token", highlight=False, markup=False)
+    console.print(f"  checkpoint: {best.weight_bytes.total_bytes:,} B = {best.weight_bytes.gb:.2f} GB; KV of the spec (as wkvlab "
+                  f"simulates and measures it): {best.kv_bytes.total_bytes:,} B per token", highlight=False, markup=False)
+    storage = ev.support.kv.storage if ev and ev.support.kv else ""
+    engine_total = ev.kv_per_token_bytes if ev else 0
+    if ev and engine_total != best.kv_bytes.total_bytes:
+        console.print(f"  {best.engine} allocates {engine_total:,} B per token (summed over its GPUs) for it: its own storage "
+                      f"{storage or 'format'} (scale sizes and layout as the engine keeps them"
+                      + (", KV heads replicated across tensor-parallel ranks" if ev.parallel.tp > result.model.num_kv_heads else "")
+                      + ") — the memory below uses the engine's bytes", highlight=False, markup=False)
     for gpu in (ev.gpus if ev else ()):
         b = gpu.budget
         head = f"  {gpu.name}" + (f" (x{gpu.count})" if gpu.count > 1 else "") + ":"

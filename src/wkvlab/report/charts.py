@@ -18,6 +18,7 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 CLASS_SYMBOL = {16: "circle", 8: "diamond", 4: "triangle-up", 2: "square"}
 CLASS_COLOR = {16: "#7f7f7f", 8: "#1f77b4", 4: "#d62728", 2: "#9467bd"}
 DASHES = ("solid", "dash", "dot", "dashdot")
+DASH_WORDS = {"solid": "solid", "dash": "dashed", "dot": "dotted", "dashdot": "dash-dotted"}  # the position chart's caption
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Chart:
     # Symmetric log y axis, linear within ±y_symlog: KLDs and penalties span 1e-5 to 1, and on a
     # linear axis every 8-bit cache sits flat on zero. None: linear.
     y_symlog: float | None = None
+    # Tick values of a log x axis, each labelled with its whole number (plotly's own log ticks read
+    # "100 2 3 4" within a decade); None: the renderer's own.
+    x_ticks: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,9 +101,12 @@ def memory_chart(data: ReportData, group: int) -> Chart:
     series.append(Series("Pareto front", tuple(r.memory_bytes / scale for r in front), tuple(r.kld_mean for r in front),
                          mode="lines", color="#000000", hover=tuple(_config_hover(r, unit, scale) for r in front)))
     context = f"{data.context:,} tokens" + (f" × batch {data.batch}" if data.batch > 1 else "")
+    windows = ", ".join(f"{w:,}" for w in sorted({r.ctx for r in rows}))
     return Chart(f"g{group}-memory", "KLD versus memory (weights + KV cache)", f"weights + KV cache at {context} ({unit})",
                  "mean KLD vs unquantized (nats/token, symlog)", tuple(series), y_symlog=symlog_threshold(r.kld_mean for r in rows),
-                 caption=f"Each marker is one weights × KV config (labelled weights × KV); its memory is the weights plus the KV cache of {context}. "
+                 caption=f"Each marker is one weights × KV config (labelled weights × KV); its memory is the weights plus the KV cache of {context}: "
+                         f"the context a server would hold ('wkvlab report --context', default 8,192), not the {windows}-token windows "
+                         "the KLD was measured on — the cache grows with the served context, the KLD per token is the window's. "
                          "The line joins the configs no other config beats on both memory and KLD. Bars: ± standard error over tokens. "
                          "The KLD axis is logarithmic above its smallest decade and linear below it, so small and large losses both show.")
 
@@ -141,16 +148,19 @@ def position_chart(data: ReportData, group: int) -> Chart:
     kv_color = {kv: PALETTE[i % len(PALETTE)] for i, kv in enumerate(dict.fromkeys(c.kv for c in curves))}
     weight_dash = {w: DASHES[i % len(DASHES)] for i, w in enumerate(dict.fromkeys(c.weights for c in curves))}
     series = []
+    highest = max((b for c in curves for b in c.ends), default=2)
     for c in curves:
         centers = tuple((a + b - 1) / 2 for a, b in zip(c.starts, c.ends))
         series.append(Series(f"{c.weights} / {c.kv}", centers, c.kld_mean, mode="lines+markers", color=kv_color[c.kv], dash=weight_dash[c.weights],
                              hover=tuple(f"weights {c.weights}, KV {c.kv}\npositions {a}–{b - 1} ({n} tokens)\nKLD {k:.5f}"
                                          for a, b, k, n in zip(c.starts, c.ends, c.kld_mean, c.tokens))))
+    dashes = ", ".join(f"{w} {DASH_WORDS[d]}" for w, d in weight_dash.items())
     return Chart(f"g{group}-position", "KLD by position in the context window", "query position (bucket centre, log scale)",
                  "mean KLD (nats/token, symlog)", tuple(series), x_log=True,
                  y_symlog=symlog_threshold(k for c in curves for k in c.kld_mean),
-                 caption="Mean KLD of the tokens in each position bucket (buckets double in width); colour: KV config, dash: weight config. "
-                         "A KV cache whose damage grows with context rises to the right.")
+                 x_ticks=tuple(2.0 ** k for k in range(0, max(1, math.ceil(math.log2(highest))) + 1)),
+                 caption=f"Mean KLD of the tokens in each position bucket (buckets double in width); colour: KV config, line: weight config "
+                         f"({dashes}). A KV cache whose damage grows with context rises to the right.")
 
 
 def sensitivity_heatmap(profile: Profile, index: int) -> Heatmap:

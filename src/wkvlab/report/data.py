@@ -10,7 +10,7 @@ groups (two models, two contexts); the report draws each on its own.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -18,7 +18,8 @@ import numpy as np
 from wkvlab.errors import ConfigError, DataError, WkvlabError
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
-from wkvlab.stats.bootstrap import Interval, paired_interval
+from wkvlab.stats.bootstrap import Interval, paired_interval, resample
+from wkvlab.stats.decision import Effect, Margin, Verdict, decide
 
 # Weight methods that leave the linear weights at 16 bits or more: 'none' is the checkpoint itself,
 # 'cast' rounds it to bf16/fp16. 'none' is preferred as the baseline because its KLD is zero.
@@ -234,6 +235,7 @@ class CrossTermRow:
     kld_kv: float
     kld_baseline: float
     interaction: Interval
+    verdict: Verdict | None = None  # the one rule: m = 10% of the cache's own KLD, Holm over the group's cross terms
 
     @property
     def additive(self) -> float:
@@ -241,8 +243,9 @@ class CrossTermRow:
         return self.kld_weights + self.kld_kv - self.kld_baseline
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k != "interaction"}
-        return {**out, "additive": self.additive, "interaction": self.interaction.to_dict()}
+        out = {k: v for k, v in asdict(self).items() if k not in ("interaction", "verdict")}
+        return {**out, "additive": self.additive, "interaction": self.interaction.to_dict(),
+                "verdict": self.verdict.to_dict() if self.verdict is not None else None}
 
 
 def cross_term_rows(group: Group, n_resamples: int) -> list[CrossTermRow]:
@@ -253,7 +256,7 @@ def cross_term_rows(group: Group, n_resamples: int) -> list[CrossTermRow]:
     if base00 is None:
         return []
     cells = _cells(group)
-    rows = []
+    found = []
     for (w, c), both in cells.items():
         if w == w0 or KVSpec.from_dict(both.kv_spec).is_identity:
             continue
@@ -261,11 +264,13 @@ def cross_term_rows(group: Group, n_resamples: int) -> list[CrossTermRow]:
         if only_w is None or only_c is None or not all(same_tokens(both, x) for x in (only_w, only_c, base00)):
             continue
         arrays = {"wc": both.arrays.kld, "w": only_w.arrays.kld, "c": only_c.arrays.kld, "0": base00.arrays.kld}
-        interval = paired_interval(lambda m: m["wc"] - m["w"] - m["c"] + m["0"], arrays, both.arrays.window,
-                                   n_resamples=n_resamples)
-        rows.append(CrossTermRow(group.index, w, c, w0, both.kld["mean"], only_w.kld["mean"], only_c.kld["mean"],
-                                 base00.kld["mean"], interval))
-    return rows
+        draws = resample(lambda m: m["wc"] - m["w"] - m["c"] + m["0"], arrays, both.arrays.window, n_resamples=n_resamples)
+        own = only_c.kld["mean"] - base00.kld["mean"]  # the cache's own cost, the scale of the margin
+        found.append((CrossTermRow(group.index, w, c, w0, both.kld["mean"], only_w.kld["mean"], only_c.kld["mean"],
+                                   base00.kld["mean"], draws.interval()),
+                      Effect(f"{w} × {c}", draws, Margin.relative_to(own, "KLD(C)"), int(both.arrays.kld.size))))
+    verdicts = decide([e for _, e in found], family=f"group {group.index} cross terms")
+    return [replace(row, verdict=v) for (row, _), v in zip(found, verdicts)]
 
 
 def position_edges(ctx: int, first: int = 16) -> list[int]:

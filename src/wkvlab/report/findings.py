@@ -15,6 +15,7 @@ from wkvlab.findings.render import percent
 from wkvlab.report.charts import PALETTE, Chart, Series
 from wkvlab.report.tables import Column, Table
 from wkvlab.stats import Interval
+from wkvlab.stats.decision import Verdict
 from wkvlab.store.findings import StoredFinding
 
 TITLES = {
@@ -88,9 +89,13 @@ def _grouped(rows: Sequence[dict], series: Callable[[dict], str], point: Callabl
     return groups
 
 
-def _resolved(row: dict) -> bool:
-    # stores written before the criterion was named "resolved" call it "decided"
-    return row.get("resolved", row.get("decided"))
+def _decision(row: dict) -> str:
+    """The stored verdict with its margin and adjustment; rows stored before the one rule say so."""
+    d = row.get("decision")
+    if not d:
+        return f"{row['verdict']} (old rule: rerun pending)"
+    need = Verdict.from_dict(d).need()
+    return f"{d['word']} (m ±{d['margin']['value']:.2g}; {d['adjustment']})" + (f"; {need}" if need else "")
 
 
 def _additivity(f: StoredFinding, cid: str):
@@ -98,13 +103,15 @@ def _additivity(f: StoredFinding, cid: str):
     columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
                *(Column(k, lambda r, k=k: r[k]["estimate"], lambda r, k=k: _num(r[k]["estimate"])) for k in ("w", "c", "wc")),
                *_interval_columns("interaction", lambda r: r["interaction"]),
+               *_interval_columns("Holm-adjusted", lambda r: (r.get("decision") or {}).get("adjusted")),
+               Column("% of KLD(C)", lambda r: r.get("share_of_cache"), lambda r: _num(100 * r["share_of_cache"], "+.1f") + "%"
+                      if r.get("share_of_cache") is not None else "—"),
                Column("share of sum", lambda r: r["share"], lambda r: _num(100 * r["share"], "+.1f") + "%"),
-               Column("verdict", lambda r: r["verdict"]),
-               Column("resolved", _resolved, lambda r: "yes" if _resolved(r) else
-                      (f"no: ~{r['tokens_needed']:,} tokens" if r.get("tokens_needed") else "no")))
+               Column("verdict", _decision))
     groups = _grouped(rows, lambda r: f"weights {r['weights']}", lambda r: (r["kv"], r["interaction"]))
     chart = _interval_chart(cid, f"Interaction by cache — {f.model}", "KLD(W+C) − KLD(W) − KLD(C)", groups,
-                            "Above 0: the errors compound; below: less than their sum. Bars: 95% interval, windows resampled.")
+                            "Above 0: the errors compound; below: less than their sum. Bars: raw 95% interval, windows resampled; "
+                            "verdicts use the Holm-adjusted interval against the margin m in the table.")
     return columns, rows, (chart,)
 
 
@@ -112,7 +119,8 @@ def _methods(f: StoredFinding, cid: str):
     rows = f.data["rows"]
     columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
                *_interval_columns("penalty", lambda r: r["penalty"]),
-               *_interval_columns("minus the penalty under unquantized weights", lambda r: r["vs_unquantized"]))
+               *_interval_columns("minus the penalty under unquantized weights", lambda r: r["vs_unquantized"]),
+               Column("verdict", lambda r: _decision(r) if r.get("decision") else "—"))
     groups = _grouped(rows, lambda r: f"weights {r['weights']}", lambda r: (r["kv"], r["penalty"]))
     chart = _interval_chart(cid, f"KV penalty under each weight config — {f.model}", "KLD(W × C) − KLD(W × fp16)", groups,
                             "Bars: 95% interval, windows resampled.")

@@ -66,24 +66,50 @@ def _symlog_ticks(values: list[float], threshold: float) -> dict:
     return {"tickmode": "array", "tickvals": [_symlog(v, threshold) for v in ticks], "ticktext": [f"{v:g}" for v in ticks]}
 
 
+# A label's box in fractions of the plot (plotly's text at 10 px on a plot about 700 × 380 px):
+# a character's width and the line's height, and the gap between a marker and its label.
+CHAR_WIDTH, LINE_HEIGHT, GAP = 0.0095, 0.04, 0.012
+POSITIONS = ("top right", "bottom right", "top left", "bottom left", "middle right", "middle left", "top center", "bottom center")
+
+
+def _label_box(x: float, y: float, width: float, position: str) -> tuple[float, float, float, float]:
+    vertical, horizontal = position.split()
+    x0 = {"right": x + GAP, "left": x - GAP - width, "center": x - width / 2}[horizontal]
+    y0 = {"top": y + GAP, "bottom": y - GAP - LINE_HEIGHT, "middle": y - LINE_HEIGHT / 2}[vertical]
+    return x0, y0, x0 + width, y0 + LINE_HEIGHT
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 def _label_positions(chart: Chart) -> dict[int, list[str]]:
-    """plotly's textposition per labelled point: left of points in the right quarter (else clipped at
-    the edge), and below instead of above when a label already sits near the point (close configs)."""
+    """plotly's textposition per labelled point: the first of :data:`POSITIONS` whose box overlaps no
+    label placed so far and stays inside the plot; a point with no free place keeps its hover text and
+    no label (two configs at the same memory and KLD), so labels never print over each other."""
     points = [(i, j, x, y) for i, s in enumerate(chart.series) if s.labels for j, (x, y) in enumerate(zip(s.x, s.y))]
     if not points:
         return {}
     ys = [(_symlog(y, chart.y_symlog) if chart.y_symlog else y) for *_, y in points]
     xs = [x for _, _, x, _ in points]
     x_span, y_span = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
-    placed: list[tuple[float, float, str]] = []
+    placed: list[tuple[float, float, float, float]] = []
     out: dict[int, list[str]] = {i: [""] * len(chart.series[i].x) for i, *_ in points}
+    hidden: dict[int, set[int]] = {}
     for (i, j, x, _), y in sorted(zip(points, ys), key=lambda p: (p[0][2], p[1])):
-        side = "left" if x > min(xs) + 0.75 * x_span else "right"
-        crowded = any(abs(x - px) < 0.05 * x_span and abs(y - py) < 0.08 * y_span and pos.endswith(side) and pos.startswith("top")
-                      for px, py, pos in placed)
-        position = f"{'bottom' if crowded else 'top'} {side}"
-        placed.append((x, y, position))
-        out[i][j] = position
+        # plotly pads the axes by about 5% of the span on each side: the plot's fractions of these points
+        fx, fy = 0.05 + 0.9 * (x - min(xs)) / x_span, 0.05 + 0.9 * (y - min(ys)) / y_span
+        width = CHAR_WIDTH * len(chart.series[i].labels[j])
+        for position in POSITIONS:
+            box = _label_box(fx, fy, width, position)
+            if box[0] >= 0 and box[2] <= 1 and box[3] <= 1.02 and not any(_overlap(box, other) for other in placed):
+                placed.append(box)
+                out[i][j] = position
+                break
+        else:
+            hidden.setdefault(i, set()).add(j)
+    for i, js in hidden.items():  # plotly's position for these does not matter: their text is emptied in _trace
+        out[i] = [("hidden" if j in js else p) for j, p in enumerate(out[i])]
     return out
 
 
@@ -97,8 +123,9 @@ def _trace(s: Series, symlog: float | None = None, label_positions: list[str] | 
         "hovertemplate": "%{customdata}<extra></extra>", "customdata": [plotly_text(h) for h in s.hover] or None,
     }
     if s.labels:
-        trace.update(text=[plotly_text(label) for label in s.labels], textposition=label_positions or "top right",
-                     textfont={"size": 10, "color": "#333"})
+        positions = label_positions or ["top right"] * len(s.labels)
+        trace.update(text=["" if p == "hidden" else plotly_text(label) for label, p in zip(s.labels, positions)],
+                     textposition=["top right" if p == "hidden" else p for p in positions], textfont={"size": 10, "color": "#333"})
     if s.x and isinstance(s.x[0], str):
         trace["x"] = [plotly_text(x) for x in s.x]
     if s.error_low is not None:
@@ -127,6 +154,10 @@ def plotly_figure(chart: Chart | Heatmap) -> dict:
         layout["yaxis"] = _axis(chart.y_title, type="category", autorange="reversed")
         return {"id": chart.id, "data": data, "layout": layout}
     layout["xaxis"] = _axis(chart.x_title, type="log" if chart.x_log else ("category" if chart.x_categories else "linear"))
+    if chart.x_ticks:  # whole numbers at each tick, not plotly's "100 2 3 4" within a decade
+        layout["xaxis"].update(tickmode="array", tickvals=list(chart.x_ticks), ticktext=[f"{t:,.0f}" for t in chart.x_ticks])
+    if any("lines" in s.mode and s.dash != "solid" for s in chart.series):
+        layout["legend"]["itemwidth"] = 60  # long enough for a dash or dot pattern to show in the legend's sample line
     if chart.x_categories:
         layout["scattermode"] = "group"  # side by side within a category, so equal penalties do not hide each other
         layout["xaxis"]["categoryorder"] = "array"
@@ -153,7 +184,7 @@ table.data th, table.data td { border: 1px solid #ddd; padding: 3px 6px; text-al
 table.data td { white-space: nowrap; }
 table.data th { background: #f3f3f3; white-space: normal; overflow-wrap: anywhere; vertical-align: bottom; }
 table.data td:nth-child(-n+2), table.data th:nth-child(-n+2) { text-align: left; }
-p.empty, p.meta { color: #555; }
+p.empty, p.meta { color: #555; } p.columns { color: #555; font-size: 0.85em; max-width: 70em; }
 code { background: #f3f3f3; padding: 1px 4px; }
 """
 

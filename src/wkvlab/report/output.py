@@ -49,10 +49,14 @@ def check_folder(folder: Path) -> None:
         raise ConfigError(f"report folder {folder} is a file; give a folder name such as {folder.with_suffix('')}-report")
     if folder.is_dir() and not (folder / MANIFEST).is_file() and any(folder.iterdir()):
         raise ConfigError(f"report folder {folder} already holds files that are not a wkvlab report; choose a new or empty folder")
+    from wkvlab.preflight import folder_refusal  # tried, not read from mode bits (root ignores them)
+
     if not folder.exists():  # created later with its parents: the nearest existing one must take new folders
         ancestor = next(p for p in folder.absolute().parents if p.exists())
-        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        if not ancestor.is_dir() or folder_refusal(ancestor) is not None:
             raise ConfigError(f"cannot create report folder {folder}: {ancestor} is not a writable folder; choose another --report/--out")
+    elif (refusal := folder_refusal(folder)) is not None:
+        raise ConfigError(f"report folder {folder} does not take new files ({refusal}); choose another --report/--out")
 
 
 def prepare_folder(folder: Path) -> list[str]:

@@ -49,6 +49,9 @@ def _draw_chart(ax, chart: Chart) -> list[tuple[float, float, str]]:
         ax.set_xlim(-0.5, len(categories) - 0.5)
     if chart.x_log:
         ax.set_xscale("log")
+    if chart.x_ticks:  # whole numbers at each tick (matplotlib's log axis writes 10^2 and leaves 2, 4, 8 unlabelled)
+        ax.set_xticks(list(chart.x_ticks), [f"{t:,.0f}" for t in chart.x_ticks])
+        ax.minorticks_off()
     if chart.y_symlog:
         ax.set_yscale("symlog", linthresh=chart.y_symlog, linscale=0.5)
         lowest = min((y - (s.error_low[k] if s.error_low is not None else 0.0) for s in chart.series for k, y in enumerate(s.y)), default=0.0)
@@ -69,7 +72,8 @@ def _symlog_top(highest: float, threshold: float) -> float:
 
 
 # Label offsets in points, tried in order: a label goes to the first place where it overlaps no
-# label already drawn (points close in memory, such as fp8 and int8 caches, get labels apart).
+# label already drawn (points close in memory, such as fp8 and int8 caches, get labels apart);
+# a label with no free place is left out.
 LABEL_OFFSETS = ((6, 4), (6, -12), (-6, 4), (-6, -12), (6, 14), (6, -22), (-6, 14), (-6, -22))
 
 
@@ -84,10 +88,10 @@ def _place_labels(fig, ax, points: list[tuple[float, float, str]]) -> None:
             label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7, color="#333",
                                 ha="left" if dx > 0 else "right")
             box = label.get_window_extent(renderer)
-            if not any(box.overlaps(other) for other in placed) or (dx, dy) == LABEL_OFFSETS[-1]:
+            if not any(box.overlaps(other) for other in placed):
                 placed.append(box)
                 break
-            label.remove()
+            label.remove()  # no free place at all: no label rather than one printed over another (the page's hover has it)
 
 
 def _draw_heatmap(fig, ax, chart: Heatmap) -> None:

@@ -23,10 +23,11 @@ from wkvlab.search.allocate import candidate_allocations, allocate_exact
 from wkvlab.search.baselines import Candidate, baseline_candidates
 from wkvlab.search.choices import FP16, Choice, check_budget_options, choice_bytes, choice_label, nothing_fits, parse_choices
 from wkvlab.search.export import engine_exports, layer_recipe, plan_kvspec
-from wkvlab.search.measure import Score, Scorer, paired_difference
+from wkvlab.search.measure import Score, Scorer, paired_draws
 from wkvlab.search.pareto import Point, pareto_front
 from wkvlab.search.predict import Predictor, predictor_from_profile, spearman
 from wkvlab.search.profile import SensitivityProfile, collect_profile, profile_key, profile_steps
+from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, Margin, decide
 from wkvlab.weights.apply import model_weight_bytes, quantize_model_weights
 from wkvlab.weights.calibration import CalibrationSet, CalibrationSpec, calibration_corpus, calibration_set
 from wkvlab.weights.spec import WeightSpec
@@ -96,7 +97,7 @@ def cached_profile(reference: torch.nn.Module, windows: WindowSet, weights: Weig
     path = cache_dir() / "search-profiles" / f"{key}.json"
     if use_cache and path.is_file():
         return SensitivityProfile.load(path), True
-    total = profile_steps(reference.config.num_hidden_layers, choices, weights, weight_profile)
+    total = profile_steps(reference.config.get_text_config().num_hidden_layers, choices, weights, weight_profile)
     with bars(f"profile under {weights.label} weights", total) as tick:
         prof = collect_profile(reference, windows, weights, choices, model_name=model_name, data_name=data_name,
                                fingerprints=fingerprints, calibration=calibration, weight_profile=weight_profile, progress=tick)
@@ -190,7 +191,8 @@ def search_windows(reference: torch.nn.Module, profile_windows: WindowSet, heldo
                    fingerprints: dict | None = None, calibration: CalibrationSet | None = None, context: int = 8192,
                    batch: int = 1, candidates: int = 4, joint_weights: bool = False, unaware: bool = True,
                    weight_profile: bool = True, budget_source: str = "", bars: Bars = _no_bars, use_cache: bool = True,
-                   model_id: str | None = None, gpu: str | None = None, source_model: str | None = None) -> SearchResult:
+                   model_id: str | None = None, gpu: str | None = None, source_model: str | None = None,
+                   margin: float = DEFAULT_MARGIN) -> SearchResult:
     """The search on given windows (the model-agnostic core; :func:`search` loads model and text)."""
     fingerprints = fingerprints or {"model_sha256": _module_digest(reference), "data_sha256": ""}
     common = dict(model_name=model_name, data_name=data_name, fingerprints=fingerprints, bars=bars, use_cache=use_cache)
@@ -237,7 +239,7 @@ def search_windows(reference: torch.nn.Module, profile_windows: WindowSet, heldo
     plans = [r for r in rows if r.kind == "plan" and r.fits]
     chosen = min(plans, key=lambda r: r.kld) if plans else None
     chosen_cand = next((c for c in cands if chosen and c.name == chosen.name), None)
-    verdict = _verdict(chosen, rows)
+    verdict = _verdict(chosen, rows, margin)
     with_pred = [r for r in rows if r.predicted is not None]
     rho = spearman([r.predicted for r in with_pred], [r.kld for r in with_pred])
     front = pareto_front([Point(r.name, r.total_bytes, r.kld) for r in rows])
@@ -322,36 +324,45 @@ def _measure(reference, heldout: WindowSet, qw, weights: WeightSpec, cands: list
     return rows
 
 
-def _versus(a: Row, b: Row) -> str:
-    """``a − b`` with its paired interval, or the reason there is none (wkvlab.stats' one rule)."""
-    diff = paired_difference(a.score, b.score) if a.score is not None and b.score is not None else None
-    if diff is None:
-        return f"{a.kld - b.kld:+.5f} (no paired interval)"
-    word = "lower" if diff.high < 0 else "higher" if diff.low > 0 else "not distinguishable"
-    return f"{format(diff, '+.5f')} ({word})" if diff.decided else format(diff, "+.5f")
+def _verdict(chosen: Row | None, rows: list[Row], margin: float = DEFAULT_MARGIN) -> str:
+    """The chosen plan against the best fitting uniform format and the other baselines, paired by window.
 
-
-def _verdict(chosen: Row | None, rows: list[Row]) -> str:
-    """The chosen plan against the best fitting uniform format and the other baselines, paired by window."""
+    Each difference is decided by the one rule (wkvlab.stats.decide): m = ``margin`` × the rival's KLD,
+    the comparisons of one search one Holm family."""
     fitting = [r for r in rows if r.kind == "uniform" and r.fits]
     if chosen is None:
         return "no searched plan fits the budget"
-    text = f"plan held-out KLD {chosen.kld:.5f}"
+    rivals: list[tuple[str, Row]] = []
     if fitting:
         best = min(fitting, key=lambda r: r.kld)
-        text += f"; minus best fitting uniform {best.name} ({best.kld:.5f}): {_versus(chosen, best)}"
-    else:
+        rivals.append((f"best fitting uniform {best.name}", best))
+    rivals += [(r.name, r) for r in rows if r.fits and r.kind in ("unaware", "skip-ends", "sinks")]
+    draws = [paired_draws(chosen.score, r.score) if chosen.score is not None and r.score is not None else None for _, r in rivals]
+    effects = [Effect(f"plan − {name}", d, Margin.relative_to(r.kld, f"KLD of {name}", margin), chosen.score.tokens, SEARCH_WORDS)
+               for (name, r), d in zip(rivals, draws) if d is not None]
+    verdicts = iter(decide(effects, family=f"plan vs {len(effects)} baseline{'s' if len(effects) != 1 else ''}"))
+    text = f"plan held-out KLD {chosen.kld:.5f}"
+    if not fitting:
         text += "; no uniform format fits the budget"
-    for rival in [r for r in rows if r.fits and r.kind in ("unaware", "skip-ends", "sinks")]:
-        text += f"; minus {rival.name} ({rival.kld:.5f}): {_versus(chosen, rival)}"
+    for (name, rival), d in zip(rivals, draws):
+        if d is None:
+            text += f"; minus {name} ({rival.kld:.5f}): {chosen.kld - rival.kld:+.5f} (no paired interval)"
+            continue
+        v = next(verdicts)
+        need = v.need()
+        text += (f"; minus {name} ({rival.kld:.5f}): {format(v.raw, '+.5f')} → {v.word} (m ±{v.margin.value:.2g}, "
+                 f"{100 * v.margin.relative:g}% of its KLD; {v.adjustment})" + (f", {need}" if need else ""))
     return text
+
+
+SEARCH_WORDS = ("worse (higher KLD)", "better (lower KLD)", "equivalent within ±m")
 
 
 def search(model: str | LoadedModel = "default", data: str = "default", *, budget: float | None = None, gpu: str | None = None,
            batch: int = 1, context: int | None = None, weights: str = "int4-g128", formats: str | None = None, ctx: int = 256,
            profile_tokens: int = 256, heldout_tokens: int = 512, candidates: int = 4, joint_weights: bool = False,
            unaware: bool = True, weight_profile: bool = True, calibration: CalibrationSpec | None = None,
-           bars: Bars = _no_bars, use_cache: bool = True) -> SearchResult:
+           bars: Bars = _no_bars, use_cache: bool = True, margin: float = DEFAULT_MARGIN) -> SearchResult:
     """Find the per-layer KV assignment (and, with ``joint_weights``, 16-bit weight layers) that minimizes
     measured KLD under a budget of ``budget`` bytes/token, or what ``gpu`` leaves at ``batch`` x ``context``."""
     check_budget_options(budget, gpu, batch, context)
@@ -368,4 +379,4 @@ def search(model: str | LoadedModel = "default", data: str = "default", *, budge
                           data_name=sd.corpus.name, fingerprints=_fingerprints(sd), calibration=calib, context=context, batch=batch,
                           candidates=candidates, joint_weights=joint_weights, unaware=unaware, weight_profile=weight_profile,
                           budget_source=source, bars=bars, use_cache=use_cache, gpu=gpu,
-                          source_model=model if isinstance(model, str) else None)
+                          source_model=model if isinstance(model, str) else None, margin=margin)

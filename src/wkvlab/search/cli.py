@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import ConfigError
 from wkvlab.io import check_output_file, write_json_atomic
@@ -77,11 +77,13 @@ def profile_command(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the profile (plain JSON, docs/search.md)")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq weights")] = "prose",
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Per-layer K and V sensitivity under a weight config, per-layer/per-module weight sensitivity, sinks, outlier channels."""
     _check_common(model, data, weights, formats, ctx, calib)
     check_output_file(json_out, "--json")
-    start_run("profile", threads, f"{model} on {data} under {weights} weights, ctx {ctx}, {tokens} tokens")
+    start_run("profile", threads, f"{model} on {data} under {weights} weights, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.search import api
 
     prof = api.profile(model, data, weights=weights, formats=formats, ctx=ctx, tokens=tokens, weight_profile=weight_profile,
@@ -145,7 +147,10 @@ def search_command(
     recipe: Annotated[Optional[Path], typer.Option(help="write the layer-wise recipe JSON (KVTuner bits, ModelOpt quant_cfg)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the full result as JSON")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq weights")] = "prose",
+    margin: MarginOption = 0.10,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Per-layer KV formats (optionally 16-bit weight layers) minimizing measured KLD under a memory budget."""
     from wkvlab.search.choices import check_budget_options, nothing_fits, smallest_plan_bytes
@@ -159,12 +164,13 @@ def search_command(
     check_output_file(out, "--out", SPEC_SUFFIXES)
     check_output_file(recipe, "--recipe")
     check_output_file(json_out, "--json")
-    choice = start_run("search", threads, f"{model} on {data} under {weights} weights, " + (f"budget {budget:,.0f} B/token" if budget is not None else f"GPU {gpu}"))
+    choice = start_run("search", threads, f"{model} on {data} under {weights} weights, " + (f"budget {budget:,.0f} B/token" if budget is not None else f"GPU {gpu}"), cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.search import api
 
     result = api.search(model, data, budget=budget, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats, ctx=ctx,
                         profile_tokens=profile_tokens, heldout_tokens=heldout_tokens, candidates=candidates,
-                        joint_weights=joint_weights, unaware=unaware, calibration=_calib(calib), bars=_bars)
+                        joint_weights=joint_weights, unaware=unaware, calibration=_calib(calib), bars=_bars,
+                        margin=margin)
     print_search(result)
     if out is not None and result.spec:
         _write_spec(out, result.spec)

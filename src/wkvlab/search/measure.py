@@ -53,13 +53,19 @@ class Score:
         return {"kld": self.kld, "se": self.se, "tokens": self.tokens}
 
 
-def paired_difference(a: Score, b: Score):
-    """``a − b`` in mean KLD with a paired bootstrap interval over windows (None without per-token arrays)."""
-    from wkvlab.stats import paired_interval
+def paired_draws(a: Score, b: Score):
+    """Bootstrap draws of ``a − b`` in mean KLD, paired over windows (None without per-token arrays)."""
+    from wkvlab.stats import resample
 
     if a.per_token is None or b.per_token is None or a.per_token.shape != b.per_token.shape:
         return None
-    return paired_interval(lambda m: m["a"] - m["b"], {"a": a.per_token, "b": b.per_token}, a.windows)
+    return resample(lambda m: m["a"] - m["b"], {"a": a.per_token, "b": b.per_token}, a.windows)
+
+
+def paired_difference(a: Score, b: Score):
+    """``a − b`` in mean KLD with a paired bootstrap interval over windows (None without per-token arrays)."""
+    draws = paired_draws(a, b)
+    return None if draws is None else draws.interval()
 
 
 class Scorer:

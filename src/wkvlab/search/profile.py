@@ -152,7 +152,7 @@ def collect_profile(reference: torch.nn.Module, windows: WindowSet, weights: Wei
                     progress: Progress | None = None, scorer: Scorer | None = None) -> SensitivityProfile:
     tick = progress or (lambda _d, _n: None)
     start = time.perf_counter()
-    cfg = reference.config
+    cfg = reference.config.get_text_config()
     n_layers, head_dim = cfg.num_hidden_layers, model_head_dim(reference)
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     for k, v in choices:

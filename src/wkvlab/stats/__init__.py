@@ -1,10 +1,12 @@
-"""Statistics that compare configs evaluated on the same tokens (paired, resampled by window)."""
+"""Statistics that compare configs evaluated on the same tokens (paired, resampled by unit), and
+the one rule that turns an interval into a verdict (:mod:`.decision`)."""
 from __future__ import annotations
 
 from wkvlab.lazy import lazy_exports, names
 
 _EXPORTS = {
-    **names("bootstrap", "Interval", "paired_interval", "unit_resampling_weights"),
+    **names("bootstrap", "Interval", "Resampled", "paired_interval", "resample", "unit_resampling_weights"),
+    **names("decision", "Margin", "Effect", "Verdict", "decide", "DEFAULT_MARGIN"),
 }
-__all__ = ["Interval", "paired_interval", "unit_resampling_weights"]
+__all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from wkvlab.cliopts import ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar, status
 from wkvlab.errors import ConfigError
 from wkvlab.io import check_output_file, write_json_atomic
@@ -80,12 +80,14 @@ def sweep_command(
     gpus_per_task: Annotated[float, typer.Option(help="GPUs Ray reserves per worker (places workers on GPU nodes; the evaluation runs on CPU)")] = 0,
     max_workers: Annotated[Optional[int], typer.Option(help="at most this many Ray workers (default: as many as the cluster holds)")] = None,
     threads: ThreadsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Run every weights × KV config of a spec that the store lacks; resumes after a crash without redoing finished configs."""
     sweep_spec = load_spec(spec)  # before the executor: a typo in the spec must not start a Ray cluster
     require_store(store, create=True)  # a folder, a missing folder or a foreign file: refused before the run starts
     runner = make_executor(executor, address=address, cpus_per_task=cpus_per_task, gpus_per_task=gpus_per_task, max_workers=max_workers)
-    start_run("sweep", threads, f"{spec} into {store}")  # this process; Ray workers set their own (--cpus-per-task)
+    start_run("sweep", threads, f"{spec} into {store}", cache_dir=cache_dir, weight_cache=not no_weight_cache)  # this process; Ray workers set their own (--cpus-per-task)
     from wkvlab.store import open_store
     from wkvlab.sweep.run import plan_sweep, run_sweep
 

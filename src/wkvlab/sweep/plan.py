@@ -45,17 +45,17 @@ def model_vocab_size(model: str) -> int:
     """The model's vocabulary size, read from its config or GGUF header without loading weights (0 if unknown)."""
     from wkvlab.models.packaged import canonical_name, packaged_gguf
 
+    from wkvlab.models.facts import gguf_array_length
+    from wkvlab.models.hub import cached_snapshot, is_hub_id
+
     packaged = canonical_name(model)
-    path = packaged_gguf(packaged) if packaged is not None else Path(model).expanduser()
+    path = packaged_gguf(packaged) if packaged is not None else (cached_snapshot(model) if is_hub_id(model) else None) or Path(model).expanduser()
     try:
         if path.is_file():
-            from gguf import GGUFReader
-
-            field = GGUFReader(str(path)).fields.get("tokenizer.ggml.tokens")
-            return len(field.data) if field is not None else 0
+            return gguf_array_length(path, "tokenizer.ggml.tokens") or 0
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
         return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError):
         return 0
 
 
@@ -69,7 +69,9 @@ def model_fingerprint(model: str) -> str:
     packaged = canonical_name(model)
     if packaged is not None:
         return _sha256(packaged_gguf(packaged))
-    path = Path(model).expanduser()
+    from wkvlab.models.hub import is_hub_id, resolve_hub_model
+
+    path = resolve_hub_model(model) if is_hub_id(model) else Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _sha256(path)
     if path.is_dir() and (path / "config.json").is_file():

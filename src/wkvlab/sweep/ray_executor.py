@@ -246,7 +246,11 @@ class RayExecutor:
         if capacity < 1:
             raise ConfigError(f"no node of the Ray cluster has {cpus:g} CPU(s)" + (f" and {self.num_gpus_per_task:g} GPU(s)" if self.num_gpus_per_task else "")
                               + " free for one worker; lower --cpus-per-task/--gpus-per-task or add nodes")
-        actor = ray.remote(num_cpus=cpus, num_gpus=self.num_gpus_per_task, max_concurrency=2)(SweepWorker)
+        from wkvlab.models.cache import cache_env
+
+        env = cache_env()  # --cache-dir / --no-weight-cache reach the workers
+        actor = ray.remote(num_cpus=cpus, num_gpus=self.num_gpus_per_task, max_concurrency=2,
+                           **({"runtime_env": {"env_vars": env}} if env else {}))(SweepWorker)
         cwd, threads = os.getcwd(), max(1, int(cpus))
         return _Pool(lambda: actor.remote(cwd, threads), min(capacity, self.max_workers or capacity))
 

@@ -36,26 +36,29 @@ def tasks_command(
     report: Annotated[Optional[Path], typer.Option(help="also write the store's report (docs/report.md) into this folder")] = None,
 ) -> None:
     """Downstream accuracy next to KLD: lm-eval tasks for every weights × KV config, both into the store."""
-    from wkvlab import api
-    from wkvlab.display import console, err_console, progress_bar
-    from wkvlab.kv.spec import split_kv_list
-    from wkvlab.store import open_store
-    from wkvlab.sweep.spec import SweepSpec
-    from wkvlab.tasks.run import TaskRunSpec, lm_eval_version, run_tasks, task_manager
-    from wkvlab.weights.parse import split_weight_list
+    # torch-free checks first (wkvlab.preflight): a typo is one line in a second, not after torch's import
+    from wkvlab.preflight import check_calibration, parse_configs, require_store
+    from wkvlab.tasks.spec import TaskRunSpec, lm_eval_version
 
-    weight_specs = api.parse_weights([w for v in (weights or ["none"]) for w in split_weight_list(v)])
-    kv_specs = api.parse_kv([k for v in (kv or ["fp16"]) for k in split_kv_list(v)])
+    weight_specs, kv_specs = parse_configs(weights or ["none"], kv or ["fp16"])
     spec = TaskRunSpec(tuple(_items(tasks)), include_path, limit, num_fewshot)
     if tokens < 0:
         raise ConfigError(f"--tokens must be 0 (no KLD) or more, got {tokens}")
+    check_calibration(calib, calib_samples, calib_len)
+    require_store(store, create=True)
     lm_eval_version()  # a missing lm-eval is one line, before any model loads
-    with console.status("indexing lm-eval tasks"):
-        manager = task_manager(spec)  # an unknown task name is one line, before any work
     if report is not None:
-        from wkvlab.report import check_folder
+        from wkvlab.report.output import check_folder
 
         check_folder(report)
+    from wkvlab import api
+    from wkvlab.display import console, err_console, progress_bar
+    from wkvlab.store import open_store
+    from wkvlab.sweep.spec import SweepSpec
+    from wkvlab.tasks.run import run_tasks, task_manager
+
+    with console.status("indexing lm-eval tasks"):
+        manager = task_manager(spec)  # an unknown task name is one line, before any work
     calibration = api.CalibrationSpec(calib, calib_samples, calib_len)
     if tokens:  # the grid's KLD through the sweep machinery: stored under the same labels, resumable
         sweep = SweepSpec(models=(model,), data=(data,), ctx=(ctx,), tokens=(tokens,), weights=tuple(weight_specs), kv=tuple(kv_specs),

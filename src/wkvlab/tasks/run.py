@@ -13,7 +13,6 @@ import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -26,37 +25,9 @@ from wkvlab.tasks.simulation import SimulatedModel, kv_statistics
 from wkvlab.weights.apply import quantize_model_weights
 from wkvlab.weights.calibration import CalibrationSpec, calibration_set
 from wkvlab.weights.spec import WeightSpec
+from wkvlab.tasks.spec import LM_EVAL_PIN, TaskRunSpec, lm_eval_version  # noqa: F401  (torch-free: the CLI checks with them first)
 
 Progress = Callable[[str, int], None]
-LM_EVAL_PIN = "0.4.13"
-
-
-@dataclass(frozen=True)
-class TaskRunSpec:
-    """Which lm-eval tasks, and how: what every config of the grid runs."""
-
-    tasks: tuple[str, ...]
-    include_path: str | None = None  # folder(s) of local task YAMLs (lm-eval's --include_path)
-    limit: int | None = None  # examples per task (None: all)
-    num_fewshot: int | None = None  # None: the task's own default
-    bootstrap_iters: int = 1000  # for metrics whose stderr lm-eval bootstraps (mean-aggregated ones have a closed form)
-
-    def __post_init__(self) -> None:
-        if not self.tasks:
-            raise ConfigError("give at least one lm-eval task, e.g. --tasks arc_easy (or a local one with --include-path)")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"--limit must be at least 1, got {self.limit}")
-        if self.num_fewshot is not None and self.num_fewshot < 0:
-            raise ConfigError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
-        if self.include_path is not None and not all(Path(p).expanduser().is_dir() for p in self.include_path.split(":")):
-            raise ConfigError(f"--include-path {self.include_path!r} is not a folder of lm-eval task YAMLs")
-
-    def to_dict(self) -> dict:
-        # the include path's YAML contents identify local tasks better than its location
-        return {"tasks": list(self.tasks), "limit": self.limit, "num_fewshot": self.num_fewshot,
-                "include": _folder_digest(self.include_path) if self.include_path else None}
-
-
 @dataclass
 class TasksReport:
     scores: list[TaskScore]  # of this grid, stored earlier or now
@@ -64,22 +35,6 @@ class TasksReport:
     skipped: int  # configs already in the store
     kld_written: int = 0
     notes: list[str] = field(default_factory=list)
-
-
-def _folder_digest(paths: str) -> str:
-    digest = hashlib.sha256()
-    for folder in paths.split(":"):
-        for path in sorted(Path(folder).expanduser().rglob("*")):
-            if path.is_file() and path.suffix in (".yaml", ".yml", ".py", ".jsonl", ".json", ".txt"):
-                digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def lm_eval_version() -> str:
-    try:
-        return metadata.version("lm_eval")
-    except metadata.PackageNotFoundError:
-        raise ConfigError(f"wkvlab tasks needs lm-evaluation-harness: pip install 'wkvlab[tasks]' (lm-eval=={LM_EVAL_PIN})") from None
 
 
 def task_config(loaded: LoadedModel, weights: WeightSpec, kv: KVSpec, spec: TaskRunSpec, calibration: CalibrationSpec) -> dict:
@@ -140,7 +95,7 @@ def run_tasks(model: str, weights: list[WeightSpec], kv: list[KVSpec], spec: Tas
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its per-task notices would interleave with the progress bar
     loaded = load_model(model)
     for k in kv:  # a cache format the model's head_dim cannot hold fails before any task runs
-        k.check_model(_head_dim(loaded), loaded.model.config.num_hidden_layers)
+        k.check_model(_head_dim(loaded), loaded.model.config.get_text_config().num_hidden_layers)
     done = store.task_config_ids()
     ran = skipped = 0
     for w in weights:

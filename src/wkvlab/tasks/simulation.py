@@ -68,7 +68,7 @@ class SimulatedModel:
         wspec = weights if isinstance(weights, WeightSpec) else WeightSpec.parse(weights)
         kspec = kv if isinstance(kv, KVSpec) else KVSpec.parse(kv)
         loaded = model if isinstance(model, LoadedModel) else load_model(model)
-        kspec.check_model(_head_dim(loaded), loaded.model.config.num_hidden_layers)
+        kspec.check_model(_head_dim(loaded), loaded.model.config.get_text_config().num_hidden_layers)
         calib = prepare_calibration(loaded, wspec, kspec, calibration)
         if built is None:
             built = quantize_model_weights(loaded.model, wspec, calib, model_key=loaded.fingerprint)

@@ -102,10 +102,17 @@ def fake_quant_activation(x: Tensor, quant: ActivationQuant) -> Tensor:
 
 
 def attach_activation_quantizers(model: torch.nn.Module, plan: dict[str, ActivationQuant]) -> list:
-    """Register a forward pre-hook per planned linear; returns the handles (removed with ``.remove()``)."""
+    """Register a forward pre-hook per planned linear (or experts module, whose ``<name>.gated``
+    entry quantizes its down_proj's input); returns the handles (removed with ``.remove()``)."""
+    from wkvlab.weights.experts import GATED, wrap_gated
+
     modules = dict(model.named_modules())
     handles = []
     for name, quant in plan.items():
+        if name.endswith(GATED):  # fused MoE experts: down_proj's input is the gate's output (wkvlab.weights.experts)
+            handles.append(wrap_gated(modules[name[: -len(GATED)]], lambda x, quant=quant: fake_quant_activation(x, quant)))
+            continue
+
         def hook(_module, args, quant=quant):
             (x, *rest) = args
             return (fake_quant_activation(x, quant), *rest)

@@ -26,7 +26,7 @@ from wkvlab.weights.activations import ActivationQuant, attach_activation_quanti
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.spec import WeightSpec
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: quantized_fraction in meta.json, fused MoE experts quantized
 
 
 def cache_key(model_key: str, spec: WeightSpec, calibration: CalibrationSet) -> str:
@@ -62,6 +62,7 @@ def save_entry(target: Path, reference, built) -> None:
         emb, head = built.model.get_input_embeddings(), built.model.get_output_embeddings()
         save_file(_changed_tensors(reference, built.model), str(tmp / "tensors.safetensors"))
         meta = {"weight_bytes": built.weight_bytes, "lossless": built.lossless, "notes": built.notes,
+                "quantized_fraction": built.quantized_fraction,
                 "activations": {k: v.to_dict() for k, v in built.activations.items()}, "calibration": built.calibration,
                 "untied": head is not None and head.weight is not emb.weight and _was_tied(reference)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -98,7 +99,7 @@ def load_entry(target: Path, reference: torch.nn.Module, spec: WeightSpec, in_pl
     plan = {k: ActivationQuant(**v) for k, v in meta["activations"].items()}
     hooks = attach_activation_quantizers(model, plan)
     return QuantizedWeights(spec, model, meta["weight_bytes"], meta["lossless"], list(meta["notes"]), plan, meta["calibration"], cached=True,
-                            hooks=hooks)
+                            hooks=hooks, quantized_fraction=meta.get("quantized_fraction"))
 
 
 def cached_quantize(model: torch.nn.Module, spec: WeightSpec, calibration: CalibrationSet, model_key: str, build: Callable,

@@ -21,6 +21,8 @@ from torch import Tensor
 
 from wkvlab.formats import affine_dequantize, affine_qparams, affine_quantize
 from wkvlab.weights.capture import observe_inputs, run_layer
+from wkvlab.weights.experts import expert_matrices, is_fused_experts, observe_expert_inputs
+from wkvlab.weights.rtn import quantize_weight
 from wkvlab.weights.spec import WeightSpec
 
 QParams = Callable[[Tensor], tuple[Tensor, Tensor]]  # weights [rows, cols] -> (scale, zero) per row
@@ -81,7 +83,7 @@ def gptq_quantize(
     if act_order:
         perm = torch.argsort(torch.diag(h), descending=True)
         w, h = w[:, perm], h[perm][:, perm]
-    h += damp * torch.mean(torch.diag(h)) * torch.eye(columns, dtype=h.dtype)
+    h += damp * torch.mean(torch.diag(h)) * torch.eye(columns, dtype=h.dtype, device=h.device)
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     q = torch.zeros_like(w)
     scale, zero = qparams(w) if group_size is None else (None, None)
@@ -139,23 +141,46 @@ def _split_record(record: dict, names: list[str], rows: list[int], kept: dict) -
         start += count
 
 
+def _gptq_experts(matrices: dict, hessians: dict, specs: dict[str, WeightSpec]) -> int:
+    """GPTQ of each expert matrix on the Hessian of the tokens routed to it; an expert no
+    calibration token reached has no Hessian (GPTQ would zero it) and is rounded to nearest.
+    Returns how many were rounded."""
+    rounded = 0
+    for name, matrix in matrices.items():
+        spec = specs[name]
+        if name not in hessians:
+            matrix.set(quantize_weight(matrix.get(), spec))
+            rounded += 1
+            continue
+        qparams, fake = affine_quantizer(spec)
+        matrix.set(gptq_quantize(matrix.get(), hessians[name][0], qparams, fake, group_size=spec.group_size,
+                                 block_size=spec.block_size, damp=spec.damp, act_order=spec.act_order))
+    return rounded
+
+
 @torch.no_grad()
 def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]], calls, specs: dict[str, WeightSpec],
-                record: dict | None = None, on_layer: Callable[[int], None] | None = None) -> None:
-    """Quantize, in place and layer by layer, every linear named in ``specs`` (full module names).
+                record: dict | None = None, on_layer: Callable[[int], None] | None = None, notes: list[str] | None = None) -> None:
+    """Quantize, in place and layer by layer, every linear named in ``specs`` (full module names)
+    and every fused expert matrix named there (``<experts>.<param>.<expert>``, :mod:`wkvlab.weights.experts`).
 
     ``calls`` is :func:`capture_layer_inputs` output with layer 0's inputs; each layer is run once
     to accumulate Hessians and once more, quantized, to feed the next layer. Linears with the same
     inputs and spec are quantized stacked (:func:`shared_input_groups`). ``on_layer(index)`` is
-    called as each layer is done (progress).
+    called as each layer is done (progress); ``notes`` hears of experts no calibration token reached.
     """
     hidden = calls.hidden[0]
+    rounded = 0
     for index, (layer_name, layer) in enumerate(layers):
         kwargs = calls.kwargs[index]
         targets = {f"{layer_name}.{n}": m for n, m in layer.named_modules() if f"{layer_name}.{n}" in specs}
-        if targets:
-            with observe_inputs(targets, hessian=True) as stats:
+        experts = {f"{layer_name}.{n}": m for n, m in layer.named_modules() if is_fused_experts(m)}
+        matrices = {k: v for name, module in experts.items() for k, v in expert_matrices(name, module) if k in specs}
+        if targets or matrices:
+            with observe_inputs(targets, hessian=True) as stats, observe_expert_inputs(experts if matrices else {}) as expert_stats:
                 run_layer(layer, hidden, kwargs)
+            rounded += _gptq_experts(matrices, expert_stats, specs)
+            del expert_stats
             hessians = {n: stats[n].hessian for n in targets}
             for names in shared_input_groups(list(targets), hessians, specs):
                 spec = specs[names[0]]
@@ -175,3 +200,6 @@ def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]
             hidden = run_layer(layer, hidden, kwargs)
         if on_layer is not None:
             on_layer(index)
+    if rounded and notes is not None:
+        notes.append(f"GPTQ: {rounded} expert matrices saw no calibration token and were rounded to nearest instead "
+                     "(GPTQ zeroes the columns of inputs it never saw); more --calib-samples reach more experts")
