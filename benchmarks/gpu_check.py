@@ -192,7 +192,8 @@ def _calibration(samples: int = 4, length: int = 32) -> CalibrationSet:
 
 def _grid(model, name: str, weights: list[str], kv: list[str], **options):
     return run_grid(model, _windows(), api.parse_weights(weights), api.parse_kv(kv), model_name=f"tiny-{name}", data_name="random",
-                    fingerprints={"model_sha256": f"gpu-check-{name}-seed0", "data_sha256": "random-1"},
+                    # per device: a GPU run must build (GPTQ, AWQ) and calibrate on the GPU, not read back what the CPU run cached
+                    fingerprints={"model_sha256": f"gpu-check-{name}-seed0-{next(model.parameters()).device.type}", "data_sha256": "random-1"},
                     options=RunOptions(chunk=CHUNK, **options), calibration=_calibration())
 
 
@@ -255,7 +256,7 @@ def _compare(checks: Checks, name: str, fn, x: torch.Tensor, device: str, rotate
 def model_checks(checks: Checks, name: str, device: str, kv: list[str], weights: list[str], cpu_reference: dict | None) -> dict:
     """(b) for one architecture on ``device``; returns the KLDs by config (the CPU's, on a CPU run)."""
     model = tiny_model(name, device)
-    tag = f"b: {name}"
+    tag = f"b: {name}" if device == "cpu" else f"b: {name} on {device}"
     tokens = _windows().tokens[0]
     whole = forward_logits(model, tokens)
     step = WindowPass(model)

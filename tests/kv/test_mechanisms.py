@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_gemma3, tiny_llama, tiny_qwen3
+from tests.kv.test_streaming import assert_streams_as_forced
 from wkvlab.kv import KVSpec, kv_quantization
 from wkvlab.kv import formats as kv_formats
 from wkvlab.kv.attention import mixed_attention, sliding_selection
@@ -166,7 +167,6 @@ def test_smooth_attention_without_quantization_leaves_logits_unchanged(lossless_
 def test_smooth_attention_and_calibrated_fp8_need_stats_and_stream_exactly(tmp_path):
     from wkvlab.errors import ConfigError
     from wkvlab.kv.calibrate import KVStats
-    from wkvlab.kv.cache import stream_logits
 
     model = tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=1, hidden_size=128)
     stats = _stats(model)
@@ -179,9 +179,7 @@ def test_smooth_attention_and_calibrated_fp8_need_stats_and_stream_exactly(tmp_p
         with pytest.raises(ConfigError, match="calibration"):
             with kv_quantization(model, spec):
                 pass
-        with torch.no_grad(), kv_quantization(model, spec, stats=again):
-            forced = model(input_ids=ids[None], use_cache=False).logits[0]
-        torch.testing.assert_close(stream_logits(model, spec, ids, stats=again), forced, rtol=1e-4, atol=1e-4)
+        assert_streams_as_forced(model, spec, ids, stats=again)  # float64: see tests/kv/test_streaming.py
 
 
 def test_calibrated_fp8_scale_avoids_clipping():
@@ -210,18 +208,12 @@ def test_prerope_without_quantization_leaves_logits_unchanged(lossless_format):
 
 @pytest.mark.parametrize("text", ["kvquant:4", "kvquant:3-1%", "kvquant:2-1%", "int4-c4/int4+residual=4+prerope"])
 def test_kvquant_and_prerope_stream_exactly(text):
-    from wkvlab.kv.cache import stream_logits
 
     model = tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=1, hidden_size=128)
     stats = _stats(model)
     spec = KVSpec.parse(text)
     ids = torch.randint(0, 128, (16,))
-    with torch.no_grad(), kv_quantization(model, spec, stats=stats):
-        forced = model(input_ids=ids[None], use_cache=False).logits[0]
-    # With outliers, a key exactly at a calibrated quantile (a tiny model's first-layer keys repeat
-    # calibration values exactly) may flip between outlier and inlier on an ulp of RoPE arithmetic.
-    tol = 2e-3 if spec.outliers else 1e-4
-    torch.testing.assert_close(stream_logits(model, spec, ids, stats=stats), forced, rtol=tol, atol=tol)
+    assert_streams_as_forced(model, spec, ids, stats=stats)  # float64: see tests/kv/test_streaming.py
 
 
 def test_kvquant_codebook_and_outliers():
@@ -241,7 +233,6 @@ def test_kvquant_codebook_and_outliers():
 
 
 def test_detected_sinks_stay_exact_and_stream():
-    from wkvlab.kv.cache import stream_logits
     from wkvlab.kv.store import LayerStore
 
     model = tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=1, hidden_size=128)
@@ -254,9 +245,7 @@ def test_detected_sinks_stay_exact_and_stream():
         torch.testing.assert_close(model(input_ids=ids[None], use_cache=False).logits[0], ref, rtol=0, atol=0)
     spec = KVSpec.parse("int4+sinks=auto")
     assert spec.sink_ratio == 8.0 and KVSpec.parse(spec.label) == spec
-    with torch.no_grad(), kv_quantization(model, spec, stats=stats):
-        forced = model(input_ids=ids[None], use_cache=False).logits[0]
-    torch.testing.assert_close(stream_logits(model, spec, ids, stats=stats), forced, rtol=1e-4, atol=1e-4)
+    assert_streams_as_forced(model, spec, ids, stats=stats)  # float64: see tests/kv/test_streaming.py
     store = LayerStore(spec, 0, *spec.formats_for(0), 64, stats)
     residual = torch.zeros(1, 3, 128)
     residual[0, 1, 7] = 1e6

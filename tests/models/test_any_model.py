@@ -37,7 +37,7 @@ def folders(tmp_path_factory):
 def test_eval_quantizes_every_decoder_linear_and_expert(folders, name, tmp_path):
     out = tmp_path / "r.json"
     run = _cli("eval", "--model", str(folders[name]), "--data", str(folders["text"]), "--ctx", "64", "--tokens", "128",
-               "--weights", "int4-g128", "--device", "cpu", "--json", str(out))
+               "--weights", "int4-g64", "--device", "cpu", "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["quantized_fraction"] == 1.0
@@ -46,10 +46,10 @@ def test_eval_quantizes_every_decoder_linear_and_expert(folders, name, tmp_path)
 
 def test_eval_refuses_awq_on_experts_in_one_line_before_loading(folders):
     run = _cli("eval", "--model", str(folders["tiny_mixtral"]), "--data", str(folders["text"]), "--ctx", "64", "--tokens", "128",
-               "--weights", "int4-g128,awq-int4-g128", "--device", "cpu")
+               "--weights", "int4-g64,awq-int4-g64", "--device", "cpu")
     assert run.returncode == 2
     lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert lines[-1].startswith("error: awq-int4-g128: awq on the fused MoE experts of tiny_mixtral (mixtral) is not implemented")
+    assert lines[-1].startswith("error: awq-int4-g64: awq on the fused MoE experts of tiny_mixtral (mixtral) is not implemented")
     assert not any(line.startswith(("wkvlab eval:", "loading")) for line in lines)  # refused before the run started
 
 
