@@ -227,7 +227,8 @@ def test_labels_of_the_cases_the_review_found():
 
 
 def test_the_slow_engine_test_measures_exactly_the_default_models_checks():
-    assert ENGINE_CHECKED_LLAMACPP == tuple(c["preset"].split(":")[1] for c in _recorded()[1] if c["model"].startswith("SmolLM2"))
+    assert ENGINE_CHECKED_LLAMACPP == tuple(c["preset"].split(":")[1] for c in _recorded()[1]
+                                            if c["model"].startswith("SmolLM2") and c["preset"].startswith("llamacpp:"))
 
 
 # ---- llama.cpp: the x86 q8_0 writer and the fp16 Q of an f16 K -----------------------------------
@@ -256,7 +257,8 @@ def test_llamacpp_x86_presets_use_the_x86_writer_for_cache_and_q():
     spec = KVSpec.parse("llamacpp-x86:q8_0/q4_0")
     assert (spec.k, spec.v, spec.q, spec.rotate) == ("q8_0-x86", "q4_0", "q8_0-x86", -2)
     assert KVSpec.parse("llamacpp-x86:q4_1").q == "q8_0-x86"  # q8_1's x86 writer gives the same codes
-    assert fidelity_of(spec)["label"] == "source-faithful"  # no ratio was measured for the x86 variant
+    assert fidelity_of(spec)["label"] == "engine-checked"  # its ratio was measured (fidelity_checks.json)
+    assert fidelity_of(KVSpec.parse("llamacpp-x86:q4_0"))["label"] == "source-faithful"  # this one's was not
 
 
 def test_f16_k_beside_a_quantized_v_rounds_q_to_fp16():

@@ -148,3 +148,19 @@ def test_layer_store_exposes_per_side_selections():
     sel = store.selection
     assert isinstance(sel, KVSelection) and sel.k is not None and sel.v is not None
     assert layer_stores(model, KVSpec.parse("int4"))[0].selection is None
+
+
+def test_quantized_cache_prefill_timing_by_hand():
+    # transformers' QuantizedLayer.update with a 3-token prompt and residual_length 4: the prompt is
+    # quantized at prefill but attends unquantized; tokens 3..5 pile up, token 6 makes the residual
+    # full (3 + 1 >= 4) and the whole cache 0..6 is re-quantized after it attends, token 10 likewise.
+    spec = KVSpec.parse("int4-g64-asym+residual=4+prefill=3")
+    select = spec.selection()
+    got = select(torch.arange(12), 12)
+    quantized_below = [0, 0, 0, 3, 3, 3, 3, 7, 7, 7, 7, 11]
+    want = torch.arange(12)[None, :] < torch.tensor(quantized_below)[:, None]
+    assert torch.equal(got, want)
+    k_policy, _ = spec.token_policies(spec.k_format, spec.v_format)
+    assert [k_policy.quantized_prefix(t, 1) for t in range(12)] == quantized_below
+    with pytest.raises(ConfigError, match="needs residual"):
+        KVSpec.parse("int4+prefill=3")

@@ -16,8 +16,11 @@ Read in vllm-project/vllm @a7f284a2e24b86c171ef714c5ff492acf0baee6d (the write p
   function returns (orthonormal rotation, so scores and outputs are the engine's).
 
 Storage per (token, head): head_dim / 2 bytes + one float32 (scale and zero point), as
-``KVQuantMode.INT4_PER_TOKEN_HEAD`` allocates. vLLM rotates in the model dtype (bf16/fp16) first;
-here everything is float32.
+``KVQuantMode.INT4_PER_TOKEN_HEAD`` allocates. Re-read at @055e47c2 for issue #25: the RHT is still
+applied (``reshape_and_cache_int4`` → ``single_rht``). Not modelled: ``single_rht(key.float())``
+casts its result back to the model dtype before the INT4 kernel, and on CUDA sm80+ the transform
+itself runs through hadacore in bf16 ("fp32 → bf16 round-trip; precision loss is irrelevant before
+INT4 quantization"); here everything is float32.
 """
 from __future__ import annotations
 

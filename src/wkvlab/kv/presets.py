@@ -248,7 +248,8 @@ def _build_preset(text: str) -> Preset | None:
 def preset_names() -> list[str]:
     return (
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
-        + ["llamacpp:q8_0/q4_0", "llamacpp:<k>/<v>", "llamacpp:q4_0+norot", "llamacpp:f16/q4_0", "llamacpp-x86:<k>/<v>"]
+        + ["llamacpp:q8_0/q4_0", "llamacpp:<k>/<v>", "llamacpp:q4_0+norot", "llamacpp:f16/q4_0", "llamacpp-x86:q8_0", "llamacpp-x86:q8_0/q4_0",
+           "llamacpp-x86:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
            "sglang:fp4_e2m1", "sglang:fp8_e4m3",
