@@ -66,11 +66,35 @@ def test_terms_sum_to_the_score_error_the_attention_sees(monkeypatch, make, spec
         total = terms["total"]
         assert total.abs().max() > 1e-3  # the test must see a real error
         torch.testing.assert_close(terms["kv"] + terms["weight"] + terms["cross"], total, rtol=0, atol=1e-10)
+        torch.testing.assert_close(terms["cross_weight"] + terms["cross_cache"], terms["cross"], rtol=0, atol=1e-10)
+        torch.testing.assert_close(terms["total_w"] + terms["total_c"] + terms["interaction"], total, rtol=0, atol=1e-10)
         expected = (cand_scores[layer] - ref_scores[layer])
         torch.testing.assert_close(total[:, allowed], expected[:, allowed], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(scores_ref, ref_scores[layer], rtol=1e-6, atol=1e-6)
     assert result.kl().min() > 0
     assert sum(result.network_shares().values()) == pytest.approx(1.0)
+    # layer 0 has the same input in every cell: the (W, fp16) and (none, C) cells are the two models' own scores
+    terms, _, allowed = seen[0]
+    cand_fp16 = _scores_attention_sees(cand, KVSpec.parse("fp16"), ids)[0]
+    ref_c = _scores_attention_sees(ref, kv, ids)[0]
+    torch.testing.assert_close(terms["total_w"][:, allowed], (cand_fp16 - ref_scores[0])[:, allowed], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(terms["total_c"][:, allowed], (ref_c - ref_scores[0])[:, allowed], rtol=1e-5, atol=1e-5)
+
+
+def test_the_cross_term_splits_into_weight_and_cache_parts():
+    """A 16-bit cache: the cross term is all weight part and the 2×2 interaction is exactly 0.
+    Unquantized weights: at layer 0 (same input everywhere) the interaction is 0 too."""
+    ref = tiny_llama()
+    cand = _perturbed(ref)
+    ids = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(0))
+    fp16 = A.attention_decomposition(ref, cand, KVSpec.parse("fp16"), ids)
+    assert fp16.sumsq["cross"].sum() > 0 and not fp16.sumsq["cross_cache"].any() and fp16.sumsq["interaction"].max() < 1e-20
+    assert fp16.cross_split()["cache"] == 0.0 and fp16.cross_split()["weight"] == pytest.approx(fp16.network_shares()["cross"])
+    kv_only = A.attention_decomposition(ref, ref, KVSpec.parse("int4"), ids)
+    assert kv_only.sumsq["interaction"][0].max() < 1e-20 and kv_only.sumsq["interaction"][1].max() > 0
+    both = A.attention_decomposition(ref, cand, KVSpec.parse("int4"), ids)
+    assert both.sumsq["cross_cache"].sum() > 0 and 0 < both.interaction_share() < 1
+    assert "cache part ε_q·ε_k,cᵀ" in " ".join(both.lines())
 
 
 def test_residual_window_keys_are_chosen_per_query(monkeypatch):

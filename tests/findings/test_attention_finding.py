@@ -11,7 +11,23 @@ CTX = 32
 
 @pytest.fixture(scope="module")
 def rows(tiny_folder):
-    return measure_attention(tiny_folder, ("int4-g32",), ("int4", "q4_0"), ctx=CTX, windows=8, device="cpu", dtype="float32")
+    return measure_attention(tiny_folder, ("int4-g32",), ("int4", "q4_0"), ctx=CTX, windows=8, device="cpu", dtype="float32")[1:]
+
+
+def test_every_weight_config_gets_its_fp16_cache_row(tiny_folder):
+    """The (W, fp16) cell: the cross term is all weight part, no cache part, no 2×2 interaction."""
+    rows = measure_attention(tiny_folder, ("none", "int4-g32"), ("int4",), ctx=CTX, windows=8, device="cpu", dtype="float32")
+    assert [(r.weights, r.kv) for r in rows] == [("none", "int4"), ("int4-g32", "fp16"), ("int4-g32", "int4")]
+    fp16 = rows[1]
+    assert fp16.shares["cross"].estimate > 0 and fp16.shares["cross_cache"].estimate == 0.0
+    assert fp16.shares["cross_weight"].estimate == pytest.approx(fp16.shares["cross"].estimate)
+    assert abs(fp16.shares["interaction"].estimate) < 1e-12
+    both = rows[2]
+    assert both.shares["cross_cache"].estimate > 0 and both.shares["interaction"].estimate > 0
+    from wkvlab.findings.render import attention_markdown
+
+    text = attention_markdown(rows)
+    assert "| int4-g32 | fp16 |" in text and "its cache part ε_q·ε_k,cᵀ [95%]" in text
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +66,7 @@ def test_every_share_has_a_window_interval_that_varies(rows):
 
 
 def test_fewer_windows_than_the_rule_give_no_interval(tiny_folder):
-    (row,) = measure_attention(tiny_folder, ("int4-g32",), ("int4",), ctx=CTX, windows=3, device="cpu", dtype="float32")
+    row = measure_attention(tiny_folder, ("int4-g32",), ("int4",), ctx=CTX, windows=3, device="cpu", dtype="float32")[-1]
     assert row.windows == 3 and not row.shares["cross"].decided and np.isnan(row.shares["cross"].low)
     from wkvlab.findings.render import attention_markdown
 
@@ -84,4 +100,4 @@ def test_the_finding_runs_into_the_store_and_the_report_draws_it(tiny_folder, tm
     with open_store(store) as db:
         (section,) = finding_sections(db.findings())
     assert section.title.startswith("Where the cross term sits")
-    assert section.table.rows[0]["kv"] == "int4" and len(section.charts) == 1
+    assert [r["kv"] for r in section.table.rows] == ["fp16", "int4"] and len(section.charts) == 1  # the (W, fp16) row first

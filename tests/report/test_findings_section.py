@@ -93,3 +93,21 @@ def test_the_report_from_a_store_shows_its_findings(tmp_path):
 def test_a_report_without_findings_has_no_findings_section():
     files = render_report(build_report_data(demo_like_grid(), source="s", n_resamples=20))
     assert b'id="findings"' not in files["index.html"] and not any(n.startswith("finding") for n in files)
+
+
+def test_calibration_and_methods_sections_show_the_rules_verdicts():
+    import numpy as np
+
+    from tests.findings.test_analysis import CTX, WINDOWS, _result
+    from wkvlab.findings.analysis import calibration
+
+    rng = np.random.default_rng(1)
+    size = WINDOWS * (CTX - 1)
+    grid = {(c, "default"): [_result("gptq-int4-g128", "fp16", level + rng.normal(0, 0.01, size))] for c, level in (("prose", 0.1), ("code", 0.13))}
+    rows = [r.to_dict() for r in calibration(grid, n_resamples=200)]
+    methods = [r.to_dict() for r in penalties(_grid(interaction=0.05), n_resamples=200)]
+    cal, meth = finding_sections([StoredFinding("calibration", "default", 0.0, 1.0, {"rows": rows}, ""),
+                                  StoredFinding("methods", "default", 0.0, 1.0, {"rows": methods}, "")])
+    shown = dict(zip([c.header for c in cal.table.shown], cal.table.text_rows()[0]))
+    assert shown["verdict on code"].startswith("higher (m ±") and "Holm over 1 test" in shown["verdict on code"]
+    assert any("Holm over 1 test" in row[-1] for row in meth.table.text_rows())

@@ -20,6 +20,22 @@ candidate pass runs under :func:`kv_quantization` and, one level inside it, reco
 layer's :class:`LayerStore` hands to attention (deterministic, so identical to what the hook uses).
 When the spec smooths or rotates Q/K, the reference's Q and K are carried into the same space
 (score-preserving transforms) so ε_q and ε_k are differences of like with like.
+
+**The cross term split, and the attention-level 2×2 (issue #24).** ε_k contains the key error the
+weights cause (and every earlier layer's error) as well as the cache's own, so the cross term
+ε_q·ε_kᵀ is not the cache's interaction with the weights. At each layer the candidate's key before
+the cache (``K_W``, what the same layer would read from a 16-bit cache) splits it:
+
+    ε_k = (K_W − K) + (K_stored − K_W) = ε_k,w + ε_k,c,   ε_q·ε_kᵀ = ε_q·ε_k,wᵀ + ε_q·ε_k,cᵀ
+
+(``cross_weight`` and ``cross_cache``). The layer-local 2×2 cells of the scores are then the
+reference's Q, K (R); the reference's Q, K through the layer's cache (C, the (unquantized weights,
+quantized cache) cell); the candidate's Q, K without the cache (W, the (quantized weights, fp16
+cache) cell); and the candidate as it runs (WC). ``total_w`` = S_W − S_R and ``total_c`` = S_C − S_R
+are the one-sided score errors, and ``interaction`` = S_WC − S_W − S_C + S_R is the attention-level
+interaction: ≈ ε_q·ε_k,cᵀ plus how the cache's error on the candidate's keys differs from its error
+on the reference's. "Layer-local": both W cells carry the hidden states of the run that reaches the
+layer (the candidate's), so errors from earlier layers count as the candidate's.
 """
 from __future__ import annotations
 
@@ -37,8 +53,10 @@ from wkvlab.kv.override import attention_inputs, attention_override
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
 
-TERMS = ("kv", "weight", "cross", "total")  # Q·ε_kᵀ, ε_q·Kᵀ, ε_q·ε_kᵀ, candidate − reference scores
-TERM_LABELS = {"kv": "Q·ε_kᵀ", "weight": "ε_q·Kᵀ", "cross": "ε_q·ε_kᵀ", "total": "score error"}
+TERMS = ("kv", "weight", "cross", "total", "cross_weight", "cross_cache", "total_w", "total_c", "interaction")
+TERM_LABELS = {"kv": "Q·ε_kᵀ", "weight": "ε_q·Kᵀ", "cross": "ε_q·ε_kᵀ", "total": "score error",
+               "cross_weight": "ε_q·ε_k,wᵀ", "cross_cache": "ε_q·ε_k,cᵀ", "total_w": "score error of (W, fp16)",
+               "total_c": "score error of (none, C)", "interaction": "S_WC − S_W − S_C + S_R"}
 SINK_TOKENS = 4
 Progress = Callable[[str, int], None]
 
@@ -57,6 +75,23 @@ def score_error_terms(q_ref: torch.Tensor, k_ref: torch.Tensor, q_cand: torch.Te
         "cross": (eps_q @ t(eps_k)) * scaling,
         "total": (q_cand @ t(k_cand) - q_ref @ t(k_ref)) * scaling,
     }
+
+
+def cell_terms(q_ref: torch.Tensor, k_ref: torch.Tensor, q_cand: torch.Tensor, k_cand: torch.Tensor, q_w: torch.Tensor,
+               k_w: torch.Tensor, q_c: torch.Tensor, k_c: torch.Tensor, scaling: float) -> dict[str, torch.Tensor]:
+    """Every term of :data:`TERMS`: the three-term split, the cross term's weight and cache parts and the
+    layer-local 2×2 cells (W: ``q_w``, ``k_w``, the candidate before the cache; C: ``q_c``, ``k_c``, the
+    reference through the cache). Inputs as :func:`score_error_terms`."""
+    terms = score_error_terms(q_ref, k_ref, q_cand, k_cand, scaling)
+    eps_q = q_cand - q_ref
+    t = lambda x: x.transpose(-1, -2)  # noqa: E731
+    s_ref = q_ref @ t(k_ref)
+    terms["cross_weight"] = (eps_q @ t(k_w - k_ref)) * scaling
+    terms["cross_cache"] = (eps_q @ t(k_cand - k_w)) * scaling
+    terms["total_w"] = (q_w @ t(k_w) - s_ref) * scaling
+    terms["total_c"] = (q_c @ t(k_c) - s_ref) * scaling
+    terms["interaction"] = terms["total"] - terms["total_w"] - terms["total_c"]
+    return terms
 
 
 def allowed_pairs(attention_mask: torch.Tensor | None, n_queries: int, n_keys: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -166,6 +201,17 @@ class AttentionDecomposition:
         total = sum(energies.values())
         return {t: (e / total if total > 0 else 0.0) for t, e in energies.items()}
 
+    def cross_split(self) -> dict[str, float]:
+        """The cross term's weight part ε_q·ε_k,wᵀ and cache part ε_q·ε_k,cᵀ, each as a share of the
+        summed three-term energy (the two parts' energies need not add to the cross term's: they can cancel)."""
+        total = sum(float(self._energy(t).sum()) for t in ("kv", "weight", "cross"))
+        return {part: (float(self._energy(f"cross_{part}").sum()) / total if total > 0 else 0.0) for part in ("weight", "cache")}
+
+    def interaction_share(self) -> float:
+        """Energy of the attention-level 2×2 interaction S_WC − S_W − S_C + S_R over the score error's energy."""
+        total = float(self._energy("total").sum())
+        return float(self._energy("interaction").sum()) / total if total > 0 else 0.0
+
     def sink_ratio(self, term: str = "total") -> float:
         """RMS of the term on sink keys over its RMS on the other keys (network-wide)."""
         ss, n = self.sumsq[term].sum(1), self.pairs * self.heads
@@ -197,6 +243,8 @@ class AttentionDecomposition:
             "sink_tokens": self.sink_tokens,
             "terms": dict(TERM_LABELS),
             "network_shares": self.network_shares(),
+            "cross_split": self.cross_split(),
+            "interaction_share": self.interaction_share(),
             "sink_ratio_total": self.sink_ratio(),
             "top_layers": [{"layer": l, "cross_mass": s} for l, s in self.top_layers()],
             "top_heads": [{"layer": l, "head": h, "cross_mass": s} for l, h, s in self.top_heads()],
@@ -218,7 +266,9 @@ class AttentionDecomposition:
         return [
             f"attention score error energy: KV term Q·ε_kᵀ {shares['kv']:.1%}, weight term ε_q·Kᵀ {shares['weight']:.1%}, "
             f"cross term ε_q·ε_kᵀ {shares['cross']:.1%}",
-            f"the cross term sits mostly in layers {top}",
+            f"the cross term sits mostly in layers {top}; its weight part ε_q·ε_k,wᵀ is {self.cross_split()['weight']:.1%} and its "
+            f"cache part ε_q·ε_k,cᵀ {self.cross_split()['cache']:.1%} of the term energy; the attention-level 2×2 interaction "
+            f"S_WC − S_W − S_C + S_R carries {self.interaction_share():.1%} of the score-error energy",
             f"score error on the first {self.sink_tokens} keys is {self.sink_ratio():.2f}× its RMS on the other keys",
             f"attention KL: mean {kl.mean():.2e} nats per row, largest at layer {worst[0]} head {worst[1]} ({kl.max():.2e})",
         ]
@@ -247,20 +297,26 @@ class _Accumulator:
         self.kl_rows[layer] += kl.shape[-1]
 
 
-def _layer_statistics(store: LayerStore, selection, ref_qk, query, key, value, attention_mask, rope, residual,
+def _layer_statistics(store: LayerStore, selection, ref_inputs, query, key, value, attention_mask, rope, residual,
                       scaling: float, softcap: float | None):
-    """Terms, reference scores, allowed pairs and attention KL for one layer of one window (float64)."""
+    """Terms, reference scores, allowed pairs and attention KL for one layer of one window (float64).
+
+    ``ref_inputs``: the reference's (query, key, value, rope, residual) at this layer."""
     q_cand, k_full, k_stored, _, _ = store.apply(query, key, value, rope, residual)
-    q_ref, k_ref = _reference_space(store, *ref_qk, value)
+    ref_q, ref_k, ref_v, ref_rope, ref_residual = ref_inputs
+    q_ref, k_ref = _reference_space(store, ref_q, ref_k, ref_v)
+    q_w, _ = _reference_space(store, query, key, value)  # the candidate's query as a 16-bit cache would see it
+    q_c, k_c_full, k_c_stored, _, _ = store.apply(ref_q, ref_k, ref_v, ref_rope, ref_residual)  # the reference through the cache
     heads = q_cand.shape[1]
-    as64 = lambda x, expand=True: (_expand(x, heads) if expand else x)[0].double()  # noqa: E731
+    as64 = lambda x: _expand(x, heads)[0].double()  # noqa: E731
     q_ref, k_ref, q_cand, k_full, k_stored = as64(q_ref), as64(k_ref), as64(q_cand), as64(k_full), as64(k_stored)
+    q_w, q_c, k_c_full, k_c_stored = as64(q_w), as64(q_c), as64(k_c_full), as64(k_c_stored)
     allowed = allowed_pairs(attention_mask, q_cand.shape[-2], k_stored.shape[-2], q_cand.device)
-    terms = score_error_terms(q_ref, k_ref, q_cand, k_stored, scaling)
+    terms = cell_terms(q_ref, k_ref, q_cand, k_stored, q_w, k_full, q_c, k_c_stored, scaling)
     if selection is not None and not (store.k_quant is None and store.v_quant is None):
         # residual / window specs: a query sees the full-precision key until the rule quantizes it
         use_q = selection(torch.arange(q_cand.shape[-2], device=q_cand.device), k_stored.shape[-2])
-        fresh = score_error_terms(q_ref, k_ref, q_cand, k_full, scaling)
+        fresh = cell_terms(q_ref, k_ref, q_cand, k_full, q_w, k_full, q_c, k_c_full, scaling)
         terms = {t: torch.where(use_q, terms[t], fresh[t]) for t in TERMS}
     scores_ref = (q_ref @ k_ref.transpose(-1, -2)) * scaling
     kl = attention_kl(scores_ref, scores_ref + terms["total"], allowed, softcap)
@@ -292,14 +348,16 @@ def attention_decomposition(
     acc = _Accumulator(cfg.num_hidden_layers, cfg.num_attention_heads)
     for w in range(tokens.shape[0]):
         ids = tokens[w : w + 1]
-        captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        captured: dict[int, tuple] = {}
 
-        def record(backend, module, query, key, value, attention_mask, **kwargs):
-            captured[module.layer_idx] = (query, key)
-            return backend(module, query, key, value, attention_mask, **kwargs)
+        with attention_inputs(reference) as ref_seen:
+            def record(backend, module, query, key, value, attention_mask, **kwargs):
+                seen = ref_seen.get(module.layer_idx, {})
+                captured[module.layer_idx] = (query, key, value, seen.get("position_embeddings"), seen.get("residual"))
+                return backend(module, query, key, value, attention_mask, **kwargs)
 
-        with attention_override(reference, record):
-            reference(input_ids=ids.to(input_device(reference)), use_cache=False)
+            with attention_override(reference, record):
+                reference(input_ids=ids.to(input_device(reference)), use_cache=False)
 
         with attention_inputs(candidate) as inputs, kv_quantization(candidate, kv, stores=stores):
 

@@ -36,10 +36,6 @@ def _two_lines(iv, fmt: str) -> str:
     return f"{iv.estimate:{fmt}}\n[{iv.low:{fmt}}, {iv.high:{fmt}}]"
 
 
-def _mark(excludes_zero: bool) -> str:
-    return "[bold]yes[/]" if excludes_zero else "no"
-
-
 def _verdict_cell(v) -> str:
     """The verdict word over its margin (the adjustment is in the table title)."""
     return "undecided\n(stored without a rule)" if v is None else f"[bold]{v.word}[/]\nm ±{v.margin.value:.3g}"

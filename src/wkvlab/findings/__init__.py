@@ -9,7 +9,7 @@ them all on the packaged models:
 * ``methods``: the KV penalty under each weight method;
 * ``attention``: where inside attention the weight × cache cross term sits (layers, sinks);
 * ``calibration``: GPTQ, AWQ and SmoothQuant calibrated on prose, code or math, evaluated on prose and code;
-* ``depth``: the KV penalty by depth on long documents, to the model's context limit;
+* ``depth``: the KV penalty on the same target tokens after prefixes of increasing length, to the model's limit;
 * ``search``: weight-aware vs weight-unaware per-layer KV plans;
 * ``engine``: llama.cpp's own KLD for the llama.cpp rows.
 """

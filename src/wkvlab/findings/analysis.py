@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from wkvlab.errors import DataError
-from wkvlab.eval.depth import depth_tables
 from wkvlab.eval.result import EvalResult
 from wkvlab.explain.compare import check_same_tokens
 from wkvlab.explain.factorial import effect_draws, interaction_effect
@@ -245,7 +244,3 @@ def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, n_r
     return [CalibrationRow(weights, data, {c: d.interval() for c, d in kld.items()}, {c: d.interval() for c, d in mismatch.items()}, own,
                            {c: next(verdicts) for c in tests})
             for weights, data, own, kld, mismatch, tests in found]
-
-
-def depth(results: Iterable[EvalResult]) -> list[dict]:
-    return [t.to_dict() for t in depth_tables(list(results))]

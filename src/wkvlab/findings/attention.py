@@ -18,6 +18,12 @@ error of every earlier layer (the hidden state that makes the query went through
 attention). So a cross term exists even under unquantized weights, from layer 1 on; the grid's
 ``none`` row measures that baseline, and the weight methods' rows are read against it.
 
+ε_k likewise carries the weight-induced key error, so the cross term is split (issue #24) into its
+weight part ε_q·ε_k,wᵀ and its cache part ε_q·ε_k,cᵀ, and the attention-level 2×2 interaction
+S_WC − S_W − S_C + S_R is reported as its share of the score-error energy (docs/explain.md). Every
+weight config also gets its (W, fp16) row: with a 16-bit cache the whole cross term is weight part,
+which is the baseline the cache rows' weight parts are read against.
+
 The windows and the calibration are the additivity grid's (the same text, the same calibration
 samples), so the quantized weights come from the on-disk cache when that finding ran first.
 """
@@ -41,7 +47,8 @@ class AttentionRow:
     weights: str
     kv: str
     windows: int
-    shares: dict[str, Interval]  # "kv", "weight", "cross": the term's part of the summed term energy
+    shares: dict[str, Interval]  # "kv", "weight", "cross" (and its parts "cross_weight", "cross_cache"): of the summed term energy;
+    # "interaction": the attention-level 2×2 interaction's energy over the score error's
     cross_sink_ratio: Interval  # RMS of the cross term on the sink keys / on the other keys
     sink_tokens: int
     layer_cross_mass: list[float]  # per layer: its share of the network's cross-term energy
@@ -85,7 +92,8 @@ def pooled_row(weights: str, kv: str, parts: list) -> AttentionRow:
     """
     from wkvlab.stats import paired_interval
 
-    energy = {t: np.array([p.sumsq[t].sum() for p in parts]) for t in ("kv", "weight", "cross")}
+    energy = {t: np.array([p.sumsq[t].sum() for p in parts]) for t in ("kv", "weight", "cross", "cross_weight", "cross_cache",
+                                                                       "interaction", "total")}
     heads = parts[0].heads
     arrays = {**energy,
               "cross_sinks": np.array([p.sumsq["cross"][..., 0].sum() for p in parts]),
@@ -97,7 +105,8 @@ def pooled_row(weights: str, kv: str, parts: list) -> AttentionRow:
     def share(term: str):
         return lambda m: m[term] / (m["kv"] + m["weight"] + m["cross"])
 
-    shares = {t: paired_interval(share(t), arrays, units) for t in energy}
+    shares = {t: paired_interval(share(t), arrays, units) for t in ("kv", "weight", "cross", "cross_weight", "cross_cache")}
+    shares["interaction"] = paired_interval(lambda m: m["interaction"] / m["total"], arrays, units)
     ratio = paired_interval(lambda m: np.sqrt((m["cross_sinks"] / m["pairs_sinks"]) / (m["cross_rest"] / m["pairs_rest"])), arrays, units)
     whole = pooled(parts)
     mass = [float(m) for m in whole.cross_mass().sum(1)]
@@ -126,17 +135,20 @@ def measure_attention(model: str, weights: tuple[str, ...], kvs: tuple[str, ...]
     resolved = resolve_device(device)
     work = api.prepare(model, "default", ctx=ctx, tokens=windows * ctx, device=resolved, dtype=resolve_dtype(dtype, resolved))
     w_specs, c_specs = [WeightSpec.parse(w) for w in weights], [KVSpec.parse(k) for k in kvs]
+    if not any(c.is_identity for c in c_specs):  # every weight config's (W, fp16) row: the cross term without a cache
+        c_specs = [KVSpec.parse("fp16"), *c_specs]
     api.check_kv_specs(work.loaded.model, c_specs)
     calibration = api.prepare_calibration(work, w_specs, None, c_specs)
     chosen = work.windows.tokens
-    total = len(w_specs) * len(c_specs) * chosen.shape[0]
+    pairs = [(w, c) for w in w_specs for c in c_specs if not (w.is_identity and c.is_identity)]  # the identity has no error
+    total = len(pairs) * chosen.shape[0]
     bar = progress(total, f"attention: {len(w_specs)} weight configs x {len(c_specs)} caches x {chosen.shape[0]} windows") \
         if progress is not None else nullcontext(lambda _d, _n: None)
     rows = []
     with bar as tick, torch.no_grad():
         for w_spec in w_specs:
             quantized = quantize_model_weights(work.loaded.model, w_spec, calibration, model_key=work.loaded.fingerprint)
-            for c_spec in c_specs:
+            for c_spec in [c for w, c in pairs if w is w_spec]:
                 stats = kv_stats_under(quantized, c_spec, calibration, work.loaded.fingerprint)
                 stores = layer_stores(quantized.model, c_spec, stats)
                 parts = []

@@ -74,6 +74,12 @@ def check_size(name: str, model: str, *, ctx: int | None, tokens: int | None) ->
         search_grid(model, tokens=tokens, ctx=ctx)
     elif name == "engine":
         check_windows(ctx or ENGINE_CTX, tokens or ENGINE_TOKENS)
+    elif name == "depth":  # --tokens: target tokens per document; --ctx: the longest window (prefix + target)
+        if tokens is not None and tokens < 16:
+            raise ConfigError(f"--tokens {tokens} (the depth finding's target tokens per document) is too few; use 16 or more")
+        if ctx is not None and ctx < 5 * (tokens or 512):
+            raise ConfigError(f"--ctx {ctx} leaves fewer than 4 prefix lengths for {tokens or 512} target tokens; "
+                              f"use --ctx {5 * (tokens or 512)} or more, or a smaller --tokens")
     else:
         size_for(model, tokens=tokens, ctx=ctx, depth=name == "depth")
 
@@ -100,11 +106,6 @@ def calibration_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
               kv=("fp16",), calibration=CalibrationSpec(calib), **where)
         for calib in CALIBRATION_TEXTS for data in EVALUATION_TEXTS
     ]
-
-
-def depth_sweeps(model: str, size: Size, **where) -> list[SweepSpec]:
-    """Long windows of real documents to the model's limit, unquantized weights (as wkvlab eval would run them)."""
-    return [_spec("depth", model, ctx=size.depth_ctx, tokens=size.depth_tokens, weights=("none",), kv=DEPTH_KV, **where)]
 
 
 def search_grid(model: str, *, tokens: int | None = None, ctx: int | None = None):

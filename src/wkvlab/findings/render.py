@@ -80,20 +80,26 @@ def method_differences_markdown(rows: list[MethodDifference]) -> str:
 
 
 def attention_markdown(rows) -> str:
-    """Where the cross term sits: term shares, the cross term on the sinks, the layers that hold it."""
-    header = ["weights", "KV", "KV term Q·ε_kᵀ", "weight term ε_q·Kᵀ", "cross term ε_q·ε_kᵀ [95%]", "cross term on sinks / elsewhere (RMS) [95%]",
+    """Where the cross term sits: term shares, the cross term's weight and cache parts, the 2×2 interaction, sinks, layers."""
+    header = ["weights", "KV", "KV term Q·ε_kᵀ", "weight term ε_q·Kᵀ", "cross term ε_q·ε_kᵀ [95%]", "its weight part ε_q·ε_k,wᵀ [95%]",
+              "its cache part ε_q·ε_k,cᵀ [95%]", "2×2 interaction / score error [95%]", "cross term on sinks / elsewhere (RMS) [95%]",
               "layers holding most of the cross term", "attention KL"]
     body = []
     for r in rows:
         layers = ", ".join(f"L{l} {100 * m:.0f}%" for l, m in r.top_layers)
+        part = lambda key: format(percent(r.shares[key]), ".1f") + " %" if key in r.shares else "—"  # noqa: E731
         body.append([r.weights, r.kv, f"{100 * r.shares['kv'].estimate:.1f}%", f"{100 * r.shares['weight'].estimate:.1f}%",
-                     format(percent(r.shares["cross"]), ".1f") + " %", format(r.cross_sink_ratio, ".2f"), layers, f"{r.attention_kl:.2e}"])
+                     part("cross"), part("cross_weight"), part("cross_cache"), part("interaction"), format(r.cross_sink_ratio, ".2f"),
+                     layers, f"{r.attention_kl:.2e}"])
     windows = rows[0].windows if rows else 0
     sinks = rows[0].sink_tokens if rows else 0
     return _table(header, body) + (
         "\n\nShares of the summed energy of the three score-error terms over every layer, head and causal (query, key) pair; "
-        f"95% intervals over {windows} windows resampled. Sinks: the first {sinks} keys; 1.00 means the cross term is no "
-        "larger on them than elsewhere. Layers: share of the network's cross-term energy.")
+        "the cross term's weight part uses the candidate's key before the cache (K_W − K), its cache part the cache's own error "
+        "(K_stored − K_W): the parts' energies need not add to the cross term's. The 2×2 interaction is the layer-local "
+        "S_WC − S_W − S_C + S_R over the score error's energy. KV fp16 rows: the (W, 16-bit cache) cell, where the cross term is "
+        f"all weight part. 95% intervals over {windows} windows resampled. Sinks: the first {sinks} keys; 1.00 means the cross "
+        "term is no larger on them than elsewhere. Layers: share of the network's cross-term energy.")
 
 
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
@@ -110,22 +116,25 @@ def calibration_markdown(rows: list[CalibrationRow]) -> str:
                                    + _rule_note(v for r in rows for v in (r.verdicts or {}).values()))
 
 
-def depth_markdown(tables: list[dict]) -> str:
-    parts = []
-    for t in tables:
-        rows = []
-        for row in t["rows"]:
-            penalty = Interval.from_dict(row["penalty"])
-            growth = Interval.from_dict(row["growth"]) if row["growth"] else None
-            rel = row["relative_growth"]
-            rows.append([f"{row['start']:,}–{row['end']:,}", f"{row['tokens']:,}", format(penalty, ".5f"),
-                         "—" if growth is None else format(growth, "+.5f"), "—" if rel is None else f"{100 * rel:+.1f}%"])
-        parts.append(f"**{t['weights']} × {t['kv']}** (minus {t['paired_with']}; unit: {t['unit']}, {t['units']} units, "
-                     f"decorrelation lag {t['decorrelation_lag']}). **Content-confounded**: each bucket holds different text, so a "
-                     "difference between buckets mixes depth with what the text says there; no verdict on depth is drawn from it "
-                     "(that needs the same tokens scored after prefixes of different lengths).\n\n"
-                     + _table(["positions", "tokens", "penalty [95%]", "minus first bucket [95%]", "relative"], rows))
-    return "\n\n".join(parts)
+def identical_depth_markdown(data: dict) -> str:
+    """The depth finding on identical tokens (:meth:`wkvlab.findings.depth.DepthFinding.to_dict`)."""
+    from wkvlab.stats.decision import Verdict
+
+    body = []
+    verdicts = []
+    for r in data["rows"]:
+        v = Verdict.from_dict(r["decision"]) if r.get("decision") else None
+        verdicts.append(v)
+        growth = Interval.from_dict(r["growth"]) if r["growth"] else None
+        relative = Interval.from_dict(r["relative"]) if r["relative"] else None
+        body.append([r["kv"], f"{r['length']:,}", f"{r['tokens']:,}", format(Interval.from_dict(r["penalty"]), ".5f"),
+                     "—" if growth is None else format(growth, "+.5f"), "—" if relative is None else format(percent(relative), "+.1f") + " %",
+                     "—" if v is None else _decision(v)])
+    table = _table(["KV", "prefix tokens", "scored tokens", "penalty (KLD) [95%]", "minus the shortest prefix [raw 95%]",
+                    "relative growth [95%]", "verdict"], body)
+    return (f"{data['model']}, unquantized weights: the same {data['target']} target tokens of each of {data['documents']} documents "
+            f"({data['data']}) scored after prefixes of {', '.join(f'{n:,}' for n in data['lengths'])} tokens; documents resampled "
+            f"(paired across lengths); {data['seconds']:,.0f} s.\n\n" + table + _rule_note(verdicts))
 
 
 def search_markdown(data: dict) -> str:

@@ -96,9 +96,15 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         rows = analysis.calibration(by_text, margin=margin)
         markdown, data = render.calibration_markdown(rows), {"rows": [r.to_dict() for r in rows]}
     elif name == "depth":
-        (results,) = _run_sweeps(grids.depth_sweeps(model, sized(), **where), store, progress)
-        tables = analysis.depth(results)
-        markdown, data = render.depth_markdown(tables), {"tables": tables}
+        from wkvlab.findings.depth import DEPTH_TARGET, measure_depth
+
+        # identical target tokens after prefixes of increasing length (findings/depth.py); --tokens: the target
+        # tokens per document, --ctx: the longest window (default: the model's limit)
+        target = tokens or DEPTH_TARGET
+        found = measure_depth(model, grids.DEPTH_KV, target=target, longest=(ctx - target) if ctx else None, progress=progress,
+                              margin=margin, **where)
+        data = found.to_dict()
+        markdown = render.identical_depth_markdown(data)
     elif name == "search":
         from wkvlab.findings.search import measure_search
 

@@ -23,7 +23,7 @@ TITLES = {
     "methods": "Which weight methods hurt the cache more: KV penalty under each weight config",
     "attention": "Where the cross term sits inside attention: score-error terms, sinks, layers",
     "calibration": "Calibration domain: KLD by calibration text and evaluation text",
-    "depth": "Depth: KV penalty by position bucket on long documents",
+    "depth": "Depth: KV penalty on the same tokens after longer prefixes (stores before issue #24: position buckets, content-confounded)",
     "search": "Weight-aware vs weight-unaware per-layer KV plans",
     "engine": "Engine confirmation: llama.cpp's own KLD next to the presets",
 }
@@ -90,8 +90,9 @@ def _grouped(rows: Sequence[dict], series: Callable[[dict], str], point: Callabl
 
 
 def _decision(row: dict) -> str:
-    """The stored verdict with its margin and adjustment; rows stored before the one rule say so."""
-    d = row.get("decision")
+    """The stored verdict (a row's ``decision``, or a verdict dict itself) with its margin and adjustment;
+    rows stored before the one rule say so."""
+    d = row if "outcome" in row else row.get("decision")
     if not d:
         return f"{row['verdict']} (old rule: rerun pending)"
     need = Verdict.from_dict(d).need()
@@ -147,7 +148,9 @@ def _calibration(f: StoredFinding, cid: str):
     calibs = list(dict.fromkeys(c for r in rows for c in r["kld"]))
     columns = (Column("method", lambda r: r["weights"]), Column("evaluated on", lambda r: r["data"]),
                *(c for name in calibs for c in _interval_columns(f"calibrated on {name}", lambda r, n=name: r["kld"].get(n), ".4f")),
-               *(c for name in calibs for c in _interval_columns(f"calibrated on {name} minus own domain", lambda r, n=name: r["mismatch"].get(n), "+.4f")))
+               *(c for name in calibs for c in _interval_columns(f"calibrated on {name} minus own domain", lambda r, n=name: r["mismatch"].get(n), "+.4f")),
+               *(Column(f"verdict on {name}", lambda r, n=name: _decision(r["verdicts"][n]) if n in (r.get("verdicts") or {}) else "—")
+                 for name in calibs))
     groups = {f"calibrated on {c}": [(f"{r['weights']} on {r['data']}", r["kld"].get(c)) for r in rows if c in r["kld"]] for c in calibs}
     chart = _interval_chart(cid, f"KLD by calibration text — {f.model}", "KLD vs the unquantized model", groups,
                             "Bars: 95% interval, windows resampled.", zero_line=False)
@@ -155,6 +158,8 @@ def _calibration(f: StoredFinding, cid: str):
 
 
 def _depth(f: StoredFinding, cid: str):
+    if "tables" not in f.data:
+        return _identical_depth(f, cid)
     rows = [{**row, "config": f"{t['weights']} × {t['kv']}", "unit": t["unit"]} for t in f.data["tables"] for row in t["rows"]]
     columns = (Column("config", lambda r: r["config"]),
                Column("positions", lambda r: f"{r['start']}-{r['end']}", lambda r: f"{r['start']:,}–{r['end']:,}"),
@@ -164,8 +169,24 @@ def _depth(f: StoredFinding, cid: str):
                Column("relative", lambda r: r["relative_growth"], lambda r: "—" if r["relative_growth"] is None else f"{100 * r['relative_growth']:+.1f}%"),
                Column("resampling unit", lambda r: r["unit"], shown=False))
     groups = _grouped(rows, lambda r: r["config"], lambda r: (f"{r['start']:,}–{r['end']:,}", r["penalty"]))
-    chart = _interval_chart(cid, f"KV penalty by depth — {f.model}", "penalty (KLD)", groups,
-                            f"Bars: 95% interval, {', '.join(sorted({r['unit'] for r in rows}))} resampled.", zero_line=False)
+    chart = _interval_chart(cid, f"KV penalty by position bucket (content-confounded: each bucket holds other text) — {f.model}",
+                            "penalty (KLD)", groups,
+                            f"Bars: 95% interval, {', '.join(sorted({r['unit'] for r in rows}))} resampled. Content-confounded: no "
+                            "depth verdict is drawn from these buckets; rerun `wkvlab findings depth` (identical tokens).", zero_line=False)
+    return columns, rows, (chart,)
+
+
+def _identical_depth(f: StoredFinding, cid: str):
+    rows = f.data["rows"]
+    columns = (Column("kv", lambda r: r["kv"]), Column("prefix tokens", lambda r: r["length"], lambda r: f"{r['length']:,}"),
+               *_interval_columns("penalty", lambda r: r["penalty"]),
+               *_interval_columns("minus the shortest prefix", lambda r: r["growth"]),
+               *_interval_columns("relative growth", lambda r: r["relative"]),
+               Column("verdict", lambda r: _decision(r) if r.get("decision") else "—"))
+    groups = _grouped(rows, lambda r: r["kv"], lambda r: (f"{r['length']:,}", r["penalty"]))
+    chart = _interval_chart(cid, f"KV penalty on the same tokens after longer prefixes — {f.model}", "penalty (KLD)", groups,
+                            f"The same {f.data['target']} target tokens of {f.data['documents']} documents; bars: 95% interval, "
+                            "documents resampled.", zero_line=False)
     return columns, rows, (chart,)
 
 
@@ -177,8 +198,10 @@ def _search(f: StoredFinding, cid: str):
                Column("aware", lambda r: r["aware"], lambda r: _num(r["aware"])),
                Column("unaware", lambda r: r["unaware"], lambda r: _num(r["unaware"])),
                *_interval_columns("aware − unaware", lambda r: r["aware_minus_unaware"]),
+               Column("verdict vs unaware", lambda r: _decision((r.get("verdicts") or {})["unaware"]) if "unaware" in (r.get("verdicts") or {}) else "—"),
                Column("best uniform", lambda r: r["uniform_name"]),
-               *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]))
+               *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]),
+               Column("verdict vs uniform", lambda r: _decision((r.get("verdicts") or {})["uniform"]) if "uniform" in (r.get("verdicts") or {}) else "—"))
     groups = _grouped(rows, lambda r: f"profiled on {r['profile_text']}, held out {r['heldout_text']}",
                       lambda r: (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
     chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,

@@ -40,7 +40,7 @@ class Score:
     """Mean per-token KLD, its standard error (tokens as independent, as llama.cpp) and the token count.
 
     ``per_token`` and ``windows`` (not serialized) let two scores on the same windows be compared
-    with a paired interval (:func:`paired_difference`), the rule every wkvlab interval follows.
+    with paired draws (:func:`paired_draws`), decided by the rule every wkvlab verdict follows (wkvlab.stats.decide).
     """
 
     kld: float
@@ -61,11 +61,6 @@ def paired_draws(a: Score, b: Score):
         return None
     return resample(lambda m: m["a"] - m["b"], {"a": a.per_token, "b": b.per_token}, a.windows)
 
-
-def paired_difference(a: Score, b: Score):
-    """``a − b`` in mean KLD with a paired bootstrap interval over windows (None without per-token arrays)."""
-    draws = paired_draws(a, b)
-    return None if draws is None else draws.interval()
 
 
 class Scorer:
