@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.wkvlab-installed
 
-.PHONY: install demo test test-all bench findings clean
+.PHONY: install demo test test-all docs-check bench findings clean
 
 install: $(STAMP)
 
@@ -68,6 +68,12 @@ test: install $(TEST_STAMP)
 # make test-all: both tiers, with llama.cpp built first.
 test-all: install $(TEST_STAMP) $(LLAMACPP_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+
+# Which measured numbers in README.md and docs/ are older than the code they describe: each stamp
+# (a <!-- measured: commit=... covers=... --> marker, or a prose "at commit <sha>") against git log
+# since that commit (scripts/docs_check.py; git and python3 only, a listing: exit 0).
+docs-check:
+	$(PYTHON) scripts/docs_check.py
 
 # Speed and memory goals (JSON on stdout; not timed tests): the evaluation's overhead at 512 tokens, and
 # long contexts on Gemma-3-270M (2k/8k/32k: peak memory and tokens/s, the stored reference's size and error;

@@ -98,9 +98,10 @@ CASES = [
     (["eval", "--model", "no-org/no-model", "--kv", "q4_0"], "is not in the local Hugging Face cache",
      {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": OUT + "/hub"}),
     (["explain", "--weights", "int4", "--kv", "int4,int8"], "explain takes one KV config, got 2", {}),
-    (["eval", "--weights", "int4-g1288"], "groups of 1288 are wider than default's layer input of 576", {}),
+    (["eval", "--weights", "int4-g1288"], "groups of 1288 divide none of default's layer input widths (576, 1536)", {}),
+    (["eval", "--weights", "int4-g3072"], "groups of 3072 are wider than every layer input of default (576, 1536)", {}),
     (["eval", "--weights", "gptq-int4-g100"], "groups of 100 divide none of default's layer input widths", {}),
-    (["explain", "--weights", "int4-g1288", "--kv", "int4"], "groups of 1288 are wider", {}),
+    (["explain", "--weights", "int4-g1288", "--kv", "int4"], "groups of 1288 divide none", {}),
     (["tasks", "--store", OUT + "/r.db", "--tokens", "0"], "give at least one lm-eval task", {}),  # used to import torch first: 10-20 s
     (["tasks", "--tasks", "x", "--include-path", "/no/such/dir", "--store", OUT + "/r.db"], "is not a folder of lm-eval task YAMLs", {}),
     (["tasks", "--kv", "int9", "--tasks", "x", "--store", OUT + "/r.db"], "unknown KV format 'int9'", {}),

@@ -26,7 +26,7 @@ from wkvlab.export_cli import export_command
 from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.listing import kv_help, weights_help
-from wkvlab.plan.cli import plan_command
+from wkvlab.plan.cli import optional_probe_value, plan_command
 from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, check_weight_groups, check_weights_for_model, parse_configs
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
@@ -369,7 +369,7 @@ def _usage_line(exc: click_errors.UsageError) -> str:
 def main() -> None:
     """Console entry point: user errors and usage errors become one line on stderr and exit code 2."""
     try:
-        code = app(standalone_mode=False)
+        code = app(args=optional_probe_value(sys.argv[1:]), standalone_mode=False)
     except click_errors.NoArgsIsHelpError as exc:  # 'wkvlab' alone or 'wkvlab engine' alone: the help is the answer
         print(exc.ctx.get_help() if exc.ctx is not None else str(exc))
         sys.exit(0)

@@ -166,10 +166,11 @@ def layer_input_widths(model: str) -> tuple[int, ...]:
 
 
 def check_weight_groups(specs: Iterable[WeightSpec], model: str) -> None:
-    """Integer weight groups that no layer can hold, refused with the group sizes that fit: wider
-    than a layer's input (that layer would silently fall back to one scale per row), or dividing
-    none of the widths (every row would end in a shorter group). A group that divides some widths
-    runs, with a note (weights/rtn.py: ragged_group_note), as GPTQ's reference allows."""
+    """Integer weight groups that fit no layer, refused with the group sizes that fit: wider than
+    every layer's input (no layer would be grouped: each falls back to one scale per row, so the
+    name would lie), or dividing none of the widths (every row of every layer would end in a
+    shorter group). A group that fits some layers runs, with a note for the others (weights/rtn.py:
+    ragged_group_note), as GPTQ's reference allows: int4-g128 on SmolLM2 (1536 fits, 576 does not)."""
     checked = [s for s in specs if s.format == "int" and s.group_size is not None and s.method in ("rtn", "gptq", "awq")]
     widths = layer_input_widths(model) if checked else ()
     if not widths:
@@ -177,11 +178,10 @@ def check_weight_groups(specs: Iterable[WeightSpec], model: str) -> None:
     common = math.gcd(*widths)
     fits = [g for g in range(8, common + 1, 8) if common % g == 0] or [common]
     hint = f"group sizes that divide every width: {', '.join(map(str, fits[-6:]))}"
+    listed = ", ".join(map(str, widths))
     for spec in checked:
         group = spec.group_size
-        if group > widths[0]:
-            raise ConfigError(f"--weights {spec.label}: groups of {group} are wider than {model}'s layer input of {widths[0]} "
-                              f"(input widths {', '.join(map(str, widths))}); {hint}")
+        if group > widths[-1]:
+            raise ConfigError(f"--weights {spec.label}: groups of {group} are wider than every layer input of {model} ({listed}); {hint}")
         if all(w % group for w in widths):
-            raise ConfigError(f"--weights {spec.label}: groups of {group} divide none of {model}'s layer input widths "
-                              f"({', '.join(map(str, widths))}); {hint}")
+            raise ConfigError(f"--weights {spec.label}: groups of {group} divide none of {model}'s layer input widths ({listed}); {hint}")

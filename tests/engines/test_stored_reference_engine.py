@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-pytest.importorskip("llama_cpp")
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed; make test-all installs the llamacpp extra")
 
 from wkvlab import api
 from wkvlab.engines.api import evaluate_llamacpp

@@ -48,6 +48,8 @@ def test_recovered_share_by_hand():
     nm = n.mean()
     assert best.recovered.estimate == pytest.approx((0.1 + 0.5 * nm) / (0.2 + nm))
     assert worse.recovered.estimate == pytest.approx(-0.05 / (0.2 + nm))
+    assert best.verdict.family_size == len(m.results) and best.verdict.margin.value == pytest.approx(0.1) and best.verdict.word == "recovers"
+    assert worse.verdict.word != "recovers"
     assert best.top1.estimate == pytest.approx(0.5)  # all-agreeing mitigation vs half-agreeing W+C
     assert m.excess.estimate == pytest.approx(0.2 + nm)
     assert "recovers" in m.lines()[0]

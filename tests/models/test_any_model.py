@@ -37,7 +37,7 @@ def folders(tmp_path_factory):
 def test_eval_quantizes_every_decoder_linear_and_expert(folders, name, tmp_path):
     out = tmp_path / "r.json"
     run = _cli("eval", "--model", str(folders[name]), "--data", str(folders["text"]), "--ctx", "64", "--tokens", "128",
-               "--weights", "int4-g64", "--device", "cpu", "--json", str(out))
+               "--weights", "int4-g128", "--device", "cpu", "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["quantized_fraction"] == 1.0
@@ -46,10 +46,10 @@ def test_eval_quantizes_every_decoder_linear_and_expert(folders, name, tmp_path)
 
 def test_eval_refuses_awq_on_experts_in_one_line_before_loading(folders):
     run = _cli("eval", "--model", str(folders["tiny_mixtral"]), "--data", str(folders["text"]), "--ctx", "64", "--tokens", "128",
-               "--weights", "int4-g64,awq-int4-g64", "--device", "cpu")
+               "--weights", "int4-g128,awq-int4-g128", "--device", "cpu")
     assert run.returncode == 2
     lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert lines[-1].startswith("error: awq-int4-g64: awq on the fused MoE experts of tiny_mixtral (mixtral) is not implemented")
+    assert lines[-1].startswith("error: awq-int4-g128: awq on the fused MoE experts of tiny_mixtral (mixtral) is not implemented")
     assert not any(line.startswith(("wkvlab eval:", "loading")) for line in lines)  # refused before the run started
 
 
@@ -76,8 +76,12 @@ def test_other_multimodal_layouts_find_their_language_layers(make):
 def test_llama4_experts_of_an_undeclared_layout_are_refused_not_skipped():
     model = tiny_llama4()
     assert [n for n, _ in decoder_layers(model)] == ["language_model.model.layers.0", "language_model.model.layers.1"]
-    with pytest.raises(ConfigError, match=r"feed_forward\.experts\.gate_up_proj is a fused 3-D weight of Llama4TextExperts"):
+    with pytest.raises(ConfigError, match=r"feed_forward\.experts\.gate_up_proj: a fused 3-D weight in Llama4TextExperts"):
         quantize_model_weights(model, WeightSpec.parse("int4-g128"))
+    from wkvlab.weights.support import check_config
+
+    with pytest.raises(ConfigError, match=r"int4-g128: tiny \(llama4_text\): fused experts in Llama4TextExperts, a layout"):
+        check_config([WeightSpec.parse("int4-g128")], model.config.to_dict(), "tiny")  # before loading, from config.json
 
 
 def test_multimodal_loads_and_reads_its_text_config(folders):
@@ -161,3 +165,18 @@ def test_cache_dir_is_stated_with_its_size_and_the_weight_cache_can_be_skipped(f
     other = tmp_path / "other"
     assert "quantized weights not cached (--no-weight-cache)" in header("--cache-dir", str(other), "--no-weight-cache")
     assert not (other / "quantized").exists()
+
+
+def test_multimodal_in_place_build_snapshots_only_the_language_layers_and_restores_exactly():
+    from wkvlab.weights.restore import WeightSnapshot
+
+    model = tiny_gemma3_multimodal()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    spec = WeightSpec.parse("int4-g32")
+    snapshot = WeightSnapshot(model, [spec])
+    assert snapshot.names and all(n.startswith("model.language_model.layers.") for n in snapshot.names)
+    built = quantize_model_weights(model, spec, in_place=True, originals=snapshot)
+    assert built.model is model and not built.lossless
+    snapshot.restore(model, built.hooks)
+    snapshot.close()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

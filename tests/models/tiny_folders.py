@@ -8,7 +8,7 @@ import torch
 
 VOCAB = 256
 WORDS = [f"w{i}" for i in range(VOCAB)]
-_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+_TEXT = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=32, vocab_size=VOCAB, max_position_embeddings=256)
 
 
@@ -23,7 +23,7 @@ def tiny_qwen3_moe(seed: int = 0):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
-    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**_TEXT, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**_TEXT, moe_intermediate_size=128, num_experts=4, num_experts_per_tok=2,
                                               decoder_sparse_step=1, mlp_only_layers=[])).eval()
 
 
@@ -31,7 +31,7 @@ def tiny_qwen2_moe(seed: int = 0):
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
     torch.manual_seed(seed)
-    return Qwen2MoeForCausalLM(Qwen2MoeConfig(**_TEXT, moe_intermediate_size=64, shared_expert_intermediate_size=128,
+    return Qwen2MoeForCausalLM(Qwen2MoeConfig(**_TEXT, moe_intermediate_size=128, shared_expert_intermediate_size=256,
                                               num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[])).eval()
 
 
@@ -107,3 +107,13 @@ def tiny_llama4(seed: int = 0):
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28, patch_size=14,
                   vision_output_dim=64, projector_input_dim=64, projector_output_dim=64)
     return Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision)).eval()
+
+
+def tiny_gpt_oss(seed: int = 0):
+    """gpt-oss: experts stored transposed ([experts, in, out]), gate/up interleaved, with biases and its own gate."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = GptOssConfig(**{**_TEXT, "intermediate_size": 128}, num_local_experts=4, num_experts_per_tok=2,
+                       layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    return GptOssForCausalLM(cfg).eval()

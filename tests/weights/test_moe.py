@@ -4,7 +4,7 @@ under the config's label."""
 import pytest
 import torch
 
-from tests.models.tiny_folders import VOCAB, tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe
+from tests.models.tiny_folders import VOCAB, tiny_gpt_oss, tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe
 from wkvlab.errors import ConfigError
 from wkvlab.weights import ActivationQuant, CalibrationSet, CalibrationSpec, WeightSpec, fake_quant_activation, quantize_model_weights
 from wkvlab.weights.apply import all_experts, model_weight_bytes, resolve_experts
@@ -14,7 +14,7 @@ from wkvlab.weights.rtn import quantize_weight
 from wkvlab.weights.storage import weight_storage_bytes
 from wkvlab.weights.support import check_config
 
-MOE = [tiny_mixtral, tiny_qwen3_moe, tiny_qwen2_moe]
+MOE = [tiny_mixtral, tiny_qwen3_moe, tiny_qwen2_moe, tiny_gpt_oss]  # gpt-oss: transposed, interleaved, biased experts
 
 
 def _calibration(samples=8, length=32) -> CalibrationSet:
@@ -33,12 +33,10 @@ def test_every_expert_is_quantized_as_its_own_linear(make, config):
     spec = WeightSpec.parse(config)
     built = quantize_model_weights(model, spec)
     assert built.quantized_fraction == 1.0
-    fused = _expert_tensors(model)
-    assert fused, "the tiny model has fused experts"
-    for name, original in fused.items():
-        after = built.model.get_parameter(name)
-        for e in range(original.shape[0]):  # each expert's [out, in] matrix, rounded on its own
-            assert torch.equal(after[e], quantize_weight(original[e], spec)), (name, e)
+    assert _expert_tensors(model), "the tiny model has fused experts"
+    after = dict(all_experts(built.model))
+    for name, matrix in all_experts(model):  # each expert's [out, in] matrix (transposed storage read as such), rounded on its own
+        assert torch.equal(after[name].get(), quantize_weight(matrix.get(), spec)), name
 
 
 @pytest.mark.parametrize("make", [tiny_mixtral, tiny_qwen3_moe])
@@ -48,7 +46,7 @@ def test_experts_bytes_and_fraction_count_the_experts(make):
     experts = resolve_experts(model, spec)
     assert len(experts) == len(all_experts(model)) == 2 * 2 * 4  # layers × (gate_up, down) × experts
     shape = next(iter(experts.values()))[0].shape
-    assert shape[1] == 64  # gate_up: [2·intermediate, hidden], the input last
+    assert shape[1] == 128  # gate_up: [2·intermediate, hidden], the input last
     bf16 = model_weight_bytes(model, WeightSpec.parse("bf16"))
     int4 = model_weight_bytes(model, spec)
     saved = sum(m.numel() * 2 - weight_storage_bytes(m.shape, spec) for m, _ in experts.values())
@@ -71,24 +69,23 @@ def test_skips_and_overrides_reach_the_experts():
     assert not torch.equal(built.model.get_parameter(gate_up), model.get_parameter(gate_up))
 
 
-@pytest.mark.parametrize("make", [tiny_mixtral, tiny_qwen3_moe])
+@pytest.mark.parametrize("make", [tiny_mixtral, tiny_qwen3_moe, tiny_gpt_oss])
 def test_gptq_quantizes_each_expert_on_its_routed_tokens(make):
     model = make()
     calib = _calibration()
     gptq = quantize_model_weights(model, WeightSpec.parse("gptq-int4-g32"), calib)
     rtn = quantize_model_weights(model, WeightSpec.parse("int4-g32"))
     assert gptq.quantized_fraction == 1.0
-    name = "model.layers.0.mlp.experts.gate_up_proj"
-    original, after = model.get_parameter(name), gptq.model.get_parameter(name)
-    grid = rtn.model.get_parameter(name)
-    changed = [e for e in range(original.shape[0]) if not torch.equal(after[e], original[e])]
-    assert changed == list(range(original.shape[0]))  # no expert left at 16 bits
-    # GPTQ moved weights off RTN's choice for experts that saw tokens (error feedback), and every
-    # value still lies on a 4-bit grid of 32-column groups: at most 16 levels per row and group
-    assert any(not torch.equal(after[e], grid[e]) for e in range(original.shape[0]))
-    for e in range(original.shape[0]):
-        for lo in range(0, after.shape[-1], 32):
-            assert all(len(torch.unique(row)) <= 16 for row in after[e][:, lo:lo + 32])
+    original = dict(all_experts(model))
+    after, grid = dict(all_experts(gptq.model)), dict(all_experts(rtn.model))
+    assert all(not torch.equal(after[n].get(), m.get()) for n, m in original.items())  # no expert left at 16 bits
+    # GPTQ moved weights off RTN's choice (error feedback), and every value still lies on a 4-bit
+    # grid of 32-column groups: at most 16 levels per row and group of the [out, in] matrix
+    assert any(not torch.equal(after[n].get(), grid[n].get()) for n in original)
+    for n in original:
+        w = after[n].get()
+        for lo in range(0, w.shape[-1], 32):
+            assert all(len(torch.unique(row)) <= 16 for row in w[:, lo:lo + 32])
     # the layer's output error is smaller than RTN's on calibration data (GPTQ's objective)
     ids = calib.tokens[:4]
     with torch.no_grad():
@@ -100,7 +97,7 @@ def test_gptq_quantizes_each_expert_on_its_routed_tokens(make):
 def test_expert_inputs_follow_the_routing():
     model = tiny_mixtral()
     experts = model.model.layers[0].mlp.experts
-    x = torch.randn(5, 64)
+    x = torch.randn(5, 128)
     top = torch.tensor([[0, 1], [1, 2], [0, 2], [1, 0], [2, 1]])
     seen = {e: (xe, inner) for e, xe, inner in expert_inputs(experts, x, top)}
     assert sorted(seen) == [0, 1, 2]  # expert 3 got no token
@@ -147,7 +144,7 @@ def test_unknown_fused_tensor_is_refused():
     model = tiny_mixtral()
     layer = model.model.layers[0]
     layer.mlp.register_parameter("packed", torch.nn.Parameter(torch.zeros(2, 3, 4), requires_grad=False))
-    with pytest.raises(ConfigError, match=r"model\.layers\.0\.mlp\.packed is a fused 3-D weight"):
+    with pytest.raises(ConfigError, match=r"model\.layers\.0\.mlp\.packed: a fused 3-D weight in MixtralSparseMoeBlock, a layout wkvlab does not know"):
         quantize_model_weights(model, WeightSpec.parse("int4-g128"))
     assert quantize_model_weights(model, WeightSpec.parse("none")).model is model  # KV-only runs are unaffected
 
@@ -160,7 +157,7 @@ def test_dynamic_activations_quantize_both_inputs_of_every_expert(config, kind):
     assert built.activations["model.layers.0.mlp.experts"].kind == kind
     assert built.activations["model.layers.0.mlp.experts.gated"].kind == kind
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(6, 64, generator=g)
+    x = torch.randn(6, 128, generator=g)
     index = torch.tensor([[0, 1], [1, 2], [0, 2], [3, 0], [2, 1], [3, 2]])
     weights = torch.rand(6, 2, generator=g)
     with torch.no_grad():
@@ -197,6 +194,6 @@ def test_activation_hooks_on_experts_are_removed_by_restore():
 def test_activations_on_the_eager_experts_forward_are_refused():
     model = tiny_mixtral()
     model.config._experts_implementation = "eager"
-    with pytest.raises(ConfigError, match="eager experts forward"):
+    with pytest.raises(ConfigError, match="runs the .eager. experts forward"):
         quantize_model_weights(model, WeightSpec.parse("fp8"))
     assert quantize_model_weights(model, WeightSpec.parse("fp8-wo")).quantized_fraction == 1.0

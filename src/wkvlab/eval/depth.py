@@ -74,14 +74,17 @@ class DepthTable:
                 "block": self.block, "decorrelation_lag": self.lag, "units": self.units, "rows": [r.to_dict() for r in self.rows]}
 
     def verdict(self) -> str:
+        """The buckets' difference, labelled: each bucket holds other text, so it mixes depth with
+        content (issue #24); ``wkvlab findings depth`` measures depth on identical tokens."""
         last = self.rows[-1]
         if last.growth is None:
             return "one bucket only: no depth comparison"
+        caveat = " (content-confounded: the buckets hold different text; wkvlab findings depth scores identical tokens)"
         if last.growth.low > 0:
-            return f"grows with depth: +{last.growth.estimate:.4g} from the first bucket to {last.start}-{last.end}"
+            return f"grows with depth: +{last.growth.estimate:.4g} from the first bucket to {last.start}-{last.end}{caveat}"
         if last.growth.high < 0:
-            return f"shrinks with depth: {last.growth.estimate:.4g} from the first bucket to {last.start}-{last.end}"
-        return f"no growth distinguishable from 0 at {last.start}-{last.end} ({last.growth:.4g})"
+            return f"shrinks with depth: {last.growth.estimate:.4g} from the first bucket to {last.start}-{last.end}{caveat}"
+        return f"no growth distinguishable from 0 at {last.start}-{last.end} ({last.growth:.4g}){caveat}"
 
 
 def _identity(result: EvalResult) -> bool:

@@ -36,9 +36,11 @@ def _two_lines(iv, fmt: str) -> str:
     return f"{iv.estimate:{fmt}}\n[{iv.low:{fmt}}, {iv.high:{fmt}}]"
 
 
-def _verdict_cell(v) -> str:
-    """The verdict word over its margin (the adjustment is in the table title)."""
-    return "undecided\n(stored without a rule)" if v is None else f"[bold]{v.word}[/]\nm ±{v.margin.value:.3g}"
+def _verdict_cell(v, fmt: str = ".3g") -> str:
+    """The verdict word over its margin (the adjustment is in the table title); percents for top-1."""
+    if v is None:
+        return "undecided\n(stored without a rule)"
+    return f"[bold]{v.word}[/]\nm ±{v.margin.value:{fmt if fmt.endswith('%') else '.3g'}}"
 
 
 def factorial_table(f: Factorial, ppl_ref: float) -> Table:
@@ -54,7 +56,7 @@ def factorial_table(f: Factorial, ppl_ref: float) -> Table:
         fmt = ".2%" if name == "top1" else ".4f"
         adjusted = _two_lines(e.verdict.adjusted, fmt) if e.verdict is not None else "—"
         table.add_row(METRIC_LABELS[name], *(_two_lines(getattr(e, k), fmt) for k in ("w", "c", "wc", "interaction")),
-                      adjusted, _verdict_cell(e.verdict), _two_lines(e.ratio, ".2f"))
+                      adjusted, _verdict_cell(e.verdict, fmt), _two_lines(e.ratio, ".2f"))
     return table
 
 

@@ -27,7 +27,10 @@ import torch
 from wkvlab.data import Corpus, WindowSet, load_corpus, make_windows, tokenize, tokenizer_wants_bos
 from wkvlab.errors import ConfigError, DataError
 from wkvlab.eval.result import EvalResult
-from wkvlab.stats import Interval, paired_interval
+from wkvlab.stats import Interval, paired_interval, resample
+from wkvlab.stats.decision import Effect, Margin, Verdict, decide
+
+GROWTH = ("grows with context", "shrinks with context", "flat within ±m")
 
 POSITION_EDGES = (0, 4, 64, 256, 1024, 2048, 4096, 8192)
 SINKS = 4  # positions 0..3: attention sinks, reported apart so they do not hide the growth
@@ -106,16 +109,19 @@ class ContextCurve:
     rows: tuple[BucketRow, ...]
     growth_c: Interval  # KLD(C) in the last bucket minus in the first bucket after the sinks
     growth_wc: Interval  # the same for KLD(W+C) − KLD(W)
+    verdict: Verdict | None = None  # the one rule on growth_wc (m = 10% of the first bucket's cache excess)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "data": self.data, "weights": self.weights, "kv": self.kv, "max_ctx": self.max_ctx,
                 "documents": self.documents, "rows": [r.to_dict() for r in self.rows],
-                "growth_c": self.growth_c.to_dict(), "growth_wc": self.growth_wc.to_dict()}
+                "growth_c": self.growth_c.to_dict(), "growth_wc": self.growth_wc.to_dict(),
+                "verdict": self.verdict.to_dict() if self.verdict else None}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "ContextCurve":
         return cls(d["model"], d["data"], d["weights"], d["kv"], d["max_ctx"], d["documents"],
-                   tuple(BucketRow.from_dict(r) for r in d["rows"]), Interval.from_dict(d["growth_c"]), Interval.from_dict(d["growth_wc"]))
+                   tuple(BucketRow.from_dict(r) for r in d["rows"]), Interval.from_dict(d["growth_c"]), Interval.from_dict(d["growth_wc"]),
+                   Verdict.from_dict(d["verdict"]) if d.get("verdict") else None)
 
     def lines(self) -> list[str]:
         if len(self.rows) < 2:
@@ -124,9 +130,10 @@ class ContextCurve:
         last = self.rows[-1]
         return [
             f"cache excess KLD(W+C) − KLD(W) at positions {first.start}-{first.end - 1}: {first.kv_excess.estimate:.4f}, "
-            f"at {last.start}-{last.end - 1}: {last.kv_excess.estimate:.4f} (change {self.growth_wc:.4f}"
-            f"{', grows with context' if self.growth_wc.low > 0 else ', shrinks with context' if self.growth_wc.high < 0 else ', not distinguishable from flat'}; "
-            f"{self.documents} documents of {self.max_ctx} tokens)",
+            f"at {last.start}-{last.end - 1}: {last.kv_excess.estimate:.4f}; change "
+            + (self.verdict.describe(".4f") if self.verdict is not None else f"{self.growth_wc:.4f}")
+            + f" ({self.documents} documents of {self.max_ctx} tokens; the buckets hold different text, so this mixes position "
+              "with content: wkvlab findings depth scores identical tokens)",
         ]
 
 
@@ -168,9 +175,13 @@ def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, i
     first = next((b for b in buckets if b[0] >= SINKS), buckets[0])[0]
     last = buckets[-1][0]
     kld_c = lambda s: _bucket_mean("kld_c", s)  # noqa: E731
+    growth = resample(lambda m: excess(last)(m) - excess(first)(m), arrays, units, n_resamples=n_resamples, seed=seed)
     return ContextCurve(
         model=ref.model, data=ref.data, weights=cells["wc"].weights, kv=cells["wc"].kv, max_ctx=ref.ctx,
         documents=int(np.unique(units).size), rows=tuple(rows),
         growth_c=interval(lambda m: kld_c(last)(m) - kld_c(first)(m)),
-        growth_wc=interval(lambda m: excess(last)(m) - excess(first)(m)),
+        growth_wc=growth.interval(),
+        verdict=decide([Effect("cache excess, last bucket − first", growth,
+                               Margin.relative_to(rows[[b[0] for b in buckets].index(first)].kv_excess.estimate, "the first bucket's cache excess"),
+                               int(arrays[f"n@{last}"].sum()), GROWTH)])[0],
     )

@@ -29,7 +29,8 @@ import numpy as np
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.formats import get_kv_format
 from wkvlab.kv.spec import KVSpec
-from wkvlab.stats import Interval, paired_interval
+from wkvlab.stats import Interval, paired_interval, resample
+from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, Margin, Verdict, decide
 
 SINK_TOKENS = 4
 HIGH_PRECISION_BITS = 7.0  # a K format under this many bits per value gets an 8-bit sibling
@@ -124,15 +125,18 @@ class MitigationResult:
     kld: Interval  # KLD(W + C')
     recovered: Interval  # share of KLD(W+C) − KLD(W) recovered
     top1: Interval  # agreement(W + C') − agreement(W + C)
+    verdict: Verdict | None = None  # the one rule on the recovered share (m = 10% of the excess), Holm over the mitigations
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kv": self.kv, "why": self.why, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "kld": self.kld.to_dict(), "recovered": self.recovered.to_dict(), "top1": self.top1.to_dict()}
+                "kld": self.kld.to_dict(), "recovered": self.recovered.to_dict(), "top1": self.top1.to_dict(),
+                "verdict": self.verdict.to_dict() if self.verdict else None}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "MitigationResult":
         return cls(d["name"], d["kv"], d["why"], d["kv_bytes_per_token"], Interval.from_dict(d["kld"]),
-                   Interval.from_dict(d["recovered"]), Interval.from_dict(d["top1"]))
+                   Interval.from_dict(d["recovered"]), Interval.from_dict(d["top1"]),
+                   Verdict.from_dict(d["verdict"]) if d.get("verdict") else None)
 
 
 @dataclass(frozen=True)
@@ -165,13 +169,17 @@ class Mitigations:
         if not self.excess.excludes_zero:  # a share of nothing measurable is noise divided by noise
             return [f"the cache adds no measurable excess over the quantized weights (KLD(W+C) − KLD(W) = {self.excess:.4f}): "
                     f"nothing for a KV mitigation to recover; lowest KLD {best.kld.estimate:.4f} with {best.name} ({best.kv})"]
-        verdict = "" if best.recovered.excludes_zero else " — not distinguishable from no help"
+        rule = f"; {best.verdict.describe('.0%')}" if best.verdict is not None else \
+            ("" if best.recovered.excludes_zero else " — not distinguishable from no help")
         return [f"best mitigation: {best.name} ({best.kv}) recovers {best.recovered:.0%} of the cache's excess "
-                f"{self.excess.estimate:.4f} KLD at {best.kv_bytes_per_token:,.0f} vs {self.kv_bytes_per_token:,.0f} bytes/token{verdict}"]
+                f"{self.excess.estimate:.4f} KLD at {best.kv_bytes_per_token:,.0f} vs {self.kv_bytes_per_token:,.0f} bytes/token{rule}"]
+
+
+RECOVERY = ("recovers", "adds to the excess", "no help within ±m")
 
 
 def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], chosen: Sequence[Candidate], *,
-            n_resamples: int = 2000, seed: int = 0) -> Mitigations:
+            n_resamples: int = 2000, seed: int = 0, margin: float = DEFAULT_MARGIN) -> Mitigations:
     """Mitigation results from the factorial's W and W+C cells and W+C' results on the same windows."""
     from wkvlab.explain.compare import check_same_tokens
 
@@ -185,14 +193,20 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
     def interval(statistic) -> Interval:
         return paired_interval(statistic, arrays, wc.arrays.window, n_resamples=n_resamples, seed=seed)
 
-    rows = []
+    rows, effects = [], []
     for i, (candidate, result) in enumerate(zip(chosen, mitigated)):
         m = f"m{i}"
         with np.errstate(divide="ignore", invalid="ignore"):  # no excess at all: share undefined (nan)
-            recovered = interval(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]))
+            share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.window,
+                             n_resamples=n_resamples, seed=seed)
+        # the share is already relative to the excess: m = 10% of all of it
+        effects.append(Effect(f"{candidate.name}: share recovered", share, Margin.relative_to(1.0, "the cache's excess (share)", margin),
+                              wc.tokens, RECOVERY))
         rows.append(MitigationResult(candidate.name, candidate.kv.label, candidate.why, result.kv_bytes_per_token,
-                                     kld=interval(lambda s, m=m: s[m]), recovered=recovered,
+                                     kld=interval(lambda s, m=m: s[m]), recovered=share.interval(),
                                      top1=interval(lambda s, m=m: s[f"agree_{m}"] - s["agree_wc"])))
+    verdicts = decide(effects, family=f"{len(effects)} mitigations of {wc.weights} × {wc.kv}")
+    rows = [replace(r, verdict=v) for r, v in zip(rows, verdicts)]
     # lowest KLD first: the same order as "most recovered" when the excess is positive, and still
     # meaningful when the excess is noise around zero (the share's sign then flips at random)
     rows.sort(key=lambda r: r.kld.estimate)

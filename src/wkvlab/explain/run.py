@@ -199,7 +199,7 @@ def explain(
 
             chosen = candidates(c_spec, net.config.get_text_config().num_hidden_layers, model_head_dim(net), shares)
             results = grid(work.windows, [w_spec], [c.kv for c in chosen])
-            return measure(cells, results, chosen, **boot)
+            return measure(cells, results, chosen, margin=margin, **boot)
         mitigations = timed("mitigations", run_mitigations)
 
     tick("done", 0)

@@ -22,7 +22,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _rule_note(verdicts) -> str:
+def _rule_note(verdicts, unit: str = "windows") -> str:
     """The footnote every verdict table carries: the rule, the margin, the family and its adjustment."""
     verdicts = [v for v in verdicts if v is not None]
     if not verdicts:
@@ -31,7 +31,7 @@ def _rule_note(verdicts) -> str:
     return (f"\n\nVerdicts: the one decision rule (docs/explain.md, 'The decision rule'): margin m = {100 * v.margin.relative:g}% of "
             f"{v.margin.of.split(' of ')[0]}; {v.adjustment}; an interval beyond ±m compounds (or is higher/lower), one inside ±m is "
             "additive (or equivalent) within ±m, anything else is undecided with the tokens that would decide it. Raw intervals are "
-            "95% studentized paired bootstrap over windows; adjusted ones are the same bootstrap at Holm's level.")
+            f"95% studentized paired bootstrap over {unit}; adjusted ones are the same bootstrap at Holm's level.")
 
 
 def _decision(v) -> str:
@@ -134,31 +134,65 @@ def identical_depth_markdown(data: dict) -> str:
                     "relative growth [95%]", "verdict"], body)
     return (f"{data['model']}, unquantized weights: the same {data['target']} target tokens of each of {data['documents']} documents "
             f"({data['data']}) scored after prefixes of {', '.join(f'{n:,}' for n in data['lengths'])} tokens; documents resampled "
-            f"(paired across lengths); {data['seconds']:,.0f} s.\n\n" + table + _rule_note(verdicts))
+            f"(paired across lengths); {data['seconds']:,.0f} s.\n\n" + table + _rule_note(verdicts, "documents"))
 
 
 def search_markdown(data: dict) -> str:
-    """The search finding (:meth:`wkvlab.findings.search.SearchFinding.to_dict`): plans, rank correlations, layer agreement."""
-    from wkvlab.findings.search import search_rows_from_dict
+    """The search finding (:meth:`wkvlab.findings.search.SearchFinding.to_dict`): every plan against its rivals at equal memory,
+    the Pareto curve, rank correlations, layer agreement. A finding stored before equal-memory rivals renders labelled."""
+    from wkvlab.findings.search import RIVALS, is_unequal_memory, search_rows_from_dict
 
-    body = []
+    if is_unequal_memory(data):
+        return _search_unequal_memory(data)
     rows = search_rows_from_dict(data)
+    body = []
     for r in rows:
-        said = lambda key: f" → {_decision(r.verdicts[key])}" if key in r.verdicts else ""  # noqa: E731
-        body.append([r.profile_text, f"{r.budget:,.0f} ({100 * r.share:.0f}%)", r.heldout_text, f"{r.aware:.5f}", f"{r.unaware:.5f}",
-                     _iv(r.aware_minus_unaware, "+.5f") + said("unaware"), f"{r.uniform_name} {r.uniform:.5f}",
-                     _iv(r.aware_minus_uniform, "+.5f") + said("uniform")])
-    table = _table(["profiled on", "budget B/token (of 16-bit)", "held-out text", "aware plan KLD", "unaware plan KLD",
-                    "aware − unaware [raw 95%] → verdict", "best fitting uniform", "aware − uniform [raw 95%] → verdict"], body)
+        cells = []
+        for rival in RIVALS:
+            if rival not in r.differences:
+                cells.append("no uniform at this budget" if rival == "uniform" else "—")
+                continue
+            v = r.verdicts.get(rival)
+            name = f"{r.uniform_name} " if rival == "uniform" else ""
+            cells.append(f"{name}{getattr(r, rival):.5f}; {_iv(r.differences[rival], '+.5f')}"
+                         + (f" → {_decision(v)} (m ±{v.margin.value:.3g})" if v is not None else ""))
+        spent = ", ".join(f"{k} {lo:,.0f}" + (f"–{hi:,.0f}" if hi != lo else "") for k, (lo, hi) in r.bytes.items())
+        body.append([r.profile_text, f"{r.budget:,.0f} ({100 * r.share:.0f}%)", r.heldout_text, f"{r.aware:.5f}", *cells, spent])
+    table = _table(["profiled on", "budget B/token (of 16-bit)", "held-out text", "aware plans KLD",
+                    *(f"{k} KLD; aware − {k} [raw 95%] → verdict" for k in RIVALS), "bytes/token spent"], body)
     table += _rule_note(v for r in rows for v in r.verdicts.values())
-    rho = _table(["profile text → held-out text", "Spearman (predicted vs held-out KLD)"],
+    replicates = rows[0].replicates if rows else 0
+    curves = []
+    for key, points in (data.get("curve") or {}).items():
+        front = [p["name"] for p in points if p["front"]]
+        curves.append([key, ", ".join(front)])
+    rho = _table(["profile text → held-out text", "Spearman (predicted vs held-out KLD, replicate 0)"],
                  [[k, f"{v:.3f}"] for k, v in data["rank_correlation"].items()])
-    agree = _table(["per-layer delta", "Spearman between the two profile texts"],
+    agree = _table(["per-layer delta", f"Spearman between {data.get('agreement_between') or 'the two profiles'}"],
                    [[k, f"{v:.3f}"] for k, v in data["layer_agreement"].items()])
-    return (table + "\n\nDifferences are paired by held-out window (the same windows for every plan), 95% bootstrap intervals; "
-            "'aware' allocates from a profile measured under the quantized weights, 'unaware' from one measured with 16-bit "
-            "weights (KVTuner-style), both evaluated under the quantized weights. The best fitting uniform is any uniform format at or "
-            "under the budget, so it may use less memory than the plan: not a comparison at equal memory.\n\n" + rho + "\n\n" + agree)
+    step = rows[0].step if rows else 0.0
+    return (table + f"\n\nAll rivals at equal memory: each per-layer plan (aware and unaware DP plans, the greedy allocator's "
+            f"mix on the same aware profile, random mixes) spends the budget within one layer-format step ({step:,.0f} B/token); a "
+            "uniform format is compared only where it is within the stated tolerance of the budget. KLDs are means over "
+            f"{replicates} replicated profiles, each on its own disjoint windows of the profile text (random mix r paired with "
+            "replicate r); intervals are the two-stage (profile × held-out window) studentized bootstrap. 'aware' allocates from "
+            "a profile measured under the quantized weights, 'unaware' from one with 16-bit weights (KVTuner-style profile, "
+            "wkvlab's allocator; KVTuner's own search is not implemented), all evaluated under the quantized weights.\n\n"
+            + _table(["profile text → held-out text", "on the Pareto front (memory vs held-out KLD, every budget and uniform)"], curves)
+            + "\n\n" + rho + "\n\n" + agree)
+
+
+def _search_unequal_memory(data: dict) -> str:
+    """A search finding stored before version 2, labelled: its uniform rival could spend less than the plan."""
+    body = [[r["profile_text"], f"{r['budget']:,.0f} ({100 * r['share']:.0f}%)", r["heldout_text"], f"{r['aware']:.5f}", f"{r['unaware']:.5f}",
+             _iv(Interval.from_dict(r["aware_minus_unaware"]) if r.get("aware_minus_unaware") else None, "+.5f"),
+             f"{r['uniform_name']} {r['uniform']:.5f}",
+             _iv(Interval.from_dict(r["aware_minus_uniform"]) if r.get("aware_minus_uniform") else None, "+.5f")] for r in data["rows"]]
+    return ("**Stored before plans were compared at equal memory: not a comparison at equal memory.** The 'best fitting uniform' "
+            "here is any uniform format at or under the budget (it may spend less than the plan), and each profile text had one "
+            "profile (its variation never resampled); rerun `wkvlab findings search` for the equal-memory comparison.\n\n"
+            + _table(["profiled on", "budget B/token (of 16-bit)", "held-out text", "aware plan KLD", "unaware plan KLD",
+                      "aware − unaware [raw 95%]", "best fitting uniform (at or under the budget)", "aware − uniform [raw 95%]"], body))
 
 
 def engine_markdown(data: dict) -> str:

@@ -1,19 +1,28 @@
-"""The search finding: does a weight-aware per-layer KV plan beat a weight-unaware one?
+"""The search finding: does a weight-aware per-layer KV plan beat a weight-unaware one, and the
+per-layer mixes and uniform formats that spend the same memory?
 
 The search (:mod:`wkvlab.search`) allocates per-layer K/V formats under a byte budget from a
 sensitivity profile. Weight-aware: the profile is measured with the quantized weights in place;
-weight-unaware (KVTuner-style): with 16-bit weights, then shipped under the quantized weights.
-This finding asks the question so that the answer does not hang on one text or one budget:
+weight-unaware (KVTuner-style profile, the same allocator): with 16-bit weights, then shipped under
+the quantized weights. Every comparison is made **at equal memory** (issue #24 item 6):
 
-* each profile is measured on two texts (prose and code, ``profile_texts``), so the predictor's
-  held-out rank correlation can be compared across profile texts;
-* plans are allocated for several budgets, given as shares of the 16-bit cache's bytes per token;
-* every plan, and every uniform pair, is scored on held-out windows of *both* texts — the same
-  windows for every plan, never overlapping a profile window — so each comparison is paired.
+* a Pareto curve over the grid's budgets (≥ 8 shares of the 16-bit cache's bytes per token);
+* at each budget every per-layer plan spends the budget within one layer-format step
+  (:func:`wkvlab.search.baselines.fill_to_budget`): the aware and unaware DP plans, the greedy
+  allocator's mix on the same aware profile, and random mixes;
+* a uniform format is compared only where its bytes are within ±``uniform_tolerance`` of the budget,
+  else the row says "no uniform at this budget" — never a uniform that spends less;
+* KVTuner's own search (Li et al., ICML 2025: intra-layer pruning and inter-layer clustering
+  searched multi-objectively) is not implemented in wkvlab, so it is not among the rivals;
+* the profile is replicated: ``replicates`` (≥ 5) profiles per profile text, each on its own
+  disjoint windows of the text, each giving its own plans; the held-out windows (after every
+  profile window, the same for every plan) are shared. Differences are decided from the two-stage
+  (profile × window) bootstrap (:func:`wkvlab.stats.twostage.two_stage`), so the profile's own
+  variation is in every interval; random mix *r* is paired with replicate *r*.
 
-The expensive part, the profiles, is cached on disk by content (:func:`wkvlab.search.api.cached_profile`);
-held-out scores are cached the same way (per-token KLD, keyed by model, weights, KV plan and
-windows), so an interrupted run resumes where it stopped.
+Every verdict goes through the one decision rule (:func:`wkvlab.stats.decision.decide`: margin,
+Holm over the finding's family). Profiles and held-out scores are cached on disk by content, so an
+interrupted run resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -28,7 +37,8 @@ from wkvlab.stats import Interval
 
 Tick = Callable[[str, float], None]
 
-VERSION = 1
+VERSION = 2  # 1: one profile per text, "best fitting uniform" at or under the budget (unequal memory)
+RIVALS = ("unaware", "greedy", "random", "uniform")
 
 
 @dataclass(frozen=True)
@@ -39,15 +49,21 @@ class SearchGrid:
     formats: str = "K8V8,K8V4,K4V4,K4V2"
     profile_texts: tuple = ("default", "code")
     heldout_texts: tuple = ("default", "code")
-    budgets: tuple = (0.33, 0.40, 0.47)  # shares of the 16-bit cache's bytes per token
+    # shares of the 16-bit cache's bytes per token: K4V2 … K8V8 on SmolLM2-135M are 22% / 28% / 40% / 52%
+    budgets: tuple = (0.22, 0.25, 0.28, 0.31, 0.34, 0.37, 0.40, 0.44, 0.48, 0.52)
+    replicates: int = 5  # profiles per profile text, on disjoint windows
+    uniform_tolerance: float = 0.02  # a uniform format is at a budget within ±2% of it
     ctx: int = 256
-    profile_tokens: int = 1024
+    profile_tokens: int = 1024  # per replicate
     heldout_tokens: int = 4096
 
 
 @dataclass(frozen=True)
 class PlanRow:
-    """One (profile text, budget, held-out text): the aware plan against the unaware plan and the best uniform pair."""
+    """One (profile text, budget, held-out text): the aware plans against every rival at that budget.
+
+    KLDs are means over the replicates; ``differences[k]`` is aware − rival ``k`` (two-stage interval),
+    ``bytes[k]`` the (least, most) bytes per token the rival's plans spend; ``step`` one layer-format step."""
 
     profile_text: str
     budget: float  # bytes per token
@@ -55,44 +71,60 @@ class PlanRow:
     heldout_text: str
     aware: float
     unaware: float
-    uniform_name: str
+    uniform_name: str  # "" when no uniform is at this budget
     uniform: float
-    aware_minus_unaware: Interval
-    aware_minus_uniform: Interval | None  # None when no uniform pair fits the budget
     tokens: int
-    verdicts: dict = field(default_factory=dict)  # "unaware" / "uniform" -> Verdict (the one rule, Holm over the finding)
+    replicates: int = 0
+    greedy: float = float("nan")
+    random: float = float("nan")
+    step: float = 0.0
+    bytes: dict = field(default_factory=dict)
+    differences: dict = field(default_factory=dict)  # rival -> Interval
+    verdicts: dict = field(default_factory=dict)  # rival -> Verdict (the one rule, Holm over the finding)
+
+    @property
+    def aware_minus_unaware(self) -> Interval | None:
+        return self.differences.get("unaware")
+
+    @property
+    def aware_minus_uniform(self) -> Interval | None:
+        return self.differences.get("uniform")
 
     def to_dict(self) -> dict:
-        return {**{k: getattr(self, k) for k in ("profile_text", "budget", "share", "heldout_text", "aware", "unaware", "uniform_name",
-                                                 "uniform", "tokens")},
-                "aware_minus_unaware": self.aware_minus_unaware.to_dict() if self.aware_minus_unaware else None,
-                "aware_minus_uniform": self.aware_minus_uniform.to_dict() if self.aware_minus_uniform else None,
+        plain = ("profile_text", "budget", "share", "heldout_text", "aware", "unaware", "uniform_name", "uniform", "tokens",
+                 "replicates", "greedy", "random", "step")
+        diffs = {k: v.to_dict() for k, v in self.differences.items()}
+        return {**{k: getattr(self, k) for k in plain}, "bytes": {k: list(v) for k, v in self.bytes.items()},
+                "differences": diffs, "aware_minus_unaware": diffs.get("unaware"), "aware_minus_uniform": diffs.get("uniform"),
                 "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}}
 
 
 @dataclass
 class SearchFinding:
     rows: list[PlanRow]
-    rank_correlation: dict  # "profile text -> held-out text" -> Spearman of predicted vs held-out KLD
-    layer_agreement: dict  # format -> Spearman of the two profile texts' per-layer deltas (weight-aware)
-    plans: dict  # "profile text / aware|unaware / share" -> per-layer choice labels
+    rank_correlation: dict  # "profile text -> held-out text" -> Spearman of predicted vs held-out KLD (replicate 0)
+    layer_agreement: dict  # format -> Spearman of two profiles' per-layer deltas (weight-aware)
+    plans: dict  # "profile text / replicate / kind / share" -> per-layer choice labels
     profile_seconds: dict = field(default_factory=dict)
+    curve: dict = field(default_factory=dict)  # "profile text -> held-out text" -> points (name, kind, share, bytes, kld, front)
+    agreement_between: str = ""
 
     def to_dict(self) -> dict:
-        return {"rows": [r.to_dict() for r in self.rows], "rank_correlation": self.rank_correlation,
-                "layer_agreement": self.layer_agreement, "plans": self.plans, "profile_seconds": self.profile_seconds}
+        return {"version": VERSION, "rows": [r.to_dict() for r in self.rows], "rank_correlation": self.rank_correlation,
+                "layer_agreement": self.layer_agreement, "agreement_between": self.agreement_between, "plans": self.plans,
+                "profile_seconds": self.profile_seconds, "curve": self.curve}
 
 
 def search_steps(grid: SearchGrid, n_layers: int) -> int:
-    """Progress steps: four profiles' passes (upper bound) and the held-out scores."""
+    """Progress steps: the profiles' passes (upper bound) and the held-out scores."""
     from wkvlab.search.choices import parse_choices
     from wkvlab.search.choices import single_formats
 
     choices = parse_choices(grid.formats)
     ks, vs = single_formats(choices)
     per_profile = 3 + n_layers * (len(ks) + len(vs)) + len(choices)
-    configs = len(choices) + 2 * len(grid.budgets) * len(grid.profile_texts)
-    return 2 * len(grid.profile_texts) * per_profile + configs * len(grid.heldout_texts)
+    plans = len(grid.budgets) * grid.replicates * (3 * len(grid.profile_texts) + 1)
+    return 2 * grid.replicates * len(grid.profile_texts) * per_profile + (len(choices) + plans) * len(grid.heldout_texts)
 
 
 def _cached_score(path_key: dict, score_fn):
@@ -100,7 +132,7 @@ def _cached_score(path_key: dict, score_fn):
     from wkvlab.models.loading import cache_dir
     from wkvlab.search.measure import Score
 
-    key = hashlib.sha256(json.dumps({"version": VERSION, **path_key}, sort_keys=True).encode()).hexdigest()[:24]
+    key = hashlib.sha256(json.dumps({"version": 1, **path_key}, sort_keys=True).encode()).hexdigest()[:24]  # scores did not change
     path = cache_dir() / "findings-search" / f"{key}.npz"
     if path.is_file():
         data = np.load(path)
@@ -115,9 +147,15 @@ def _cached_score(path_key: dict, score_fn):
     return score
 
 
+def window_means(score) -> np.ndarray:
+    """Mean KLD of each held-out window (window ids in sorted order)."""
+    _, inverse = np.unique(score.windows, return_inverse=True)
+    return np.bincount(inverse, weights=score.per_token) / np.bincount(inverse)
+
+
 def measure_search(model: str, grid: SearchGrid, *, progress=None, device: str = "auto", dtype: str = "auto",
                    margin: float = 0.10) -> SearchFinding:
-    """Profiles on each profile text (with and without the weights), plans per budget, held-out scores on every text.
+    """Replicated profiles on each profile text (with and without the weights), plans at each budget, held-out scores.
 
     ``progress(total, title)``: a context yielding ``tick(description, steps)`` (the findings' bars)."""
     from contextlib import ExitStack
@@ -126,52 +164,67 @@ def measure_search(model: str, grid: SearchGrid, *, progress=None, device: str =
         def open_bar(n_layers: int) -> Tick:
             if progress is None:
                 return lambda _d, _n: None
-            title = f"search: {len(grid.budgets)} budgets x {len(grid.profile_texts)} profile texts"
+            title = f"search: {len(grid.budgets)} budgets x {len(grid.profile_texts)} profile texts x {grid.replicates} replicates"
             return stack.enter_context(progress(search_steps(grid, n_layers), title))
 
         return _measure(model, grid, open_bar, device=device, dtype=dtype, margin=margin)
+
+
+def _windows(grid: SearchGrid, texts, tok, bos):
+    """Per text: ``replicates`` disjoint profile window sets, then the held-out windows after all of them."""
+    from wkvlab.data import load_corpus, make_windows, tokenize
+    from wkvlab.errors import DataError
+
+    body = grid.ctx - (1 if bos is not None else 0)
+    per_profile = max(1, grid.profile_tokens // grid.ctx)
+    corpora, profile_windows, heldout_windows, used = {}, {}, {}, {}
+    for text in texts:
+        corpus = load_corpus(text)
+        ids = tokenize(tok, corpus.text)
+        needed = (grid.replicates * per_profile + max(1, grid.heldout_tokens // grid.ctx)) * body
+        if ids.numel() < needed:
+            raise DataError(f"{corpus.name} has {ids.numel():,} tokens, too few for {grid.replicates} profiles and the held-out "
+                            f"windows of the search finding ({needed:,}); lower --tokens")
+        start, sets = 0, []
+        for _ in range(grid.replicates):
+            sets.append(make_windows(ids[start:], ctx=grid.ctx, n_tokens=grid.profile_tokens, bos_id=bos))
+            start += sets[-1].n_windows * body
+        corpora[text], profile_windows[text] = corpus, sets
+        heldout_windows[text] = make_windows(ids[start:], ctx=grid.ctx, n_tokens=grid.heldout_tokens, bos_id=bos)
+        used[text] = start + heldout_windows[text].n_windows * body
+    return corpora, profile_windows, heldout_windows, used
 
 
 def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, device: str, dtype: str,
              margin: float = 0.10) -> SearchFinding:
     import torch
 
-    from wkvlab.data import load_corpus, make_windows, tokenize, tokenizer_wants_bos
+    from wkvlab.data import tokenizer_wants_bos
     from wkvlab.errors import DataError
-    from wkvlab.kv.spec import KVSpec
-    from wkvlab.models.loading import load_model
+    from wkvlab.models.loading import load_model, resolve_device, resolve_dtype
     from wkvlab.search.allocate import allocate_exact
-    from wkvlab.search.api import cached_profile, numerics
-    from wkvlab.search.baselines import uniform_plan
+    from wkvlab.search.api import SEARCH_WORDS, cached_profile, numerics
+    from wkvlab.search.baselines import (budget_step, check_reachable, fill_to_budget, greedy_mix, random_mixes,
+                                         uniform_at_budget, uniform_plan)
     from wkvlab.search.choices import FP16, choice_bytes, choice_label, parse_choices
     from wkvlab.search.export import plan_kvspec
-    from wkvlab.search.api import SEARCH_WORDS
-    from wkvlab.search.measure import Scorer, paired_draws
-    from wkvlab.stats.decision import Effect, Margin, decide
+    from wkvlab.search.measure import Scorer
+    from wkvlab.search.pareto import Point, pareto_front
     from wkvlab.search.predict import predictor_from_profile, spearman
+    from wkvlab.stats.decision import Effect, Margin, decide
+    from wkvlab.stats.twostage import MIN_PROFILES, two_stage
     from wkvlab.weights.apply import quantize_model_weights
     from wkvlab.weights.calibration import CalibrationSpec, calibration_corpus, calibration_set
     from wkvlab.weights.spec import WeightSpec
 
-    from wkvlab.models.loading import resolve_device, resolve_dtype
-
+    if grid.replicates < MIN_PROFILES:
+        raise DataError(f"the search finding needs ≥ {MIN_PROFILES} replicated profiles per text for its two-stage interval, got {grid.replicates}")
     resolved = resolve_device(device)
     loaded = load_model(model, device=resolved, dtype=resolve_dtype(dtype, resolved))
     tok = loaded.tokenizer
     bos = tok.bos_token_id if tokenizer_wants_bos(tok) else None
-    body = grid.ctx - (1 if bos is not None else 0)
     texts = list(dict.fromkeys((*grid.profile_texts, *grid.heldout_texts)))
-    corpora, profile_windows, heldout_windows, used = {}, {}, {}, {}
-    for text in texts:
-        corpus = load_corpus(text)
-        ids = tokenize(tok, corpus.text)
-        prof = make_windows(ids, ctx=grid.ctx, n_tokens=grid.profile_tokens, bos_id=bos)
-        start = prof.n_windows * body
-        if ids.numel() < start + (grid.heldout_tokens // grid.ctx) * body:
-            raise DataError(f"{corpus.name} has {ids.numel()} tokens, too few for the search finding's windows; lower --tokens")
-        corpora[text], profile_windows[text] = corpus, prof
-        heldout_windows[text] = make_windows(ids[start:], ctx=grid.ctx, n_tokens=grid.heldout_tokens, bos_id=bos)
-        used[text] = start + heldout_windows[text].n_windows * body
+    corpora, profile_windows, heldout_windows, used = _windows(grid, texts, tok, bos)
 
     weights, choices = WeightSpec.parse(grid.weights), parse_choices(grid.formats)
     calibration = None
@@ -188,94 +241,140 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     per_choice = {c: choice_bytes(c, kv_heads=heads, head_dim=head_dim) for c in choices}
-    fp16_bytes = per_choice[FP16] * n
+    costs = [[per_choice[c] for c in choices] for _ in range(n)]
+    fp16_bytes, step = per_choice[FP16] * n, budget_step(costs)
+    plan_bytes = lambda plan: float(sum(per_choice[c] for c in plan))  # noqa: E731
+    for share in grid.budgets:
+        try:
+            check_reachable(costs, share * fp16_bytes)
+        except ValueError as exc:
+            raise DataError(f"search finding: {share:.0%} of the 16-bit cache: {exc}") from None
     tick = open_bar(n)
 
     def bars(_title, _total):
         from contextlib import nullcontext
         return nullcontext(tick)
 
-    predictors, plans, seconds, profiles = {}, {}, {}, {}
+    predictors, plans, seconds = {}, {}, {}
+    as_plan = lambda options: tuple(choices[o] for o in options)  # noqa: E731
     for text in grid.profile_texts:
         fingerprints = {"model_sha256": loaded.fingerprint, "data_sha256": corpora[text].sha256, **numerics(loaded)}
         common = dict(model_name=loaded.name, data_name=corpora[text].name, fingerprints=fingerprints, bars=bars)
-        for aware, spec in (("aware", weights), ("unaware", WeightSpec())):
-            prof, _ = cached_profile(reference, profile_windows[text], spec, choices, weight_profile=False,
-                                     calibration=calibration if aware == "aware" else None, **common)
-            profiles[(text, aware)] = prof
-            seconds[f"{text}/{aware}"] = prof.seconds
-            predictors[(text, aware)] = predictor_from_profile(prof)
-        for share in grid.budgets:
-            for aware in ("aware", "unaware"):
-                p = predictors[(text, aware)]
-                alloc = allocate_exact([[p.alpha_kv * p.layer_kv(l, c) for c in choices] for l in range(n)],
-                                       [[per_choice[c] for c in choices] for _ in range(n)], share * fp16_bytes)
-                if alloc is None:
-                    raise DataError(f"no plan fits {share:.0%} of the 16-bit cache with formats {grid.formats}; raise the budgets")
-                plans[(text, aware, share)] = tuple(choices[o] for o in alloc.options)
+        for r, windows in enumerate(profile_windows[text]):
+            for aware, spec in (("aware", weights), ("unaware", WeightSpec())):
+                prof, _ = cached_profile(reference, windows, spec, choices, weight_profile=False,
+                                         calibration=calibration if aware == "aware" else None, **common)
+                seconds[f"{text}/{r}/{aware}"] = prof.seconds
+                predictors[(text, r, aware)] = predictor_from_profile(prof)
+            for share in grid.budgets:
+                budget = share * fp16_bytes
+                values = {a: [[p.alpha_kv * p.layer_kv(l, c) for c in choices] for l in range(n)]
+                          for a, p in ((a, predictors[(text, r, a)]) for a in ("aware", "unaware"))}
+                for aware in ("aware", "unaware"):
+                    alloc = allocate_exact(values[aware], costs, budget)
+                    plans[(text, r, aware, share)] = as_plan(fill_to_budget(alloc.options, costs, budget, values[aware]))
+                plans[(text, r, "greedy", share)] = as_plan(greedy_mix(values["aware"], costs, budget))
+    for share in grid.budgets:
+        for r, options in enumerate(random_mixes(costs, share * fp16_bytes, grid.replicates, seed=round(share * 1000))):
+            plans[("", r, "random", share)] = as_plan(options)
 
     uniforms = {choice_label(c): uniform_plan(c, n) for c in choices if c != FP16}
-    configs = {**{f"uniform {k}": v for k, v in uniforms.items()},
-               **{f"{t}/{a}/{s:.2f}": plan for (t, a, s), plan in plans.items()}}
+    name_of = lambda t, r, k, s: f"{t + '/' if t else ''}{r}/{k}/{s:.2f}"  # noqa: E731
+    configs = {**{f"uniform {k}": v for k, v in uniforms.items()}, **{name_of(*key): plan for key, plan in plans.items()}}
     scores = {}
     for text in grid.heldout_texts:
         windows = heldout_windows[text]
         scorer = Scorer(reference, windows)
         digest = hashlib.sha256(windows.tokens.numpy().tobytes()).hexdigest()
+        seen = {}
         for name, plan in configs.items():
+            if plan in seen:  # the same per-layer plan twice (a DP and a greedy plan that agree): one score
+                scores[(text, name)] = scores[(text, seen[plan])]
+                continue
             spec = plan_kvspec(plan)
             key = {"model": loaded.fingerprint, **numerics(loaded), "weights": {**weights.to_dict(), "label": None},
                    "calibration": calibration.key if calibration is not None else None, "kv": spec.to_dict(), "windows": digest}
             with torch.no_grad():
                 scores[(text, name)] = _cached_score(key, lambda: scorer.score(qw.model, spec))
+            seen[plan] = name
             tick(f"held-out {text}: {name}", 1)
 
-    plan_bytes = lambda plan: sum(per_choice[c] for c in plan)  # noqa: E731
+    R = grid.replicates
     rows, effects = [], []
     for text in grid.profile_texts:
         for share in grid.budgets:
             budget = share * fp16_bytes
-            fitting = [k for k, v in uniforms.items() if plan_bytes(v) <= budget]
+            uni = uniform_at_budget(tuple(c for c in choices if c != FP16), n, budget, plan_bytes, grid.uniform_tolerance)
+            uni_name = choice_label(uni) if uni is not None else ""
+            names = {k: [name_of(text, r, k, share) for r in range(R)] for k in ("aware", "unaware", "greedy")}
+            names["random"] = [name_of("", r, "random", share) for r in range(R)]
+            spent = {k: (min(plan_bytes(configs[x]) for x in v), max(plan_bytes(configs[x]) for x in v)) for k, v in names.items()}
+            if uni is not None:
+                names["uniform"] = [f"uniform {uni_name}"] * R
+                spent["uniform"] = (plan_bytes(uniforms[uni_name]),) * 2
             for held in grid.heldout_texts:
-                a, u = scores[(held, f"{text}/aware/{share:.2f}")], scores[(held, f"{text}/unaware/{share:.2f}")]
-                best = min(fitting, key=lambda k: scores[(held, f"uniform {k}")].kld) if fitting else None
-                b = scores[(held, f"uniform {best}")] if best else None
-                versus_u, versus_b = paired_draws(a, u), paired_draws(a, b) if b else None
-                mine = {}
-                for key, draws, rival, name in (("unaware", versus_u, u, "the unaware plan"), ("uniform", versus_b, b, f"uniform {best}")):
-                    if draws is not None:
-                        mine[key] = len(effects)
-                        effects.append(Effect(f"{text}/{share:.0%}/{held}: aware − {name}", draws,
-                                              Margin.relative_to(rival.kld, f"KLD of {name}", margin), a.tokens, SEARCH_WORDS))
-                rows.append((PlanRow(text, budget, share, held, a.kld, u.kld, best or "none fits", b.kld if b else float("nan"),
-                                     versus_u.interval() if versus_u else None, versus_b.interval() if versus_b else None, a.tokens), mine))
-    verdicts = decide(effects, family="search finding: every aware − unaware and aware − uniform difference")
+                per = {k: np.stack([window_means(scores[(held, x)]) for x in v]) for k, v in names.items()}
+                kld = {k: float(np.mean([scores[(held, x)].kld for x in v])) for k, v in names.items()}
+                tokens = scores[(held, names["aware"][0])].tokens
+                diffs, mine = {}, {}
+                for rival in RIVALS:
+                    if rival not in per:
+                        continue
+                    draws = two_stage(per["aware"] - per[rival])
+                    diffs[rival] = draws.interval()
+                    label = f"uniform {uni_name}" if rival == "uniform" else f"the {rival} plans" if rival != "random" else "random mixes"
+                    mine[rival] = len(effects)
+                    effects.append(Effect(f"{text}/{share:.0%}/{held}: aware − {label}", draws,
+                                          Margin.relative_to(kld[rival], f"KLD of {label}", margin), tokens, SEARCH_WORDS))
+                rows.append((PlanRow(text, budget, share, held, kld["aware"], kld["unaware"], uni_name, kld.get("uniform", float("nan")),
+                                     tokens, R, kld["greedy"], kld["random"], step, spent, diffs), mine))
+    verdicts = decide(effects, family="search finding: every aware − rival difference at equal memory")
     rows = [replace(row, verdicts={k: verdicts[i] for k, i in mine.items()}) for row, mine in rows]
-    rho = {}
+
+    rho, curve = {}, {}
     for text in grid.profile_texts:
-        p = predictors[(text, "aware")]
+        p = predictors[(text, 0, "aware")]
         for held in grid.heldout_texts:
-            names = list(configs)
-            rho[f"{text} -> {held}"] = spearman([p.predict(configs[k]) for k in names], [scores[(held, k)].kld for k in names])
-    agreement = {}
-    if len(grid.profile_texts) >= 2:
-        first, second = (predictors[(t, "aware")] for t in grid.profile_texts[:2])
-        for side, deltas in (("K", "k_delta"), ("V", "v_delta")):
-            for fmt in getattr(first, deltas):
-                agreement[f"{side} {fmt}"] = spearman(list(getattr(first, deltas)[fmt]), list(getattr(second, deltas)[fmt]))
-    labels = {f"{t}/{a}/{s:.2f}": [choice_label(c) for c in plan] for (t, a, s), plan in plans.items()}
-    return SearchFinding(rows, rho, agreement, labels, seconds)
+            mine = [k for k in configs if not k.split("/")[0] in grid.profile_texts or k.startswith(f"{text}/")]
+            rho[f"{text} -> {held}"] = spearman([p.predict(configs[k]) for k in mine], [scores[(held, k)].kld for k in mine])
+            points = [(f"uniform {k}", "uniform", plan_bytes(v) / fp16_bytes, plan_bytes(v), scores[(held, f"uniform {k}")].kld)
+                      for k, v in uniforms.items()]
+            for share in grid.budgets:
+                for kind in ("aware", "unaware", "greedy", "random"):
+                    keys = [name_of("" if kind == "random" else text, r, kind, share) for r in range(R)]
+                    points.append((f"{kind} at {share:.0%}", kind, share, float(np.mean([plan_bytes(configs[k]) for k in keys])),
+                                   float(np.mean([scores[(held, k)].kld for k in keys]))))
+            front = {q.name for q in pareto_front([Point(name, b, v) for name, _, _, b, v in points])}
+            curve[f"{text} -> {held}"] = [{"name": name, "kind": kind, "share": s, "bytes": b, "kld": v, "front": name in front}
+                                          for name, kind, s, b, v in sorted(points, key=lambda x: (x[3], x[4]))]
+    agreement, between = {}, ""
+    pair = ([(grid.profile_texts[0], 0), (grid.profile_texts[1], 0)] if len(grid.profile_texts) >= 2
+            else [(grid.profile_texts[0], 0), (grid.profile_texts[0], 1)])
+    first, second = (predictors[(t, r, "aware")] for t, r in pair)
+    between = " and ".join(f"{t} (replicate {r})" for t, r in pair)
+    for side, deltas in (("K", "k_delta"), ("V", "v_delta")):
+        for fmt in getattr(first, deltas):
+            agreement[f"{side} {fmt}"] = spearman(list(getattr(first, deltas)[fmt]), list(getattr(second, deltas)[fmt]))
+    labels = {name_of(*key): [choice_label(c) for c in plan] for key, plan in plans.items()}
+    return SearchFinding(rows, rho, agreement, labels, seconds, curve, between)
 
 
 def search_rows_from_dict(data: dict) -> list[PlanRow]:
-    """Rows back from :meth:`SearchFinding.to_dict` (for rendering stored findings)."""
+    """Rows back from :meth:`SearchFinding.to_dict` (version 2; :func:`is_unequal_memory` tells the old ones)."""
     from wkvlab.stats.decision import Verdict
 
-    return [PlanRow(**{k: v for k, v in r.items() if k not in ("aware_minus_unaware", "aware_minus_uniform", "verdicts")},
-                    aware_minus_unaware=Interval.from_dict(r["aware_minus_unaware"]) if r["aware_minus_unaware"] else None,
-                    aware_minus_uniform=Interval.from_dict(r["aware_minus_uniform"]) if r["aware_minus_uniform"] else None,
+    plain = ("profile_text", "budget", "share", "heldout_text", "aware", "unaware", "uniform_name", "uniform", "tokens",
+             "replicates", "greedy", "random", "step")
+    return [PlanRow(**{k: (float("nan") if r[k] is None else r[k]) for k in plain if k in r},
+                    bytes={k: tuple(v) for k, v in (r.get("bytes") or {}).items()},
+                    differences={k: Interval.from_dict(v) for k, v in (r.get("differences") or {}).items()},
                     verdicts={k: Verdict.from_dict(v) for k, v in (r.get("verdicts") or {}).items()})
             for r in data["rows"]]
 
 
-__all__ = ["SearchGrid", "SearchFinding", "PlanRow", "measure_search", "search_steps"]
+def is_unequal_memory(data: dict) -> bool:
+    """A finding stored before version 2: one profile per text, a 'best fitting uniform' at or under the budget."""
+    return data.get("version", 1) < 2
+
+
+__all__ = ["SearchGrid", "SearchFinding", "PlanRow", "measure_search", "search_steps", "search_rows_from_dict", "is_unequal_memory"]

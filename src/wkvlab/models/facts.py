@@ -149,10 +149,11 @@ def _gguf_facts(path: Path) -> ModelFacts | None:
 
 
 def folder_config(spec: str) -> dict | None:
-    """The config.json of a Hugging Face folder ``spec`` (None for GGUF files, packaged names, unreadable files)."""
-    path = Path(spec).expanduser()
+    """The config.json of a Hugging Face folder ``spec`` or a hub id's cached snapshot (None for GGUF
+    files, packaged names, ids not cached, unreadable files)."""
+    path = _existing_file(spec)  # a folder, or a hub id's cached snapshot
     try:
-        config = json.loads((path / "config.json").read_text()) if path.is_dir() else None
+        config = json.loads((path / "config.json").read_text()) if path is not None and path.is_dir() else None
     except (OSError, ValueError):
         return None
     return config if isinstance(config, dict) else None

@@ -15,7 +15,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from wkvlab.cliopts import ThreadsOption
 from wkvlab.errors import ConfigError
+from wkvlab.plan.probe import DEFAULT_TOKENS
 
 
 def _ints(text: str) -> list[int]:
@@ -26,6 +28,17 @@ def _ints(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise ConfigError(f"--gpus {text!r}: counts must be at least 1")
     return values
+
+
+def optional_probe_value(argv: list[str]) -> list[str]:
+    """``plan ... --probe`` without a number means the default token count (Typer has no optional option values)."""
+    if "plan" not in argv or "--probe" not in argv:
+        return argv
+    out = list(argv)
+    i = out.index("--probe")
+    if i + 1 >= len(out) or not out[i + 1].isdigit():
+        out.insert(i + 1, str(DEFAULT_TOKENS))
+    return out
 
 
 def _model_help() -> str:
@@ -59,6 +72,14 @@ def plan_command(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the full plan as JSON here.")] = None,
     engine: Annotated[str | None, typer.Option("--engine", "-e", help="Restrict to one engine: vllm, sglang, llama.cpp, trtllm.")] = None,
     gpu_file: Annotated[Path | None, typer.Option("--gpu-file", help="YAML/JSON file adding or overriding GPUs (schema: data/gpus.yaml).")] = None,
+    probe: Annotated[int | None, typer.Option(
+        "--probe", help=f"Measure the plan's KV formats (and weight formats) on TOKENS tokens of this model first, through wkvlab eval's "
+                        f"path, and rank by that: '--probe' alone = {DEFAULT_TOKENS} tokens (about a CPU minute on the packaged models). "
+                        "Needs the weights (a packaged model, .gguf or folder).", metavar="[TOKENS]", show_default=False)] = None,
+    probe_data: Annotated[str, typer.Option("--probe-data", help="Text the probe measures on (as eval --data).")] = "default",
+    screen: Annotated[bool, typer.Option("--screen", help="Read the key projections (no forward pass) and flag layers whose outlier "
+                                         "key channels a per-token 4-bit cache cannot represent (docs/planner.md).")] = False,
+    threads: ThreadsOption = None,
 ) -> None:
     """Which weight x KV combinations fit, how fast they run, and the engine command lines."""
     from wkvlab.kv.spec import split_kv_list
@@ -75,8 +96,18 @@ def plan_command(
     k_list = [k for value in (kv or []) for k in split_kv_list(value)] or None
     measurements = load_measurements(results or [], store or [])
     versions = parse_engine_versions(engine_version)
+    prober = None
+    if probe is not None:
+        from wkvlab.cliopts import start_run
+        from wkvlab.display import err_console, progress_bar
+        from wkvlab.plan.probe import Probe
+
+        if probe < 1:
+            raise ConfigError(f"--probe {probe}: give a positive number of tokens, or --probe alone for {DEFAULT_TOKENS}")
+        start_run("plan --probe", threads, f"{model}, {probe:,} tokens")
+        prober = Probe(probe, probe_data, progress=progress_bar, say=lambda line: err_console.print(line, highlight=False, markup=False))
     plans = [plan(model, gpu, batch, context, weights=w_list, kv=k_list, engine=engine, measurements=measurements, gpu_file=gpu_file,
-                  gpus=n, tp=tp, pp=pp, split=split, model_id=model_id, versions=versions) for n in counts]
+                  gpus=n, tp=tp, pp=pp, split=split, model_id=model_id, versions=versions, probe=prober, screen=screen) for n in counts]
     width = max(shutil.get_terminal_size((160, 40)).columns, 140)
     console = Console(width=width, highlight=False, soft_wrap=True)
     if len(plans) == 1:

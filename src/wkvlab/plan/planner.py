@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from wkvlab import __version__
 from wkvlab.errors import ConfigError, WkvlabError
@@ -33,6 +33,7 @@ from wkvlab.plan.measured import Measurement, index_measurements, spec_key
 from wkvlab.plan.memory import EngineSettings, FitResult, MemoryBudget
 from wkvlab.plan.models import ModelDescription
 from wkvlab.plan.parallel import parallel_for
+from wkvlab.plan.screen import ScreenResult
 from wkvlab.plan.quality import MEASURED, TRANSFER, QualityEstimate, estimate_quality
 from wkvlab.plan.source import ModelSource, resolve_source
 from wkvlab.plan.throughput import RooflineAssumptions, ThroughputEstimate
@@ -101,6 +102,7 @@ class PlanResult(JsonMixin):
     wkvlab_version: str = __version__
     label: str = "planning estimate: exact bytes, estimated reserves/speed, measured quality where given, else priors"
     warnings: tuple[str, ...] = field(default=())
+    screen: ScreenResult | None = None  # the outlier screen of the key projections (--screen)
 
 
 def kv_display(spec: KVSpec, model: ModelDescription) -> str:
@@ -151,8 +153,14 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
          gpu_file: str | Path | None = None, settings: EngineSettings = EngineSettings(),
          assumptions: RooflineAssumptions = RooflineAssumptions(), *, gpus: int = 1, tp: int | None = None,
          pp: int | None = None, split: str | None = None, model_id: str | None = None,
-         versions: dict[str, str] | None = None) -> PlanResult:
-    """Evaluate and rank weight x KV combinations (see the module docstring for the rules)."""
+         versions: dict[str, str] | None = None, probe: Callable[..., list[Measurement]] | None = None,
+         screen: bool = False) -> PlanResult:
+    """Evaluate and rank weight x KV combinations (see the module docstring for the rules).
+
+    ``probe`` (:class:`~wkvlab.plan.probe.Probe`): called with (model, source, KV formats, weight
+    formats, context) after the rows are costed; what it measures ranks like the user's own
+    measurements, which win where both measured a configuration. ``screen``: read the key projections
+    (:mod:`~wkvlab.plan.screen`, no forward pass) and name the flagged layers in the unmeasured rows."""
     desc, source = resolve_source(model)
     device = find_gpu(gpu, load_gpu_catalog(gpu_file)) if not isinstance(gpu, GPU) else gpu
     if batch < 1 or ctx < 1:
@@ -177,6 +185,33 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     c = Context(desc, source, device, batch, ctx, layout, settings, assumptions, model_id, versions)
     engines = (eng,) if eng else ENGINES
     rows = [_evaluate(c, w, k, engines, measured) for w, k in pairs]
+    if probe is not None:
+        from wkvlab.plan.probe import candidates, weights_are_served
+
+        served = weights_are_served(source, model_id)
+        probed = probe(desc, source, *candidates(desc, pairs, rows, with_weights=served), ctx)
+        if not served:
+            other = "--model-id, another checkpoint" if model_id else f"{source.served or 'another checkpoint'}, not the file the probe ran"
+            notes.append(f"--probe measured the KV formats on the weights it loaded ({source.given}); weight formats were not "
+                         f"probed: the launch lines load {other}")
+        measured, more = index_measurements((measurements or []) + probed, desc, source.aliases)
+        notes += more
+        rows = [replace(row, quality=estimate_quality(desc, w, k, measured)) for row, (w, k) in zip(rows, pairs)]
+        if not (weights or kv):  # what the probe measured joins the grid (a KV format with the model's own weights)
+            known = {spec_key(w, k) for w, k in pairs}
+            extra = [(w, k) for w, k in measured_pairs(probed, desc, measured) if spec_key(w, k) not in known]
+            extra = list({spec_key(w, k): (w, k) for w, k in extra}.values())
+            rows += [_evaluate(c, w, k, engines, measured) for w, k in extra]
+            pairs += extra
+        notes += list(getattr(probe, "notes", []))
+    screened = None
+    if screen:
+        from wkvlab.plan.screen import screen_model
+
+        screened = screen_model(desc, source)
+        if screened.flagged:
+            words = f"; the outlier screen flags {len(screened.flagged)} of {len(screened.layers)} layers"
+            rows = [replace(r, quality=replace(r.quality, caution=r.quality.caution + words)) if r.quality.caution else r for r in rows]
     ranked = _rank(rows, device, ctx)
     recs = _recommend(ranked, eng, ctx, batch)
     notes += ["GB = 10^9 bytes, GiB = 2^30 bytes; bytes are exact, reserves and speeds are estimates",
@@ -195,7 +230,7 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
         warnings.append(f"nothing fits {desc.name} at batch {batch} x ctx {ctx} on {layout.gpus} x {device.name}; "
                         "lower batch or ctx, or use more GPUs (--gpus)")
     return PlanResult(desc, source, device, layout, batch, ctx, eng, tuple(ranked), tuple(recs), tuple(dict.fromkeys(notes)),
-                      settings, assumptions, len(measured), warnings=tuple(warnings))
+                      settings, assumptions, len(measured), warnings=tuple(warnings), screen=screened)
 
 
 def measured_pairs(measurements: list[Measurement], model: ModelDescription, measured: dict) -> list[tuple[WeightSpec, KVSpec]]:

@@ -42,6 +42,8 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
         out.print(table)
         for label in dict.fromkeys(r.quality.label for r in result.rows if r.quality.is_measured):
             console.print(f"{label}", highlight=False, markup=False)
+        if result.screen is not None:
+            console.print(result.screen.summary(), highlight=False, markup=False, soft_wrap=True)
         if any(r.quality.unsafe for r in result.rows):
             console.print(f"UNSAFE rows are never ranked or recommended: {thresholds()} (plan/guard.py)", highlight=False, markup=False)
         if any(r.quality.caution for r in result.rows):

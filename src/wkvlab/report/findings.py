@@ -199,13 +199,16 @@ def _search(f: StoredFinding, cid: str):
                Column("unaware", lambda r: r["unaware"], lambda r: _num(r["unaware"])),
                *_interval_columns("aware − unaware", lambda r: r["aware_minus_unaware"]),
                Column("verdict vs unaware", lambda r: _decision((r.get("verdicts") or {})["unaware"]) if "unaware" in (r.get("verdicts") or {}) else "—"),
-               Column("best uniform", lambda r: r["uniform_name"]),
+               Column("uniform at the budget", lambda r: r["uniform_name"] or "none at this budget"),
                *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]),
-               Column("verdict vs uniform", lambda r: _decision((r.get("verdicts") or {})["uniform"]) if "uniform" in (r.get("verdicts") or {}) else "—"))
+               Column("verdict vs uniform", lambda r: _decision((r.get("verdicts") or {})["uniform"]) if "uniform" in (r.get("verdicts") or {}) else "—"),
+               *(Column(f"verdict vs {k}", lambda r, k=k: _decision((r.get("verdicts") or {})[k]) if k in (r.get("verdicts") or {}) else "—")
+                 for k in ("greedy", "random")))
     groups = _grouped(rows, lambda r: f"profiled on {r['profile_text']}, held out {r['heldout_text']}",
                       lambda r: (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
     chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,
-                            "Below 0: the weight-aware plan is better. Bars: 95% interval, held-out windows resampled.")
+                            "Below 0: the weight-aware plan is better. Bars: 95% interval, held-out windows resampled (and, in findings "
+                            "stored with replicated profiles, the profiles too: two-stage). Every rival at the same budget.")
     return columns, rows, (chart,)
 
 

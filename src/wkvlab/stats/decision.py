@@ -57,7 +57,12 @@ class Margin:
         return cls(relative * abs(reference) if math.isfinite(reference) else float("nan"), relative, of, float(reference))
 
     def __str__(self) -> str:
-        return f"±{self.value:.3g} ({100 * self.relative:g}% of {self.of} {self.reference:.3g})"
+        return self.format()
+
+    def format(self, spec: str = ".3g") -> str:
+        """``±m (10% of KLD(C) 0.0446)``; a percent ``spec`` (top-1 shares) prints both numbers as percents."""
+        spec = spec if spec.endswith("%") else ".3g"
+        return f"±{self.value:{spec}} ({100 * self.relative:g}% of {self.of} {self.reference:{spec}})"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -154,7 +159,7 @@ class Verdict:
         """``word: estimate [adjusted] (raw 95% [..]; margin ±m (…); Holm over k tests)`` plus what would decide it."""
         raw = "no raw interval" if not self.raw.decided else f"raw {100 * self.raw.level:.0f}% [{self.raw.low:{spec}}, {self.raw.high:{spec}}]"
         need = self.need()
-        return (f"{self.word}: {self.adjusted:{spec}} adjusted ({raw}; margin {self.margin}; {self.adjustment})"
+        return (f"{self.word}: {self.adjusted:{spec}} adjusted ({raw}; margin {self.margin.format(spec)}; {self.adjustment})"
                 + (f"; {need}" if need else ""))
 
     def to_dict(self) -> dict:

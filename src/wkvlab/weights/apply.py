@@ -41,7 +41,7 @@ from wkvlab.weights.rtn import quantize_weight, ragged_group_note
 from wkvlab.weights.storage import weight_storage_bytes
 from wkvlab.weights.smoothquant import observe_model, smooth_model
 from wkvlab.weights.spec import STATIC_ACTIVATIONS, WeightSpec
-from wkvlab.weights.support import BALANCED_METHODS, expert_refusal
+from wkvlab.weights.support import BALANCED_METHODS, expert_refusal, unknown_experts_refusal
 
 # (what was just done, fraction of this build): per-layer progress of the calibrated methods.
 BuildProgress = Callable[[str, float], None]
@@ -120,17 +120,17 @@ def check_quantizable(model: torch.nn.Module, specs) -> None:
     prefix = layers_prefix(model)
     unknown = unknown_fused(model, prefix)
     if unknown:
-        raise ConfigError(f"{unknown[0]} is a fused {model.get_parameter(unknown[0]).dim()}-D weight of "
-                          f"{type(model.get_submodule(unknown[0].rpartition('.')[0])).__name__}, whose layout wkvlab does not know; "
-                          "quantizing the rest would label a partly quantized model as a whole, so this model takes only --kv configs")
+        owner = type(model.get_submodule(unknown[0].rpartition('.')[0])).__name__
+        raise ConfigError(unknown_experts_refusal(unknown[0], f"a fused {model.get_parameter(unknown[0]).dim()}-D weight in {owner}"))
     where = f"{type(model).__name__} ({getattr(text_config(model), 'model_type', '?')})"
     for spec in specs:
         for name, (matrix, sub) in resolve_experts(model, spec).items():
             reason = expert_refusal(sub, where)
             if reason is None and sub.activations != "none" and not gated_hookable(matrix.module):
-                reason = (f"{spec.label}: {name.rsplit('.', 2)[0]} runs transformers' eager experts forward, which computes the gate "
-                          "inline, so down_proj's input cannot be quantized; load it with experts_implementation='grouped_mm' "
-                          "(the default) or use a weight-only config")
+                impl = getattr(getattr(matrix.module, "config", None), "_experts_implementation", None)
+                reason = (f"{spec.label}: {name.rsplit('.', 2)[0]} runs the {impl!r} experts forward, not transformers' grouped_mm or "
+                          "batched_mm (which call _apply_gate), so down_proj's input cannot be quantized; load it with "
+                          "experts_implementation='grouped_mm' (the default) or use a weight-only config")
             if reason:
                 raise ConfigError(reason)
         if any(s.method in BALANCED_METHODS for _, (_, s) in resolve_linears(model, spec).items()):

@@ -183,4 +183,4 @@ def gated_hookable(module: torch.nn.Module) -> bool:
     """Whether the module's forward reaches down_proj's input through ``_apply_gate`` / ``act_fn``
     (transformers' batched_mm / grouped_mm experts forwards do; the eager one inlines it)."""
     config = getattr(module, "config", None)
-    return getattr(config, "_experts_implementation", "eager") not in (None, "eager")
+    return getattr(config, "_experts_implementation", None) in ("batched_mm", "grouped_mm")  # transformers integrations/moe.py

@@ -12,7 +12,6 @@ re-ties embeddings a config untied; the restored model is bit-identical to the l
 """
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,9 +19,9 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
+from wkvlab.weights.arch import layers_prefix
 from wkvlab.weights.spec import WeightSpec
 
-_DECODER = re.compile(r"(^|\.)layers\.\d+\.")
 
 
 def _quantizes_ends(specs: Iterable[WeightSpec]) -> bool:
@@ -43,7 +42,8 @@ class WeightSnapshot(Mapping[str, torch.Tensor]):
         self.tied = head is not None and head.weight is emb.weight
         state = model.state_dict(keep_vars=True)
         end_names = {n for n, t in state.items() if t is emb.weight or (head is not None and t is head.weight)}
-        self.names = [n for n in state if _DECODER.search(n) or (ends and n in end_names)]
+        prefix = layers_prefix(model)  # the language model's layers (a multimodal model's vision tower is never changed)
+        self.names = [n for n in state if n.startswith(prefix) or (ends and n in end_names)]
         self.where = where or ("host" if _on_accelerator(model) else "disk")
         self._alias: dict[str, str] = {}  # name -> the name its (shared) tensor is stored under
         first: dict[int, str] = {}

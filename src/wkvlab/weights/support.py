@@ -27,6 +27,17 @@ DYNAMIC_ACTIVATIONS = ("int8-token", "fp8-token", "mxfp4")
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
+# Text model types whose experts are fused tensors transformers does not declare (no
+# use_experts_implementation, so no layout flags): wkvlab.weights.experts cannot read them.
+UNDECLARED_EXPERTS = {"llama4_text": "Llama4TextExperts"}
+
+
+def unknown_experts_refusal(where: str, what: str) -> str:
+    """The one wording for fused expert tensors of an unknown layout (before and after loading)."""
+    return (f"{where}: {what}, a layout wkvlab does not know; quantizing the rest would label a partly quantized model "
+            "as a whole, so this model takes only --kv configs")
+
+
 def text_section(config: Mapping) -> Mapping:
     """The language model's part of a config.json (``text_config`` of a multimodal model)."""
     text = config.get("text_config")
@@ -80,9 +91,12 @@ def check_config(specs: Iterable[WeightSpec], config: Mapping, source: str) -> N
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     layers = int(text.get("num_hidden_layers") or 1)
     moe = declares_experts(config)
+    undeclared = UNDECLARED_EXPERTS.get(model_type) if moe else None
     for spec in specs:
         if spec.is_identity or spec.is_checkpoint:
             continue
+        if undeclared:
+            raise ConfigError(f"{spec.label}: " + unknown_experts_refusal(f"{source} ({model_type})", f"fused experts in {undeclared}"))
         reason = None
         if moe:  # the experts' own refusal first: it says what to use instead
             subs = {spec.for_linear(n.format(i=i), i, layers) for i in range(layers) for n in _EXPERT_NAMES} - {None}
