@@ -6,17 +6,26 @@ For each llama.cpp cache type, on the same token windows:
 * eval: ``wkvlab eval --kv llamacpp:<t>`` as a user runs it (the engine baseline is chosen
   automatically for llamacpp: presets on a GGUF), and the same with ``--baseline float`` (the
   cache alone, what the presets measured before);
-* ratio = eval / engine on mean KLD.
+* ratio = eval / engine on mean KLD (the ratio of means over identical windows), with its 95%
+  interval: windows resampled jointly for both sides, studentized bootstrap
+  (:func:`wkvlab.stats.ratio.window_ratio`; no interval below 8 windows).
+
+The caption states the command, the commit, the load average and the wall time.
 
 Usage (heavy: run under the shared lock):
-    flock /tmp/wkvlab-heavy.lock python scripts/fidelity_table.py --model default --ctx 1024 --tokens 4096 --json fidelity.json
+    heavy python scripts/fidelity_table.py --model default --ctx 512 --tokens 4096 --json fidelity.json   # 8 windows
     ... --preset llamacpp-x86 --kv q8_0,q8_0/q4_0    # the simulated side with the x86 q8_0 writer
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
+
+import numpy as np
 
 from wkvlab import api
 from wkvlab.engines.api import fidelity
@@ -24,11 +33,33 @@ from wkvlab.engines.api import fidelity
 DEFAULT_TYPES = "q8_0,q4_0,q4_1,q5_0,q8_0/q4_0"
 
 
+def _commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return head + ("+uncommitted changes" if dirty else "")
+
+
+def window_means(result, window_tokens: list[int]) -> list[float]:
+    """Mean KLD of each window of an eval result, checked to be the windows the engine scored."""
+    kld, window = result.arrays.kld, result.arrays.window
+    counts = np.bincount(window, minlength=len(window_tokens)).tolist()
+    if counts != list(window_tokens):
+        sys.exit(f"fidelity_table: {result.kv} scored {counts} tokens per window but the engine {window_tokens}: not the same windows")
+    return (np.bincount(window, weights=kld) / np.maximum(counts, 1)).tolist()
+
+
+def _ratio_cell(interval) -> str:
+    return f"**{interval.estimate:.2f}** [{interval.low:.2f}, {interval.high:.2f}]" if interval.decided else f"**{interval:.2f}**"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="default", help="packaged model name or .gguf path (the GGUF llama.cpp runs)")
     parser.add_argument("--kv", default=DEFAULT_TYPES, help="llama.cpp cache types, comma-separated")
-    parser.add_argument("--ctx", type=int, default=1024)
+    parser.add_argument("--ctx", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-float", action="store_true", help="skip the --baseline float column")
@@ -39,38 +70,47 @@ def main() -> None:
     types = [t for t in args.kv.split(",") if t]
     presets = [f"{args.preset}:{t}" for t in types]
 
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()
     report = fidelity(args.model, types, ctx=args.ctx, tokens=args.tokens, threads=args.threads)
     engine_seconds = time.perf_counter() - started
     work = api.prepare(args.model, "default", ctx=args.ctx, tokens=args.tokens)
     evals = api.evaluate_workload(work, api.parse_weights(["none"]), api.parse_kv(presets), baseline="auto")
     floats = [] if args.no_float else api.evaluate_workload(work, api.parse_weights(["none"]), api.parse_kv(presets), baseline="float")
 
-    print(f"{report.model}, {report.tokens} scored tokens ({args.tokens // args.ctx} windows of {args.ctx}), default text; "
+    wall = time.perf_counter() - started
+    n_windows = len(report.rows[0].window_tokens) if report.rows else 0
+    print(f"{report.model}, {report.tokens} scored tokens ({n_windows} windows of {args.ctx}), default text; "
           f"llama-cpp-python {report.engine.get('version')}, {args.threads} threads; "
           f"noise floor (transformers fp32 vs llama.cpp f16) {report.noise_floor['mean']:.6f} ± {report.noise_floor['se']:.6f}; "
-          f"engine baseline: {evals[0].fidelity['baseline']['activations']}\n")
-    header = "| KV | llama.cpp KLD (vs its f16) | `wkvlab eval` KLD (engine baseline) | ratio |"
+          f"engine baseline: {evals[0].fidelity['baseline']['activations']}. "
+          f"Ratio: eval / engine mean KLD with its 95% interval (windows resampled jointly, studentized bootstrap).\n"
+          f"`{' '.join(['python', 'scripts/fidelity_table.py', *sys.argv[1:]])}` at {_commit()}; "
+          f"{wall:.0f} s wall ({engine_seconds:.0f} s engine compare); load average {load[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end\n")
+    header = "| KV | llama.cpp KLD (vs its f16) | `wkvlab eval` KLD (engine baseline) | ratio [95%] |"
     if floats:
-        header += " `--baseline float` KLD | ratio |"
+        header += " `--baseline float` KLD | ratio [95%] |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     rows = []
     for i, row in enumerate(report.rows):
         engine, sim = row.engine_kld, evals[i].kld
-        line = f"| {row.kv} | {engine['mean']:.6f} ± {engine['se']:.6f} | {sim['mean']:.6f} ± {sim['se']:.6f} | **{sim['mean'] / engine['mean']:.2f}** |"
-        entry = {"kv": row.kv, "engine_kld": engine, "eval_kld": sim, "ratio": sim["mean"] / engine["mean"],
-                 "compare_sim_kld": row.sim_kld, "engine_top1": row.engine_top1, "eval_top1": evals[i].top1_agreement}
+        eval_windows = window_means(evals[i], row.window_tokens)
+        interval = row.ratio_interval(eval_windows)
+        line = f"| {row.kv} | {engine['mean']:.6f} ± {engine['se']:.6f} | {sim['mean']:.6f} ± {sim['se']:.6f} | {_ratio_cell(interval)} |"
+        entry = {"kv": row.kv, "engine_kld": engine, "eval_kld": sim, "ratio": interval.estimate, "ratio_interval": interval.to_dict(),
+                 "eval_windows": eval_windows, "compare_sim_kld": row.sim_kld, "engine_top1": row.engine_top1,
+                 "eval_top1": evals[i].top1_agreement}
         if floats:
             flt = floats[i].kld
-            line += f" {flt['mean']:.6f} ± {flt['se']:.6f} | {flt['mean'] / engine['mean']:.2f} |"
-            entry.update(float_kld=flt, float_ratio=flt["mean"] / engine["mean"])
+            float_interval = row.ratio_interval(window_means(floats[i], row.window_tokens))
+            line += f" {flt['mean']:.6f} ± {flt['se']:.6f} | {_ratio_cell(float_interval)} |"
+            entry.update(float_kld=flt, float_ratio=float_interval.estimate, float_ratio_interval=float_interval.to_dict())
         print(line)
         rows.append(entry)
-    print(f"\n{time.perf_counter() - started:.0f} s in all ({engine_seconds:.0f} s for engine compare)")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"compare": report.to_dict(), "rows": rows, "ctx": args.ctx, "tokens": args.tokens}, handle, indent=1)
+            json.dump({"compare": report.to_dict(), "rows": rows, "ctx": args.ctx, "tokens": args.tokens, "command": sys.argv,
+                       "commit": _commit(), "wall_s": wall, "load_start": load}, handle, indent=1)
 
 
 if __name__ == "__main__":

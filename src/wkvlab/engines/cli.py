@@ -189,13 +189,13 @@ def fidelity_table(report: FidelityReport) -> Table:
     table = Table(title=f"{report.model}: llama.cpp vs simulation, {report.tokens} tokens, ctx {report.ctx}, rotation {'on' if report.rotation else 'off'}; "
                         f"noise floor (transformers fp32 vs llama.cpp f16) KLD {floor['mean']:.6f} ± {floor['se']:.6f}; "
                         f"simulated: vs llamacpp:f16, {report.sim_activations}", title_justify="left")
-    for name in ("KV", "simulated preset", "engine KLD", "simulated KLD", "ratio", "engine top-1", "sim top-1"):
+    for name in ("KV", "simulated preset", "engine KLD", "simulated KLD", "ratio [95%, windows resampled]", "engine top-1", "sim top-1"):
         table.add_column(name, justify="left" if name in ("KV", "simulated preset") else "right", no_wrap=True)
     for row in report.rows:
-        ratio = row.ratio
+        ratio, interval = row.ratio, row.ratio_interval()
         style = "green" if 0.75 <= ratio <= 1.25 else "red"
         table.add_row(row.kv, f"{row.preset} ({row.sim_spec})", f"{row.engine_kld['mean']:.6f} ± {row.engine_kld['se']:.6f}",
-                      f"{row.sim_kld['mean']:.6f} ± {row.sim_kld['se']:.6f}", f"[{style}]{ratio:.2f}[/]",
+                      f"{row.sim_kld['mean']:.6f} ± {row.sim_kld['se']:.6f}", f"[{style}]{interval:.2f}[/]",
                       f"{100 * row.engine_top1:.2f}%", f"{100 * row.sim_top1:.2f}%")
     return table
 

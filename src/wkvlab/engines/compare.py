@@ -37,6 +37,8 @@ from wkvlab.eval.result import library_versions
 from wkvlab.eval.runner import Progress, check_kv_specs, forward_logits
 from wkvlab.kv.hook import kv_quantization, layer_stores
 from wkvlab.kv.spec import KVSpec
+from wkvlab.stats.bootstrap import Interval
+from wkvlab.stats.ratio import window_ratio
 
 
 @dataclass
@@ -50,6 +52,7 @@ class FidelityRow:
     sim_top1: float
     engine_windows: list = field(default_factory=list)  # mean KLD of each window: how much the ratio moves with the text
     sim_windows: list = field(default_factory=list)
+    window_tokens: list = field(default_factory=list)  # scored tokens of each window (both sides scored the same)
 
     @property
     def ratio(self) -> float:
@@ -59,8 +62,15 @@ class FidelityRow:
     def window_ratios(self) -> list[float]:
         return [s / e if e > 0 else float("nan") for s, e in zip(self.sim_windows, self.engine_windows)]
 
+    def ratio_interval(self, sim_windows: list | None = None, level: float = 0.95) -> Interval:
+        """The ratio of means with its paired window-bootstrap interval (:func:`wkvlab.stats.ratio.window_ratio`):
+        this comparison's simulated side, or ``sim_windows`` (per-window mean KLD of another run on the same windows)."""
+        return window_ratio(self.sim_windows if sim_windows is None else sim_windows, self.engine_windows,
+                            self.window_tokens or None, level=level)
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio, "window_ratios": self.window_ratios}
+        return {**asdict(self), "ratio": self.ratio, "window_ratios": self.window_ratios,
+                "ratio_interval": self.ratio_interval().to_dict()}
 
 
 @dataclass
@@ -161,7 +171,8 @@ def compare_engine(work: Workload, gguf: str, kv_types: list[str], *, rotation: 
     rows = [
         FidelityRow(kv=names[i], preset=specs[i].label, sim_spec=specs[i].canonical(), engine_kld=kld_summary(np.concatenate(eng_kld[i])),
                     sim_kld=kld_summary(np.concatenate(sim_kld[i])), engine_top1=_top1(eng_top1[i]), sim_top1=_top1(sim_top1[i]),
-                    engine_windows=[float(w.mean()) for w in eng_kld[i]], sim_windows=[float(w.mean()) for w in sim_kld[i]])
+                    engine_windows=[float(w.mean()) for w in eng_kld[i]], sim_windows=[float(w.mean()) for w in sim_kld[i]],
+                    window_tokens=[int(w.size) for w in eng_kld[i]])
         for i in range(len(kv_types))
     ]
     noise = {**kld_summary(np.concatenate(floor_kld)), "top1_agreement": _top1(floor_top1)}

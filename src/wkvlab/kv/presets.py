@@ -46,7 +46,8 @@ def engine_checks(name: str, spec: KVSpec) -> list[dict]:
     return [c for c in checks if c["preset"] == name and c["spec"] == spec.canonical() and abs(c["ratio"] - 1) <= band]
 
 
-# llama.cpp cache types the slow test re-measures on the default model (tests/engines/test_fidelity_ratios.py)
+# llama.cpp cache types with a recorded check on the default model (tests/engines/test_fidelity_ratios.py re-measures
+# those recorded with an interval)
 ENGINE_CHECKED_LLAMACPP = tuple(dict.fromkeys(
     c["preset"].split(":", 1)[1] for c in recorded_checks()[1] if c["preset"].startswith("llamacpp:") and c["model"].startswith("SmolLM2")))
 VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "

@@ -6,6 +6,7 @@ from wkvlab.lazy import lazy_exports, names
 
 _EXPORTS = {
     **names("bootstrap", "Interval", "Resampled", "paired_interval", "resample", "unit_resampling_weights"),
+    **names("ratio", "window_ratio"),
     **names("decision", "Margin", "Effect", "Verdict", "decide", "DEFAULT_MARGIN"),
 }
 __all__ = list(_EXPORTS)
