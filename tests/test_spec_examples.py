@@ -43,8 +43,7 @@ def _examples() -> dict[str, set[str]]:
                 if SKIP.search(item) or " " in item or item in (";", "+", "K/V") or item.startswith("--"):
                     continue
                 if item[0] in "+;":  # an option: on a base that takes every documented one
-                    # prefill=L is QuantizedCache's prompt length and needs its residual=R (one-line error otherwise)
-                    item = ("int4-g128" if flag == "weights" else "int4+residual=128" if item.startswith("+prefill") else "int4") + item
+                    item = ("int4-g128" if flag == "weights" else "int4") + item
                 found[flag].add(item)
     return found
 
