@@ -164,7 +164,10 @@ def explain(
         if options.runs("attention"):
             from wkvlab.explain.attention import attention_decomposition
 
-            attention = timed("attention", lambda: attention_decomposition(net, quantized.model, c_spec, diag_tokens, **common))
+            # the (none, C) cell's calibration is the reference's own
+            ref_stats = kv_stats_under(quantize_model_weights(net, WeightSpec.parse("none")), c_spec, calibration, fingerprint)
+            attention = timed("attention", lambda: attention_decomposition(net, quantized.model, c_spec, diag_tokens, reference_stats=ref_stats,
+                                                                           **common))
         if options.runs("hidden"):
             from wkvlab.explain.hidden import layer_diagnostics
 
