@@ -21,7 +21,9 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
 | exl3_<b>    | b bits per value + fp16 scale per 32: H32-rotated groups on a midpoint grid | ExLlamaV3 cache (:mod:`wkvlab.formats.exl3`) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
-| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipe blockfp4) |
+| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipes mxfp4, blockfp4) |
+| nvfp4, nvfp4_4over6 | E2M1 values (ties to even), FP8-E4M3 scale per 16, fp32 k_scale per layer (1.0); 4over6 picks max/6 or max/4 per block | vLLM ``--kv-cache-dtype nvfp4``, ``nvfp4_4over6`` (:mod:`wkvlab.formats.nvfp4_kv`) |
+| nvfp4-fp8read[-sm100] | nvfp4's store, read back through bf16 into SGLang's FP8-E4M3 workspace; -sm100: k_scale 6 | SGLang ``fp4_e2m1`` + ``--fp4-kv-cache-recipe nvfp4`` (SM120; SM100) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
 
 Per-channel formats (``-c<G>``) are the exception to "each token on its own": a group's scale
@@ -193,6 +195,17 @@ def _exl3_kernel():
     return exl3
 
 
+def _nvfp4(k_scale: float, four_over_six: bool = False, fp8_read: bool = False):
+    """The NVFP4 KV store of vLLM / SGLang (:mod:`wkvlab.formats.nvfp4_kv`) with a fixed per-layer scale."""
+
+    def quantize(x: "torch.Tensor") -> "torch.Tensor":
+        from wkvlab.formats.nvfp4_kv import fake_quant_nvfp4_kv
+
+        return fake_quant_nvfp4_kv(x, k_scale, four_over_six=four_over_six, fp8_read=fp8_read)
+
+    return quantize
+
+
 def _vllm_int4(x: "torch.Tensor") -> "torch.Tensor":
     from wkvlab.formats.vllm_int4 import fake_quant_vllm_int4
 
@@ -219,6 +232,14 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("q8_0-x86", "llama.cpp q8_0 as x86 AVX/AVX2 writes it: id = 127/max, ties to even (34 bytes per 32)",
                  lambda x: _q8_0_x86(x).to(x.dtype), lambda d: d / 32 * 34, 32),
         KVFormat("fp4_e2m1", "SGLang FP4: E2M1, UE8M0 scale per 16", _sglang_fp4, lambda d: d / 2 + d / 16, 16),
+        # NVFP4: nibbles + one E4M3 byte per 16; the fp32 k_scale/v_scale per layer is not per token
+        KVFormat("nvfp4", "vLLM nvfp4: E2M1 (ties to even), E4M3 scale per 16, k_scale 1.0", _nvfp4(1.0), lambda d: d / 2 + d / 16, 16),
+        KVFormat("nvfp4_4over6", "vLLM nvfp4_4over6: nvfp4 with max/6 or max/4 block scales, whichever reconstructs better",
+                 _nvfp4(1.0, four_over_six=True), lambda d: d / 2 + d / 16, 16),
+        KVFormat("nvfp4-fp8read", "SGLang fp4_e2m1 recipe nvfp4 (SM120, k_scale 1.0): nvfp4 read back via bf16 into FP8 E4M3",
+                 _nvfp4(1.0, fp8_read=True), lambda d: d / 2 + d / 16, 16),
+        KVFormat("nvfp4-fp8read-sm100", "SGLang fp4_e2m1 recipe nvfp4 on SM100 (k_scale x6 = 6.0), read via bf16 into FP8 E4M3",
+                 _nvfp4(6.0, fp8_read=True), lambda d: d / 2 + d / 16, 16),
     )
 }
 # "fp16" is the cache at model precision: bf16/auto name the same thing for a bf16 model (vLLM's auto)
