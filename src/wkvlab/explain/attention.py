@@ -278,6 +278,18 @@ class AttentionDecomposition:
         ]
 
 
+def pooled(parts: list["AttentionDecomposition"]) -> "AttentionDecomposition":
+    """One :class:`AttentionDecomposition` of all windows from the per-window ones (its sums add)."""
+    from dataclasses import replace
+
+    first = parts[0]
+    return replace(first, n_windows=sum(p.n_windows for p in parts), sumsq={t: sum(p.sumsq[t] for p in parts) for t in first.sumsq},
+                   pairs=sum(p.pairs for p in parts), kl_sum=sum(p.kl_sum for p in parts), kl_rows=sum(p.kl_rows for p in parts),
+                   ref_sumsq=sum(p.ref_sumsq for p in parts),
+                   kl_cell_sum={c: sum(p.kl_cell_sum[c] for p in parts) for c in first.kl_cell_sum})
+
+
+
 class _Accumulator:
     def __init__(self, layers: int, heads: int) -> None:
         self.sumsq = {t: np.zeros((layers, heads, 2)) for t in TERMS}

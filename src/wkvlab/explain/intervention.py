@@ -168,5 +168,38 @@ def window_cells(candidate: torch.nn.Module, kv: KVSpec, ids: torch.Tensor, stor
     return decomposition, kld, {cell: decomposition.kl_of(cell) for cell in ATTENTION_CELLS}
 
 
-__all__ = ["cache_logits", "cross_cache_term", "intervened_logits", "intervened_scores", "scores_attention", "sinks_kept", "token_kld",
+
+@torch.no_grad()
+def decompose_and_intervene(reference: torch.nn.Module, candidate: torch.nn.Module, kv: KVSpec, tokens: torch.Tensor, *,
+                            weights_label: str, stats=None, reference_stats=None, margin: float | None = None,
+                            n_resamples: int = 2000, seed: int | None = None, progress=None):
+    """``wkvlab explain``'s attention step: the decomposition of each window ``tokens`` ``[n, ctx]`` and the
+    interventions on it, pooled. Returns ``(AttentionDecomposition, CrossTerm)``; the cross term's five effects
+    are one Holm family. ``stats``/``reference_stats``: KV calibration under the candidate's / the reference's weights."""
+    from wkvlab.explain.attention import pooled
+    from wkvlab.explain.cells import record_pass
+    from wkvlab.explain.crossterm import CrossTermData, cross_terms
+    from wkvlab.kv.hook import layer_stores
+    from wkvlab.stats.decision import DEFAULT_MARGIN
+
+    tick = progress or (lambda _d, _n: None)
+    fp16 = KVSpec.parse("fp16")
+    stores = layer_stores(candidate, kv, stats)
+    ref_stores = layer_stores(reference, kv, reference_stats if reference_stats is not None else stats)
+    kept = sinks_kept(kv)
+    sink_stores = None if kept == kv else layer_stores(candidate, kept, stats)
+    parts, data = [], CrossTermData.empty()
+    for w in range(tokens.shape[0]):
+        ids = tokens[w : w + 1]
+        cells = (record_pass(reference, fp16, ids), record_pass(candidate, fp16, ids), record_pass(reference, kv, ids, ref_stores))
+        decomposition, kld, attention_kl = window_cells(candidate, kv, ids, stores, sink_stores, cells, weights_label=weights_label)
+        parts.append(decomposition)
+        data.add(kld, attention_kl)
+        tick("attention decomposition and interventions", 1)
+    (cross,) = cross_terms([(weights_label, kv.label, data)], family=f"{weights_label} × {kv.label}: cross-term effects",
+                           margin=DEFAULT_MARGIN if margin is None else margin, n_resamples=n_resamples, seed=seed)
+    return pooled(parts), cross
+
+
+__all__ = ["cache_logits", "cross_cache_term", "decompose_and_intervene", "intervened_logits", "intervened_scores", "scores_attention", "sinks_kept", "token_kld",
            "window_cells"]

@@ -78,17 +78,6 @@ class AttentionRow:
                    data["sink_tokens"], data["layer_cross_mass"], data["attention_kl"], cross)
 
 
-def pooled(parts: list):
-    """One :class:`AttentionDecomposition` of all windows from the per-window ones (its sums add)."""
-    from dataclasses import replace
-
-    first = parts[0]
-    return replace(first, n_windows=sum(p.n_windows for p in parts), sumsq={t: sum(p.sumsq[t] for p in parts) for t in first.sumsq},
-                   pairs=sum(p.pairs for p in parts), kl_sum=sum(p.kl_sum for p in parts), kl_rows=sum(p.kl_rows for p in parts),
-                   ref_sumsq=sum(p.ref_sumsq for p in parts),
-                   kl_cell_sum={c: sum(p.kl_cell_sum[c] for p in parts) for c in first.kl_cell_sum})
-
-
 def pooled_row(weights: str, kv: str, parts: list) -> AttentionRow:
     """Pool per-window :class:`AttentionDecomposition` results into one row with window-bootstrap intervals.
 
@@ -109,6 +98,8 @@ def pooled_row(weights: str, kv: str, parts: list) -> AttentionRow:
 
     shares = {t: paired_interval(share(t), arrays, units) for t in ("kv", "weight", "cross", "cross_weight", "cross_cache")}
     shares["interaction"] = paired_interval(lambda m: m["interaction"] / m["total"], arrays, units)
+    from wkvlab.explain.attention import pooled
+
     whole = pooled(parts)
     mass = [float(m) for m in whole.cross_mass().sum(1)]
     return AttentionRow(weights, kv, len(parts), shares, whole.sink_tokens, mass, float(whole.kl().mean()))
@@ -236,4 +227,4 @@ def _one_weight_config(built, w_spec, c_specs, chosen, spill, calibration, key, 
     return rows, [(w_spec.label, label, d) for label, d in data.items()]
 
 
-__all__ = ["AttentionRow", "measure_attention", "pooled", "pooled_row"]
+__all__ = ["AttentionRow", "measure_attention", "pooled_row"]
