@@ -348,3 +348,10 @@ def test_exl3_flash_attn_path_lets_the_current_token_see_its_own_kv_unquantized(
     torch.testing.assert_close(fa[0, 0], ref[0, 0], rtol=0, atol=1e-6)  # the first token sees only itself
     assert not torch.allclose(direct[0, 0], ref[0, 0], atol=1e-4)
     assert not torch.allclose(fa[0, 2], ref[0, 2], atol=1e-4)  # later tokens see the earlier ones quantized
+
+
+def test_per_token_head_presets_name_the_revision_they_were_re_read_at():
+    # issue #25 item 3: the per-token-head writers re-read in vLLM's newest stored copy (moved to triton_quant_kv/)
+    assert "@18829594" in describe_preset("vllm:int4_per_token_head").source
+    for name in ("vllm:int8_per_token_head", "vllm:fp8_per_token_head"):
+        assert "@f51ccb3e" in describe_preset(name).source

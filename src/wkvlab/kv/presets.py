@@ -53,7 +53,8 @@ def engine_checks(name: str, spec: KVSpec) -> list[dict]:
 ENGINE_CHECKED_LLAMACPP = tuple(dict.fromkeys(
     c["preset"].split(":", 1)[1] for c in recorded_checks()[1] if c["preset"].startswith("llamacpp:") and c["model"].startswith("SmolLM2")))
 VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "
-                   "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0)")
+                   "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0); "
+                   "re-read unchanged at @f51ccb3e vllm/v1/attention/ops/triton_quant_kv/int8_fp8_per_token_head.py")
 SGLANG_FP4_SOURCE = ("sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil; "
                      "recipes in kv_cache_quant_method.py @1c5f9e23 (MXFP4Method, blockfp4 its alias)")
 VLLM_NVFP4_SOURCE = ("vllm-project/vllm csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu @0cd789b3 reshape_and_cache_nvfp4_kernel "
@@ -135,7 +136,8 @@ def _vllm(rest: str) -> Preset:
     fmt = VLLM_DTYPES[rest]
     spec = KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}")
     if fmt == "int4_pth":
-        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@055e47c2 (re-read; write path as at @a7f284a2) vllm/v1/attention/ops/int4_per_token_head.py: single_rht, then asymmetric INT4", "source-faithful")
+        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@055e47c2 (re-read; write path as at @a7f284a2) vllm/v1/attention/ops/int4_per_token_head.py: "
+                      "single_rht, then asymmetric INT4; re-read unchanged at @18829594 vllm/v1/attention/ops/triton_quant_kv/int4_per_token_head.py", "source-faithful")
     if fmt.startswith("nvfp4"):
         return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_NVFP4_SOURCE}", "source-faithful",
                       "the store as vLLM's kernel writes it with k_scale = v_scale = 1.0 (no checkpoint scales); the attention "
