@@ -242,6 +242,11 @@ KV_FORMATS: dict[str, KVFormat] = {
                  _nvfp4(6.0, fp8_read=True), lambda d: d / 2 + d / 16, 16),
     )
 }
+# SGLang --fp4-kv-cache-recipe with --kv-cache-dtype fp4_e2m1 (sgl-project/sglang@1c5f9e23
+# kv_cache_quant_method.py KV_CACHE_QUANT_REGISTRY {nvfp4: NVFP4Method, mxfp4: MXFP4Method}; blockfp4 is the older
+# name of the MXFP4Method kernel, kvfp4_tensor.py @0dae407b BlockFP4KVQuantizeUtil): the format each recipe stores.
+# nvfp4-sm100: NVFP4Method.load_scales_from_model multiplies k_scale/v_scale by 6 on SM100.
+FP4_KV_RECIPES = {"mxfp4": "fp4_e2m1", "blockfp4": "fp4_e2m1", "nvfp4": "nvfp4-fp8read", "nvfp4-sm100": "nvfp4-fp8read-sm100"}
 # "fp16" is the cache at model precision: bf16/auto name the same thing for a bf16 model (vLLM's auto)
 _ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "bf16": "fp16", "bfloat16": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}
 
