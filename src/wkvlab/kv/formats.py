@@ -23,6 +23,12 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
 | fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipe blockfp4) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
+| hqq<b>[-g<G>] | b ∈ {1, 2, 3, 4, 8} bits, groups of G (64) values taken across the WHOLE cache (HQQ axis 0), scale + zero in the cache dtype per group, HQQ's proximal zero-point solver; re-quantized whole at every flush | transformers ``QuantizedCache(backend="hqq")`` (:mod:`wkvlab.formats.hqq`) |
+
+HQQ's formats are the other exception: transformers' ``QuantizedCache`` hands hqq the whole cache,
+whose axis-0 groups mix tokens and heads and change with the cache's length, and its early stop
+looks at the whole tensor; they need ``residual=R`` and are re-quantized whole at each flush
+(:mod:`wkvlab.kv.requant`).
 
 Per-channel formats (``-c<G>``) are the exception to "each token on its own": a group's scale
 depends on all G tokens, so a query may only see a group quantized once the group is complete.
@@ -59,6 +65,7 @@ class KVFormat:
     block: int | None = None  # values per block/group along head_dim, when the format has one
     token_group: int | None = None  # per-channel formats: tokens per group along the token axis
     calibrated: bool = False  # the quantizer is built from calibration statistics (KVQuant codebooks)
+    requantizes: bool = False  # quantizes the whole cache at once and again at every flush (HQQ's QuantizedCache)
 
     @property
     def is_identity(self) -> bool:
@@ -66,6 +73,9 @@ class KVFormat:
 
     def check_head_dim(self, head_dim: int) -> None:
         if self.block is not None and head_dim % self.block:
+            if self.requantizes:
+                raise ConfigError(f"KV format {self.name}'s group of {self.block} values must divide head_dim {head_dim} "
+                                  f"(so every cache length fills whole groups); use a group size that divides {head_dim}")
             raise ConfigError(
                 f"KV format {self.name} quantizes groups of {self.block} along head_dim, which does not divide head_dim {head_dim}; "
                 f"use a group size that divides {head_dim}"
@@ -193,6 +203,25 @@ def _exl3_kernel():
     return exl3
 
 
+HQQ_BITS = (1, 2, 3, 4, 8)  # HQQQuantizedLayer's nbits check (transformers 5.24 cache_utils.py)
+
+
+def _hqq_format(bits: int, group: int) -> KVFormat:
+    """``hqq<b>[-g<G>]``: hqq's ``Quantizer`` with axis 0 (transformers' default) on the whole cache.
+
+    Bytes per value: b bits of code (3-bit codes: 10 per int32, 3.2 bits), plus a scale and a zero in
+    the cache dtype (2 bytes each) per group of G."""
+
+    def quantize(x: "torch.Tensor") -> "torch.Tensor":
+        from wkvlab.formats.hqq import fake_quant_hqq
+
+        return fake_quant_hqq(x, bits, group, axis=0)
+
+    code_bits = 3.2 if bits == 3 else bits
+    return KVFormat(f"hqq{bits}-g{group}", f"HQQ {bits}-bit, groups of {group} across the cache (axis 0), re-quantized at each flush",
+                    quantize, lambda d: d * code_bits / 8 + 4.0 * d / group, group, requantizes=True)
+
+
 def _vllm_int4(x: "torch.Tensor") -> "torch.Tensor":
     from wkvlab.formats.vllm_int4 import fake_quant_vllm_int4
 
@@ -238,6 +267,12 @@ def get_kv_format(name: str) -> KVFormat:
     match = re.fullmatch(r"exl3_([2-8])", key)
     if match:
         return _exl3_format(int(match.group(1)))
+    match = re.fullmatch(r"hqq(\d+)(?:-g(\d+))?", key)
+    if match:
+        bits, group = int(match.group(1)), int(match.group(2) or 64)
+        if bits not in HQQ_BITS or group == 0:
+            raise ConfigError(f"KV format {name!r}: HQQ's cache takes nbits {', '.join(map(str, HQQ_BITS))} and a positive group size")
+        return _hqq_format(bits, group)
     match = re.fullmatch(r"nuq([2-4])(-c)?", key)
     if match:
         return _nuq_format(int(match.group(1)), bool(match.group(2)))
@@ -254,4 +289,4 @@ def get_kv_format(name: str) -> KVFormat:
             raise ConfigError(f"group size must be positive in KV format {name!r}")
         symmetric = match.group(3) == "sym" if match.group(3) else bits == 8
         return _affine_format(bits, group, symmetric)
-    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens) or exl3_<b> (ExLlamaV3, b = 2..8)")
+    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), hqq<b>[-g<G>] (HQQ, b = 1, 2, 3, 4, 8) or exl3_<b> (ExLlamaV3, b = 2..8)")
