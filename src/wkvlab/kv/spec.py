@@ -31,7 +31,10 @@ convention of llm-compressor (compressed-tensors ``calculate_qparams``); ``tenso
 ``scales=calculate`` (vLLM's ``--calculate-kv-scales``: amax/200 for K and Q, amax/100 for V on
 the first batch) instead of vLLM's default 1.0, ``prerope``
 (keys quantized before RoPE, RoPE re-applied after dequantization), ``outliers=<f>`` (a fraction
-of values kept in fp16, KVQuant's dense-and-sparse).
+of values kept in fp16, KVQuant's dense-and-sparse), ``recipe=<mxfp4|blockfp4|nvfp4|nvfp4-sm100>``
+(SGLang's ``--fp4-kv-cache-recipe`` for an ``fp4_e2m1`` cache: mxfp4/blockfp4 keep ``fp4_e2m1``,
+nvfp4 stores ``nvfp4-fp8read``, nvfp4-sm100 ``nvfp4-fp8read-sm100``; see
+:data:`wkvlab.kv.formats.FP4_KV_RECIPES`).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from pathlib import Path
 
 from wkvlab.errors import ConfigError
 from wkvlab.specio import reject_unknown_fields
-from wkvlab.kv.formats import KVFormat, get_kv_format
+from wkvlab.kv.formats import FP4_KV_RECIPES, KVFormat, get_kv_format
 from wkvlab.kv.tokens import TokenPolicy, side_policy
 
 # fp16: llama.cpp's Q conversion for an f16 K (vec_dot_type of f16); q8_0-x86: its x86 q8_0 writer
@@ -494,12 +497,19 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
         return replace(spec, scales=value)
     if key == "prerope" and not value:
         return replace(spec, prerope=True)
+    if key == "recipe":
+        target = FP4_KV_RECIPES.get(value.lower())
+        if target is None:
+            raise ConfigError(f"recipe={value} is not an SGLang --fp4-kv-cache-recipe; use {', '.join(FP4_KV_RECIPES)}")
+        if (spec.k, spec.v) != ("fp4_e2m1", "fp4_e2m1") or spec.layers:
+            raise ConfigError("recipe= selects SGLang's FP4 KV recipe and applies to an fp4_e2m1 cache; write sglang:fp4_e2m1+recipe=" + value)
+        return replace(spec, k=target, v=target)
     if key == "outliers":
         try:
             return replace(spec, outliers=float(value.rstrip("%")) / (100 if value.endswith("%") else 1))
         except ValueError:
             raise ConfigError(f"outliers= needs a fraction such as 0.01 or 1%, got {value!r}") from None
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0|q8_0-x86|fp16, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, prefill=L, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0|q8_0-x86|fp16, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, recipe=nvfp4|mxfp4|blockfp4, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, prefill=L, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
 
 
 def split_kv_list(text: str) -> list[str]:
