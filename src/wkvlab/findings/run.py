@@ -88,7 +88,8 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
 
         size = sized()
         windows = grids.ATTENTION_WINDOWS if tokens is None else size.tokens // size.ctx
-        rows = measure_attention(model, grids.ATTENTION_WEIGHTS, grids.ATTENTION_KV, ctx=size.ctx, windows=windows, progress=progress, **where)
+        rows = measure_attention(model, grids.ATTENTION_WEIGHTS, grids.ATTENTION_KV, ctx=size.ctx, windows=windows, progress=progress,
+                                margin=margin, **where)
         markdown, data = render.attention_markdown(rows), {"rows": [r.to_dict() for r in rows], "ctx": size.ctx}
     elif name == "calibration":
         specs = grids.calibration_sweeps(model, sized(), **where)
