@@ -33,6 +33,8 @@ CASES = [
     (["eval", "--kv", "q4_0", "--bogus"], "No such option", {}),
     (["eval", "--kv", "int9"], "unknown KV format 'int9'", {}),
     (["eval", "--kv", "q8_0/"], "bad KV pair", {}),
+    (["eval", "--kv", "sglang:fp4_e2m1+recipe=nvfp8"], "is not an SGLang --fp4-kv-cache-recipe", {}),
+    (["eval", "--kv", "int4+recipe=nvfp4"], "applies to an fp4_e2m1 cache", {}),
     (["eval", "--weights", "int4-gx"], "unknown weight config", {}),
     (["eval", "--weights", "int4;bogus"], "cannot read option", {}),
     (["eval", "--kv", "int4-g48"], "does not divide head_dim 64", {}),
