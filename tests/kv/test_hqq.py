@@ -79,11 +79,14 @@ def test_flush_chain_requantizes_the_dequantized_cache():
 
     raw = torch.arange(18.0).reshape(1, 1, 18, 1)
     chain = FlushChain(spy, TokenPolicy(residual=4, prefill=5))
-    chain.extend(raw, 12)
+    assert torch.equal(chain.seen_by(4, raw), raw) and not calls  # the prompt attends unquantized
+    assert chain.seen_by(12, raw).flatten().tolist() == [2000.0, 2001, 2002, 2003, 2004, 1005, 1006, 1007, 1008, *range(9, 18)]
     assert [c.shape[-2] for c in calls] == [5, 9]
     assert torch.equal(calls[1].flatten(), torch.tensor([1000.0, 1001, 1002, 1003, 1004, 5, 6, 7, 8]))
-    assert torch.equal(chain.seen_by(4, raw), raw)  # the prompt attends unquantized
-    assert chain.seen_by(12, raw).flatten().tolist() == [2000.0, 2001, 2002, 2003, 2004, 1005, 1006, 1007, 1008, *range(9, 18)]
+    chain.seen_by(12, raw)  # the same flush again: nothing re-quantized
+    assert len(calls) == 2
+    with pytest.raises(ValueError):
+        chain.seen_by(7, raw)
 
 
 @pytest.mark.parametrize("text", ["hf-hqq:int4+residual=4+prefill=5", "hf-hqq:int3+residual=4", "hqq2-g32/int4+residual=6"])
