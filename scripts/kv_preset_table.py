@@ -27,7 +27,7 @@ SPECS = [
     "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head", "vllm:fp8_e4m3+scales=calculate", "vllm-fa3:fp8_e4m3",
     "sglang:fp4_e2m1", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100", "vllm:nvfp4", "vllm:nvfp4_4over6",
     "kivi4", "kivi2", "kvquant:4", "kvquant:4-1%", "kvquant:3", "kvquant:3-1%", "kvquant:2-1%",
-    "qserve:kv4", "hf-quanto:int4", "hf-quanto:int2",
+    "qserve:kv4", "hf-quanto:int4", "hf-quanto:int2", "hf-hqq:int8", "hf-hqq:int4", "hf-hqq:int2",
     "int4+rot", "int4+sinks=4", "int4+sinks=auto", "int4+residual=128", "int4+window=128", "int4+pastonly", "int4+skip=0,29",
 ]
 
