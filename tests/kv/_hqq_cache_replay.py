@@ -14,14 +14,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, QuantizedCache
 from wkvlab.formats.hqq import fake_quant_hqq
 from wkvlab.kv import KVSpec
 from wkvlab.kv.hook import kv_quantization
-from wkvlab.kv.requant import FlushChain, flush_points
+from wkvlab.kv.requant import FlushChain
 
 
-def _from_scratch(self, raw, upto):
-    """FlushChain.extend without the chain: each flush quantizes the full-precision keys anew."""
-    for point in flush_points(self.policy, upto + 1)[len(self.points):]:
-        self.states.append(self.quantize(raw[..., :point, :]).to(raw.dtype))
-        self.points.append(point)
+def _from_scratch(self, raw, point):
+    """FlushChain._advance without the chain: each flush quantizes the full-precision keys anew."""
+    self.state, self.point = self.quantize(raw[..., :point, :]).to(raw.dtype), point
 
 
 def kernel_worst() -> float:
@@ -62,12 +60,12 @@ def main(nbits: int, prompt: int, residual: int, steps: int) -> None:
         # quantize-once: each token quantized once, at the flush that first covers it (no re-quantization), as hf-quanto:* treat quanto
         with kv_quantization(model, KVSpec.parse(f"int{nbits}-g64-asym+residual={residual}+prefill={prompt}")):
             per_token = model(ids).logits[0]
-        chained, FlushChain.extend = FlushChain.extend, _from_scratch
+        chained, FlushChain._advance = FlushChain._advance, _from_scratch
         try:
             with kv_quantization(model, spec):
                 scratch = model(ids).logits[0]
         finally:
-            FlushChain.extend = chained
+            FlushChain._advance = chained
     diff = lambda a, b: float((a - b).abs().max())  # noqa: E731
     print(json.dumps({"sim": diff(sim, engine), "per_token_groups": diff(per_token, engine), "no_chain": diff(scratch, engine), "quantized_effect": diff(ref, engine),
                       "prompt_vs_ref": diff(engine[:prompt], ref[:prompt]), "kernel": kernel_worst()}))

@@ -39,28 +39,38 @@ def flush_points(policy: TokenPolicy, n_tokens: int) -> list[int]:
 
 
 class FlushChain:
-    """One side's chain ``D_m`` of one sequence batch, extended as the keys arrive (kept across chunks)."""
+    """One side's chain ``D_m`` for one window, advanced as queries move forward (kept across chunks).
+
+    Only the last flush's version is held: queries arrive in order (one teacher-forced pass, or the
+    chunks of one window), so a window's memory is one cache copy per side, not one per flush.
+    """
 
     def __init__(self, quantize: Callable[[torch.Tensor], torch.Tensor], policy: TokenPolicy) -> None:
         self.quantize, self.policy = quantize, policy
-        self.points: list[int] = []
-        self.states: list[torch.Tensor] = []
+        self.point = 0  # where the last flush ended (0: none yet)
+        self.flushes = 0
+        self.state: torch.Tensor | None = None  # D_m, the dequantized cache below ``point``
 
-    def extend(self, raw: torch.Tensor, upto: int) -> None:
-        """Compute every flush at or before position ``upto`` (``raw`` holds at least those tokens)."""
-        for point in flush_points(self.policy, upto + 1)[len(self.points):]:
-            lo = self.points[-1] if self.points else 0
-            previous = self.states[-1] if self.states else raw[..., :0, :]
-            self.states.append(self.quantize(torch.cat([previous, raw[..., lo:point, :]], dim=-2)).to(raw.dtype))
-            self.points.append(point)
+    def _advance(self, raw: torch.Tensor, point: int) -> None:
+        """One flush at ``point``: the stored (dequantized) cache and the tokens since, quantized whole."""
+        previous = self.state if self.state is not None else raw[..., :0, :]
+        self.state = self.quantize(torch.cat([previous, raw[..., self.point:point, :]], dim=-2)).to(raw.dtype)
+        self.point = point
 
     def seen_by(self, position: int, raw: torch.Tensor) -> torch.Tensor:
-        """What query ``position`` sees: the last flush's dequantized keys, then ``raw`` from there on."""
-        index = sum(1 for p in self.points if p <= position) - 1
-        if index < 0:
+        """What query ``position`` sees: the last flush at or before it (dequantized), then ``raw`` from there on.
+
+        ``raw``: the side's keys (values) at model precision from position 0, at least up to ``position``.
+        """
+        points = flush_points(self.policy, position + 1)
+        if len(points) < self.flushes:
+            raise ValueError(f"query {position} comes before the flush at {self.point}: a chain only moves forward")
+        for point in points[self.flushes:]:
+            self._advance(raw, point)
+            self.flushes += 1
+        if self.state is None:
             return raw
-        point = self.points[index]
-        return torch.cat([self.states[index], raw[..., point:, :]], dim=-2)
+        return torch.cat([self.state, raw[..., self.point:, :]], dim=-2)
 
 
 def flush_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, stored_k: torch.Tensor, stored_v: torch.Tensor,
@@ -74,10 +84,7 @@ def flush_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """
     n_queries = query.shape[2]
     last = query_offset + n_queries - 1
-    for chain, raw in zip(chains, (key, value)):
-        if chain is not None:
-            chain.extend(raw, last)
-    cuts = sorted({p for chain in chains if chain is not None for p in chain.points if query_offset < p <= last})
+    cuts = sorted({p for chain in chains if chain is not None for p in flush_points(chain.policy, last + 1) if p > query_offset})
     bounds = [query_offset, *cuts, last + 1]
     outputs = []
     for start, stop in zip(bounds, bounds[1:]):
