@@ -126,3 +126,23 @@ def test_spec_rules():
     with pytest.raises(ConfigError, match="full-attention"):
         layer_stores(tiny_gemma3(), spec)  # QuantizedCache refuses models with sliding layers
     layer_stores(tiny_gemma3(), KVSpec.parse("hf-hqq:int4+skip=sliding_window"))
+
+
+def test_sliding_models_refused_before_loading(tmp_path):
+    import json
+
+    from wkvlab.models.facts import ModelFacts, model_facts
+    from wkvlab.preflight import check_kv_for_model
+
+    spec = KVSpec.parse("hf-hqq:int4")
+    with pytest.raises(ConfigError, match="full-attention"):
+        check_kv_for_model([spec], ModelFacts(18, 1, 256, 32768, sliding=True))
+    check_kv_for_model([KVSpec.parse("hf-hqq:int4+skip=sliding_window"), KVSpec.parse("int4")], ModelFacts(18, 1, 256, 32768, sliding=True))
+    check_kv_for_model([spec], ModelFacts(30, 3, 64, 8192))
+    base = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 128, "max_position_embeddings": 256}
+    for extra, sliding in (({"layer_types": ["sliding_attention", "full_attention"]}, True), ({"layer_types": ["full_attention"] * 2}, False),
+                           ({"sliding_window": 4096}, True), ({"sliding_window": 4096, "use_sliding_window": False}, False), ({}, False)):
+        folder = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**base, **extra}))
+        assert model_facts(str(folder)).sliding is sliding, extra
