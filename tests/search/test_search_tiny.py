@@ -116,7 +116,7 @@ def test_joint_search_keeps_weight_layers_when_memory_is_plentiful(setup):
     assert {r.kind for r in result.rows} == {"plan", "reference"} and "16-bit cache" in result.verdict  # no KV mix spends 10^6 B
 
 
-def test_curve_decides_every_rival_in_one_family():
+def test_curve_decides_every_rival_in_one_family(monkeypatch):
     model = tiny_llama(num_hidden_layers=3)
     g = torch.Generator().manual_seed(1)
     prof = WindowSet(torch.randint(0, 128, (1, 24), generator=g), 0, False)
@@ -136,3 +136,12 @@ def test_curve_decides_every_rival_in_one_family():
         for c in p.comparisons:
             assert (abs(c.gap[0]) <= 0.02 * p.budget) if c.rival == "uniform" else (0 <= c.gap[0] and c.gap[1] < step)
     assert "comparisons" in result.verdict and "Holm over" in result.verdict
+    from wkvlab.display import console
+    from wkvlab.search.cli import print_search
+
+    monkeypatch.setattr(console, "width", 400)  # one line per row
+    with console.capture() as out:
+        print_search(result)
+    text = out.get()
+    assert "3 budgets 200, 240, 320 B/token" in text and "mean of 2 random mixes" in text and "no uniform format within ±2%" in text
+    assert text.count("KVTuner rule, approx.") == 3 and "uniform fp16 (cache untouched)" in text

@@ -216,7 +216,8 @@ def _span(pair, spec: str) -> str:
 
 def print_search(result: SearchResult) -> None:
     b = result.budget
-    budgets = (f"budget {b['bytes_per_token']:,.1f} B/token ({b['source']})" if not result.is_curve
+    given = b["source"].endswith("(given)")
+    budgets = (f"budget {b['bytes_per_token']:,.0f} B/token" + ("" if given else f" ({b['source']})") if not result.is_curve
                else f"{len(b['budgets'])} budgets {', '.join(f'{x:,.0f}' for x in b['budgets'])} B/token")
     console.print(f"[bold]search[/] {result.model} on {result.data}, weights {result.weights}: {budgets}; profile {result.profile['tokens']} tokens"
                   f"{' (cached)' if result.profile['cached'] else ''}, held-out {result.heldout_tokens} tokens; every rival spends the budget "
