@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +164,32 @@ def test_the_old_per_step_average_was_many_times_off_on_a_gptq_grid():
     assert old > 5 * truth
     worst, _ = _worst_eta_error(events, {label: CLASSES[label] for label, _, _ in METHODS["builds"]})
     assert worst <= 2.0
+
+
+def _specs(grid):
+    from types import SimpleNamespace
+
+    weights = [SimpleNamespace(label=label, needs_calibration=CLASSES[label] == "calibrated") for label, _, _ in grid["builds"]]
+    return weights, [SimpleNamespace(needs_calibration=False)]
+
+
+@pytest.mark.parametrize("one_model", [False, True])
+def test_a_run_of_several_grids_counts_every_build_of_every_grid(one_model):
+    """A sweep over two models (or explain's factorial, then its context grid) builds the same labels once per
+    grid: the ETA counts each build (display.grids_classes), so it stays within 2x; counted once, it was not."""
+    from wkvlab.display import grids_classes
+
+    events = _grid_events(**METHODS, one_model=one_model) * 2
+    pairs, calibrations = grids_classes([_specs(METHODS), _specs(METHODS)])
+    assert calibrations == 0 and len(pairs) == 2 * len(METHODS["builds"])
+    worst, _ = _worst_eta_error(events, pairs)
+    assert worst <= 2.0, worst
+    once, _ = _worst_eta_error(events, dict(pairs))  # each label counted once: the second grid's builds not foreseen
+    assert once > 2.0, once
+
+
+def test_every_long_running_command_passes_its_grids_to_the_eta():
+    """eval/demo (cli.py), sweep, findings' sweeps and explain hand their grids to progress_bar."""
+    root = Path(__file__).parents[1] / "src" / "wkvlab"
+    for path in ["cli.py", "sweep/cli.py", "findings/run.py", "explain/cli.py"]:
+        assert "grid=" in (root / path).read_text(), path

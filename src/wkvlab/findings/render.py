@@ -198,13 +198,15 @@ def search_markdown(data: dict) -> str:
     agree = _table(["per-layer delta", f"Spearman between {data.get('agreement_between') or 'the two profiles'}"],
                    [[k, f"{v:.3f}"] for k, v in data["layer_agreement"].items()])
     step = rows[0].step if rows else 0.0
-    return (table + f"\n\nAll rivals at equal memory: each per-layer plan (aware and unaware DP plans, the greedy allocator's "
-            f"mix on the same aware profile, random mixes) spends the budget within one layer-format step ({step:,.0f} B/token); a "
+    return (table + f"\n\nAll rivals at equal memory: each per-layer plan (aware and unaware DP plans, KVTuner's rule approximated "
+            f"on the unaware profile, the greedy allocator's mix on the same aware profile, random mixes) spends the budget within one layer-format step ({step:,.0f} B/token); a "
             "uniform format is compared only where it is within the stated tolerance of the budget. KLDs are means over "
             f"{replicates} replicated profiles, each on its own disjoint windows of the profile text (random mix r paired with "
             "replicate r); intervals are the two-stage (profile × held-out window) studentized bootstrap. 'aware' allocates from "
             "a profile measured under the quantized weights, 'unaware' from one with 16-bit weights (KVTuner-style profile, "
-            "wkvlab's allocator; KVTuner's own search is not implemented), all evaluated under the quantized weights.\n\n"
+            "wkvlab's allocator), all evaluated under the quantized weights; 'kvtuner' is KVTuner's pair pruning, layer grouping and "
+            "constrained search on the unaware profile, approximate because KVTuner's pruning and grouping code is unpublished "
+            "(src/wkvlab/search/kvtuner.py; github.com/cmd2001/KVTuner@babe775). A finding stored before it has '—' there.\n\n"
             + _table(["profile text → held-out text", "on the Pareto front (memory vs held-out KLD, every budget and uniform)"], curves)
             + "\n\n" + rho + "\n\n" + agree)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from wkvlab.kv.spec import KVSpec
+from wkvlab.kv.formats import HQQ_BITS
 
 LLAMACPP_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 VLLM_DTYPES = {
@@ -250,6 +251,19 @@ def _build_preset(text: str) -> Preset | None:
                       "optimum-quanto 0.2.7 MaxOptimizer, quantize_affine (tests/kv/test_quantized_cache_replay.py replays it)",
                       "source-faithful", "a bf16 model's quanto computes scale, shift and codes in bf16 (here float32) and stores "
                       "both in the model dtype (counted as fp16)")
+    elif engine == "hf-hqq" and rest in tuple(f"int{b}" for b in HQQ_BITS):
+        # transformers 5.24 QuantizedCache(backend="hqq") with its defaults (cache_utils.py HQQQuantizedLayer:
+        # nbits, axis_key = axis_value = 0, q_group_size 64, residual_length 128): hqq 0.2.8.post1's
+        # Quantizer.quantize on the whole cache (mobiusml/hqq@e0b1d00e hqq/core/quantize.py, optimize.py's
+        # proximal zero-point solver; wkvlab/formats/hqq.py), re-quantized whole at every flush (wkvlab/kv/requant.py).
+        # prefill=1: decoding from a one-token prompt, as every preset here measures; +prefill=L for a prompt of L.
+        bits = rest[3:]
+        spec = KVSpec(k=f"hqq{bits}-g64", v=f"hqq{bits}-g64", residual=128, prefill=1, name=f"hf-hqq:{rest}")
+        return Preset(spec, "transformers 5.24 src/transformers/cache_utils.py QuantizedLayer.update + HQQQuantizedLayer; "
+                      "hqq 0.2.8.post1 (mobiusml/hqq@e0b1d00e) Quantizer.quantize, optimize_weights_proximal_legacy "
+                      "(tests/kv/test_hqq_cache_replay.py replays it)",
+                      "source-faithful", "each sequence is quantized as its own tensor (generate with batch 1; a batch of B "
+                      "shares hqq's groups and early stop across sequences)")
     elif engine == "qserve" and rest == "kv4":
         # QServe/QoQ (Lin et al. 2024): SmoothAttention with α = 0.5, then per-head asymmetric 4-bit.
         spec = KVSpec(k="int4", v="int4", smooth=0.5, name="qserve:kv4")
@@ -273,6 +287,7 @@ def preset_names() -> list[str]:
         + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
            "sglang:fp4_e2m1", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100", "sglang:fp8_e4m3",
            "exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
+           *(f"hf-hqq:int{b}" for b in HQQ_BITS),
            "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]
     )
 
@@ -280,7 +295,7 @@ def preset_names() -> list[str]:
 # Options that are the engine's own settings (llama.cpp's LLAMA_ATTN_ROT_DISABLE, vLLM's FP8 scale
 # rules, QuantizedCache's residual_length and prompt length): source-faithful with them appended.
 ENGINE_OPTIONS = {"llamacpp": ("norot",), "llamacpp-x86": ("norot",), "vllm": ("scales=",), "vllm-fa3": ("scales=",),
-                  "hf-quanto": ("residual=", "prefill="), "sglang": ("recipe=",)}
+                  "hf-quanto": ("residual=", "prefill="), "hf-hqq": ("residual=", "prefill="), "sglang": ("recipe=",)}
 
 
 def fidelity_of(spec: KVSpec) -> dict:

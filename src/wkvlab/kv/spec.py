@@ -126,6 +126,7 @@ class KVSpec:
                     raise ConfigError("per-channel formats (-c<G>) quantize closed groups of tokens; combine them with residual=, not window=")
                 if residual % group:
                     raise ConfigError(f"residual {residual} must be a multiple of the token group {group} (KIVI flushes whole groups)")
+
         if not isinstance(self.smooth, (int, float)) or not 0 <= self.smooth <= 1:
             raise ConfigError(f"smooth (SmoothAttention's α) must lie in [0, 1], got {self.smooth!r}")
         object.__setattr__(self, "smooth", float(self.smooth))
@@ -147,6 +148,19 @@ class KVSpec:
             raise ConfigError(f"unknown FP8 scale mode {self.scales!r}; use one of {', '.join(SCALES)}")
         if self.q not in Q_FORMATS:
             raise ConfigError(f"unknown query format {self.q!r}; use one of {', '.join(Q_FORMATS)}")
+
+    def check_whole_cache(self) -> None:
+        """A format that re-quantizes the whole cache (HQQ) needs its side flushed: residual=R, and
+        nothing QuantizedCache lacks. Checked once the options are applied (parse, load, check_model):
+        ``hqq4`` alone is a valid step on the way to ``hqq4+residual=128``."""
+        for side, names in (("k", {self.k} | {k for _, k, _ in self.layers}), ("v", {self.v} | {v for *_, v in self.layers})):
+            residual, window = self._side(side)
+            whole = sorted(n for n in names if get_kv_format(n).requantizes)
+            if whole and (window or not residual or self.pastonly):
+                raise ConfigError(f"{whole[0]} quantizes the whole cache at each flush, as transformers' QuantizedCache does; "
+                                  "give it residual=R (no window= or pastonly)")
+            if whole and (self.sinks or self.sink_ratio or self.prerope):
+                raise ConfigError(f"{whole[0]} is transformers' QuantizedCache's HQQ backend, which has no sinks or pre-RoPE keys; drop them")
 
     def _normalize_token_policies(self) -> None:
         if self.residual and self.window:
@@ -214,6 +228,7 @@ class KVSpec:
 
     def check_model(self, head_dim: int, n_layers: int) -> None:
         """Fail before any work on a spec this model cannot hold."""
+        self.check_whole_cache()
         for fmt in self.all_formats():
             fmt.check_head_dim(head_dim)
         for block in self.rotation_blocks(head_dim):
@@ -334,7 +349,9 @@ class KVSpec:
                 pairs.append((int(index), k, v or k))
             data["layers"] = tuple(pairs)
         data["skip"] = tuple(data.get("skip") or ())
-        return cls(**data)
+        spec = cls(**data)
+        spec.check_whole_cache()
+        return spec
 
     @classmethod
     def parse(cls, text: str) -> "KVSpec":
@@ -358,6 +375,7 @@ class KVSpec:
                 spec = cls(k=base, v=base, prerope=prerope)
         for option in options:
             spec = _apply_option(spec, option.strip())
+        spec.check_whole_cache()
         return replace(spec, name=text) if (options and spec.name) else spec
 
     @classmethod

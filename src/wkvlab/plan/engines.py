@@ -213,7 +213,7 @@ def _layer_pairs(model: ModelDescription, spec: KVSpec) -> dict[int, tuple[str, 
 
 def _unsupported_options(spec: KVSpec) -> list[str]:
     names = [label for attr, label in _SIM_ONLY if getattr(spec, attr)]
-    names += [f.name for f in spec.all_formats() if f.calibrated or f.token_group]
+    names += [f.name for f in spec.all_formats() if f.calibrated or f.token_group or f.requantizes]
     return names
 
 

@@ -219,7 +219,7 @@ def _search(f: StoredFinding, cid: str):
                *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]),
                Column("verdict vs uniform", lambda r: _decision((r.get("verdicts") or {})["uniform"]) if "uniform" in (r.get("verdicts") or {}) else "—"),
                *(Column(f"verdict vs {k}", lambda r, k=k: _decision((r.get("verdicts") or {})[k]) if k in (r.get("verdicts") or {}) else "—")
-                 for k in ("greedy", "random")))
+                 for k in ("kvtuner", "greedy", "random")))
     groups = _grouped(rows, lambda r: f"profiled on {r['profile_text']}, held out {r['heldout_text']}",
                       lambda r: (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
     chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,
