@@ -49,8 +49,7 @@ from torch import Tensor
 from wkvlab.errors import ConfigError
 from wkvlab.formats._checks import check_float_tensor
 from wkvlab.formats.fp4 import round_e2m1
-
-NVFP4_KV_BLOCK = 16
+from wkvlab.formats.sizes import NVFP4_KV_BLOCK, nvfp4_kv_bytes_per_vector  # noqa: F401 - sizes live torch-free
 _E4M3_MAX = 448.0
 
 

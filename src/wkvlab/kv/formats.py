@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from wkvlab.errors import ConfigError
-from wkvlab.formats.sizes import EXL3_GROUP, GGML_TYPES, exl3_bytes_per_vector, ggml_block_shape, vllm_int4_bytes_per_vector
+from wkvlab.formats.sizes import (EXL3_GROUP, GGML_TYPES, NVFP4_KV_BLOCK, exl3_bytes_per_vector, ggml_block_shape, nvfp4_kv_bytes_per_vector,
+                                  vllm_int4_bytes_per_vector)
 
 if TYPE_CHECKING:
     import torch
@@ -262,13 +263,13 @@ KV_FORMATS: dict[str, KVFormat] = {
                  lambda x: _q8_0_x86(x).to(x.dtype), lambda d: d / 32 * 34, 32),
         KVFormat("fp4_e2m1", "SGLang FP4: E2M1, UE8M0 scale per 16", _sglang_fp4, lambda d: d / 2 + d / 16, 16),
         # NVFP4: nibbles + one E4M3 byte per 16; the fp32 k_scale/v_scale per layer is not per token
-        KVFormat("nvfp4", "vLLM nvfp4: E2M1 (ties to even), E4M3 scale per 16, k_scale 1.0", _nvfp4(1.0), lambda d: d / 2 + d / 16, 16),
+        KVFormat("nvfp4", "vLLM nvfp4: E2M1 (ties to even), E4M3 scale per 16, k_scale 1.0", _nvfp4(1.0), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
         KVFormat("nvfp4_4over6", "vLLM nvfp4_4over6: nvfp4 with max/6 or max/4 block scales, whichever reconstructs better",
-                 _nvfp4(1.0, four_over_six=True), lambda d: d / 2 + d / 16, 16),
+                 _nvfp4(1.0, four_over_six=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
         KVFormat("nvfp4-fp8read", "SGLang fp4_e2m1 recipe nvfp4 (SM120, k_scale 1.0): nvfp4 read back via bf16 into FP8 E4M3",
-                 _nvfp4(1.0, fp8_read=True), lambda d: d / 2 + d / 16, 16),
+                 _nvfp4(1.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
         KVFormat("nvfp4-fp8read-sm100", "SGLang fp4_e2m1 recipe nvfp4 on SM100 (k_scale x6 = 6.0), read via bf16 into FP8 E4M3",
-                 _nvfp4(6.0, fp8_read=True), lambda d: d / 2 + d / 16, 16),
+                 _nvfp4(6.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
     )
 }
 # SGLang --fp4-kv-cache-recipe with --kv-cache-dtype fp4_e2m1 (sgl-project/sglang@1c5f9e23
