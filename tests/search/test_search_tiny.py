@@ -68,6 +68,7 @@ def test_search_end_to_end_and_profile_cache(setup):
     assert {"plan", "reference", "unaware", "greedy", "kvtuner", "random"} <= kinds
     assert all(r.at_budget for r in result.rows if r.kind != "reference")  # every plan and rival spends the budget
     assert "uniform" not in kinds  # K4V4 240 and K8V8 408 B/token are not within ±2% of 320
+    assert result.chosen.plan == result.plan and len(result.rows[-1].plan) == 3
     assert result.profile["cached"] is False
     assert result.verdict
     vllm = result.exports["vllm"]  # the tiny model's 64-wide layers are too narrow for Marlin: cache flags, no line
