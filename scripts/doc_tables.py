@@ -1,36 +1,109 @@
-"""Tables of measured numbers in docs/, produced from a run and checked against a fresh one.
+"""Every generated table in docs/: a registry, each table rendered from its source and checked against a fresh one.
 
-    python scripts/doc_tables.py demo --write            # run `wkvlab demo`, rewrite docs/results.md's table
-    python scripts/doc_tables.py demo --check            # run it again, fail when the doc differs
-    python scripts/doc_tables.py demo --json demo.json --check   # compare an existing run's JSON instead
+    python scripts/doc_tables.py --list                          # the tables, their docs, cheap or measured
+    python scripts/doc_tables.py --check cheap                   # the plan tables against today's `wkvlab plan` (seconds)
+    python scripts/doc_tables.py --save docs/runs/demo.json      # run `wkvlab demo` once and keep the run record
+    python scripts/doc_tables.py --from-json docs/runs/demo.json --write demo --write report-demo --write plan-demo
+    python scripts/doc_tables.py --check demo                    # a fresh demo run against docs/results.md (minutes)
 
-A table lives between ``<!-- doc-table: NAME -->`` and ``<!-- /doc-table -->``; its caption line says the
-command, the machine load before and after, the commit and the date, and carries a
-``<!-- measured: commit=... -->`` marker that ``make docs-check`` (scripts/docs_check.py) reads.
-``--check`` compares every number of the documented table with the fresh run within TOLERANCE and exits 1
-listing the cells that differ (tests/test_doc_tables.py, in the slow tier: the demo takes minutes).
-The demo is deterministic on one machine; across CPUs float32 sums may differ in the last digits,
-which the tolerance allows for.
+A table lives between ``<!-- doc-table: NAME -->`` and ``<!-- /doc-table -->`` in its doc; the first line
+of the block is its caption, which says how it was made. Two kinds:
+
+* **cheap** — the planner's arithmetic (``wkvlab plan`` on built-in model shapes, or on the recorded demo
+  run): regenerated in seconds, compared exactly; tests/test_doc_tables.py checks them in the fast tier.
+* **measured** — from a run record (``--save``: ``wkvlab demo --json --report`` with its command, commit,
+  date, wall time, threads and the machine load before and after). The caption names all of those and
+  carries a ``<!-- measured: commit=... covers=src/wkvlab -->`` marker that ``make docs-check``
+  (scripts/docs_check.py) reads. ``--check`` without ``--from-json`` makes a fresh run and compares every
+  number within the stated tolerance (the slow tier runs it); with ``--from-json RUN`` it checks that the
+  doc is the rendering of RUN (fast: docs/runs/demo.json is committed).
+
+The tables that use the run (``plan-demo``) read the recorded rows, so they are cheap once a record exists.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "results.md"
+RUN = ROOT / "docs" / "runs" / "demo.json"
+DEMO_COMMAND = ["demo"]  # the README's `make demo` grid, at its defaults
 HEADER = "| weights | KV | PPL | ΔPPL | KLD mean ± se | KLD p99 | top-1 | weights MiB | KV B/token |"
-# Relative tolerance per number (and an absolute floor for numbers near zero): the run is deterministic
-# on one machine; another CPU's float32 summation order may move the last printed digits.
-TOLERANCE, FLOOR = 0.02, 2e-5
+# Measured tables: a relative tolerance per number (with an absolute floor for numbers near zero), except
+# ΔPPL, whose tolerance is absolute: a relative one on a ΔPPL of +0.003 would demand 5 significant digits.
+# The demo is deterministic on one machine; another CPU's float32 summation order may move the last digits.
+TOLERANCE, FLOOR, DPPL_TOLERANCE = 0.02, 2e-5, 0.05
+TOLERANCE_TEXT = f"PPL, KLD, top-1 and sizes within {TOLERANCE:.0%}, ΔPPL within ±{DPPL_TOLERANCE}"
 
+
+# ---------------------------------------------------------------- the run record
+
+def _commit() -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout.strip()
+    return (done.stdout.strip() or "unknown") + ("+changes" if dirty else "")
+
+
+def _wkvlab(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "wkvlab.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def run_demo() -> dict:
+    """`wkvlab demo --json --report` from this checkout: the run record (rows, report.md, command, commit, load, wall)."""
+    before, start, commit = os.getloadavg()[0], time.monotonic(), _commit()
+    with tempfile.TemporaryDirectory() as folder:
+        out, report = Path(folder) / "demo.json", Path(folder) / "report"
+        done = _wkvlab([*DEMO_COMMAND, "--json", str(out), "--report", str(report)])
+        if done.returncode != 0:
+            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+            raise SystemExit(f"wkvlab demo failed: {last}")
+        rows, report_md = json.loads(out.read_text()), (report / "report.md").read_text(encoding="utf-8")
+    return record(rows, report_md, command="wkvlab demo --json demo.json --report report", commit=commit,
+                  wall_s=time.monotonic() - start, load=(before, os.getloadavg()[0]))
+
+
+def record(rows: list[dict], report_md: str | None, *, command: str, commit: str, wall_s: float, load: tuple[float, float],
+           date: str | None = None) -> dict:
+    return {"command": command, "commit": commit, "date": date or f"{datetime.now(timezone.utc):%Y-%m-%d}",
+            "wall_s": round(wall_s, 1), "load_before": round(load[0], 2), "load_after": round(load[1], 2),
+            "threads": rows[0].get("threads") or "?" if rows else "?", "rows": rows, "report_md": report_md}
+
+
+def load_record(path: Path) -> dict:
+    """A record written by ``--save``, or a bare ``wkvlab demo --json`` file (then command, load and wall are unknown)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data, list):
+        return record(data, None, command=f"wkvlab demo --json {path.name}", commit="unknown", wall_s=float("nan"),
+                      load=(float("nan"), float("nan")), date="unknown")
+    return data
+
+
+def _wall(seconds: float) -> str:
+    if seconds != seconds:
+        return "wall unknown"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"wall {minutes}:{secs:02d}"
+
+
+def _run_words(run: dict) -> str:
+    return (f"`{run['command']}` at commit {run['commit'].split('+')[0]} on {run['date']}, {_wall(run['wall_s'])}, "
+            f"load {run['load_before']} before, {run['load_after']} after, {run['threads']} thread(s)")
+
+
+# ---------------------------------------------------------------- the demo grid (docs/results.md)
 
 def _cells(row: dict) -> list[str]:
     kld = row["kld"]
@@ -50,13 +123,19 @@ def _numbers(text: str) -> list[float]:
 
 
 def table_rows(block: str) -> dict[tuple[str, str], list[str]]:
-    """(weights, KV) -> the row's cells, from a rendered block."""
+    """(first column, second column) -> the row's cells, for every table row of a block."""
     rows = {}
     for line in block.splitlines():
         if line.startswith("| `"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
             rows[(cells[0].strip("`"), cells[1].strip("`"))] = cells
     return rows
+
+
+def _close(name: str, x: float, y: float) -> bool:
+    if name == "ΔPPL":
+        return abs(x - y) <= DPPL_TOLERANCE
+    return abs(x - y) <= max(FLOOR, TOLERANCE * max(abs(x), abs(y)))
 
 
 def differences(documented: str, fresh: str) -> list[str]:
@@ -66,72 +145,232 @@ def differences(documented: str, fresh: str) -> list[str]:
     header = [h.strip() for h in HEADER.strip("|").split("|")]
     for key in [k for k in old if k in new]:
         for name, a, b in zip(header[2:], old[key][2:], new[key][2:]):
-            for x, y in zip(_numbers(a), _numbers(b)):
-                if abs(x - y) > max(FLOOR, TOLERANCE * max(abs(x), abs(y))):
-                    out.append(f"{key[0]} × {key[1]} {name}: doc {a}, fresh {b}")
-                    break
+            xs, ys = _numbers(a), _numbers(b)
+            if len(xs) != len(ys) or not all(_close(name, x, y) for x, y in zip(xs, ys)):
+                out.append(f"{key[0]} × {key[1]} {name}: doc {a}, fresh {b}")
     return out
+
+
+def demo_table(run: dict) -> str:
+    caption = (f"Generated by `python scripts/doc_tables.py --write demo` from the run record docs/runs/demo.json: {_run_words(run)}; "
+               f"`--check demo` compares a fresh run ({TOLERANCE_TEXT}). "
+               f"<!-- measured: commit={run['commit'].split('+')[0]} covers=src/wkvlab -->")
+    return render(run["rows"], caption)
+
+
+# ---------------------------------------------------------------- the report's tables (docs/report.md)
+
+REPORT_SECTIONS = ("## KV-cache penalty", "## Cross-terms")
+
+
+def report_tables(run: dict) -> str:
+    """The KV-penalty and cross-term sections of the run's report.md (heading, table, column captions), as the report wrote them."""
+    if not run.get("report_md"):
+        raise SystemExit("report-demo: the run record has no report.md (record it with --save)")
+    lines, parts = run["report_md"].splitlines(), []
+    for heading in REPORT_SECTIONS:
+        a = next(i for i, line in enumerate(lines) if line.startswith(heading))
+        b = next((i for i in range(a + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        parts.append("\n".join(["**" + lines[a].lstrip("# ").strip() + "**", *lines[a + 1:b]]).strip())
+    caption = (f"Generated by `python scripts/doc_tables.py --write report-demo`: two sections of `report.md` from the run record "
+               f"docs/runs/demo.json, {_run_words(run)}; `--check report-demo` compares every cell ({TOLERANCE:.0%} per number, "
+               f"the words exactly). <!-- measured: commit={run['commit'].split('+')[0]} covers=src/wkvlab -->")
+    return "\n\n".join([caption, *parts])
+
+
+def cell_differences(documented: str, fresh: str) -> list[str]:
+    """Table cells that differ: numbers beyond the tolerance, any other text at all (rows aligned in order)."""
+    def rows(block: str) -> list[list[str]]:
+        return [[c.strip() for c in line.strip().strip("|").split("|")] for line in block.splitlines()
+                if line.startswith("|") and not line.startswith("|---")]
+    old, new = rows(documented), rows(fresh)
+    if len(old) != len(new):
+        return [f"{len(old)} table rows in the doc, {len(new)} in the fresh run"]
+    out = []
+    for a_row, b_row in zip(old, new):
+        if len(a_row) != len(b_row):
+            out.append(f"{' | '.join(a_row[:2])}: {len(a_row)} cells in the doc, {len(b_row)} fresh")
+            continue
+        for a, b in zip(a_row, b_row):
+            xs, ys = _numbers(a), _numbers(b)
+            skeleton = lambda text: re.sub(r"[-+]?\d[\d,]*\.?\d*", "#", text)  # noqa: E731
+            if skeleton(a) != skeleton(b) or len(xs) != len(ys) or not all(_close("", x, y) for x, y in zip(xs, ys)):
+                out.append(f"{' | '.join(a_row[:2])}: doc {a}, fresh {b}")
+    return out
+
+
+# ---------------------------------------------------------------- the planner's tables (docs/planner.md)
+
+_PLANS: dict[tuple, str] = {}  # one `wkvlab plan` per command line and record, shared by the blocks cut from it
+
+
+def _plan_output(args: list[str], keep: Callable[[list[str]], list[str]], key: tuple) -> list[str]:
+    if key not in _PLANS:
+        done = _wkvlab(["plan", *args], env={"COLUMNS": "160", "NO_COLOR": "1", "TERM": "dumb"})
+        if done.returncode != 0:
+            raise SystemExit(f"wkvlab plan {' '.join(args)} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        _PLANS[key] = re.sub(r"\S*/site-packages/", "…/site-packages/", done.stdout)  # the install's path, not the plan's
+    return keep(_PLANS[key].rstrip("\n").splitlines())
+
+
+def _upto(marker: str) -> Callable[[list[str]], list[str]]:
+    def keep(lines: list[str]) -> list[str]:
+        end = next(i for i, line in enumerate(lines) if line.startswith(marker))
+        return lines[:end + 1]
+    return keep
+
+
+def _paragraph(start: str) -> Callable[[list[str]], list[str]]:
+    def keep(lines: list[str]) -> list[str]:
+        a = next(i for i, line in enumerate(lines) if line.startswith(start))
+        b = next((i for i in range(a + 1, len(lines)) if not lines[i].strip()), len(lines))
+        return lines[a:b]
+    return keep
+
+
+def plan_block(args: list[str], keep: Callable[[list[str]], list[str]], what: str, name: str, prefix: str = "") -> Callable[[dict | None], str]:
+    def make(run: dict | None) -> str:
+        shown = [a if a != "RUN" else "demo.json" for a in args]
+        if "RUN" in args:
+            if run is None:
+                raise SystemExit(f"{name}: needs the run record (--from-json, default docs/runs/demo.json)")
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / "demo.json"
+                path.write_text(json.dumps(run["rows"]))
+                lines = _plan_output([a if a != "RUN" else str(path) for a in args], keep, (*args, json.dumps(run["rows"])))
+            source = f", `demo.json` = the rows of the run record docs/runs/demo.json ({_run_words(run)})"
+        else:
+            lines = _plan_output(args, keep, tuple(args))
+            source = ""
+        caption = (f"Generated by `python scripts/doc_tables.py --write {name}`: {what} of `COLUMNS=160 wkvlab plan "
+                   f"{shlex.join(shown)}`{source}; tests/test_doc_tables.py fails when today's output differs.")
+        return "\n".join([caption, "", prefix + "```", *lines, "```"])
+    return make
+
+
+# ---------------------------------------------------------------- the registry
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    what: str
+    make: Callable[[dict | None], str]
+    measured: bool  # from the demo run (slow to make fresh); else cheap and compared exactly
+    needs_run: bool = True
+
+
+PLAN_70B = ["--model", "Llama-3-70B", "--gpu", "A100-80GB", "--batch", "16", "--context", "8192", "--gpus", "1,2,4"]
+PLAN_L40S = ["--model", "Llama-3-70B", "--gpu", "L40S", "--batch", "16", "--context", "8192", "--gpus", "4", "--engine", "vllm"]
+PLAN_DEMO = ["--model", "default", "--gpu", "rtx-4090", "--batch", "8", "--ctx", "8192", "--results", "RUN"]
+
+TABLES = {t.name: t for t in [
+    Table("demo", "docs/results.md", "the demo grid: PPL, KLD, top-1, sizes", demo_table, measured=True),
+    Table("report-demo", "docs/report.md", "the demo report's KV-penalty and cross-term tables", report_tables, measured=True),
+    Table("plan-70b", "docs/planner.md", "Llama-3-70B on 1, 2, 4 A100-80GB",
+          plan_block(PLAN_70B, _upto("* roofline"), "the first part", "plan-70b"), measured=False, needs_run=False),
+    Table("plan-l40s", "docs/planner.md", "Llama-3-70B on 4 L40S, vLLM's recommendation",
+          plan_block(PLAN_L40S, _paragraph("vllm: "), "the recommendation", "plan-l40s"), measured=False, needs_run=False),
+    Table("plan-demo", "docs/planner.md", "the plan ranked by the demo run's measurements",
+          plan_block(PLAN_DEMO, _upto("measured ("), "the ranking", "plan-demo"), measured=False),
+    Table("plan-demo-note", "docs/planner.md", "the plan's note on measured rows no engine runs",
+          plan_block(PLAN_DEMO, _paragraph("note: measured but no engine"), "the note", "plan-demo-note"), measured=False),
+    Table("plan-demo-recommendation", "docs/planner.md", "the plan's vLLM recommendation from the demo run",
+          plan_block(PLAN_DEMO, _paragraph("vllm: "), "the vLLM recommendation", "plan-demo-recommendation"), measured=False),
+]}
 
 
 def _block(text: str, name: str) -> tuple[int, int]:
     start, end = f"<!-- doc-table: {name} -->", "<!-- /doc-table -->"
+    if start not in text:
+        raise SystemExit(f"{name}: no '{start}' marker in its doc")
     a = text.index(start) + len(start)
     return a, text.index(end, a)
 
 
-def _commit() -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout.strip()
-    return (done.stdout.strip() or "unknown") + ("+changes" if dirty else "")
+def documented(table: Table) -> str:
+    text = (ROOT / table.doc).read_text(encoding="utf-8")
+    a, b = _block(text, table.name)
+    return text[a:b].strip("\n")
 
 
-def run_demo() -> tuple[list[dict], str]:
-    """`wkvlab demo --json` from this checkout, with the load before and after."""
-    before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "demo.json"
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        done = subprocess.run([sys.executable, "-m", "wkvlab.cli", "demo", "--json", str(out)], capture_output=True, text=True, env=env)
-        if done.returncode != 0:
-            raise SystemExit(f"wkvlab demo failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
-        rows = json.loads(out.read_text())
-    threads = rows[0].get("threads", "?")
-    load = f"load {before:.1f} before, {os.getloadavg()[0]:.1f} after, {threads} thread(s)"
-    return rows, load
+def write(table: Table, fresh: str) -> None:
+    path = ROOT / table.doc
+    text = path.read_text(encoding="utf-8")
+    a, b = _block(text, table.name)
+    path.write_text(text[:a] + "\n" + fresh + "\n" + text[b:], encoding="utf-8")
+
+
+def compare(table: Table, doc: str, fresh: str) -> list[str]:
+    """What differs: cells beyond the tolerance for measured tables, lines for cheap ones (captions aside)."""
+    if table.name == "demo":
+        return differences(doc, fresh)
+    old, new = doc.splitlines()[1:], fresh.splitlines()[1:]
+    if table.measured:  # report tables: the same numbers within the tolerance and the same words, cell by cell
+        return cell_differences(doc, fresh)
+    return [line for line in difflib.unified_diff(old, new, "doc", "fresh", n=0, lineterm="") if not line.startswith(("---", "+++"))]
+
+
+def _names(values: list[str]) -> list[Table]:
+    out = []
+    for value in values:
+        if value in ("all", "cheap", "measured"):
+            out += [t for t in TABLES.values() if value == "all" or t.measured == (value == "measured")]
+        elif value in TABLES:
+            out.append(TABLES[value])
+        else:
+            raise SystemExit(f"no table {value!r}: one of {', '.join(TABLES)}, or all / cheap / measured")
+    return list(dict.fromkeys(out))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", choices=["demo"])
-    parser.add_argument("--json", type=Path, help="a `wkvlab demo --json` file to use instead of running the demo")
-    parser.add_argument("--write", action="store_true", help="rewrite the table in docs/results.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the documented table differs from this run")
-    parser.add_argument("--doc", type=Path, default=DOC)
+    parser.add_argument("--list", action="store_true", help="the tables, their docs and kinds")
+    parser.add_argument("--write", action="append", default=[], metavar="NAME", help="rewrite this table in its doc (repeatable; all, cheap, measured)")
+    parser.add_argument("--check", action="append", default=[], metavar="NAME", help="exit 1 when this documented table differs from a fresh one (repeatable)")
+    parser.add_argument("--from-json", type=Path, metavar="RUN", help="the run record (or a `wkvlab demo --json` file) instead of a fresh demo run")
+    parser.add_argument("--save", type=Path, metavar="RUN", help="run the demo now and save its run record here")
     args = parser.parse_args(argv)
-    if args.json is not None:
-        rows, load = json.loads(args.json.read_text()), f"from {args.json.name}"
-    else:
-        rows, load = run_demo()
-    commit = _commit()
-    caption = (f"Generated by `python scripts/doc_tables.py demo --write` (= `wkvlab demo --json`) at commit {commit.split('+')[0]} "
-               f"on {datetime.now(timezone.utc):%Y-%m-%d}, {load}; `--check` compares a fresh run within "
-               f"{TOLERANCE:.0%} per number. <!-- measured: commit={commit.split('+')[0]} covers=src/wkvlab -->")
-    fresh = render(rows, caption)
-    text = args.doc.read_text(encoding="utf-8")
-    a, b = _block(text, args.table)
-    if args.check:
-        diffs = differences(text[a:b], fresh)
+    if args.list:
+        for t in TABLES.values():
+            print(f"{t.name:26} {t.doc:18} {'measured (the demo run)' if t.measured else 'cheap'}: {t.what}")
+        return 0
+    writes, checks = _names(args.write), _names(args.check)
+    fresh_run = None
+    if args.save is not None:
+        fresh_run = run_demo()
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        args.save.write_text(json.dumps(fresh_run, indent=1) + "\n", encoding="utf-8")
+        print(f"saved the run record {args.save} ({_run_words(fresh_run)})")
+    if fresh_run is None and args.from_json is not None:
+        fresh_run = load_record(args.from_json)
+
+    def run_for(table: Table, checking: bool) -> dict | None:
+        nonlocal fresh_run
+        if not table.needs_run:
+            return None
+        if table.measured and fresh_run is None and checking:
+            fresh_run = run_demo()  # a measured table is checked against a fresh run
+        if fresh_run is not None:
+            return fresh_run
+        if table.measured:
+            raise SystemExit(f"{table.name}: give --from-json RUN or --save RUN to write it")
+        return load_record(RUN)  # cheap tables over the committed record
+
+    failed = 0
+    for table in checks:
+        diffs = compare(table, documented(table), table.make(run_for(table, True)))
         for line in diffs:
-            print(line)
-        print(f"{args.doc.name} {args.table}: {len(diffs)} cell(s) differ beyond {TOLERANCE:.0%} from the fresh run ({load})")
-        if diffs:
-            return 1
-    if args.write:
-        args.doc.write_text(text[:a] + "\n" + fresh + "\n" + text[b:], encoding="utf-8")
-        print(f"wrote the {args.table} table into {args.doc}")
-    if not (args.check or args.write):
-        print(fresh)
-    return 0
+            print(f"  {line}")
+        rule = TOLERANCE_TEXT if table.name == "demo" else f"{TOLERANCE:.0%} per number, the words exactly"
+        print(f"{table.doc} {table.name}: {len(diffs)} difference(s)" + (f" beyond the tolerance ({rule})" if table.measured else ""))
+        failed += bool(diffs)
+    for table in writes:
+        write(table, table.make(run_for(table, False)))
+        print(f"wrote {table.name} into {table.doc}")
+    if not (args.list or writes or checks or args.save):
+        parser.print_usage()
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def stamps(root: Path, doc: Path) -> list[Stamp]:
     name = str(doc.relative_to(root))
     for number, text in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
         marker = MARKER.search(text)
+        if marker and text[:marker.start()].endswith("`"):  # a marker quoted as an example (`<!-- measured: ... -->`)
+            continue
         if marker:
             fields = dict(part.split("=", 1) for part in marker.group(1).split() if "=" in part)
             covers = tuple(p for p in fields.get("covers", "").split(",") if p) or DEFAULT_COVERS

@@ -34,7 +34,8 @@ def test_a_stamp_is_listed_once_its_code_changes(tmp_path):
     measured = _git(tmp_path, "rev-parse", "--short", "HEAD")
     (tmp_path / "docs" / "kv.md").write_text(f"| a | b |\n<!-- measured: commit={measured} covers=src/wkvlab/kv -->\n"
                                             f"prose measured at commit {measured}; a hex word deadbeef is no stamp\n")
-    (tmp_path / "README.md").write_text("<!-- measured: commit=0123456 covers=src -->\n")
+    (tmp_path / "README.md").write_text("<!-- measured: commit=0123456 covers=src -->\n"
+                                        "quoted as an example: `<!-- measured: commit=… covers=… -->` is no stamp\n")
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "docs")
     lines, total = docs_check.check(tmp_path)

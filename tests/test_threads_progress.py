@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +164,69 @@ def test_the_old_per_step_average_was_many_times_off_on_a_gptq_grid():
     assert old > 5 * truth
     worst, _ = _worst_eta_error(events, {label: CLASSES[label] for label, _, _ in METHODS["builds"]})
     assert worst <= 2.0
+
+
+def _specs(grid):
+    from types import SimpleNamespace
+
+    weights = [SimpleNamespace(label=label, needs_calibration=CLASSES[label] == "calibrated") for label, _, _ in grid["builds"]]
+    return weights, [SimpleNamespace(needs_calibration=False)]
+
+
+@pytest.mark.parametrize("one_model", [False, True])
+def test_a_run_of_several_grids_counts_every_build_of_every_grid(one_model):
+    """A sweep over two models (or explain's factorial, then its context grid) builds the same labels once per
+    grid: the ETA counts each build (display.grids_classes), so it stays within 2x; counted once, it was not."""
+    from wkvlab.display import grids_classes
+
+    events = _grid_events(**METHODS, one_model=one_model) * 2
+    pairs, calibrations = grids_classes([_specs(METHODS), _specs(METHODS)])
+    assert calibrations == 0 and len(pairs) == 2 * len(METHODS["builds"])
+    worst, _ = _worst_eta_error(events, pairs)
+    assert worst <= 2.0, worst
+    once, _ = _worst_eta_error(events, dict(pairs))  # each label counted once: the second grid's builds not foreseen
+    assert once > 2.0, once
+
+
+def test_every_long_running_command_passes_its_grids_to_the_eta():
+    """eval/demo (cli.py), sweep, findings' sweeps and explain hand their grids to progress_bar."""
+    root = Path(__file__).parents[1] / "src" / "wkvlab"
+    for path in ["cli.py", "sweep/cli.py", "findings/run.py", "explain/cli.py"]:
+        assert "grid=" in (root / path).read_text(), path
+
+
+def test_a_command_that_cannot_list_its_builds_still_times_a_build_apart(monkeypatch):
+    """search's profile (one GPTQ build, then passes) goes through progress_bar without a grid: the build is
+    timed at its own rate when it comes and the passes at theirs, so after the first minute the ETA is never
+    under half nor over twice the truth; the old per-step average put the build's cost on every pass."""
+    from wkvlab import display
+
+    events = _grid_events([("gptq-int4-g128", 300.0, 24)], windows=25, reference=2.0, cells=[2.0], one_model=True)
+    events = [e for e in events if e[1] != "reference"][:25] + [(2.0, "K int4 layer 0", 1.0)] * 100
+    seen = {}
+
+    class Recorder(display.PlainProgress):
+        def __init__(self, *args, builds=None, **kwargs):
+            seen["builds"] = builds
+            super().__init__(*args, builds=builds, **kwargs)
+
+    monkeypatch.setattr(display, "PlainProgress", Recorder)
+    with display.progress_bar(len(events), "profile") as _:
+        pass
+    clock = Clock()
+    costs = display.StepCosts(sum(s for _, _, s in events), seen["builds"], clock)
+    finish, ratios = sum(s for s, _, _ in events), []
+    for seconds, description, steps in events:
+        clock.now += seconds
+        costs.advance(description, steps)
+        left, untimed = costs.remaining()
+        if clock.now < 60 or finish - clock.now < 5:
+            continue
+        if costs.current[0] is not None:  # building (the passes not timed yet: a lower bound, '+'): the build's own rest
+            ratios.append(left / (300.0 - clock.now))
+            assert untimed and costs.text().endswith("+")
+        elif not untimed:
+            ratios.append(left / (finish - clock.now))
+    assert 0.5 <= min(ratios) and max(ratios) <= 2.0, (min(ratios), max(ratios))
+    old, _ = _worst_eta_error(events, None)
+    assert old > 10, old

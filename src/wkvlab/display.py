@@ -56,15 +56,20 @@ class StepCosts:
     its own rate; a build not yet started costs what its class has cost so far (the one in progress
     counted at its projected total); the passes left cost what the passes so far cost. A class not
     yet timed (the first GPTQ build still ahead; the passes, while the copies plan builds every
-    weight config first) adds nothing, and the ETA then reads ``5:12+``: a lower bound. Without
-    ``builds`` it is the old rule: the average time per step so far times the steps left.
+    weight config first) adds nothing, and the ETA then reads ``5:12+``: a lower bound. With an empty
+    ``builds`` (a command that cannot list its builds ahead: search's profile, findings' attention and
+    depth) a build is still timed apart when it comes, at its own rate, and none is foreseen. With
+    ``builds=None`` it is the old rule: the average time per step so far times the steps left.
     """
 
-    def __init__(self, total: float, builds: dict[str, str] | None, clock: Callable[[], float], kv_calibrations: int = 0) -> None:
+    def __init__(self, total: float, builds: dict[str, str] | list[tuple[str, str]] | None, clock: Callable[[], float],
+                 kv_calibrations: int = 0) -> None:
         self.total, self.clock = max(total, 1e-9), clock
-        self.classes = dict(builds) if builds is not None else None
+        # one (label, class) pair per build the run reports (a sweep or explain builds a label once per grid); a dict: once each
+        pairs = list(builds.items()) if isinstance(builds, dict) else builds
+        self.classes = dict(pairs) if pairs is not None else None
         self.expected: dict[str, int] = {}
-        for kind in (self.classes or {}).values():
+        for _, kind in pairs or ():
             self.expected[kind] = self.expected.get(kind, 0) + 1
         if kv_calibrations:
             self.expected["kv-calibration"] = kv_calibrations
@@ -95,6 +100,8 @@ class StepCosts:
             self.pass_seconds += spent
             self.pass_steps += steps
             return
+        if steps <= 0 and self.current[0] is None:  # "quantized weights X" after its layers closed the build: no new build
+            return
         if self.current[0] not in (None, kind):  # a build that never reported its end: count it as finished
             self._close()
         self.current = [kind, self.current[1] + steps, self.current[2] + spent]
@@ -103,6 +110,9 @@ class StepCosts:
 
     def _close(self) -> None:
         kind, fraction, seconds = self.current
+        if fraction <= 0:  # nothing of it was reported: no build to time
+            self.current = [None, 0.0, 0.0]
+            return
         self.finished.setdefault(kind, []).append(seconds / max(fraction, 1e-9) if fraction < 1 else seconds)
         self.current = [None, 0.0, 0.0]
 
@@ -126,6 +136,8 @@ class StepCosts:
                     left += future * sum(measured) / len(measured)
                 else:
                     untimed = True
+        if kind is not None and kind not in self.expected and fraction > 0:  # a build the caller did not list: its own rate
+            left += spent / fraction * (1 - fraction)
         builds = sum(self.expected.values())
         passes_left = max(0.0, self.total - builds - self.pass_steps)
         if passes_left > 0:
@@ -144,6 +156,19 @@ def build_classes(weights, kv) -> tuple[dict[str, str], int]:
     """:class:`StepCosts`' ``builds`` and ``kv_calibrations`` for a weights × KV grid (one build per weight config)."""
     classes = {w.label: "calibrated" if w.needs_calibration else "cheap" for w in weights}
     return classes, len(weights) if any(k.needs_calibration for k in kv) else 0
+
+
+def grids_classes(grids) -> tuple[list[tuple[str, str]], int]:
+    """``builds`` and ``kv_calibrations`` for a run of several grids (each (weight specs, KV specs)), as every
+    long-running command runs them (eval/demo one; sweep and findings one per task; explain one per analysis):
+    each grid builds each of its weight configs once, and calibrates KV once per weight config when it needs to."""
+    grids = [grids] if isinstance(grids, tuple) else list(grids)
+    pairs, calibrations = [], 0
+    for weights, kv in grids:
+        classes, n = build_classes(weights, kv)
+        pairs += list(classes.items())
+        calibrations += n
+    return pairs, calibrations
 
 
 class PlainProgress:
@@ -185,11 +210,13 @@ def _plain_write(text: str) -> None:
 
 
 @contextmanager
-def progress_bar(total: float, title: str, grid: tuple[list, list] | None = None) -> Iterator[Advance]:
+def progress_bar(total: float, title: str, grid=None) -> Iterator[Advance]:
     """Progress with ETA on stderr (a bar on a terminal, timestamped lines elsewhere); yields the
-    callback the runner expects. ``grid`` (weight specs, KV specs): the ETA times the weight builds
-    and calibrations apart from the window passes (:class:`StepCosts`)."""
-    builds, kv_calibrations = build_classes(*grid) if grid is not None else (None, 0)
+    callback the runner expects. ``grid`` (weight specs, KV specs), or a list of them for a run of
+    several grids: the ETA times the weight builds and calibrations apart from the window passes
+    (:class:`StepCosts`, :func:`grids_classes`)."""
+    # no grid: builds still timed apart from the passes as they come (one in progress at its own rate), none foreseen
+    builds, kv_calibrations = grids_classes(grid) if grid is not None else ([], 0)
     if not err_console.is_terminal:
         plain = PlainProgress(total, title, _plain_write, _interval(), builds=builds, kv_calibrations=kv_calibrations)
         plain.write(f"{datetime.now():%H:%M:%S} {title}: {total:.4g} steps")

@@ -57,6 +57,7 @@ KV_GRAMMAR = (
     Form("int<b>[-g<G>][-sym|-asym]", "int4-g32", "INT2-8 per token and head, in groups of G along head_dim"),
     Form("int<b>-c<G>[-sym|-asym]", "int2-c32", "per channel over groups of G tokens (KIVI's keys)"),
     Form("K<b>V<b> | KV<b>", "K8V4", "KVTuner's bit pairs (8/4/2 bits: int8/int4/int2; 16: the model's precision)"),
+    Form("hqq<b>[-g<G>]", "hqq4+residual=128", "HQQ (1/2/3/4/8 bits) on the whole cache, re-quantized at each flush: needs residual=R (hf-hqq:int<b>)"),
     Form("nuq<b>[-c]", "kvquant:3", "KVQuant non-uniform codebooks (calibrated), through the kvquant:<b> presets"),
     Form("@<file>.yaml | @<file>.json", "@plan.yaml", "a KVSpec file, e.g. written by 'wkvlab search --out'"),
 )
@@ -79,6 +80,8 @@ KV_OPTIONS = (
     Form("+scales=amax448|amax448-head|calculate", "fp8_e4m3+scales=amax448",
          "calibrated FP8 scales instead of 1.0: amax/448 per layer or per head (llm-compressor checkpoints), vLLM's --calculate-kv-scales rule"),
     Form("+outliers=<f>", "kvquant:3+outliers=0.02", "a fraction of values kept in fp16 (KVQuant's dense-and-sparse)"),
+    Form("+recipe=<mxfp4|blockfp4|nvfp4|nvfp4-sm100>", "sglang:fp4_e2m1+recipe=nvfp4",
+         "SGLang's --fp4-kv-cache-recipe for an fp4_e2m1 cache (nvfp4: E4M3 block scales + fp32 k_scale, read via FP8; -sm100: k_scale x6)"),
 )
 
 # Presets whose name is a pattern: the example parsed for them.

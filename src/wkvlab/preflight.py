@@ -17,7 +17,7 @@ from typing import Iterable
 from wkvlab.data.corpora import check_data
 from wkvlab.data.windows import check_window_options
 from wkvlab.errors import ConfigError
-from wkvlab.kv.spec import KVSpec, split_kv_list
+from wkvlab.kv.spec import SLIDING, KVSpec, split_kv_list
 from wkvlab.models.facts import ModelFacts, check_model_source, model_facts
 from wkvlab.weights.parse import split_weight_list
 from wkvlab.weights.spec import WeightSpec
@@ -56,6 +56,9 @@ def check_kv_for_model(specs: Iterable[KVSpec], facts: ModelFacts | None) -> Non
     if facts is not None:
         for spec in specs:
             spec.check_model(facts.head_dim, facts.layers)
+            if facts.sliding and SLIDING not in spec.skip and any(f.requantizes for f in spec.all_formats()):
+                raise ConfigError(f"{spec.label}: transformers' QuantizedCache supports only full-attention models and this one has "
+                                  "sliding-window layers; add +skip=sliding_window to keep those layers at model precision")
 
 
 def parse_configs(weights: Iterable[str], kv: Iterable[str]) -> tuple[list[WeightSpec], list[KVSpec]]:

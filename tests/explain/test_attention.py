@@ -73,17 +73,19 @@ def test_terms_sum_to_the_score_error_the_attention_sees(monkeypatch, make, spec
         torch.testing.assert_close(scores_ref, ref_scores[layer], rtol=1e-6, atol=1e-6)
     assert result.kl().min() > 0
     assert sum(result.network_shares().values()) == pytest.approx(1.0)
-    # layer 0 has the same input in every cell: the (W, fp16) and (none, C) cells are the two models' own scores
-    terms, _, allowed = seen[0]
-    cand_fp16 = _scores_attention_sees(cand, KVSpec.parse("fp16"), ids)[0]
-    ref_c = _scores_attention_sees(ref, kv, ids)[0]
-    torch.testing.assert_close(terms["total_w"][:, allowed], (cand_fp16 - ref_scores[0])[:, allowed], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(terms["total_c"][:, allowed], (ref_c - ref_scores[0])[:, allowed], rtol=1e-5, atol=1e-5)
+    # the (W, fp16) and (none, C) cells are whole passes of their own: at every layer, not only layer 0 (where
+    # every cell has the same input), they are the two models' own scores captured outside the hook
+    cand_fp16 = _scores_attention_sees(cand, KVSpec.parse("fp16"), ids)
+    ref_c = _scores_attention_sees(ref, kv, ids)
+    for layer, (terms, _, allowed) in seen.items():
+        torch.testing.assert_close(terms["total_w"][:, allowed], (cand_fp16[layer] - ref_scores[layer])[:, allowed], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(terms["total_c"][:, allowed], (ref_c[layer] - ref_scores[layer])[:, allowed], rtol=1e-5, atol=1e-5)
 
 
 def test_the_cross_term_splits_into_weight_and_cache_parts():
     """A 16-bit cache: the cross term is all weight part and the 2×2 interaction is exactly 0.
-    Unquantized weights: at layer 0 (same input everywhere) the interaction is 0 too."""
+    Unquantized weights: the W cell is the reference, so the interaction is exactly 0 at every layer and
+    the cross term (ε_q from earlier layers' cache error) is all cache part."""
     ref = tiny_llama()
     cand = _perturbed(ref)
     ids = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(0))
@@ -91,7 +93,8 @@ def test_the_cross_term_splits_into_weight_and_cache_parts():
     assert fp16.sumsq["cross"].sum() > 0 and not fp16.sumsq["cross_cache"].any() and fp16.sumsq["interaction"].max() < 1e-20
     assert fp16.cross_split()["cache"] == 0.0 and fp16.cross_split()["weight"] == pytest.approx(fp16.network_shares()["cross"])
     kv_only = A.attention_decomposition(ref, ref, KVSpec.parse("int4"), ids)
-    assert kv_only.sumsq["interaction"][0].max() < 1e-20 and kv_only.sumsq["interaction"][1].max() > 0
+    assert not kv_only.sumsq["interaction"].any() and not kv_only.sumsq["cross_weight"].any()
+    assert kv_only.sumsq["cross_cache"][1].min() > 0 and kv_only.kl_interaction() == pytest.approx(0.0, abs=1e-15)
     both = A.attention_decomposition(ref, cand, KVSpec.parse("int4"), ids)
     assert both.sumsq["cross_cache"].sum() > 0 and 0 < both.interaction_share() < 1
     assert "cache part ε_q·ε_k,cᵀ" in " ".join(both.lines())

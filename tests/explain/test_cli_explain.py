@@ -40,6 +40,10 @@ def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     assert data["context"]["max_ctx"] == 256 and data["context"]["documents"] == 2
     assert data["noise"]["repeat"]["max_abs_kld_diff"] == 0.0
     assert len(data["attention"]["per_layer"]) == 4
+    # the interventions on the (W, C) run: one diagnosis window, so every effect is undecided (never additive)
+    cross = data["cross_term"]
+    assert cross["windows"] == 1 and {v["outcome"] for v in cross["verdicts"].values()} == {"undecided"}
+    assert "ε_q·ε_k,cᵀ removed" in run.output and "first 4 tokens at 16 bits" in run.output
     assert data["mitigations"]["results"] and data["verdict"][0].startswith("Undecided")  # 3 windows: no interval, never "additive"
     assert data["factorial"]["kld"]["verdict"]["outcome"] == "undecided" and "undecided" in run.output
     assert all("margin ±" in line and "Holm over 3 tests" in line for line in data["verdict"][:3])

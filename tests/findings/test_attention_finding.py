@@ -50,7 +50,6 @@ def test_pooled_windows_equal_one_decomposition_of_all_windows(rows, whole):
     shares = whole.network_shares()
     for term in ("kv", "weight", "cross"):
         assert row.shares[term].estimate == pytest.approx(shares[term], rel=1e-9)
-    assert row.cross_sink_ratio.estimate == pytest.approx(whole.sink_ratio("cross"), rel=1e-9)
     assert [l for l, _ in row.top_layers] == [l for l, _ in whole.top_layers(3)]
     assert [m for _, m in row.top_layers] == pytest.approx([m for _, m in whole.top_layers(3)], rel=1e-9)
     assert row.attention_kl == pytest.approx(whole.kl().mean(), rel=1e-9)
@@ -58,7 +57,7 @@ def test_pooled_windows_equal_one_decomposition_of_all_windows(rows, whole):
 
 def test_every_share_has_a_window_interval_that_varies(rows):
     for row in rows:
-        for iv in (*row.shares.values(), row.cross_sink_ratio):
+        for iv in row.shares.values():
             assert iv.n_units == 8 and iv.decided and iv.high - iv.low > 1e-6  # windows differ: a real interval, not a point
     # the two caches quantize differently: their KV terms' shares are not the same number
     int4, q4_0 = rows

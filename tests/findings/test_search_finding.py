@@ -25,7 +25,7 @@ def test_every_budget_gets_a_row_with_two_stage_intervals_over_the_replicates(fi
     assert [(r.profile_text, r.share, r.heldout_text) for r in finding.rows] == [("default", s, "default") for s in GRID.budgets]
     for r in finding.rows:
         assert r.tokens == 16 * 31 and r.replicates == 5  # 16 held-out windows of 32, the first token unscored
-        for rival in ("unaware", "greedy", "random"):
+        for rival in ("unaware", "kvtuner", "greedy", "random"):
             d = r.differences[rival]
             assert d.n_units == 16 and d.estimate == pytest.approx(r.aware - getattr(r, rival), abs=1e-12)
             assert r.verdicts[rival].family_size == sum(len(x.verdicts) for x in finding.rows)
@@ -36,7 +36,7 @@ def test_every_budget_gets_a_row_with_two_stage_intervals_over_the_replicates(fi
 
 def test_every_plan_spends_its_budget_within_one_step(finding):
     step = budget_step([list(PER.values())] * 4)
-    assert len(finding.plans) == len(GRID.budgets) * 5 * 4  # aware, unaware, greedy per replicate, and random mixes
+    assert len(finding.plans) == len(GRID.budgets) * 5 * 5  # aware, unaware, kvtuner, greedy per replicate, and random mixes
     for name, labels in finding.plans.items():
         share = float(name.rsplit("/", 1)[1])
         assert len(labels) == 4 and at_budget(sum(PER[x] for x in labels), share * FP16, step), name
@@ -48,7 +48,7 @@ def test_uniform_only_where_it_hits_the_budget(finding):
     assert by_share[0.42].uniform_name == "K8V4" and "uniform" in by_share[0.42].differences
     assert by_share[0.33].uniform_name == "" and "uniform" not in by_share[0.33].differences
     curve = finding.curve["default -> default"]
-    assert any(p["front"] for p in curve) and {p["kind"] for p in curve} == {"uniform", "aware", "unaware", "greedy", "random"}
+    assert any(p["front"] for p in curve) and {p["kind"] for p in curve} == {"uniform", "aware", "unaware", "kvtuner", "greedy", "random"}
 
 
 def test_identical_profiles_give_an_exact_zero(tiny_folder):

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from wkvlab.errors import ConfigError
 from tests.conftest import tiny_llama
 from wkvlab.formats.exl3 import fake_quant_exl3
 from wkvlab.formats.vllm_int4 import fake_quant_vllm_int4, rht_signs
@@ -285,6 +286,48 @@ def test_the_planner_reads_each_engine_formats_bytes_from_the_spec():
     for name, per_row in (("vllm:fp8_per_token_head", 132), ("vllm:int8_per_token_head", 132), ("sglang:fp4_e2m1", 72),
                           ("llamacpp-x86:q8_0", 136), ("vllm:int4_per_token_head", 68)):
         assert kv_bytes_per_token(llama70, name).total_bytes == per_row * 2 * 80 * 8, name
+    # NVFP4 (vLLM nvfp4 / nvfp4_4over6: reshape_and_cache_nvfp4_dispatch's full_dim = head_size/2 + head_size/16;
+    # SGLang NVFP4Method.compute_cell_size without the shared workspace): 64 + 8 = 72 B; the fp32 k_scale is per layer
+    for name in ("vllm:nvfp4", "vllm:nvfp4_4over6", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100"):
+        assert kv_bytes_per_token(llama70, name).total_bytes == 72 * 2 * 80 * 8, name
+
+
+# ---- NVFP4: vLLM nvfp4 / nvfp4_4over6, SGLang --fp4-kv-cache-recipe ------------------------------
+
+def test_nvfp4_presets_and_sglang_recipes_name_the_kernels_formats():
+    assert KVSpec.parse("vllm:nvfp4").canonical() == "nvfp4"
+    assert KVSpec.parse("vllm:nvfp4_4over6").canonical() == "nvfp4_4over6"
+    # --fp4-kv-cache-recipe: mxfp4 and blockfp4 are one kernel (fp4_e2m1); nvfp4 is NVFP4Method's store + FP8 read
+    for recipe, fmt in (("mxfp4", "fp4_e2m1"), ("blockfp4", "fp4_e2m1"), ("nvfp4", "nvfp4-fp8read"), ("nvfp4-sm100", "nvfp4-fp8read-sm100")):
+        spec = KVSpec.parse(f"sglang:fp4_e2m1+recipe={recipe}")
+        assert (spec.k, spec.v) == (fmt, fmt) and KVSpec.parse(spec.canonical()) == KVSpec(k=fmt, v=fmt)
+        assert spec.name == f"sglang:fp4_e2m1+recipe={recipe}"
+    for bad in ("sglang:fp4_e2m1+recipe=nvfp8", "int4+recipe=nvfp4", "vllm:nvfp4+recipe=nvfp4"):
+        with pytest.raises(ConfigError, match="recipe"):
+            KVSpec.parse(bad)
+    # labels: read from source, no ratio measured -> source-faithful, never engine-checked; the recipe's source is named
+    for name in ("vllm:nvfp4", "vllm:nvfp4_4over6", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100"):
+        info = fidelity_of(KVSpec.parse(name))
+        assert info["label"] == "source-faithful", name
+    assert "nvfp4_kv_cache_kernels.cu @0cd789b3" in fidelity_of(KVSpec.parse("vllm:nvfp4"))["source"]
+    assert "NVFP4Method" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4"))["source"]
+    assert "NVFP4Method" not in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=mxfp4"))["source"]
+
+
+def test_nvfp4_presets_quantize_a_model_layer_by_the_kernel_formula():
+    # a block whose scale and codes are known by hand (tests/formats/test_nvfp4_kv.py): amax 1.3 -> E4M3 scale 0.21875,
+    # codes 6, 2, -4, 0.5, 3; SGLang's FP8 read turns 1.3125 into 1.25 and 0.65625 into 0.625
+    x = torch.zeros(1, 1, 2, 64)
+    x[..., :5] = torch.tensor([1.3, 0.5, -0.9, 0.1, 0.65])
+    exact = [1.3125, 0.4375, -0.875, 0.109375, 0.65625]
+    for name, want in (("vllm:nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4", [1.25, 0.4375, -0.875, 0.109375, 0.625])):
+        spec = KVSpec.parse(name)
+        out = spec.k_format.quantize(x)
+        assert out[0, 0, 0, :5].tolist() == want and out[..., 5:].abs().max().item() == 0.0, name
+    # the MXFP4/blockfp4 recipe on the same block: scale 2^ceil(log2(1.3/6)) = 0.25, |x|/0.25 = 5.2, 2, 3.6, 0.4, 2.6 ->
+    # 6, 2, 4, 0.5, 3 (sum of bounds passed) -> 1.5, 0.5, -1.0, 0.125, 0.75
+    out = KVSpec.parse("sglang:fp4_e2m1+recipe=mxfp4").k_format.quantize(x)
+    assert out[0, 0, 0, :5].tolist() == [1.5, 0.5, -1.0, 0.125, 0.75]
 
 
 def test_exl3_flash_attn_path_lets_the_current_token_see_its_own_kv_unquantized():
@@ -305,3 +348,10 @@ def test_exl3_flash_attn_path_lets_the_current_token_see_its_own_kv_unquantized(
     torch.testing.assert_close(fa[0, 0], ref[0, 0], rtol=0, atol=1e-6)  # the first token sees only itself
     assert not torch.allclose(direct[0, 0], ref[0, 0], atol=1e-4)
     assert not torch.allclose(fa[0, 2], ref[0, 2], atol=1e-4)  # later tokens see the earlier ones quantized
+
+
+def test_per_token_head_presets_name_the_revision_they_were_re_read_at():
+    # issue #25 item 3: the per-token-head writers re-read in vLLM's newest stored copy (moved to triton_quant_kv/)
+    assert "@18829594" in describe_preset("vllm:int4_per_token_head").source
+    for name in ("vllm:int8_per_token_head", "vllm:fp8_per_token_head"):
+        assert "@f51ccb3e" in describe_preset(name).source

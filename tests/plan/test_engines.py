@@ -171,3 +171,19 @@ def test_int8_weight_only_and_whole_groups():
     assert int8.accepted and int8.weight_arg == "compressed-tensors"
     ragged = support("sglang", "int8-g128", "bf16", model=smol)
     assert not ragged.accepted and any("576" in r and "group size" in r for r in ragged.reasons)
+
+
+def test_nvfp4_kv_caches_get_their_engine_flags():
+    """vLLM --kv-cache-dtype nvfp4 / nvfp4_4over6 and SGLang fp4_e2m1 + --fp4-kv-cache-recipe nvfp4: Blackwell only,
+    storage = the format whose bytes the engine allocates (head_dim/2 + head_dim/16 per token and head)."""
+    for fmt in ("nvfp4", "nvfp4_4over6"):
+        s = support("vllm", "bf16", fmt, gpu="B200")
+        assert s.accepted and s.kv.args == ("--kv-cache-dtype", fmt) and s.kv.storage == fmt
+        assert not support("vllm", "bf16", fmt).accepted  # H100: no NVFP4 KV kernels
+        assert not support("vllm", "bf16", fmt, gpu="B200", version="0.11").accepted
+    s = support("sglang", "bf16", "sglang:fp4_e2m1+recipe=nvfp4", gpu="B200")
+    assert s.accepted and s.kv.args == ("--kv-cache-dtype", "fp4_e2m1", "--fp4-kv-cache-recipe", "nvfp4")
+    assert any("workspace" in w for w in s.warnings)
+    assert support("sglang", "bf16", "fp4_e2m1", gpu="B200").kv.args == ("--kv-cache-dtype", "fp4_e2m1")
+    assert not support("vllm", "bf16", "nvfp4-fp8read", gpu="B200").accepted  # SGLang's read path, not a vLLM dtype
+    assert get_kv_format("nvfp4").bytes_per_vector(128) == 72

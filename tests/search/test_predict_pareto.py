@@ -67,31 +67,38 @@ def test_profile_rejects_unknown_fields_and_missing_formats(tmp_path):
         hand_profile().k_delta("int2")
 
 
-def test_verdict_pairs_the_plan_with_each_baseline_by_window():
+def test_verdict_pairs_the_plan_with_each_rival_by_window():
     import numpy as np
 
-    from wkvlab.search.api import Row, _verdict
+    from wkvlab.search.api import Row, _decide, _verdict_text
     from wkvlab.search.measure import Score
 
     rng = np.random.default_rng(0)
     windows = np.repeat(np.arange(8), 20)
     shared = np.repeat(rng.random(8), 20)  # windows differ a lot; pairing cancels it
 
-    def row(name, kind, level):
+    def row(name, kind, level, budget=100.0):
         per_token = level + shared + rng.normal(0, 0.001, windows.size)
-        return Row(name, kind, "", 0.0, 0, 0.0, True, None, float(per_token.mean()), 0.01,
+        return Row(name, kind, "", 0.0, 0, 0.0, True, None, float(per_token.mean()), 0.01, budget=budget,
                    score=Score(float(per_token.mean()), 0.01, windows.size, per_token, windows))
 
+    def verdict(rows, budget=100.0):
+        points, _ = _decide(rows, [budget], 10.0, {}, {budget: []}, 0.10)
+        return _verdict_text(points[0])
+
     plan = row("plan", "plan", 0.5)
-    text = _verdict(plan, [row("uniform K4V4", "uniform", 0.9), row("kvtuner", "unaware", 0.3), plan])
-    assert "minus best fitting uniform uniform K4V4" in text and "→ better (lower KLD)" in text  # plan beats uniform, decided
-    assert "minus kvtuner" in text and "→ worse (higher KLD)" in text  # and the unaware baseline beats the plan
-    assert text.count("Holm over 2 tests (plan vs 2 baselines)") == 2 and "10% of its KLD" in text
-    close = _verdict(plan, [row("uniform K8V8", "uniform", 0.52), plan])  # 2% apart: equivalent within ±10% of its KLD
+    text = verdict([plan, row("uniform K4V4", "uniform", 0.9), row("weight-unaware plan", "unaware", 0.3)])
+    assert "minus uniform K4V4" in text and "→ better (lower KLD)" in text  # plan beats uniform, decided
+    assert "minus weight-unaware plan" in text and "→ worse (higher KLD)" in text  # and the unaware plan beats the plan
+    assert text.count("Holm over 2 tests (plan vs its rivals at equal memory: 2 differences)") == 2 and "10% of its KLD" in text
+    close = verdict([plan, row("uniform K8V8", "uniform", 0.52)])  # 2% apart: equivalent within ±10% of its KLD
     assert "→ equivalent within ±" in close
-    few = Row("plan", "plan", "", 0.0, 0, 0.0, True, None, 0.5, 0.01,
+    mixes = [row(f"random mix {i}", "random", level) for i, level in enumerate((0.8, 1.0, 1.2))]
+    both = verdict([plan, *mixes])
+    assert "minus mean of 3 random mixes (" in both and "→ better (lower KLD)" in both  # the mixes are one rival: their mean
+    few = Row("plan", "plan", "", 0.0, 0, 0.0, True, None, 0.5, 0.01, budget=100.0,
               score=Score(0.5, 0.01, 4, np.full(4, 0.5), np.arange(4)))
-    other = Row("uniform K8V8", "uniform", "", 0.0, 0, 0.0, True, None, 0.4, 0.01,
+    other = Row("uniform K8V8", "uniform", "", 0.0, 0, 0.0, True, None, 0.4, 0.01, budget=100.0,
                 score=Score(0.4, 0.01, 4, np.full(4, 0.4), np.arange(4)))
-    text = _verdict(few, [other, few])
+    text = verdict([few, other])
     assert "no interval: 4 < 8 units" in text and "→ undecided" in text  # four windows decide nothing

@@ -57,7 +57,7 @@ def test_profile_single_layer_cells_are_real_measurements(setup):
     assert prof.outliers[0]["k_max_over_median"] >= 1
 
 
-def test_search_end_to_end_and_profile_cache(setup):
+def test_search_end_to_end_and_profile_cache(setup, monkeypatch):
     model, prof_w, held = setup
     weights, choices = WeightSpec.parse("int4-g32"), parse_choices("K8V8,K4V4,K4V2")
     budget = 320.0  # 3 layers x 2 heads, head_dim 32: uniform K4V4 is 240 B/token, K8V8 408: a real choice
@@ -65,7 +65,18 @@ def test_search_end_to_end_and_profile_cache(setup):
     assert result.chosen is not None and result.chosen.fits
     assert result.chosen.kv_bytes_per_token <= budget
     kinds = {r.kind for r in result.rows}
-    assert {"plan", "uniform", "reference", "unaware", "sinks"} <= kinds
+    assert {"plan", "reference", "unaware", "greedy", "kvtuner", "random"} <= kinds
+    assert all(r.at_budget for r in result.rows if r.kind != "reference")  # every plan and rival spends the budget
+    assert "uniform" not in kinds  # K4V4 240 and K8V8 408 B/token are not within ±2% of 320
+    assert result.chosen.plan == result.plan and len(result.rows[-1].plan) == 3
+    from wkvlab.display import console
+    from wkvlab.search.cli import print_search
+
+    monkeypatch.setattr(console, "width", 400)  # one line per row
+    with console.capture() as out:
+        print_search(result)
+    text = out.get()
+    assert "mean of 5 random mixes" in text and all(f"random mix {i}" in text for i in range(1, 6))  # one budget: each mix too
     assert result.profile["cached"] is False
     assert result.verdict
     vllm = result.exports["vllm"]  # the tiny model's 64-wide layers are too narrow for Marlin: cache flags, no line
@@ -110,4 +121,36 @@ def test_joint_search_keeps_weight_layers_when_memory_is_plentiful(setup):
     assert result.keep_16bit == [0, 1, 2] and result.chosen.fits
     assert result.exports["weights_16bit_layers"] == [0, 1, 2]
     assert any("16 bits" in n for n in result.exports["vllm"]["notes"])
-    assert result.chosen.kld <= min(r.kld for r in result.rows if r.kind == "uniform") + 1e-12
+    assert result.chosen.kld == 0.0  # 16-bit weights and cache everywhere: the reference itself
+    assert {r.kind for r in result.rows} == {"plan", "reference"} and "16-bit cache" in result.verdict  # no KV mix spends 10^6 B
+
+
+def test_curve_decides_every_rival_in_one_family(monkeypatch):
+    model = tiny_llama(num_hidden_layers=3)
+    g = torch.Generator().manual_seed(1)
+    prof = WindowSet(torch.randint(0, 128, (1, 24), generator=g), 0, False)
+    held = WindowSet(torch.randint(0, 128, (8, 24), generator=g), 0, False)  # 8 windows: enough for an interval
+    choices = parse_choices("K8V8,K4V4,K4V2")  # 3 layers x 2 heads of 32: K4V2 180, K4V4 240, K8V8 408 B/token
+    result = api.search_windows(model, prof, held, WeightSpec.parse("int4-g32"), choices, [200.0, 240.0, 320.0],
+                                random_mixes=2, unaware=False)
+    assert result.is_curve and [p.budget for p in result.points] == [200.0, 240.0, 320.0]
+    assert result.chosen is None and result.exports == {}
+    verdicts = [c.verdict for p in result.points for c in p.comparisons]
+    assert all(v is not None and v.family_size == len(verdicts) for v in verdicts)
+    assert all(v.margin.relative == 0.10 and v.margin.of.startswith("KLD of ") for v in verdicts)
+    assert [p.uniform for p in result.points] == ["", "K4V4", ""]  # uniform K4V4 only at 240 B/token
+    for p in result.points:
+        assert [c.rival for c in p.comparisons if c.rival != "uniform"] == ["greedy", "kvtuner", "random"]
+        step = p.step
+        for c in p.comparisons:
+            assert (abs(c.gap[0]) <= 0.02 * p.budget) if c.rival == "uniform" else (0 <= c.gap[0] and c.gap[1] < step)
+    assert "comparisons" in result.verdict and "Holm over" in result.verdict
+    from wkvlab.display import console
+    from wkvlab.search.cli import print_search
+
+    monkeypatch.setattr(console, "width", 400)  # one line per row
+    with console.capture() as out:
+        print_search(result)
+    text = out.get()
+    assert "3 budgets 200, 240, 320 B/token" in text and "mean of 2 random mixes" in text and "no uniform format within ±2%" in text
+    assert text.count("KVTuner rule, approx.") == 3 and "uniform fp16 (cache untouched)" in text

@@ -14,32 +14,30 @@ keys 0..3 (attention sinks) and the rest, and the KL between the reference's and
 attention rows (softcapping applied where the model has it). Statistics are accumulated per window,
 never the [heads, T, T] scores themselves, so memory stays at one layer's scores.
 
-Two passes per window, through the hook machinery wkvlab already has: the reference pass records
-each layer's post-RoPE Q and K from the attention dispatch (:func:`attention_override`); the
-candidate pass runs under :func:`kv_quantization` and, one level inside it, recomputes what the
+Through the hook machinery wkvlab already has: the reference pass records each layer's post-RoPE
+Q and K from the attention dispatch (:func:`attention_override`, :func:`wkvlab.explain.cells.record_pass`);
+the candidate pass runs under :func:`kv_quantization` and, one level inside it, recomputes what the
 layer's :class:`LayerStore` hands to attention (deterministic, so identical to what the hook uses).
 When the spec smooths or rotates Q/K, the reference's Q and K are carried into the same space
 (score-preserving transforms) so ε_q and ε_k are differences of like with like.
 
 **The cross term split, and the attention-level 2×2 (issue #24).** ε_k contains the key error the
 weights cause (and every earlier layer's error) as well as the cache's own, so the cross term
-ε_q·ε_kᵀ is not the cache's interaction with the weights. At each layer the candidate's key before
-the cache (``K_W``, what the same layer would read from a 16-bit cache) splits it:
+ε_q·ε_kᵀ is not the cache's interaction with the weights. Two more whole passes of the window
+(:mod:`wkvlab.explain.cells`) give the missing cells: W, the weight-quantized model with a 16-bit
+cache, and C, the reference model with the quantized cache. With ``K_W`` the key of the (W, fp16)
+pass at this layer, ε_k splits into its weight part and its cache part
 
-    ε_k = (K_W − K) + (K_stored − K_W) = ε_k,w + ε_k,c,   ε_q·ε_kᵀ = ε_q·ε_k,wᵀ + ε_q·ε_k,cᵀ
+    ε_k,w = K_W − K,   ε_k,c = K_stored − K_W,   ε_q·ε_kᵀ = ε_q·ε_k,wᵀ + ε_q·ε_k,cᵀ
 
-(``cross_weight`` and ``cross_cache``). The layer-local 2×2 cells of the scores are then the
-reference's Q, K (R); the reference's Q, K through the layer's cache (C, the (unquantized weights,
-quantized cache) cell); the candidate's Q, K without the cache (W, the (quantized weights, fp16
-cache) cell); and the candidate as it runs (WC). ``total_w`` = S_W − S_R and ``total_c`` = S_C − S_R
-are the one-sided score errors, and ``interaction`` = S_WC − S_W − S_C + S_R is the attention-level
-interaction: ≈ ε_q·ε_k,cᵀ plus how the cache's error on the candidate's keys differs from its error
-on the reference's. "Layer-local": both W cells carry the hidden states of the run that reaches the
-layer (the candidate's), so errors from earlier layers count as the candidate's.
+(``cross_weight`` and ``cross_cache``), and the cells' scores S_R, S_W, S_C, S_WC (each its own pass's
+Q against the keys its attention read) give ``total_w`` = S_W − S_R, ``total_c`` = S_C − S_R and the
+attention-level 2×2 interaction ``interaction`` = S_WC − S_W − S_C + S_R; the attention-row KL of the
+W and C cells against R is accumulated too, so the same 2×2 can be read on attention KL.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -149,6 +147,7 @@ class AttentionDecomposition:
     kl_sum: np.ndarray
     kl_rows: np.ndarray
     ref_sumsq: np.ndarray  # [layers, heads]: sums of squares of the reference's scores, for scale
+    kl_cell_sum: dict[str, np.ndarray] = field(default_factory=dict)  # "w", "c": those cells' attention-row KL, summed like kl_sum
 
     @property
     def layers(self) -> int:
@@ -168,6 +167,16 @@ class AttentionDecomposition:
     def kl(self) -> np.ndarray:
         """``[layers, heads]`` mean KL between reference and candidate attention rows (nats)."""
         return np.divide(self.kl_sum, self.kl_rows, out=np.zeros_like(self.kl_sum), where=self.kl_rows > 0)
+
+    def kl_of(self, cell: str) -> float:
+        """Mean attention-row KL against the reference of cell ``wc`` (the candidate), ``w`` or ``c`` (nats)."""
+        total = self.kl_sum if cell == "wc" else self.kl_cell_sum.get(cell)
+        rows = float(self.kl_rows.sum())
+        return float(total.sum()) / rows if total is not None and rows > 0 else float("nan")
+
+    def kl_interaction(self) -> float:
+        """The attention-level 2×2 on attention KL: KL(WC) − KL(W) − KL(C) (the reference cell's is 0)."""
+        return self.kl_of("wc") - self.kl_of("w") - self.kl_of("c")
 
     def _energy(self, term: str) -> np.ndarray:
         return self.sumsq[term].sum(-1)
@@ -212,13 +221,6 @@ class AttentionDecomposition:
         total = float(self._energy("total").sum())
         return float(self._energy("interaction").sum()) / total if total > 0 else 0.0
 
-    def sink_ratio(self, term: str = "total") -> float:
-        """RMS of the term on sink keys over its RMS on the other keys (network-wide)."""
-        ss, n = self.sumsq[term].sum(1), self.pairs * self.heads
-        sinks = np.sqrt(ss[:, 0].sum() / max(n[:, 0].sum(), 1))
-        rest = np.sqrt(ss[:, 1].sum() / max(n[:, 1].sum(), 1))
-        return float(sinks / rest) if rest > 0 else float("nan")
-
     def per_layer(self) -> list[dict]:
         rows = []
         for layer in range(self.layers):
@@ -245,7 +247,8 @@ class AttentionDecomposition:
             "network_shares": self.network_shares(),
             "cross_split": self.cross_split(),
             "interaction_share": self.interaction_share(),
-            "sink_ratio_total": self.sink_ratio(),
+            "attention_kl_cells": {cell: self.kl_of(cell) for cell in ("w", "c", "wc")},
+            "attention_kl_interaction": self.kl_interaction(),
             "top_layers": [{"layer": l, "cross_mass": s} for l, s in self.top_layers()],
             "top_heads": [{"layer": l, "head": h, "cross_mass": s} for l, h, s in self.top_heads()],
             "per_layer": self.per_layer(),
@@ -269,9 +272,22 @@ class AttentionDecomposition:
             f"the cross term sits mostly in layers {top}; its weight part ε_q·ε_k,wᵀ is {self.cross_split()['weight']:.1%} and its "
             f"cache part ε_q·ε_k,cᵀ {self.cross_split()['cache']:.1%} of the term energy; the attention-level 2×2 interaction "
             f"S_WC − S_W − S_C + S_R carries {self.interaction_share():.1%} of the score-error energy",
-            f"score error on the first {self.sink_tokens} keys is {self.sink_ratio():.2f}× its RMS on the other keys",
+            f"attention KL per row: (W, fp16) {self.kl_of('w'):.2e}, (none, C) {self.kl_of('c'):.2e}, (W, C) {self.kl_of('wc'):.2e}; "
+            f"2×2 interaction {self.kl_interaction():+.2e} nats",
             f"attention KL: mean {kl.mean():.2e} nats per row, largest at layer {worst[0]} head {worst[1]} ({kl.max():.2e})",
         ]
+
+
+def pooled(parts: list["AttentionDecomposition"]) -> "AttentionDecomposition":
+    """One :class:`AttentionDecomposition` of all windows from the per-window ones (its sums add)."""
+    from dataclasses import replace
+
+    first = parts[0]
+    return replace(first, n_windows=sum(p.n_windows for p in parts), sumsq={t: sum(p.sumsq[t] for p in parts) for t in first.sumsq},
+                   pairs=sum(p.pairs for p in parts), kl_sum=sum(p.kl_sum for p in parts), kl_rows=sum(p.kl_rows for p in parts),
+                   ref_sumsq=sum(p.ref_sumsq for p in parts),
+                   kl_cell_sum={c: sum(p.kl_cell_sum[c] for p in parts) for c in first.kl_cell_sum})
+
 
 
 class _Accumulator:
@@ -281,9 +297,11 @@ class _Accumulator:
         self.pairs = np.zeros((layers, 2))
         self.kl_sum = np.zeros((layers, heads))
         self.kl_rows = np.zeros((layers, heads))
+        self.kl_cells = {cell: np.zeros((layers, heads)) for cell in ("w", "c")}
 
     def add(self, layer: int, terms: dict[str, torch.Tensor], scores_ref: torch.Tensor, allowed: torch.Tensor,
-            kl: torch.Tensor, sink_tokens: int) -> None:
+            kl: dict[str, torch.Tensor], sink_tokens: int) -> None:
+        """``kl``: attention-row KL against the reference of the cells ``wc`` (the candidate), ``w`` and ``c``."""
         is_sink = torch.arange(allowed.shape[-1], device=allowed.device) < sink_tokens  # where the scores are
         groups = (allowed & is_sink, allowed & ~is_sink)
         for term, x in terms.items():
@@ -293,34 +311,87 @@ class _Accumulator:
         self.ref_sumsq[layer] += (scores_ref.square() * allowed).sum((-1, -2)).cpu().numpy()
         for g, sel in enumerate(groups):
             self.pairs[layer, g] += float(sel.sum())
-        self.kl_sum[layer] += kl.sum(-1).cpu().numpy()
-        self.kl_rows[layer] += kl.shape[-1]
+        self.kl_sum[layer] += kl["wc"].sum(-1).cpu().numpy()
+        self.kl_rows[layer] += kl["wc"].shape[-1]
+        for cell in self.kl_cells:
+            self.kl_cells[cell][layer] += kl[cell].sum(-1).cpu().numpy()
+
+    def result(self, weights: str, kv: str, tokens: torch.Tensor, sink_tokens: int) -> "AttentionDecomposition":
+        return AttentionDecomposition(
+            weights=weights, kv=kv, ctx=int(tokens.shape[1]), n_windows=int(tokens.shape[0]), sink_tokens=sink_tokens,
+            sumsq=self.sumsq, pairs=self.pairs, kl_sum=self.kl_sum, kl_rows=self.kl_rows, ref_sumsq=self.ref_sumsq,
+            kl_cell_sum=self.kl_cells)
 
 
-def _layer_statistics(store: LayerStore, selection, ref_inputs, query, key, value, attention_mask, rope, residual,
+def to_store_space(store: LayerStore, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 16-bit pass's Q and K carried into ``store``'s space (smoothing and rotation, no quantization)."""
+    return _reference_space(store, query, key, key)
+
+
+def _per_pair(use_stored: torch.Tensor | None, stored, full):
+    """Each (query, key) pair's value from the stored or the full-precision key (residual specs)."""
+    return stored if use_stored is None or full is None else torch.where(use_stored, stored, full)
+
+
+def _layer_statistics(store: LayerStore, selection, cells, query, key, value, attention_mask, rope, residual,
                       scaling: float, softcap: float | None):
-    """Terms, reference scores, allowed pairs and attention KL for one layer of one window (float64).
+    """Terms, reference scores, allowed pairs and attention KL of the W+C, W and C cells for one layer of one
+    window (float64).
 
-    ``ref_inputs``: the reference's (query, key, value, rope, residual) at this layer."""
+    ``cells``: this layer's ``(R raw, W raw, C seen)`` (:class:`~wkvlab.explain.cells.PassRecord`); ``query``,
+    ``key``, ``value``, ``rope``, ``residual``: what the W+C pass's attention receives here."""
+    (r_q, r_k), (w_q, w_k), (c_q, c_k_full, c_k_stored) = cells
+    device = query.device
     q_cand, k_full, k_stored, _, _ = store.apply(query, key, value, rope, residual)
-    ref_q, ref_k, ref_v, ref_rope, ref_residual = ref_inputs
-    q_ref, k_ref = _reference_space(store, ref_q, ref_k, ref_v)
-    q_w, _ = _reference_space(store, query, key, value)  # the candidate's query as a 16-bit cache would see it
-    q_c, k_c_full, k_c_stored, _, _ = store.apply(ref_q, ref_k, ref_v, ref_rope, ref_residual)  # the reference through the cache
+    q_ref, k_ref = to_store_space(store, r_q.to(device), r_k.to(device))
+    q_w, k_w = to_store_space(store, w_q.to(device), w_k.to(device))
     heads = q_cand.shape[1]
-    as64 = lambda x: _expand(x, heads)[0].double()  # noqa: E731
-    q_ref, k_ref, q_cand, k_full, k_stored = as64(q_ref), as64(k_ref), as64(q_cand), as64(k_full), as64(k_stored)
-    q_w, q_c, k_c_full, k_c_stored = as64(q_w), as64(q_c), as64(k_c_full), as64(k_c_stored)
-    allowed = allowed_pairs(attention_mask, q_cand.shape[-2], k_stored.shape[-2], q_cand.device)
-    terms = cell_terms(q_ref, k_ref, q_cand, k_stored, q_w, k_full, q_c, k_c_stored, scaling)
+    as64 = lambda x: _expand(x.to(device), heads)[0].double()  # noqa: E731
+    q_ref, k_ref, q_cand, k_full, k_stored, q_w, k_w = map(as64, (q_ref, k_ref, q_cand, k_full, k_stored, q_w, k_w))
+    q_c, c_k_full, c_k_stored = map(as64, (c_q, c_k_full, c_k_stored))
+    allowed = allowed_pairs(attention_mask, q_cand.shape[-2], k_stored.shape[-2], device)
+    terms = cell_terms(q_ref, k_ref, q_cand, k_stored, q_w, k_w, q_c, c_k_stored, scaling)
     if selection is not None and not (store.k_quant is None and store.v_quant is None):
-        # residual / window specs: a query sees the full-precision key until the rule quantizes it
-        use_q = selection(torch.arange(q_cand.shape[-2], device=q_cand.device), k_stored.shape[-2])
-        fresh = cell_terms(q_ref, k_ref, q_cand, k_full, q_w, k_full, q_c, k_c_full, scaling)
-        terms = {t: torch.where(use_q, terms[t], fresh[t]) for t in TERMS}
+        # residual / window specs: a query sees the full-precision key until the rule quantizes it, in both cache cells
+        use_q = selection(torch.arange(q_cand.shape[-2], device=device), k_stored.shape[-2])
+        fresh = cell_terms(q_ref, k_ref, q_cand, k_full, q_w, k_w, q_c, c_k_full, scaling)
+        terms = {t: _per_pair(use_q, terms[t], fresh[t]) for t in TERMS}
     scores_ref = (q_ref @ k_ref.transpose(-1, -2)) * scaling
-    kl = attention_kl(scores_ref, scores_ref + terms["total"], allowed, softcap)
+    kl = {cell: attention_kl(scores_ref, scores_ref + terms[name], allowed, softcap)
+          for cell, name in (("wc", "total"), ("w", "total_w"), ("c", "total_c"))}
     return terms, scores_ref, allowed, kl
+
+
+def _seen(record, layer: int):
+    """(query, key_full, key_stored) a pass's attention read at ``layer`` (a 16-bit pass: its own Q and K)."""
+    if record.seen:
+        return record.seen[layer]
+    q, k = record.raw[layer]
+    return q, k, k
+
+
+def decompose_window(candidate: torch.nn.Module, kv: KVSpec, ids: torch.Tensor, stores: list[LayerStore], cells, acc: "_Accumulator",
+                     sink_tokens: int = SINK_TOKENS) -> torch.Tensor:
+    """The W+C pass of one window ``ids`` ``[1, tokens]``, its score error accumulated into ``acc`` against the
+    recorded cells ``(R, W, C)`` (:func:`wkvlab.explain.cells.record_pass`); returns the pass's float32 logits."""
+    from wkvlab.eval.logits import model_logits
+
+    ref, w, c = cells
+    selection = kv.selection()
+    with attention_inputs(candidate) as inputs, kv_quantization(candidate, kv, stores=stores):
+
+        def compare(backend, module, query, key, value, attention_mask, **kwargs):
+            layer = module.layer_idx
+            seen = inputs.get(layer, {})
+            scaling = kwargs.get("scaling") or module.scaling
+            terms, scores_ref, allowed, kl = _layer_statistics(
+                stores[layer], selection, (ref.raw[layer], w.raw[layer], _seen(c, layer)), query, key, value, attention_mask,
+                seen.get("position_embeddings"), seen.get("residual"), scaling, kwargs.get("softcap"))
+            acc.add(layer, terms, scores_ref, allowed, kl, sink_tokens)
+            return backend(module, query, key, value, attention_mask, **kwargs)
+
+        with attention_override(candidate, compare):
+            return model_logits(candidate, ids.to(input_device(candidate))).cpu()
 
 
 @torch.no_grad()
@@ -333,49 +404,30 @@ def attention_decomposition(
     weights_label: str = "none",
     stats: KVStats | None = None,
     stores: list[LayerStore] | None = None,
+    reference_stats: KVStats | None = None,
     sink_tokens: int = SINK_TOKENS,
     progress: Progress | None = None,
 ) -> AttentionDecomposition:
     """Decompose the score error of ``candidate`` (weight-quantized model, or the reference itself)
     under ``kv`` against ``reference``, over token windows ``tokens`` ``[n_windows, ctx]``.
 
-    ``stats``: KV calibration statistics for specs that need them; ``stores``: prebuilt layer stores.
+    Four passes per window: R and C on ``reference``, W and W+C on ``candidate``. ``stats``: KV
+    calibration statistics under the candidate's weights for specs that need them
+    (``reference_stats``: under the reference's, for the C cell; default ``stats``); ``stores``:
+    the candidate's prebuilt layer stores.
     """
+    from wkvlab.explain.cells import record_pass
+
     tick = progress or (lambda _d, _n: None)
     stores = stores if stores is not None else layer_stores(candidate, kv, stats)
-    selection = kv.selection()
+    ref_stores = layer_stores(reference, kv, reference_stats if reference_stats is not None else stats)
+    fp16 = KVSpec.parse("fp16")
     cfg = candidate.config.get_text_config()
     acc = _Accumulator(cfg.num_hidden_layers, cfg.num_attention_heads)
     for w in range(tokens.shape[0]):
         ids = tokens[w : w + 1]
-        captured: dict[int, tuple] = {}
-
-        with attention_inputs(reference) as ref_seen:
-            def record(backend, module, query, key, value, attention_mask, **kwargs):
-                seen = ref_seen.get(module.layer_idx, {})
-                captured[module.layer_idx] = (query, key, value, seen.get("position_embeddings"), seen.get("residual"))
-                return backend(module, query, key, value, attention_mask, **kwargs)
-
-            with attention_override(reference, record):
-                reference(input_ids=ids.to(input_device(reference)), use_cache=False)
-
-        with attention_inputs(candidate) as inputs, kv_quantization(candidate, kv, stores=stores):
-
-            def compare(backend, module, query, key, value, attention_mask, **kwargs):
-                layer = module.layer_idx
-                seen = inputs.get(layer, {})
-                scaling = kwargs.get("scaling") or module.scaling
-                terms, scores_ref, allowed, kl = _layer_statistics(
-                    stores[layer], selection, captured.pop(layer), query, key, value, attention_mask,
-                    seen.get("position_embeddings"), seen.get("residual"), scaling, kwargs.get("softcap"))
-                acc.add(layer, terms, scores_ref, allowed, kl, sink_tokens)
-                return backend(module, query, key, value, attention_mask, **kwargs)
-
-            with attention_override(candidate, compare):
-                candidate(input_ids=ids.to(input_device(candidate)), use_cache=False)
+        cells = (record_pass(reference, fp16, ids, logits=False), record_pass(candidate, fp16, ids, logits=False),
+                 record_pass(reference, kv, ids, ref_stores, logits=False))
+        decompose_window(candidate, kv, ids, stores, cells, acc, sink_tokens)
         tick("attention decomposition", 1)
-    return AttentionDecomposition(
-        weights=weights_label, kv=kv.label, ctx=int(tokens.shape[1]), n_windows=int(tokens.shape[0]),
-        sink_tokens=sink_tokens, sumsq=acc.sumsq, pairs=acc.pairs, kl_sum=acc.kl_sum, kl_rows=acc.kl_rows,
-        ref_sumsq=acc.ref_sumsq,
-    )
+    return acc.result(weights_label, kv.label, tokens, sink_tokens)

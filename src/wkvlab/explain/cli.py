@@ -10,7 +10,7 @@ from rich.table import Table
 from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import DataError
-from wkvlab.explain.options import STEPS, ExplainOptions, planned_steps
+from wkvlab.explain.options import STEPS, ExplainOptions, planned_grids, planned_steps
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.preflight import check_kv_for_model, check_model, check_one_config, check_weight_groups, parse_configs, require_store
 
@@ -158,7 +158,7 @@ def explain_command(
     from wkvlab.explain.run import explain
 
     total = planned_steps(options, max(1, tokens // ctx))
-    with progress_bar(total, "explain") as advance:
+    with progress_bar(total, "explain", grid=planned_grids(options, weight_specs[0], kv_specs[0])) as advance:
         report = explain(weights, kv, model=model, data=data, ctx=ctx, tokens=tokens, max_ctx=max_ctx, context_docs=context_docs,
                          diag_windows=diag_windows, skip=skipped, n_resamples=resamples, margin=margin, progress=advance)
     print_report(report)

@@ -94,6 +94,25 @@ def planned_steps(options: ExplainOptions, n_windows: int) -> int:
     return steps
 
 
+def planned_grids(options: ExplainOptions, weights, kv) -> list[tuple[list, list]]:
+    """The weights × KV grids the run evaluates, in order, as (weight specs, KV specs) — what the progress
+    ETA times apart (wkvlab.display.grids_classes): each one builds its weight configs again. The
+    mitigations' candidate caches are counted as the cache itself (their calibrations are alike)."""
+    from wkvlab.explain.factorial import factorial_specs
+
+    factorial = factorial_specs(weights, kv)
+    grids = [factorial]
+    if options.runs("noise"):
+        grids.append(([weights], [kv]))
+    if options.runs("context") and options.max_ctx > options.ctx:
+        grids.append(factorial)
+    if options.runs("mitigations"):
+        grids.append(([weights], [kv]))
+    if options.runs("selfgen"):
+        grids.append(factorial)
+    return grids
+
+
 def selfgen_tokens(options: ExplainOptions) -> int:
     """Tokens of self-generated text: half the evaluation's, at least one window (sampling is slow)."""
     return max(options.ctx, options.tokens // 2)

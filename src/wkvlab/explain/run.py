@@ -162,9 +162,12 @@ def explain(
         stats = kv_stats_under(quantized, c_spec, calibration, fingerprint)
         common = dict(weights_label=w_spec.label, stats=stats, progress=tick)
         if options.runs("attention"):
-            from wkvlab.explain.attention import attention_decomposition
+            from wkvlab.explain.intervention import decompose_and_intervene
 
-            attention = timed("attention", lambda: attention_decomposition(net, quantized.model, c_spec, diag_tokens, **common))
+            # the (none, C) cell's calibration is the reference's own
+            ref_stats = kv_stats_under(quantize_model_weights(net, WeightSpec.parse("none")), c_spec, calibration, fingerprint)
+            attention, extras["cross_term"] = timed("attention", lambda: decompose_and_intervene(
+                net, quantized.model, c_spec, diag_tokens, reference_stats=ref_stats, margin=margin, **boot, **common))
         if options.runs("hidden"):
             from wkvlab.explain.hidden import layer_diagnostics
 

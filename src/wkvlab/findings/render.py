@@ -80,26 +80,53 @@ def method_differences_markdown(rows: list[MethodDifference]) -> str:
 
 
 def attention_markdown(rows) -> str:
-    """Where the cross term sits: term shares, the cross term's weight and cache parts, the 2×2 interaction, sinks, layers."""
+    """Where the cross term sits (term shares, its weight and cache parts, the attention-level 2×2, layers), then what the
+    interventions on the (W, C) run decide: ε_q·ε_k,cᵀ removed from the scores, the sinks kept at 16 bits."""
     header = ["weights", "KV", "KV term Q·ε_kᵀ", "weight term ε_q·Kᵀ", "cross term ε_q·ε_kᵀ [95%]", "its weight part ε_q·ε_k,wᵀ [95%]",
-              "its cache part ε_q·ε_k,cᵀ [95%]", "2×2 interaction / score error [95%]", "cross term on sinks / elsewhere (RMS) [95%]",
-              "layers holding most of the cross term", "attention KL"]
+              "its cache part ε_q·ε_k,cᵀ [95%]", "2×2 interaction / score error [95%]", "layers holding most of the cross term", "attention KL"]
     body = []
     for r in rows:
         layers = ", ".join(f"L{l} {100 * m:.0f}%" for l, m in r.top_layers)
         part = lambda key: format(percent(r.shares[key]), ".1f") + " %" if key in r.shares else "—"  # noqa: E731
         body.append([r.weights, r.kv, f"{100 * r.shares['kv'].estimate:.1f}%", f"{100 * r.shares['weight'].estimate:.1f}%",
-                     part("cross"), part("cross_weight"), part("cross_cache"), part("interaction"), format(r.cross_sink_ratio, ".2f"),
-                     layers, f"{r.attention_kl:.2e}"])
+                     part("cross"), part("cross_weight"), part("cross_cache"), part("interaction"), layers, f"{r.attention_kl:.2e}"])
     windows = rows[0].windows if rows else 0
-    sinks = rows[0].sink_tokens if rows else 0
-    return _table(header, body) + (
-        "\n\nShares of the summed energy of the three score-error terms over every layer, head and causal (query, key) pair; "
-        "the cross term's weight part uses the candidate's key before the cache (K_W − K), its cache part the cache's own error "
-        "(K_stored − K_W): the parts' energies need not add to the cross term's. The 2×2 interaction is the layer-local "
-        "S_WC − S_W − S_C + S_R over the score error's energy. KV fp16 rows: the (W, 16-bit cache) cell, where the cross term is "
-        f"all weight part. 95% intervals over {windows} windows resampled. Sinks: the first {sinks} keys; 1.00 means the cross "
-        "term is no larger on them than elsewhere. Layers: share of the network's cross-term energy.")
+    text = _table(header, body) + (
+        "\n\nShares of the summed energy of the three score-error terms over every layer, head and causal (query, key) pair. "
+        "Four whole passes per window: R, W (quantized weights, 16-bit cache), C (unquantized weights, quantized cache), W+C; the "
+        "cross term's weight part uses the (W, fp16) pass's key (ε_k,w = K_W − K), its cache part the rest (ε_k,c = K_stored − K_W): "
+        "the parts' energies need not add to the cross term's. The 2×2 interaction is S_WC − S_W − S_C + S_R over the score "
+        "error's energy; it is not a measure of compounding: the cache's rounding error on W+C's keys is a fresh draw, "
+        "uncorrelated with its error on the reference's, so this energy is about twice the cache term's even when nothing "
+        "compounds (and can exceed 100%) — the output and attention-KL interactions below are the ones decided. "
+        "KV fp16 rows: the (W, fp16) cell, where the cross term is all weight part and the interaction 0. "
+        f"95% intervals over {windows} windows resampled. Layers: share of the network's cross-term energy.")
+    crossed = [r.cross for r in rows if getattr(r, "cross", None) is not None]
+    if not crossed:
+        return text
+    header = ["weights", "KV", "KLD(W)", "KLD(C)", "KLD(W+C)", "output interaction → verdict", "ε_q·ε_k,cᵀ removed: KLD(W+C)′",
+              "change → verdict", "share of the interaction it carries [95%]", "what remains → verdict",
+              "attention-KL interaction → verdict", "sinks at 16 bits: KLD", "change → verdict"]
+    body = []
+    for x in crossed:
+        v, k = x.verdicts, x.kld
+        body.append([x.weights, x.kv, f"{k['w'].estimate:.5f}", f"{k['c'].estimate:.5f}", f"{k['wc'].estimate:.5f}",
+                     f"{x.effects['interaction']:+.5f} → {_decision(v['interaction'])}", f"{k['wc_removed'].estimate:.5f}",
+                     f"{x.effects['removed']:+.5f} → {_decision(v['removed'])}", x.explained_text(),
+                     f"{x.effects['interaction_removed']:+.5f} → {_decision(v['interaction_removed'])}",
+                     f"{x.effects['attention_interaction']:+.2e} → {_decision(v['attention_interaction'])}",
+                     f"{k['wc_sinks'].estimate:.5f}", f"{x.effects['sinks']:+.5f} → {_decision(v['sinks'])}"])
+    first = crossed[0].verdicts["interaction"]
+    return text + "\n\n" + _table(header, body) + (
+        "\n\nInterventions on the (W, C) run, same windows, output KLD against the reference over every position but the last: "
+        "ε_q·ε_k,cᵀ (ε_q = Q − Q_R, ε_k,c = K_stored − K_W, from the recorded R and (W, fp16) passes) subtracted from every "
+        "layer's attention scores; the first 4 tokens kept at 16 bits in the cache (+sinks=4), paired against the plain run. "
+        "'change': the intervened KLD(W+C) minus the plain one (lower: the term, or the sinks' quantization, raised it); 'share "
+        "it carries': (I − I′) / I, I the output interaction, I′ the same with the term removed (shown only where I's interval "
+        "excludes 0: a ratio to a near-zero I says nothing); 'attention-KL interaction': "
+        "KL(W+C) − KL(W) − KL(C) of the attention rows, margin 10% of the C cell's attention KL. Intervals: 95% studentized paired "
+        f"bootstrap over windows; verdicts by the one rule at the Holm-adjusted level, {first.adjustment}."
+        + _rule_note(v for x in crossed for v in x.verdicts.values()))
 
 
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
@@ -171,13 +198,15 @@ def search_markdown(data: dict) -> str:
     agree = _table(["per-layer delta", f"Spearman between {data.get('agreement_between') or 'the two profiles'}"],
                    [[k, f"{v:.3f}"] for k, v in data["layer_agreement"].items()])
     step = rows[0].step if rows else 0.0
-    return (table + f"\n\nAll rivals at equal memory: each per-layer plan (aware and unaware DP plans, the greedy allocator's "
-            f"mix on the same aware profile, random mixes) spends the budget within one layer-format step ({step:,.0f} B/token); a "
+    return (table + f"\n\nAll rivals at equal memory: each per-layer plan (aware and unaware DP plans, KVTuner's rule approximated "
+            f"on the unaware profile, the greedy allocator's mix on the same aware profile, random mixes) spends the budget within one layer-format step ({step:,.0f} B/token); a "
             "uniform format is compared only where it is within the stated tolerance of the budget. KLDs are means over "
             f"{replicates} replicated profiles, each on its own disjoint windows of the profile text (random mix r paired with "
             "replicate r); intervals are the two-stage (profile × held-out window) studentized bootstrap. 'aware' allocates from "
             "a profile measured under the quantized weights, 'unaware' from one with 16-bit weights (KVTuner-style profile, "
-            "wkvlab's allocator; KVTuner's own search is not implemented), all evaluated under the quantized weights.\n\n"
+            "wkvlab's allocator), all evaluated under the quantized weights; 'kvtuner' is KVTuner's pair pruning, layer grouping and "
+            "constrained search on the unaware profile, approximate because KVTuner's pruning and grouping code is unpublished "
+            "(src/wkvlab/search/kvtuner.py; github.com/cmd2001/KVTuner@babe775). A finding stored before it has '—' there.\n\n"
             + _table(["profile text → held-out text", "on the Pareto front (memory vs held-out KLD, every budget and uniform)"], curves)
             + "\n\n" + rho + "\n\n" + agree)
 

@@ -23,11 +23,11 @@ def torch_threads() -> int:
 
     return torch.get_num_threads()
 
-ProgressFactory = Callable[[int, str], ContextManager]  # (total steps, title) -> context yielding tick(desc, n)
+ProgressFactory = Callable[..., ContextManager]  # (total steps, title[, grid=...]) -> context yielding tick(desc, n)
 
 
 @contextmanager
-def _silent(_total: int, _title: str):
+def _silent(_total: int, _title: str, grid=None):
     yield lambda _desc, _n: None
 
 
@@ -54,7 +54,8 @@ def _run_sweeps(specs, store: Path, progress: ProgressFactory) -> list[list]:
     with open_store(store) as db:
         for spec in specs:
             plan = plan_sweep(spec, db)
-            with progress(plan.steps, f"{spec.name}: {len(plan.missing)} of {len(plan.configs)} configs to run") as tick:
+            with progress(plan.steps, f"{spec.name}: {len(plan.missing)} of {len(plan.configs)} configs to run",
+                          grid=[task.grid for task in plan.tasks]) as tick:
                 report = run_sweep(spec, db, progress=tick, plan=plan)
             out.append(db.results(report.config_ids))
     return out
@@ -87,7 +88,8 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
 
         size = sized()
         windows = grids.ATTENTION_WINDOWS if tokens is None else size.tokens // size.ctx
-        rows = measure_attention(model, grids.ATTENTION_WEIGHTS, grids.ATTENTION_KV, ctx=size.ctx, windows=windows, progress=progress, **where)
+        rows = measure_attention(model, grids.ATTENTION_WEIGHTS, grids.ATTENTION_KV, ctx=size.ctx, windows=windows, progress=progress,
+                                margin=margin, **where)
         markdown, data = render.attention_markdown(rows), {"rows": [r.to_dict() for r in rows], "ctx": size.ctx}
     elif name == "calibration":
         specs = grids.calibration_sweeps(model, sized(), **where)

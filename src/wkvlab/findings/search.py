@@ -12,8 +12,10 @@ the quantized weights. Every comparison is made **at equal memory** (issue #24 i
   allocator's mix on the same aware profile, and random mixes;
 * a uniform format is compared only where its bytes are within ±``uniform_tolerance`` of the budget,
   else the row says "no uniform at this budget" — never a uniform that spends less;
-* KVTuner's own search (Li et al., ICML 2025: intra-layer pruning and inter-layer clustering
-  searched multi-objectively) is not implemented in wkvlab, so it is not among the rivals;
+* KVTuner's own rule (Li et al., ICML 2025: intra-layer pair pruning, inter-layer grouping, a
+  search over the groups), approximated on each replicate's 16-bit-weight profile
+  (:mod:`wkvlab.search.kvtuner`: its pruning and grouping code is unpublished, the rest follows
+  github.com/cmd2001/KVTuner@babe775 ``search_optuna_adaptive.py``) and filled to the budget;
 * the profile is replicated: ``replicates`` (≥ 5) profiles per profile text, each on its own
   disjoint windows of the text, each giving its own plans; the held-out windows (after every
   profile window, the same for every plan) are shared. Differences are decided from the two-stage
@@ -38,7 +40,7 @@ from wkvlab.stats import Interval
 Tick = Callable[[str, float], None]
 
 VERSION = 2  # 1: one profile per text, "best fitting uniform" at or under the budget (unequal memory)
-RIVALS = ("unaware", "greedy", "random", "uniform")
+RIVALS = ("unaware", "kvtuner", "greedy", "random", "uniform")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class PlanRow:
     greedy: float = float("nan")
     random: float = float("nan")
     step: float = 0.0
+    kvtuner: float = float("nan")  # KVTuner's rule (approximate), absent from findings stored before it
     bytes: dict = field(default_factory=dict)
     differences: dict = field(default_factory=dict)  # rival -> Interval
     verdicts: dict = field(default_factory=dict)  # rival -> Verdict (the one rule, Holm over the finding)
@@ -92,7 +95,7 @@ class PlanRow:
 
     def to_dict(self) -> dict:
         plain = ("profile_text", "budget", "share", "heldout_text", "aware", "unaware", "uniform_name", "uniform", "tokens",
-                 "replicates", "greedy", "random", "step")
+                 "replicates", "greedy", "random", "step", "kvtuner")
         diffs = {k: v.to_dict() for k, v in self.differences.items()}
         return {**{k: getattr(self, k) for k in plain}, "bytes": {k: list(v) for k, v in self.bytes.items()},
                 "differences": diffs, "aware_minus_unaware": diffs.get("unaware"), "aware_minus_uniform": diffs.get("uniform"),
@@ -123,7 +126,7 @@ def search_steps(grid: SearchGrid, n_layers: int) -> int:
     choices = parse_choices(grid.formats)
     ks, vs = single_formats(choices)
     per_profile = 3 + n_layers * (len(ks) + len(vs)) + len(choices)
-    plans = len(grid.budgets) * grid.replicates * (3 * len(grid.profile_texts) + 1)
+    plans = len(grid.budgets) * grid.replicates * (4 * len(grid.profile_texts) + 1)
     return 2 * grid.replicates * len(grid.profile_texts) * per_profile + (len(choices) + plans) * len(grid.heldout_texts)
 
 
@@ -208,6 +211,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
                                          uniform_at_budget, uniform_plan)
     from wkvlab.search.choices import FP16, choice_bytes, choice_label, parse_choices
     from wkvlab.search.export import plan_kvspec
+    from wkvlab.search.kvtuner import kvtuner_rule
     from wkvlab.search.measure import Scorer
     from wkvlab.search.pareto import Point, pareto_front
     from wkvlab.search.predict import predictor_from_profile, spearman
@@ -257,6 +261,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
 
     predictors, plans, seconds = {}, {}, {}
     as_plan = lambda options: tuple(choices[o] for o in options)  # noqa: E731
+    quantized = tuple(i for i, c in enumerate(choices) if c != FP16)  # KVTuner's pair list has no 16-bit pair
     for text in grid.profile_texts:
         fingerprints = {"model_sha256": loaded.fingerprint, "data_sha256": corpora[text].sha256, **numerics(loaded)}
         common = dict(model_name=loaded.name, data_name=corpora[text].name, fingerprints=fingerprints, bars=bars)
@@ -274,6 +279,8 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
                     alloc = allocate_exact(values[aware], costs, budget)
                     plans[(text, r, aware, share)] = as_plan(fill_to_budget(alloc.options, costs, budget, values[aware]))
                 plans[(text, r, "greedy", share)] = as_plan(greedy_mix(values["aware"], costs, budget))
+                rule = kvtuner_rule(values["unaware"], costs, budget, quantized)  # check_reachable above: something fits
+                plans[(text, r, "kvtuner", share)] = as_plan(rule.options)
     for share in grid.budgets:
         for r, options in enumerate(random_mixes(costs, share * fp16_bytes, grid.replicates, seed=round(share * 1000))):
             plans[("", r, "random", share)] = as_plan(options)
@@ -306,7 +313,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
             budget = share * fp16_bytes
             uni = uniform_at_budget(tuple(c for c in choices if c != FP16), n, budget, plan_bytes, grid.uniform_tolerance)
             uni_name = choice_label(uni) if uni is not None else ""
-            names = {k: [name_of(text, r, k, share) for r in range(R)] for k in ("aware", "unaware", "greedy")}
+            names = {k: [name_of(text, r, k, share) for r in range(R)] for k in ("aware", "unaware", "greedy", "kvtuner")}
             names["random"] = [name_of("", r, "random", share) for r in range(R)]
             spent = {k: (min(plan_bytes(configs[x]) for x in v), max(plan_bytes(configs[x]) for x in v)) for k, v in names.items()}
             if uni is not None:
@@ -322,12 +329,13 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
                         continue
                     draws = two_stage(per["aware"] - per[rival])
                     diffs[rival] = draws.interval()
-                    label = f"uniform {uni_name}" if rival == "uniform" else f"the {rival} plans" if rival != "random" else "random mixes"
+                    label = (f"uniform {uni_name}" if rival == "uniform" else "random mixes" if rival == "random"
+                             else "KVTuner's rule (approx.)" if rival == "kvtuner" else f"the {rival} plans")
                     mine[rival] = len(effects)
                     effects.append(Effect(f"{text}/{share:.0%}/{held}: aware − {label}", draws,
                                           Margin.relative_to(kld[rival], f"KLD of {label}", margin), tokens, SEARCH_WORDS))
                 rows.append((PlanRow(text, budget, share, held, kld["aware"], kld["unaware"], uni_name, kld.get("uniform", float("nan")),
-                                     tokens, R, kld["greedy"], kld["random"], step, spent, diffs), mine))
+                                     tokens, R, kld["greedy"], kld["random"], step, kld["kvtuner"], spent, diffs), mine))
     verdicts = decide(effects, family="search finding: every aware − rival difference at equal memory")
     rows = [replace(row, verdicts={k: verdicts[i] for k, i in mine.items()}) for row, mine in rows]
 
@@ -340,7 +348,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
             points = [(f"uniform {k}", "uniform", plan_bytes(v) / fp16_bytes, plan_bytes(v), scores[(held, f"uniform {k}")].kld)
                       for k, v in uniforms.items()]
             for share in grid.budgets:
-                for kind in ("aware", "unaware", "greedy", "random"):
+                for kind in ("aware", "unaware", "kvtuner", "greedy", "random"):
                     keys = [name_of("" if kind == "random" else text, r, kind, share) for r in range(R)]
                     points.append((f"{kind} at {share:.0%}", kind, share, float(np.mean([plan_bytes(configs[k]) for k in keys])),
                                    float(np.mean([scores[(held, k)].kld for k in keys]))))
@@ -364,7 +372,7 @@ def search_rows_from_dict(data: dict) -> list[PlanRow]:
     from wkvlab.stats.decision import Verdict
 
     plain = ("profile_text", "budget", "share", "heldout_text", "aware", "unaware", "uniform_name", "uniform", "tokens",
-             "replicates", "greedy", "random", "step")
+             "replicates", "greedy", "random", "step", "kvtuner")
     return [PlanRow(**{k: (float("nan") if r[k] is None else r[k]) for k in plain if k in r},
                     bytes={k: tuple(v) for k, v in (r.get("bytes") or {}).items()},
                     differences={k: Interval.from_dict(v) for k, v in (r.get("differences") or {}).items()},

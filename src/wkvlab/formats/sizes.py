@@ -57,3 +57,14 @@ def exl3_bytes_per_vector(head_dim: int, bits: int) -> float:
 def vllm_int4_bytes_per_vector(head_dim: int) -> float:
     """vLLM int4_per_token_head: packed nibbles plus one fp32 holding the scale and the zero point."""
     return head_dim / 2 + 4.0
+
+
+NVFP4_KV_BLOCK = 16  # values per E4M3 block scale in the engines' NVFP4 KV caches
+
+
+def nvfp4_kv_bytes_per_vector(head_dim: int) -> float:
+    """vLLM nvfp4 / SGLang's nvfp4 recipe per (token, head, side): packed E2M1 nibbles plus one E4M3
+    scale per 16 values — ``full_dim = head_size/2 + head_size/16`` in vLLM's
+    ``reshape_and_cache_nvfp4_dispatch`` (vllm-project/vllm@0cd789b3). The fp32 k_scale/v_scale is per
+    layer, not per token."""
+    return head_dim / 2 + head_dim / NVFP4_KV_BLOCK

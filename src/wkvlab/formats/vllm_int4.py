@@ -17,7 +17,11 @@ Read in vllm-project/vllm @a7f284a2e24b86c171ef714c5ff492acf0baee6d (the write p
 
 Storage per (token, head): head_dim / 2 bytes + one float32 (scale and zero point), as
 ``KVQuantMode.INT4_PER_TOKEN_HEAD`` allocates. Re-read at @055e47c2 for issue #25: the RHT is still
-applied (``reshape_and_cache_int4`` → ``single_rht``). Not modelled: ``single_rht(key.float())``
+applied (``reshape_and_cache_int4`` → ``single_rht``). Re-read again at
+@1882959479bb377c897b99315dd829ae3314ff63, where the mode moved to
+``vllm/v1/attention/ops/triton_quant_kv/int4_per_token_head.py``: the same ``single_rht`` (signs seeded
+``0x9E3779B9 + round_idx · 0x517CC1B7``, round 0), the same ``_reshape_cache_int4_kernel`` lines and
+zero point in the scale's low bits, the same Q rotation and ``softmax_scale / head_size`` on read. Not modelled: ``single_rht(key.float())``
 casts its result back to the model dtype before the INT4 kernel, and on CUDA sm80+ the transform
 itself runs through hadacore in bf16 ("fp32 → bf16 round-trip; precision loss is irrelevant before
 INT4 quantization"); here everything is float32.

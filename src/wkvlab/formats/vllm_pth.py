@@ -16,6 +16,14 @@ casts round", ``tests/quantization/test_per_token_kv_cache.py``
 @01e4fce07423dafcc832600ba05159fb28dc1126) — while the FP8 cast rounds to nearest even. Attention
 dequantizes ``q · scale``.
 
+Re-read for issue #25 item 3 in the newest copy: the modes moved to
+``vllm/v1/attention/ops/triton_quant_kv/int8_fp8_per_token_head.py`` (@f51ccb3e03634773babf356c896bb101ac5d696a;
+``_per_token_head_kernel.py`` @8940d7db4a47a9d9700bad90f1142130f699950c has the same kernel) with the
+same lines — ``scale = tl.maximum(tl.max(tl.abs(k_h)) / QUANT_MAX, 1e-6)``,
+``tl.clamp(k_h * (1.0 / k_scale), QUANT_MIN, QUANT_MAX)`` stored through the cache pointer — and the
+FP8 range from ``get_fp8_min_max()``. That module's docstring writes ``q = clamp(round(x / scale), ...)``;
+the code has no rounding call, so the int8 store still truncates.
+
 Truncation keeps every code's magnitude at or below ``|x| / scale``: its error is ~4× the rounding
 MSE and biased toward zero, which is why the faithful format truncates and ``int8_pth-round`` (the
 same scale, rounded half to even) exists only to measure what the truncation costs.

@@ -73,15 +73,21 @@ class QuantizeOnWriteLayer(DynamicLayer):
         k_target, v_target = store.k_policy.quantized_prefix(position, n_new), store.v_policy.quantized_prefix(position, n_new)
         if k_target > self.n_quantized["k"]:
             lo = self.n_quantized["k"]
-            if store.prerope:  # sinks are restored below, for the whole sequence at once
+            if store.k_whole:  # the whole cache re-quantized: what was stored (dequantized) and the flushed tokens
+                self.quant_keys = self._quantize(torch.cat([self.quant_keys, self.raw_keys[..., lo:k_target, :]], dim=-2), store.k_quant)
+            elif store.prerope:  # sinks are restored below, for the whole sequence at once
                 new_k = store.quantize_prerope(self.raw_keys[..., lo:k_target, :], (self.cos[:, lo:k_target], self.sin[:, lo:k_target]))
             else:
                 new_k = self._quantize(self.raw_keys[..., lo:k_target, :], store.k_quant)
-            self.quant_keys = torch.cat([self.quant_keys, new_k], dim=-2)
+            if not store.k_whole:
+                self.quant_keys = torch.cat([self.quant_keys, new_k], dim=-2)
             self.n_quantized["k"] = k_target
         if v_target > self.n_quantized["v"]:
-            new_v = self._quantize(self.raw_values[..., self.n_quantized["v"] : v_target, :], store.v_quant)
-            self.quant_values = torch.cat([self.quant_values, new_v], dim=-2)
+            new_v = self.raw_values[..., self.n_quantized["v"] : v_target, :]
+            if store.v_whole:
+                self.quant_values = self._quantize(torch.cat([self.quant_values, new_v], dim=-2), store.v_quant)
+            else:
+                self.quant_values = torch.cat([self.quant_values, self._quantize(new_v, store.v_quant)], dim=-2)
             self.n_quantized["v"] = v_target
         keys = torch.cat([self.quant_keys, self.raw_keys[..., self.n_quantized["k"] :, :]], dim=-2)
         values = torch.cat([self.quant_values, self.raw_values[..., self.n_quantized["v"] :, :]], dim=-2)

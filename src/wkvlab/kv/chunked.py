@@ -51,6 +51,7 @@ class _StoredLayer:
         self.key_offset = 0  # absolute position of the first key returned by the last update
         self.raw_keys = self.raw_values = None  # full-precision copies (same tokens as keys/values)
         self.last_raw: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.chains = store.flush_chains()  # whole-cache formats: the window's flush chain, kept across chunks
 
     def _stored_chunk(self, key_states: torch.Tensor, value_states: torch.Tensor):
         """The chunk's keys and values in the stored space: (full precision, as stored)."""
@@ -59,7 +60,7 @@ class _StoredLayer:
         key, value = store.key_value_side(key_states, value_states)
         keep = store.kept_tokens(key.shape[-2], seen.get("residual") if store.sink_peak else None, offset=self.written, device=key.device)
         stored_k = store.store_keys(key, seen.get("position_embeddings"), keep)
-        stored_v = store._store(value, store.v_quant, keep)
+        stored_v = store.store_values(value, keep)
         return key, value, stored_k, stored_v
 
     def _raw_update(self, key: torch.Tensor, value: torch.Tensor, n_cached: int) -> None:

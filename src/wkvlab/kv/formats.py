@@ -21,8 +21,16 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
 | exl3_<b>    | b bits per value + fp16 scale per 32: H32-rotated groups on a midpoint grid | ExLlamaV3 cache (:mod:`wkvlab.formats.exl3`) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
-| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipe blockfp4) |
+| fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipes mxfp4, blockfp4) |
+| nvfp4, nvfp4_4over6 | E2M1 values (ties to even), FP8-E4M3 scale per 16, fp32 k_scale per layer (1.0); 4over6 picks max/6 or max/4 per block | vLLM ``--kv-cache-dtype nvfp4``, ``nvfp4_4over6`` (:mod:`wkvlab.formats.nvfp4_kv`) |
+| nvfp4-fp8read[-sm100] | nvfp4's store, read back through bf16 into SGLang's FP8-E4M3 workspace; -sm100: k_scale 6 | SGLang ``fp4_e2m1`` + ``--fp4-kv-cache-recipe nvfp4`` (SM120; SM100) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
+| hqq<b>[-g<G>] | b ∈ {1, 2, 3, 4, 8} bits, groups of G (64) values taken across the WHOLE cache (HQQ axis 0), scale + zero in the cache dtype per group, HQQ's proximal zero-point solver; re-quantized whole at every flush | transformers ``QuantizedCache(backend="hqq")`` (:mod:`wkvlab.formats.hqq`) |
+
+HQQ's formats are the other exception: transformers' ``QuantizedCache`` hands hqq the whole cache,
+whose axis-0 groups mix tokens and heads and change with the cache's length, and its early stop
+looks at the whole tensor; they need ``residual=R`` and are re-quantized whole at each flush
+(:mod:`wkvlab.kv.requant`).
 
 Per-channel formats (``-c<G>``) are the exception to "each token on its own": a group's scale
 depends on all G tokens, so a query may only see a group quantized once the group is complete.
@@ -37,7 +45,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from wkvlab.errors import ConfigError
-from wkvlab.formats.sizes import EXL3_GROUP, GGML_TYPES, exl3_bytes_per_vector, ggml_block_shape, vllm_int4_bytes_per_vector
+from wkvlab.formats.sizes import (EXL3_GROUP, GGML_TYPES, NVFP4_KV_BLOCK, exl3_bytes_per_vector, ggml_block_shape, nvfp4_kv_bytes_per_vector,
+                                  vllm_int4_bytes_per_vector)
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +68,7 @@ class KVFormat:
     block: int | None = None  # values per block/group along head_dim, when the format has one
     token_group: int | None = None  # per-channel formats: tokens per group along the token axis
     calibrated: bool = False  # the quantizer is built from calibration statistics (KVQuant codebooks)
+    requantizes: bool = False  # quantizes the whole cache at once and again at every flush (HQQ's QuantizedCache)
 
     @property
     def is_identity(self) -> bool:
@@ -66,6 +76,9 @@ class KVFormat:
 
     def check_head_dim(self, head_dim: int) -> None:
         if self.block is not None and head_dim % self.block:
+            if self.requantizes:
+                raise ConfigError(f"KV format {self.name}'s group of {self.block} values must divide head_dim {head_dim} "
+                                  f"(so every cache length fills whole groups); use a group size that divides {head_dim}")
             raise ConfigError(
                 f"KV format {self.name} quantizes groups of {self.block} along head_dim, which does not divide head_dim {head_dim}; "
                 f"use a group size that divides {head_dim}"
@@ -193,6 +206,36 @@ def _exl3_kernel():
     return exl3
 
 
+HQQ_BITS = (1, 2, 3, 4, 8)  # HQQQuantizedLayer's nbits check (transformers 5.24 cache_utils.py)
+
+
+def _hqq_format(bits: int, group: int) -> KVFormat:
+    """``hqq<b>[-g<G>]``: hqq's ``Quantizer`` with axis 0 (transformers' default) on the whole cache.
+
+    Bytes per value: b bits of code (3-bit codes: 10 per int32, 3.2 bits), plus a scale and a zero in
+    the cache dtype (2 bytes each) per group of G."""
+
+    def quantize(x: "torch.Tensor") -> "torch.Tensor":
+        from wkvlab.formats.hqq import fake_quant_hqq
+
+        return fake_quant_hqq(x, bits, group, axis=0)
+
+    code_bits = 3.2 if bits == 3 else bits
+    return KVFormat(f"hqq{bits}-g{group}", f"HQQ {bits}-bit, groups of {group} across the cache (axis 0), re-quantized at each flush",
+                    quantize, lambda d: d * code_bits / 8 + 4.0 * d / group, group, requantizes=True)
+
+
+def _nvfp4(k_scale: float, four_over_six: bool = False, fp8_read: bool = False):
+    """The NVFP4 KV store of vLLM / SGLang (:mod:`wkvlab.formats.nvfp4_kv`) with a fixed per-layer scale."""
+
+    def quantize(x: "torch.Tensor") -> "torch.Tensor":
+        from wkvlab.formats.nvfp4_kv import fake_quant_nvfp4_kv
+
+        return fake_quant_nvfp4_kv(x, k_scale, four_over_six=four_over_six, fp8_read=fp8_read)
+
+    return quantize
+
+
 def _vllm_int4(x: "torch.Tensor") -> "torch.Tensor":
     from wkvlab.formats.vllm_int4 import fake_quant_vllm_int4
 
@@ -219,8 +262,21 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("q8_0-x86", "llama.cpp q8_0 as x86 AVX/AVX2 writes it: id = 127/max, ties to even (34 bytes per 32)",
                  lambda x: _q8_0_x86(x).to(x.dtype), lambda d: d / 32 * 34, 32),
         KVFormat("fp4_e2m1", "SGLang FP4: E2M1, UE8M0 scale per 16", _sglang_fp4, lambda d: d / 2 + d / 16, 16),
+        # NVFP4: nibbles + one E4M3 byte per 16; the fp32 k_scale/v_scale per layer is not per token
+        KVFormat("nvfp4", "vLLM nvfp4: E2M1 (ties to even), E4M3 scale per 16, k_scale 1.0", _nvfp4(1.0), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
+        KVFormat("nvfp4_4over6", "vLLM nvfp4_4over6: nvfp4 with max/6 or max/4 block scales, whichever reconstructs better",
+                 _nvfp4(1.0, four_over_six=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
+        KVFormat("nvfp4-fp8read", "SGLang fp4_e2m1 recipe nvfp4 (SM120, k_scale 1.0): nvfp4 read back via bf16 into FP8 E4M3",
+                 _nvfp4(1.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
+        KVFormat("nvfp4-fp8read-sm100", "SGLang fp4_e2m1 recipe nvfp4 on SM100 (k_scale x6 = 6.0), read via bf16 into FP8 E4M3",
+                 _nvfp4(6.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
     )
 }
+# SGLang --fp4-kv-cache-recipe with --kv-cache-dtype fp4_e2m1 (sgl-project/sglang@1c5f9e23
+# kv_cache_quant_method.py KV_CACHE_QUANT_REGISTRY {nvfp4: NVFP4Method, mxfp4: MXFP4Method}; blockfp4 is the older
+# name of the MXFP4Method kernel, kvfp4_tensor.py @0dae407b BlockFP4KVQuantizeUtil): the format each recipe stores.
+# nvfp4-sm100: NVFP4Method.load_scales_from_model multiplies k_scale/v_scale by 6 on SM100.
+FP4_KV_RECIPES = {"mxfp4": "fp4_e2m1", "blockfp4": "fp4_e2m1", "nvfp4": "nvfp4-fp8read", "nvfp4-sm100": "nvfp4-fp8read-sm100"}
 # "fp16" is the cache at model precision: bf16/auto name the same thing for a bf16 model (vLLM's auto)
 _ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "bf16": "fp16", "bfloat16": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}
 
@@ -238,6 +294,12 @@ def get_kv_format(name: str) -> KVFormat:
     match = re.fullmatch(r"exl3_([2-8])", key)
     if match:
         return _exl3_format(int(match.group(1)))
+    match = re.fullmatch(r"hqq(\d+)(?:-g(\d+))?", key)
+    if match:
+        bits, group = int(match.group(1)), int(match.group(2) or 64)
+        if bits not in HQQ_BITS or group == 0:
+            raise ConfigError(f"KV format {name!r}: HQQ's cache takes nbits {', '.join(map(str, HQQ_BITS))} and a positive group size")
+        return _hqq_format(bits, group)
     match = re.fullmatch(r"nuq([2-4])(-c)?", key)
     if match:
         return _nuq_format(int(match.group(1)), bool(match.group(2)))
@@ -254,4 +316,4 @@ def get_kv_format(name: str) -> KVFormat:
             raise ConfigError(f"group size must be positive in KV format {name!r}")
         symmetric = match.group(3) == "sym" if match.group(3) else bits == 8
         return _affine_format(bits, group, symmetric)
-    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens) or exl3_<b> (ExLlamaV3, b = 2..8)")
+    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), hqq<b>[-g<G>] (HQQ, b = 1, 2, 3, 4, 8) or exl3_<b> (ExLlamaV3, b = 2..8)")

@@ -19,7 +19,9 @@ import torch
 
 from wkvlab.formats.hadamard import rotate
 from wkvlab.kv.attention import mixed_attention
+from wkvlab.errors import ConfigError
 from wkvlab.kv.calibrate import KVStats
+from wkvlab.kv.requant import flush_attention
 from wkvlab.kv.override import attention_devices, attention_inputs, attention_override, model_head_dim, sliding_layers
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
@@ -30,6 +32,10 @@ def layer_stores(model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = N
     spec.check_model(head_dim, model.config.get_text_config().num_hidden_layers)
     sliding = sliding_layers(model)
     devices = attention_devices(model) if stats is not None else {}
+    for i in range(model.config.get_text_config().num_hidden_layers):
+        if i < len(sliding) and sliding[i] and any(f.requantizes for f in spec.formats_for(i, True)):
+            raise ConfigError(f"{spec.label}: transformers' QuantizedCache supports only full-attention models and layer {i} "
+                              "has a sliding window; add +skip=sliding_window to keep those layers at model precision")
     return [
         LayerStore(spec, i, *spec.formats_for(i, sliding[i] if i < len(sliding) else False), head_dim, stats, devices.get(i))
         for i in range(model.config.get_text_config().num_hidden_layers)
@@ -75,6 +81,13 @@ def kv_quantization(
                 query = store.query_side(query)
                 if layer.last_raw is None:  # every key is seen as stored: the model's own backend
                     out, weights = backend(module, query, key, value, attention_mask, **kwargs)
+                elif layer.chains is not None:  # a whole-cache format: each query sees its flush's version
+                    raw_k, raw_v = layer.last_raw
+                    out = flush_attention(
+                        query, raw_k, raw_v, key, value, layer.chains, attention_mask, scaling=kwargs.get("scaling") or module.scaling,
+                        selection=store.selection, query_offset=layer.query_offset, softcap=kwargs.get("softcap"),
+                    )
+                    weights = None
                 else:
                     raw_k, raw_v = layer.last_raw
                     out = mixed_attention(
@@ -87,7 +100,14 @@ def kv_quantization(
                 seen = inputs.get(module.layer_idx, {})
                 query, key, key_q, value, value_q = store.apply(query, key, value, seen.get("position_embeddings"), seen.get("residual"))
                 selection = store.selection
-                if selection is None:
+                chains = store.flush_chains()
+                if chains is not None:
+                    out = flush_attention(
+                        query, key, value, key_q, value_q, chains, attention_mask, scaling=kwargs.get("scaling") or module.scaling,
+                        selection=selection, softcap=kwargs.get("softcap"),
+                    )
+                    weights = None
+                elif selection is None:
                     out, weights = backend(module, query, key_q, value_q, attention_mask, **kwargs)
                 else:
                     out = mixed_attention(

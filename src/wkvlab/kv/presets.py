@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from wkvlab.kv.spec import KVSpec
+from wkvlab.kv.formats import HQQ_BITS
 
 LLAMACPP_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 VLLM_DTYPES = {
@@ -22,6 +23,8 @@ VLLM_DTYPES = {
     "int8_per_token_head": "int8_pth",
     "fp8_per_token_head": "fp8_pth",
     "int4_per_token_head": "int4_pth",
+    "nvfp4": "nvfp4",
+    "nvfp4_4over6": "nvfp4_4over6",
 }
 
 
@@ -51,9 +54,20 @@ def engine_checks(name: str, spec: KVSpec) -> list[dict]:
 ENGINE_CHECKED_LLAMACPP = tuple(dict.fromkeys(
     c["preset"].split(":", 1)[1] for c in recorded_checks()[1] if c["preset"].startswith("llamacpp:") and c["model"].startswith("SmolLM2")))
 VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "
-                   "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0)")
+                   "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0); "
+                   "re-read unchanged at @f51ccb3e vllm/v1/attention/ops/triton_quant_kv/int8_fp8_per_token_head.py")
 SGLANG_FP4_SOURCE = ("sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil; "
                      "recipes in kv_cache_quant_method.py @1c5f9e23 (MXFP4Method, blockfp4 its alias)")
+VLLM_NVFP4_SOURCE = ("vllm-project/vllm csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu @0cd789b3 reshape_and_cache_nvfp4_kernel "
+                     "(cvt_warp_fp16_to_fp4 of quantization/fp4/nvfp4_utils.cuh @20b4ad8e; 4over6: cvt_warp_fp16_to_fp4_4over6), "
+                     "global scale 1/k_scale; CacheDType in vllm/config/cache.py @002f10e0")
+SGLANG_NVFP4_SOURCE = ("sgl-project/sglang@1c5f9e23 python/sglang/srt/layers/quantization/kv_cache_quant_method.py NVFP4Method "
+                       "(quantize_and_store, load_scales_from_model, dequantize_prev_kv) + kvfp4_tensor.py @1c5f9e23 "
+                       "NVFP4QuantizeUtil.fi_nvfp4_quantize -> flashinfer fp4_quantize (flashinfer-ai/flashinfer@014327ab "
+                       "csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh cvt_warp_fp16_to_fp4)")
+SGLANG_NVFP4_DIFFERS = ("NVFP4Method's store and its dequantize_prev_kv read (bf16, then .to(float8_e4m3fn) into the prefill's "
+                        "FP8 workspace) for every token; k_scale 1.0 (SM120, no checkpoint scales) or 6.0 (recipe=nvfp4-sm100); "
+                        "values beyond +-448 saturate here where SGLang's cast gives NaN; the decode kernels' reads were not read")
 LLAMACPP_SOURCE = "llama.cpp -ctk/-ctv, ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
 LLAMACPP_X86_SOURCE = (LLAMACPP_SOURCE + "; x86 AVX/AVX2 q8_0/q8_1 writer: ggml/src/ggml-cpu/arch/x86/quants.c quantize_row_q8_0 "
                        "@04e1dd75 (id = 127/max, _mm256_round_ps to nearest even)")
@@ -123,7 +137,12 @@ def _vllm(rest: str) -> Preset:
     fmt = VLLM_DTYPES[rest]
     spec = KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}")
     if fmt == "int4_pth":
-        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@055e47c2 (re-read; write path as at @a7f284a2) vllm/v1/attention/ops/int4_per_token_head.py: single_rht, then asymmetric INT4", "source-faithful")
+        return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@055e47c2 (re-read; write path as at @a7f284a2) vllm/v1/attention/ops/int4_per_token_head.py: "
+                      "single_rht, then asymmetric INT4; re-read unchanged at @18829594 vllm/v1/attention/ops/triton_quant_kv/int4_per_token_head.py", "source-faithful")
+    if fmt.startswith("nvfp4"):
+        return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_NVFP4_SOURCE}", "source-faithful",
+                      "the store as vLLM's kernel writes it with k_scale = v_scale = 1.0 (no checkpoint scales); the attention "
+                      "readers (trtllm-gen on SM100, FlashInfer FA2 on SM120) were not read and are taken as exact code x scale x k_scale")
     if fmt.endswith("_pth"):
         return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_PTH_SOURCE}", "source-faithful")
     return Preset(spec, f"vLLM --kv-cache-dtype {rest}: scale 1.0 unless set (vllm-project/vllm@5d4420da vllm/attention/layer.py)",
@@ -232,6 +251,19 @@ def _build_preset(text: str) -> Preset | None:
                       "optimum-quanto 0.2.7 MaxOptimizer, quantize_affine (tests/kv/test_quantized_cache_replay.py replays it)",
                       "source-faithful", "a bf16 model's quanto computes scale, shift and codes in bf16 (here float32) and stores "
                       "both in the model dtype (counted as fp16)")
+    elif engine == "hf-hqq" and rest in tuple(f"int{b}" for b in HQQ_BITS):
+        # transformers 5.24 QuantizedCache(backend="hqq") with its defaults (cache_utils.py HQQQuantizedLayer:
+        # nbits, axis_key = axis_value = 0, q_group_size 64, residual_length 128): hqq 0.2.8.post1's
+        # Quantizer.quantize on the whole cache (mobiusml/hqq@e0b1d00e hqq/core/quantize.py, optimize.py's
+        # proximal zero-point solver; wkvlab/formats/hqq.py), re-quantized whole at every flush (wkvlab/kv/requant.py).
+        # prefill=1: decoding from a one-token prompt, as every preset here measures; +prefill=L for a prompt of L.
+        bits = rest[3:]
+        spec = KVSpec(k=f"hqq{bits}-g64", v=f"hqq{bits}-g64", residual=128, prefill=1, name=f"hf-hqq:{rest}")
+        return Preset(spec, "transformers 5.24 src/transformers/cache_utils.py QuantizedLayer.update + HQQQuantizedLayer; "
+                      "hqq 0.2.8.post1 (mobiusml/hqq@e0b1d00e) Quantizer.quantize, optimize_weights_proximal_legacy "
+                      "(tests/kv/test_hqq_cache_replay.py replays it)",
+                      "source-faithful", "each sequence is quantized as its own tensor (generate with batch 1; a batch of B "
+                      "shares hqq's groups and early stop across sequences)")
     elif engine == "qserve" and rest == "kv4":
         # QServe/QoQ (Lin et al. 2024): SmoothAttention with α = 0.5, then per-head asymmetric 4-bit.
         spec = KVSpec(k="int4", v="int4", smooth=0.5, name="qserve:kv4")
@@ -253,8 +285,9 @@ def preset_names() -> list[str]:
            "llamacpp-x86:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
-           "sglang:fp4_e2m1", "sglang:fp8_e4m3",
+           "sglang:fp4_e2m1", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100", "sglang:fp8_e4m3",
            "exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
+           *(f"hf-hqq:int{b}" for b in HQQ_BITS),
            "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]
     )
 
@@ -262,7 +295,7 @@ def preset_names() -> list[str]:
 # Options that are the engine's own settings (llama.cpp's LLAMA_ATTN_ROT_DISABLE, vLLM's FP8 scale
 # rules, QuantizedCache's residual_length and prompt length): source-faithful with them appended.
 ENGINE_OPTIONS = {"llamacpp": ("norot",), "llamacpp-x86": ("norot",), "vllm": ("scales=",), "vllm-fa3": ("scales=",),
-                  "hf-quanto": ("residual=", "prefill=")}
+                  "hf-quanto": ("residual=", "prefill="), "hf-hqq": ("residual=", "prefill="), "sglang": ("recipe=",)}
 
 
 def fidelity_of(spec: KVSpec) -> dict:
@@ -278,7 +311,9 @@ def fidelity_of(spec: KVSpec) -> dict:
         preset = None
     if preset is None:
         return {"label": "no preset", "differs": "plain formats and options: named after no engine or paper", "source": ""}
-    label, differs = preset.fidelity, preset.differs
+    label, differs, source = preset.fidelity, preset.differs, preset.source
+    if any(o.strip().lower().startswith("recipe=nvfp4") for o in options):
+        differs, source = SGLANG_NVFP4_DIFFERS, SGLANG_NVFP4_SOURCE  # the recipe is another kernel than the preset's
     engine_name = base.strip().lower().partition(":")[0]
     covered = ENGINE_OPTIONS.get(engine_name, ())
     engine = [o for o in options if o.strip().lower().startswith(covered)] if covered else []
@@ -292,7 +327,7 @@ def fidelity_of(spec: KVSpec) -> dict:
             differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not part of it"
     elif extra and label == "approximate":
         differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
-    return {"label": label, "differs": differs, "source": preset.source}
+    return {"label": label, "differs": differs, "source": source}
 
 
 def fidelity_note(spec: KVSpec) -> list[str]:

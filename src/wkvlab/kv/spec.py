@@ -31,7 +31,10 @@ convention of llm-compressor (compressed-tensors ``calculate_qparams``); ``tenso
 ``scales=calculate`` (vLLM's ``--calculate-kv-scales``: amax/200 for K and Q, amax/100 for V on
 the first batch) instead of vLLM's default 1.0, ``prerope``
 (keys quantized before RoPE, RoPE re-applied after dequantization), ``outliers=<f>`` (a fraction
-of values kept in fp16, KVQuant's dense-and-sparse).
+of values kept in fp16, KVQuant's dense-and-sparse), ``recipe=<mxfp4|blockfp4|nvfp4|nvfp4-sm100>``
+(SGLang's ``--fp4-kv-cache-recipe`` for an ``fp4_e2m1`` cache: mxfp4/blockfp4 keep ``fp4_e2m1``,
+nvfp4 stores ``nvfp4-fp8read``, nvfp4-sm100 ``nvfp4-fp8read-sm100``; see
+:data:`wkvlab.kv.formats.FP4_KV_RECIPES`).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from pathlib import Path
 
 from wkvlab.errors import ConfigError
 from wkvlab.specio import reject_unknown_fields
-from wkvlab.kv.formats import KVFormat, get_kv_format
+from wkvlab.kv.formats import FP4_KV_RECIPES, KVFormat, get_kv_format
 from wkvlab.kv.tokens import TokenPolicy, side_policy
 
 # fp16: llama.cpp's Q conversion for an f16 K (vec_dot_type of f16); q8_0-x86: its x86 q8_0 writer
@@ -123,6 +126,7 @@ class KVSpec:
                     raise ConfigError("per-channel formats (-c<G>) quantize closed groups of tokens; combine them with residual=, not window=")
                 if residual % group:
                     raise ConfigError(f"residual {residual} must be a multiple of the token group {group} (KIVI flushes whole groups)")
+
         if not isinstance(self.smooth, (int, float)) or not 0 <= self.smooth <= 1:
             raise ConfigError(f"smooth (SmoothAttention's α) must lie in [0, 1], got {self.smooth!r}")
         object.__setattr__(self, "smooth", float(self.smooth))
@@ -144,6 +148,19 @@ class KVSpec:
             raise ConfigError(f"unknown FP8 scale mode {self.scales!r}; use one of {', '.join(SCALES)}")
         if self.q not in Q_FORMATS:
             raise ConfigError(f"unknown query format {self.q!r}; use one of {', '.join(Q_FORMATS)}")
+
+    def check_whole_cache(self) -> None:
+        """A format that re-quantizes the whole cache (HQQ) needs its side flushed: residual=R, and
+        nothing QuantizedCache lacks. Checked once the options are applied (parse, load, check_model):
+        ``hqq4`` alone is a valid step on the way to ``hqq4+residual=128``."""
+        for side, names in (("k", {self.k} | {k for _, k, _ in self.layers}), ("v", {self.v} | {v for *_, v in self.layers})):
+            residual, window = self._side(side)
+            whole = sorted(n for n in names if get_kv_format(n).requantizes)
+            if whole and (window or not residual or self.pastonly):
+                raise ConfigError(f"{whole[0]} quantizes the whole cache at each flush, as transformers' QuantizedCache does; "
+                                  "give it residual=R (no window= or pastonly)")
+            if whole and (self.sinks or self.sink_ratio or self.prerope):
+                raise ConfigError(f"{whole[0]} is transformers' QuantizedCache's HQQ backend, which has no sinks or pre-RoPE keys; drop them")
 
     def _normalize_token_policies(self) -> None:
         if self.residual and self.window:
@@ -211,6 +228,7 @@ class KVSpec:
 
     def check_model(self, head_dim: int, n_layers: int) -> None:
         """Fail before any work on a spec this model cannot hold."""
+        self.check_whole_cache()
         for fmt in self.all_formats():
             fmt.check_head_dim(head_dim)
         for block in self.rotation_blocks(head_dim):
@@ -331,7 +349,9 @@ class KVSpec:
                 pairs.append((int(index), k, v or k))
             data["layers"] = tuple(pairs)
         data["skip"] = tuple(data.get("skip") or ())
-        return cls(**data)
+        spec = cls(**data)
+        spec.check_whole_cache()
+        return spec
 
     @classmethod
     def parse(cls, text: str) -> "KVSpec":
@@ -355,6 +375,7 @@ class KVSpec:
                 spec = cls(k=base, v=base, prerope=prerope)
         for option in options:
             spec = _apply_option(spec, option.strip())
+        spec.check_whole_cache()
         return replace(spec, name=text) if (options and spec.name) else spec
 
     @classmethod
@@ -476,12 +497,19 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
         return replace(spec, scales=value)
     if key == "prerope" and not value:
         return replace(spec, prerope=True)
+    if key == "recipe":
+        target = FP4_KV_RECIPES.get(value.lower())
+        if target is None:
+            raise ConfigError(f"recipe={value} is not an SGLang --fp4-kv-cache-recipe; use {', '.join(FP4_KV_RECIPES)}")
+        if (spec.k, spec.v) != ("fp4_e2m1", "fp4_e2m1") or spec.layers:
+            raise ConfigError("recipe= selects SGLang's FP4 KV recipe and applies to an fp4_e2m1 cache; write sglang:fp4_e2m1+recipe=" + value)
+        return replace(spec, k=target, v=target)
     if key == "outliers":
         try:
             return replace(spec, outliers=float(value.rstrip("%")) / (100 if value.endswith("%") else 1))
         except ValueError:
             raise ConfigError(f"outliers= needs a fraction such as 0.01 or 1%, got {value!r}") from None
-    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0|q8_0-x86|fp16, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, prefill=L, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
+    raise ConfigError(f"unknown KV option {option!r}; use rot[=B|full], norot, sinks=N, residual=R, window=W, skip=i,j|sliding_window, q=fp8_e4m3|q8_0|q8_0-x86|fp16, smooth[=α], scales=amax448|amax448-head|calculate, prerope, outliers=1%, recipe=nvfp4|mxfp4|blockfp4, sinks=auto, sinkratio=τ, k_residual=R, v_window=W, pastonly, prefill=L, <layers>=<K>[/<V>] (e.g. 0-3,76-79=int8)")
 
 
 def split_kv_list(text: str) -> list[str]:

@@ -30,6 +30,7 @@ from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.formats import KVFormat
 from wkvlab.kv.kvquant import fit_layer
 from wkvlab.kv.override import apply_rope, undo_rope
+from wkvlab.kv.requant import FlushChain
 from wkvlab.kv.spec import KVSpec
 
 _FP8 = {"fp8_e4m3": ("e4m3", 448.0), "fp8_e5m2": ("e5m2", 57344.0)}
@@ -86,6 +87,8 @@ class LayerStore:
         self.prerope = spec.prerope and not k_fmt.is_identity
         self.k_quant = self._quantizer(k_fmt, spec.scales, "k", layer_stats.k_absmax if stats is not None else None)
         self.v_quant = self._quantizer(v_fmt, spec.scales, "v", layer_stats.v_absmax if stats is not None else None)
+        # whole-cache formats (HQQ's QuantizedCache) are quantized per flush, not per write (kv/requant.py)
+        self.k_whole, self.v_whole = k_fmt.requantizes, v_fmt.requantizes
         # vLLM quantizes Q with its static per-tensor q_scale: 1.0, or amax/200 with calculate_kv_scales
         self.q_scale = _fp8_scale(layer_stats.q_absmax, "calculate", "q", 448.0) if (spec.scales == "calculate" and self.q_format == "fp8_e4m3") else 1.0
         if k_fmt.calibrated or v_fmt.calibrated:
@@ -114,6 +117,13 @@ class LayerStore:
             return lambda x: fake_quant_fp8(x, kind, scale)
         return fmt.quantize
 
+    def flush_chains(self) -> tuple[FlushChain | None, FlushChain | None] | None:
+        """Fresh per-side chains of a whole-cache format (None on a side stored per write), or None."""
+        if not (self.k_whole or self.v_whole):
+            return None
+        return (FlushChain(self.k_quant, self.k_policy) if self.k_whole else None,
+                FlushChain(self.v_quant, self.v_policy) if self.v_whole else None)
+
     def quantize_prerope(self, key: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Post-RoPE keys quantized before RoPE: undo RoPE, quantize, re-apply (no sinks)."""
         if rope is None:
@@ -124,9 +134,15 @@ class LayerStore:
 
     def store_keys(self, key: torch.Tensor, rope, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Keys as stored; with ``prerope`` they are quantized before RoPE and RoPE is re-applied."""
+        if self.k_whole:  # stored per flush: the chain builds what each query sees
+            return key
         if not self.prerope:
             return self._store(key, self.k_quant, keep)
         return self.restore(key, self.quantize_prerope(key, rope), keep)
+
+    def store_values(self, value: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Values as stored on write (a whole-cache format's are built per flush: returned as given)."""
+        return value if self.v_whole else self._store(value, self.v_quant, keep)
 
     def kept_tokens(self, n_tokens: int, residual: torch.Tensor | None, offset: int = 0, device: torch.device | None = None) -> torch.Tensor | None:
         """Bool ``[batch or 1, tokens]``: positions kept at model precision (first N, detected sinks)."""
@@ -180,4 +196,4 @@ class LayerStore:
         query = self.query_side(query)
         key, value = self.key_value_side(key, value)
         keep = self.kept_tokens(key.shape[-2], residual, device=key.device)
-        return query, key, self.store_keys(key, rope, keep), value, self._store(value, self.v_quant, keep)
+        return query, key, self.store_keys(key, rope, keep), value, self.store_values(value, keep)

@@ -26,6 +26,7 @@ class ModelFacts:
     kv_heads: int
     head_dim: int
     max_context: int
+    sliding: bool = False  # some layers attend through a sliding window (the files say so)
 
 
 def check_model_source(spec: str) -> None:
@@ -138,12 +139,13 @@ def gguf_array_length(path: Path, key: str) -> int | None:
 
 def _gguf_facts(path: Path) -> ModelFacts | None:
     meta = gguf_metadata(path, ("{arch}.block_count", "{arch}.attention.head_count", "{arch}.attention.head_count_kv",
-                                "{arch}.attention.key_length", "{arch}.embedding_length", "{arch}.context_length"))
+                                "{arch}.attention.key_length", "{arch}.embedding_length", "{arch}.context_length",
+                                "{arch}.attention.sliding_window"))
     try:
         heads = int(meta["{arch}.attention.head_count"])
         head_dim = int(meta.get("{arch}.attention.key_length") or int(meta["{arch}.embedding_length"]) // heads)
         return ModelFacts(int(meta["{arch}.block_count"]), int(meta.get("{arch}.attention.head_count_kv") or heads),
-                          head_dim, int(meta["{arch}.context_length"]))
+                          head_dim, int(meta["{arch}.context_length"]), bool(meta.get("{arch}.attention.sliding_window")))
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 
@@ -165,8 +167,12 @@ def _config_facts(folder: Path) -> ModelFacts | None:
         cfg = cfg.get("text_config", cfg)
         heads = int(cfg["num_attention_heads"])
         head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        # transformers' rule (kv/override.py sliding_layers): layer_types when given, else a sliding_window
+        # (Qwen2-style configs switch theirs off with use_sliding_window: false)
+        types = cfg.get("layer_types")
+        sliding = ("sliding_attention" in types) if types else bool(cfg.get("sliding_window")) and cfg.get("use_sliding_window") is not False
         return ModelFacts(int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or heads), head_dim,
-                          int(cfg.get("max_position_embeddings") or 1 << 30))
+                          int(cfg.get("max_position_embeddings") or 1 << 30), sliding)
     except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 

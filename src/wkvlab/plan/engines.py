@@ -213,7 +213,7 @@ def _layer_pairs(model: ModelDescription, spec: KVSpec) -> dict[int, tuple[str, 
 
 def _unsupported_options(spec: KVSpec) -> list[str]:
     names = [label for attr, label in _SIM_ONLY if getattr(spec, attr)]
-    names += [f.name for f in spec.all_formats() if f.calibrated or f.token_group]
+    names += [f.name for f in spec.all_formats() if f.calibrated or f.token_group or f.requantizes]
     return names
 
 
@@ -276,7 +276,7 @@ def translate_kv(engine: str, model: ModelDescription, spec: KVSpec, gpu: GPU, f
         skips = [i for i in spec.skip if i != SLIDING]
     args: list[str] = []
     if table[fmt]["arg"] != "auto":
-        args += ["--kv-cache-dtype", table[fmt]["arg"]]
+        args += ["--kv-cache-dtype", table[fmt]["arg"], *table[fmt].get("flags", ())]  # flags: a recipe the dtype needs
     skip_words = [str(i) for i in sorted(skips)] + ([SLIDING] if SLIDING in spec.skip and not spec.layers else [])
     if skip_words and table[fmt]["arg"] != "auto":
         rule = entry.get("skip_layers")

@@ -46,7 +46,7 @@ def unsafe_reason(kld: float, top1: float | None) -> str:
 
 
 def _per_token_low_bits(fmt: KVFormat, head_dim: int) -> bool:
-    if fmt.is_identity or fmt.token_group is not None or fmt.calibrated:
+    if fmt.is_identity or fmt.token_group is not None or fmt.calibrated or fmt.requantizes:
         return False
     return fmt.bytes_per_vector(head_dim) * 8 / head_dim < RISKY_K_BITS
 

@@ -46,9 +46,9 @@ def _iv_text(iv: dict | None, spec: str = "+.5f") -> str:
     return "—" if not iv else format(Interval.from_dict(iv), spec)
 
 
-def _percent(iv: dict) -> dict:
-    """A share's stored interval in percent."""
-    return percent(Interval.from_dict(iv)).to_dict()
+def _percent(iv: dict | None) -> dict | None:
+    """A share's stored interval in percent (None: a row stored without it)."""
+    return None if iv is None else percent(Interval.from_dict(iv)).to_dict()
 
 
 def _bars(ivs: Sequence[dict | None]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -128,12 +128,28 @@ def _methods(f: StoredFinding, cid: str):
     return columns, rows, (chart,)
 
 
+def _cross(r: dict, effect: str, field: str):
+    cross = r.get("cross")
+    return cross["effects"][effect][field] if cross else None
+
+
+def _cross_text(r: dict, effect: str) -> str:
+    """An intervention's change with its verdict; rows without both quantized (or stored before the interventions): —."""
+    cross = r.get("cross")
+    if not cross:
+        return "—"
+    return f"{cross['effects'][effect]['estimate']:+.5f} → " + _decision(cross["verdicts"][effect])
+
+
 def _attention(f: StoredFinding, cid: str):
     rows = f.data["rows"]
     columns = (Column("weights", lambda r: r["weights"]), Column("kv", lambda r: r["kv"]),
                *(c for t, name in (("kv", "KV term"), ("weight", "weight term"), ("cross", "cross term"))
                  for c in _interval_columns(f"{name} share %", lambda r, t=t: _percent(r["shares"][t]), ".1f")),
-               *_interval_columns("cross term sinks/elsewhere", lambda r: r["cross_sink_ratio"], ".2f"),
+               *(c for t, name in (("cross_cache", "cross term's cache part"), ("interaction", "2×2 interaction"))
+                 for c in _interval_columns(f"{name} share %", lambda r, t=t: _percent(r["shares"].get(t)), ".1f")),
+               Column("removing ε_q·ε_k,cᵀ: KLD change", lambda r: _cross(r, "removed", "estimate"), lambda r: _cross_text(r, "removed")),
+               Column("sinks at 16 bits: KLD change", lambda r: _cross(r, "sinks", "estimate"), lambda r: _cross_text(r, "sinks")),
                Column("layers holding most of the cross term", lambda r: ";".join(f"L{t['layer']}:{t['cross_mass']:.3f}" for t in r["top_layers"]),
                       lambda r: ", ".join(f"L{t['layer']} {100 * t['cross_mass']:.0f}%" for t in r["top_layers"])),
                Column("attention KL", lambda r: r["attention_kl"], lambda r: _num(r["attention_kl"], ".2e")))
@@ -203,7 +219,7 @@ def _search(f: StoredFinding, cid: str):
                *_interval_columns("aware − uniform", lambda r: r["aware_minus_uniform"]),
                Column("verdict vs uniform", lambda r: _decision((r.get("verdicts") or {})["uniform"]) if "uniform" in (r.get("verdicts") or {}) else "—"),
                *(Column(f"verdict vs {k}", lambda r, k=k: _decision((r.get("verdicts") or {})[k]) if k in (r.get("verdicts") or {}) else "—")
-                 for k in ("greedy", "random")))
+                 for k in ("kvtuner", "greedy", "random")))
     groups = _grouped(rows, lambda r: f"profiled on {r['profile_text']}, held out {r['heldout_text']}",
                       lambda r: (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
     chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,

@@ -74,14 +74,28 @@ def smallest_plan_bytes(choices: tuple[Choice, ...], *, layers: int, kv_heads: i
     return layers * min(choice_bytes(c, kv_heads=kv_heads, head_dim=head_dim) for c in choices)
 
 
-def check_budget_options(budget: float | None, gpu: str | None, batch: int, context: int | None) -> None:
-    """How the budget is given: bytes per token or a GPU, not both, and positive sizes."""
-    if (budget is None) == (gpu is None):
-        raise ConfigError("give either --budget <bytes per token> or --gpu <name> (with --batch and --context)")
+def check_budget_options(budget: float | None, gpu: str | None, batch: int, context: int | None,
+                         budgets: list[float] | None = None) -> None:
+    """How the budget is given: bytes per token, a list of them (a curve) or a GPU — one of the three — and positive sizes."""
+    if sum(x is not None for x in (budget, gpu, budgets or None)) != 1:
+        raise ConfigError("give either --budget <bytes per token>, --budgets <b1,b2,...> or --gpu <name> (with --batch and --context)")
     if budget is not None and budget <= 0:
         raise ConfigError(f"--budget must be a positive number of bytes per token, got {budget}")
+    if budgets:
+        if len(budgets) < 2 or any(not b > 0 for b in budgets) or len(set(budgets)) != len(budgets):
+            raise ConfigError(f"--budgets takes two or more different positive bytes per token (a curve: 8 or more), got {list(budgets)}")
     if batch < 1 or (context is not None and context < 1):
         raise ConfigError("--batch and --context must be positive")
+
+
+def parse_budgets(text: str | None) -> list[float] | None:
+    """``--budgets 5000,6000,8000`` → [5000.0, 6000.0, 8000.0] (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--budgets takes comma-separated bytes per token such as 5000,6500,8000, got {text!r}") from None
 
 
 def nothing_fits(budget: float, smallest: float) -> ConfigError:

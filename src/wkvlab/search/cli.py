@@ -14,7 +14,6 @@ from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import ConfigError
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.preflight import check_calibration, check_model, parse_configs
-from wkvlab.units import mib
 from wkvlab.weights.calibration import CalibrationSpec
 
 if TYPE_CHECKING:  # the search API (torch) is imported by the commands, after their checks
@@ -130,6 +129,7 @@ def print_profile(prof: SensitivityProfile) -> None:
 
 def search_command(
     budget: Annotated[Optional[float], typer.Option(help="KV budget in bytes per token (all layers, K and V)")] = None,
+    budgets: Annotated[Optional[str], typer.Option(help="instead of --budget: a Pareto curve, e.g. 5000,5500,...,12000 (8 or more); a plan and every rival at each")] = None,
     weights: Weights = "int4-g128",
     formats: Formats = None,
     gpu: Annotated[Optional[str], typer.Option(help="instead of --budget: what this GPU leaves for KV at --batch x --context (vLLM's rule)")] = None,
@@ -139,10 +139,12 @@ def search_command(
     data: Data = "default",
     ctx: Ctx = 256,
     profile_tokens: Annotated[int, typer.Option(help="profiling tokens")] = 256,
-    heldout_tokens: Annotated[int, typer.Option(help="held-out tokens every candidate and baseline is measured on")] = 512,
-    candidates: Annotated[int, typer.Option(help="searched plans re-measured on held-out text")] = 4,
+    heldout_tokens: Annotated[int, typer.Option(help="held-out tokens every plan and rival is measured on (8 windows of --ctx at least for an interval)")] = 2048,
+    candidates: Annotated[int, typer.Option(help="searched plans per budget re-measured on held-out text; the best is compared with the rivals on that same text, so more than 1 flatters it")] = 1,
+    random: Annotated[int, typer.Option("--random", help="random per-layer mixes at each budget (one rival: their mean)")] = 5,
     joint_weights: Annotated[bool, typer.Option(help="also choose layers whose weights stay 16-bit, paid from the same memory at batch x context")] = False,
-    unaware: Annotated[bool, typer.Option(help="include the KVTuner-style plan from a 16-bit-weight profile (a second profile)")] = True,
+    unaware: Annotated[bool, typer.Option(help="include the weight-unaware plan, allocated from a 16-bit-weight profile (a second profile)")] = True,
+    kvtuner: Annotated[bool, typer.Option(help="include KVTuner's rule (approximate: pair pruning, layer groups, search on predicted KLD; docs/search.md)")] = True,
     out: Annotated[Optional[Path], typer.Option(help="write the chosen plan as a KV spec (.yaml/.json) for wkvlab eval --kv @file")] = None,
     recipe: Annotated[Optional[Path], typer.Option(help="write the layer-wise recipe JSON (KVTuner bits, ModelOpt quant_cfg)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the full result as JSON")] = None,
@@ -152,25 +154,33 @@ def search_command(
     cache_dir: CacheDirOption = None,
     no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
-    """Per-layer KV formats (optionally 16-bit weight layers) minimizing measured KLD under a memory budget."""
-    from wkvlab.search.choices import check_budget_options, nothing_fits, smallest_plan_bytes
+    """Per-layer KV formats (optionally 16-bit weight layers) minimizing measured KLD under a memory budget, against rivals that spend the same budget."""
+    from wkvlab.search.choices import check_budget_options, nothing_fits, parse_budgets, smallest_plan_bytes
 
-    check_budget_options(budget, gpu, batch, context)
+    curve = parse_budgets(budgets)
+    check_budget_options(budget, gpu, batch, context, curve)
+    if curve and (out is not None or recipe is not None):
+        raise ConfigError("--out and --recipe write one plan; run --budget <one of the curve's budgets> for it")
+    if candidates < 1 or random < 0:
+        raise ConfigError(f"--candidates must be ≥ 1 and --random ≥ 0, got {candidates} and {random}")
     choices, facts = _check_common(model, data, weights, formats, ctx, calib)
-    if budget is not None and facts is not None and not joint_weights:
+    lowest = min(curve) if curve else budget
+    if lowest is not None and facts is not None and not joint_weights:
         smallest = smallest_plan_bytes(choices, layers=facts.layers, kv_heads=facts.kv_heads, head_dim=facts.head_dim)
-        if budget < smallest:  # known from the model's files: refuse before minutes of profiling
-            raise nothing_fits(budget, smallest)
+        if lowest < smallest:  # known from the model's files: refuse before minutes of profiling
+            raise nothing_fits(lowest, smallest)
     check_output_file(out, "--out", SPEC_SUFFIXES)
     check_output_file(recipe, "--recipe")
     check_output_file(json_out, "--json")
-    choice = start_run("search", threads, f"{model} on {data} under {weights} weights, " + (f"budget {budget:,.0f} B/token" if budget is not None else f"GPU {gpu}"), cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    what = (f"budget {budget:,.0f} B/token" if budget is not None else f"{len(curve)} budgets {min(curve):,.0f}–{max(curve):,.0f} B/token"
+            if curve else f"GPU {gpu}")
+    choice = start_run("search", threads, f"{model} on {data} under {weights} weights, {what}", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.search import api
 
-    result = api.search(model, data, budget=budget, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats, ctx=ctx,
-                        profile_tokens=profile_tokens, heldout_tokens=heldout_tokens, candidates=candidates,
-                        joint_weights=joint_weights, unaware=unaware, calibration=_calib(calib), bars=_bars,
-                        margin=margin)
+    result = api.search(model, data, budget=budget, budgets=curve, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats,
+                        ctx=ctx, profile_tokens=profile_tokens, heldout_tokens=heldout_tokens, candidates=candidates,
+                        joint_weights=joint_weights, unaware=unaware, kvtuner=kvtuner, random_mixes=random,
+                        calibration=_calib(calib), bars=_bars, margin=margin)
     print_search(result)
     if out is not None and result.spec:
         _write_spec(out, result.spec)
@@ -186,24 +196,56 @@ def search_command(
         err_console.print(f"wrote {json_out}")
 
 
+def _comparison_rows(result: SearchResult):
+    """Per budget: the plan, then each rival kind (random mixes as one row: their mean, bytes least–most)."""
+    by_key = {r.key: r for r in result.rows}
+    for point in result.points:
+        plan = by_key.get(f"{point.chosen} @ {point.budget:,.0f}")
+        if plan is not None:
+            yield point, plan.name, "plan", (plan.kv_bytes_per_token,) * 2, (plan.gap,) * 2, plan.kld, plan.se, None
+        for c in point.comparisons:
+            members = [r for r in result.rows if r.budget == point.budget and r.kind == c.rival]
+            se = members[0].se if len(members) == 1 else float("nan")
+            yield point, c.label, c.rival, c.bytes, c.gap, c.kld, se, c
+            if len(members) > 1 and not result.is_curve:  # one budget: each random mix too (a curve: --json has them)
+                for r in members:
+                    yield point, f"  {r.name}", r.kind, (r.kv_bytes_per_token,) * 2, (r.gap,) * 2, r.kld, r.se, None
+
+
+def _span(pair, spec: str) -> str:
+    lo, hi = pair
+    return f"{lo:{spec}}" if abs(hi - lo) < 0.5 else f"{lo:{spec}}–{hi:{spec}}"
+
+
 def print_search(result: SearchResult) -> None:
     b = result.budget
-    console.print(f"[bold]search[/] {result.model} on {result.data}, weights {result.weights}: budget {b['bytes_per_token']:,.1f} B/token "
-                  f"({b['source']}); profile {result.profile['tokens']} tokens"
-                  f"{' (cached)' if result.profile['cached'] else ''}, held-out {result.heldout_tokens} tokens", highlight=False)
-    table = Table(title=f"held-out KLD vs the unquantized reference (total = weights + KV for {b['batch']} x {b['context']} tokens)", title_justify="left")
-    for name, just in (("config", "left"), ("kind", "left"), ("KV B/token", "right"), ("fits", "center"), ("predicted", "right"),
-                       ("held-out KLD ± se", "right"), ("total MiB", "right"), ("pareto", "center")):
+    given = b["source"].endswith("(given)")
+    budgets = (f"budget {b['bytes_per_token']:,.0f} B/token" + ("" if given else f" ({b['source']})") if not result.is_curve
+               else f"{len(b['budgets'])} budgets {', '.join(f'{x:,.0f}' for x in b['budgets'])} B/token")
+    console.print(f"[bold]search[/] {result.model} on {result.data}, weights {result.weights}: {budgets}; profile {result.profile['tokens']} tokens"
+                  f"{' (cached)' if result.profile['cached'] else ''}, held-out {result.heldout_tokens} tokens; every rival spends the budget "
+                  f"within one layer-format step ({b['step']:,.0f} B/token), a uniform format only within ±2% of it", highlight=False)
+    table = Table(title=f"held-out KLD vs the unquantized reference, at equal memory (plan − rival: Holm-adjusted interval, {result.family})",
+                  title_justify="left")
+    for name, just in (("budget", "right"), ("config", "left"), ("kind", "left"), ("KV B/token", "right"), ("gap", "right"),
+                       ("held-out KLD ± se", "right"), ("plan − this (adjusted)", "right"), ("margin", "right"), ("verdict", "left")):
         table.add_column(name, justify=just)  # type: ignore[arg-type]
-    front = set(result.pareto)
-    for row in sorted(result.rows, key=lambda r: r.kld):
-        mark = "[bold green]» [/]" if result.chosen and row.name == result.chosen.name else ""
-        table.add_row(mark + row.name, row.kind, f"{row.kv_bytes_per_token:,.0f}", "yes" if row.fits else "no",
-                      "-" if row.predicted is None else f"{row.predicted:.5f}", f"{row.kld:.5f} ± {row.se:.5f}",
-                      mib(row.total_bytes), "*" if row.name in front else "")
+    for point, name, kind, spent, gap, kld, se, comp in _comparison_rows(result):
+        v = comp.verdict if comp is not None else None
+        table.add_row(f"{point.budget:,.0f}", ("[bold green]» [/]" if kind == "plan" else "") + name, kind, _span(spent, ",.0f"), _span(gap, ",.0f"),
+                      f"{kld:.5f}" + (f" ± {se:.5f}" if se == se else ""),
+                      "" if v is None else format(v.adjusted, "+.4f"), "" if v is None else f"±{v.margin.value:.3g}",
+                      "" if v is None else v.word)
+    for r in result.rows:
+        if r.kind == "reference":
+            table.add_row("—", r.name, r.kind, f"{r.kv_bytes_per_token:,.0f}", "—", f"{r.kld:.5f} ± {r.se:.5f}", "", "", "")
     console.print(table)
-    console.print(f"plan: {' '.join(f'{i}:{c}' for i, c in enumerate(result.plan))}"
-                  + (f"; 16-bit weight layers {result.keep_16bit}" if result.keep_16bit else ""), highlight=False)
+    for point in result.points:
+        for note in point.notes:
+            console.print(f"{point.budget:,.0f} B/token: {note}", highlight=False)
+    if result.plan:
+        console.print(f"plan: {' '.join(f'{i}:{c}' for i, c in enumerate(result.plan))}"
+                      + (f"; 16-bit weight layers {result.keep_16bit}" if result.keep_16bit else ""), highlight=False)
     console.print(f"[bold]{result.verdict}[/]", highlight=False)
     console.print(f"predictor: α_kv {result.predictor['alpha_kv']:.3f}, α_w {result.predictor['alpha_w']:.3f}; "
                   f"Spearman rank correlation predicted vs held-out KLD over {sum(r.predicted is not None for r in result.rows)} configs: "

@@ -105,7 +105,7 @@ def sweep_command(
             plan = plan_sweep(sweep_spec, db)
         err_console.print(f"sweep {sweep_spec.name}: {len(plan.configs)} configs, {len(plan.done)} already in {store}, "
                           f"{len(plan.missing)} to run (about {_duration(plan.seconds)})")
-        with progress_bar(plan.steps, "sweep") as advance:
+        with progress_bar(plan.steps, "sweep", grid=[task.grid for task in plan.tasks]) as advance:
             report = run_sweep(sweep_spec, db, executor=runner, progress=advance, plan=plan)
         err_console.print(f"wrote {report.written} result(s) to {store}" + (f"; {report.raced} were written first by another sweep" if report.raced else ""))
         ids = set(report.config_ids)

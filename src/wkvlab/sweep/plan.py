@@ -220,6 +220,11 @@ class GridTask:
         return next((c.calibration for c in self.configs if c.calibration is not None), None)
 
     @property
+    def grid(self) -> tuple[list[WeightSpec], list[KVSpec]]:
+        """(weight specs, KV specs): what the progress ETA times apart (wkvlab.display.grids_classes)."""
+        return [WeightSpec.from_dict(w) for w in self.weights], [KVSpec.from_dict(k) for k in self.kv]
+
+    @property
     def n_windows(self) -> int:
         return max(1, self.first.tokens // self.first.ctx)  # what make_windows cuts when the text is long enough
 

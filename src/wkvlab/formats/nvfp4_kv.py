@@ -1,0 +1,120 @@
+"""NVFP4 KV caches as vLLM and SGLang write them: E2M1 values, an FP8-E4M3 scale per 16, an fp32 scale per layer.
+
+**The store** — vLLM ``--kv-cache-dtype nvfp4`` (``reshape_and_cache_nvfp4_kernel``,
+vllm-project/vllm ``csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu``
+@0cd789b397efc1a8992489076db9fe28d41aed69, which calls ``cvt_warp_fp16_to_fp4`` of
+``csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh`` @20b4ad8eb93309fce4bc0a069adcd2cfabb462f7)
+and SGLang ``--fp4-kv-cache-recipe nvfp4`` (``NVFP4Method.quantize_and_store`` →
+``NVFP4QuantizeUtil.fi_nvfp4_quantize`` → flashinfer ``fp4_quantize(x, 1/global_scale,
+sf_vec_size=16)``, sgl-project/sglang @1c5f9e23874acd43238a31da1d3d2b17fae45c24
+``python/sglang/srt/layers/quantization/kvfp4_tensor.py``; flashinfer-ai/flashinfer
+``csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh`` @014327abdb4aa862b062a9cc691840af2736d6f9
+``cvt_warp_fp16_to_fp4``, the same lines) compute, per block of 16 consecutive values of one
+token's head vector, in float32::
+
+    SFScaleVal  = 1 / k_scale                              # k_scale: the layer's fp32 scale
+    SFValue     = SFScaleVal * (vecMax * rcp(6))           # vecMax = max |x| of the block
+    sf          = e4m3(SFValue)                            # __nv_fp8_e4m3(): nearest even, satfinite (448)
+    outputScale = sf != 0 ? rcp(float(sf) * rcp(SFScaleVal)) : 0
+    code        = cvt.rn.satfinite.e2m1(x * outputScale)   # nearest, ties to even, saturating at 6
+
+and store the nibbles (D/2 bytes), the E4M3 block scales (D/16 bytes) and, per layer and side, the
+fp32 ``k_scale`` / ``v_scale``. A reader recovers ``code · sf · k_scale``.
+
+* **Tie rule**: E2M1 ties go to the even mantissa: 0.25 → 0, 0.75 → 1, 1.25 → 1, 1.75 → 2,
+  2.5 → 2, 3.5 → 4, 5 → 4 (``round_to_nearest_e2m1`` in the same .cu file transcribes
+  ``cvt.rn.satfinite.e2m1x2.f32`` exactly so) — unlike SGLang's MXFP4/blockfp4 recipe, whose
+  ``sum(|x| >= bounds)`` rounds ties up (:func:`wkvlab.kv.formats._sglang_fp4`).
+* **Global scale**: ``k_scale`` is the checkpoint's (1.0 without one); SGLang's
+  ``NVFP4Method.load_scales_from_model`` multiplies it by 6 on SM100 ("to align FP4 range with
+  hardware expectations"), so a B200 without checkpoint scales runs with ``k_scale = 6``: block
+  scales 6× smaller, E4M3 subnormals (below 2^-6) reached 6× sooner.
+* **nvfp4_4over6** (vLLM ``cvt_warp_fp16_to_fp4_4over6``): the same store computed with
+  denominators 6 and 4, each block keeping the one whose squared reconstruction error
+  ``Σ (e2m1(x·os)·rcp(os) − x)²`` is smaller (6 on a tie: ``use4 = err4 < err6``).
+* **SGLang's read** (``NVFP4Method.dequantize_prev_kv``): the cache is dequantized to bf16
+  (``cuda_nvfp4_dequantize``: ``code · sf · global``) and cast ``.to(torch.float8_e4m3fn)`` into
+  the FP8 workspace the prefill attends to: ``fp8_read=True`` adds both roundings. SGLang notes
+  that values beyond ±448 become NaN there; here they saturate (:func:`wkvlab.formats.fp8.fake_quant_fp8`).
+
+Not modelled: ``rcp.approx.ftz`` is taken as the correctly rounded reciprocal (it is within 1 ulp;
+rcp(6) and rcp(1) are what matter with the default scales), and the 4-over-6 error sum is added
+in one order (the kernel's two-thread shuffle adds in another; only near-equal errors can flip).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from wkvlab.errors import ConfigError
+from wkvlab.formats._checks import check_float_tensor
+from wkvlab.formats.fp4 import round_e2m1
+from wkvlab.formats.sizes import NVFP4_KV_BLOCK, nvfp4_kv_bytes_per_vector  # noqa: F401 - sizes live torch-free
+_E4M3_MAX = 448.0
+
+
+def _scale(k_scale: float | Tensor, ref: Tensor) -> Tensor:
+    """The per-layer scale as float32 on ``ref``'s device (a Python number is filled there: no host copy)."""
+    if isinstance(k_scale, Tensor):
+        return k_scale.to(device=ref.device, dtype=torch.float32)
+    return torch.full((), float(k_scale), dtype=torch.float32, device=ref.device)
+
+
+def _rcp(x: Tensor) -> Tensor:
+    """``rcp.approx.ftz.f32`` taken as IEEE 1/x in float32 (0 stays the caller's business)."""
+    return torch.reciprocal(x)
+
+
+def _candidate(vec_max: Tensor, sf_scale: Tensor, denominator: float) -> tuple[Tensor, Tensor]:
+    """``(sf as float32, outputScale)`` of ``nvfp4_candidate_scale`` / ``cvt_warp_fp16_to_fp4``."""
+    den = torch.full((), denominator, dtype=torch.float32, device=vec_max.device)
+    sf_value = sf_scale * (vec_max * _rcp(den))
+    sf = sf_value.clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn).float()  # satfinite, nearest even
+    output_scale = torch.where(sf != 0, _rcp(sf * _rcp(sf_scale)), torch.zeros_like(sf))
+    return sf, output_scale
+
+
+def quantize_nvfp4_kv(x: Tensor, k_scale: float | Tensor = 1.0, four_over_six: bool = False) -> tuple[Tensor, Tensor]:
+    """``(codes, block_scales)`` of ``x`` (``[..., head_dim]``): codes are the E2M1 values as
+    float32 (``[..., head_dim]``, in ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}), block scales float8_e4m3fn
+    (``[..., head_dim / 16]``); ``x ≈ code · scale · k_scale``. Device and shape follow ``x``."""
+    check_float_tensor(x)
+    dim = x.shape[-1]
+    if dim % NVFP4_KV_BLOCK:
+        raise ConfigError(f"NVFP4 KV caches need head_dim divisible by {NVFP4_KV_BLOCK}, got {dim}; use another KV format")
+    blocks = x.float().reshape(*x.shape[:-1], dim // NVFP4_KV_BLOCK, NVFP4_KV_BLOCK)
+    g = _scale(k_scale, x)
+    sf_scale = _rcp(g)  # SFScaleVal = 1 / k_scale
+    vec_max = blocks.abs().amax(dim=-1, keepdim=True)
+    sf, output_scale = _candidate(vec_max, sf_scale, 6.0)
+    if four_over_six:
+        sf4, output_scale4 = _candidate(vec_max, sf_scale, 4.0)
+
+        def error(scale: Tensor) -> Tensor:
+            dequant = torch.where(scale != 0, _rcp(scale), torch.zeros_like(scale))
+            err = torch.where(scale != 0, round_e2m1(blocks * scale) * dequant - blocks, blocks)
+            return (err * err).sum(dim=-1, keepdim=True)
+
+        use4 = error(output_scale4) < error(output_scale)
+        sf = torch.where(use4, sf4, sf)
+        output_scale = torch.where(use4, output_scale4, output_scale)
+    codes = round_e2m1(blocks * output_scale)
+    return codes.reshape(x.shape), sf.squeeze(-1).to(torch.float8_e4m3fn)
+
+
+def dequantize_nvfp4_kv(codes: Tensor, block_scales: Tensor, k_scale: float | Tensor = 1.0) -> Tensor:
+    """``code · scale · k_scale`` in float32 (exact: a code times an E4M3 scale has ≤ 6 significant bits)."""
+    dim = codes.shape[-1]
+    blocks = codes.float().reshape(*codes.shape[:-1], dim // NVFP4_KV_BLOCK, NVFP4_KV_BLOCK)
+    g = _scale(k_scale, codes)
+    return (blocks * block_scales.float().unsqueeze(-1) * g).reshape(codes.shape)
+
+
+def fake_quant_nvfp4_kv(x: Tensor, k_scale: float | Tensor = 1.0, four_over_six: bool = False, fp8_read: bool = False) -> Tensor:
+    """``x`` as the cache returns it, in ``x``'s dtype. ``fp8_read``: SGLang's read into its FP8
+    workspace — bf16 first, then E4M3 (nearest even, saturating here)."""
+    codes, scales = quantize_nvfp4_kv(x, k_scale, four_over_six)
+    y = dequantize_nvfp4_kv(codes, scales, k_scale)
+    if fp8_read:
+        y = y.to(torch.bfloat16).float().clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn).float()
+    return y.to(x.dtype)
