@@ -74,7 +74,18 @@ def test_a_changed_cell_is_caught_in_every_kind_of_table():
         assert tables.compare(table, doc.replace(old, new, 1), table.make(None if not table.needs_run else run)), name
 
 
-@pytest.mark.slow
-def test_the_documented_demo_table_matches_a_fresh_demo():
+def test_a_bare_demo_json_is_a_record_that_says_what_it_does_not_know(tmp_path):
     tables = _load()
-    assert tables.main(["--check", "demo"]) == 0
+    bare = tmp_path / "demo.json"
+    bare.write_text(__import__("json").dumps(tables.load_record(tables.RUN)["rows"]))
+    run = tables.load_record(bare)
+    caption = tables.demo_table(run).splitlines()[0]
+    assert "at commit unknown on unknown, wall unknown, load nan before" in caption and "commit=unknown" in caption
+    assert tables.differences(tables.documented(tables.TABLES["demo"]), tables.demo_table(run)) == []
+
+
+@pytest.mark.slow
+def test_the_documented_demo_tables_match_a_fresh_demo():
+    """One fresh `wkvlab demo --json --report` (minutes): docs/results.md's grid and docs/report.md's tables."""
+    tables = _load()
+    assert tables.main(["--check", "demo", "--check", "report-demo"]) == 0

@@ -193,3 +193,40 @@ def test_every_long_running_command_passes_its_grids_to_the_eta():
     root = Path(__file__).parents[1] / "src" / "wkvlab"
     for path in ["cli.py", "sweep/cli.py", "findings/run.py", "explain/cli.py"]:
         assert "grid=" in (root / path).read_text(), path
+
+
+def test_a_command_that_cannot_list_its_builds_still_times_a_build_apart(monkeypatch):
+    """search's profile (one GPTQ build, then passes) goes through progress_bar without a grid: the build is
+    timed at its own rate when it comes and the passes at theirs, so after the first minute the ETA is never
+    under half nor over twice the truth; the old per-step average put the build's cost on every pass."""
+    from wkvlab import display
+
+    events = _grid_events([("gptq-int4-g128", 300.0, 24)], windows=25, reference=2.0, cells=[2.0], one_model=True)
+    events = [e for e in events if e[1] != "reference"][:25] + [(2.0, "K int4 layer 0", 1.0)] * 100
+    seen = {}
+
+    class Recorder(display.PlainProgress):
+        def __init__(self, *args, builds=None, **kwargs):
+            seen["builds"] = builds
+            super().__init__(*args, builds=builds, **kwargs)
+
+    monkeypatch.setattr(display, "PlainProgress", Recorder)
+    with display.progress_bar(len(events), "profile") as _:
+        pass
+    clock = Clock()
+    costs = display.StepCosts(sum(s for _, _, s in events), seen["builds"], clock)
+    finish, ratios = sum(s for s, _, _ in events), []
+    for seconds, description, steps in events:
+        clock.now += seconds
+        costs.advance(description, steps)
+        left, untimed = costs.remaining()
+        if clock.now < 60 or finish - clock.now < 5:
+            continue
+        if costs.current[0] is not None:  # building (the passes not timed yet: a lower bound, '+'): the build's own rest
+            ratios.append(left / (300.0 - clock.now))
+            assert untimed and costs.text().endswith("+")
+        elif not untimed:
+            ratios.append(left / (finish - clock.now))
+    assert 0.5 <= min(ratios) and max(ratios) <= 2.0, (min(ratios), max(ratios))
+    old, _ = _worst_eta_error(events, None)
+    assert old > 10, old

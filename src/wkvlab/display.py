@@ -56,8 +56,10 @@ class StepCosts:
     its own rate; a build not yet started costs what its class has cost so far (the one in progress
     counted at its projected total); the passes left cost what the passes so far cost. A class not
     yet timed (the first GPTQ build still ahead; the passes, while the copies plan builds every
-    weight config first) adds nothing, and the ETA then reads ``5:12+``: a lower bound. Without
-    ``builds`` it is the old rule: the average time per step so far times the steps left.
+    weight config first) adds nothing, and the ETA then reads ``5:12+``: a lower bound. With an empty
+    ``builds`` (a command that cannot list its builds ahead: search's profile, findings' attention and
+    depth) a build is still timed apart when it comes, at its own rate, and none is foreseen. With
+    ``builds=None`` it is the old rule: the average time per step so far times the steps left.
     """
 
     def __init__(self, total: float, builds: dict[str, str] | list[tuple[str, str]] | None, clock: Callable[[], float],
@@ -134,6 +136,8 @@ class StepCosts:
                     left += future * sum(measured) / len(measured)
                 else:
                     untimed = True
+        if kind is not None and kind not in self.expected and fraction > 0:  # a build the caller did not list: its own rate
+            left += spent / fraction * (1 - fraction)
         builds = sum(self.expected.values())
         passes_left = max(0.0, self.total - builds - self.pass_steps)
         if passes_left > 0:
@@ -211,7 +215,8 @@ def progress_bar(total: float, title: str, grid=None) -> Iterator[Advance]:
     callback the runner expects. ``grid`` (weight specs, KV specs), or a list of them for a run of
     several grids: the ETA times the weight builds and calibrations apart from the window passes
     (:class:`StepCosts`, :func:`grids_classes`)."""
-    builds, kv_calibrations = grids_classes(grid) if grid is not None else (None, 0)
+    # no grid: builds still timed apart from the passes as they come (one in progress at its own rate), none foreseen
+    builds, kv_calibrations = grids_classes(grid) if grid is not None else ([], 0)
     if not err_console.is_terminal:
         plain = PlainProgress(total, title, _plain_write, _interval(), builds=builds, kv_calibrations=kv_calibrations)
         plain.write(f"{datetime.now():%H:%M:%S} {title}: {total:.4g} steps")

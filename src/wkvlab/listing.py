@@ -57,6 +57,7 @@ KV_GRAMMAR = (
     Form("int<b>[-g<G>][-sym|-asym]", "int4-g32", "INT2-8 per token and head, in groups of G along head_dim"),
     Form("int<b>-c<G>[-sym|-asym]", "int2-c32", "per channel over groups of G tokens (KIVI's keys)"),
     Form("K<b>V<b> | KV<b>", "K8V4", "KVTuner's bit pairs (8/4/2 bits: int8/int4/int2; 16: the model's precision)"),
+    Form("hqq<b>[-g<G>]", "hqq4+residual=128", "HQQ (1/2/3/4/8 bits) on the whole cache, re-quantized at each flush: needs residual=R (hf-hqq:int<b>)"),
     Form("nuq<b>[-c]", "kvquant:3", "KVQuant non-uniform codebooks (calibrated), through the kvquant:<b> presets"),
     Form("@<file>.yaml | @<file>.json", "@plan.yaml", "a KVSpec file, e.g. written by 'wkvlab search --out'"),
 )

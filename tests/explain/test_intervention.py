@@ -159,6 +159,9 @@ def test_window_cells_and_the_decision_rule():
         assert v.family_size == 5 and v.family == "test" and v.raw.n_units in (8,)
     assert x.verdicts["removed"].margin.value == pytest.approx(0.1 * k["c"]) and x.verdicts["removed"].margin.of == "KLD(C)"
     assert x.verdicts["attention_interaction"].margin.of == "attention KL(C)"
+    assert all(v.tokens == 8 * 23 for v in x.verdicts.values())  # what would decide an undecided one is counted in tokens too
+    assert x.per_window["wc"] == pytest.approx([float(a.mean()) for a in data.kld["wc"]]) and len(x.per_window["attention_c"]) == 8
+    assert (x.explained_text() == format(x.explained, ".2f")) == x.effects["interaction"].excludes_zero
     text = " ".join(x.lines())
     assert "Holm over 5 tests" in text and "margin ±" in text
 

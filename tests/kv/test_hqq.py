@@ -126,6 +126,11 @@ def test_spec_rules():
     with pytest.raises(ConfigError, match="full-attention"):
         layer_stores(tiny_gemma3(), spec)  # QuantizedCache refuses models with sliding layers
     layer_stores(tiny_gemma3(), KVSpec.parse("hf-hqq:int4+skip=sliding_window"))
+    from wkvlab.kv.presets import fidelity_of
+
+    # QuantizedCache's own settings keep the label; anything else is no longer QuantizedCache
+    assert fidelity_of(KVSpec.parse("hf-hqq:int4+residual=64+prefill=512"))["label"] == "source-faithful"
+    assert fidelity_of(KVSpec.parse("hf-hqq:int4+skip=sliding_window"))["label"] == "approximate"
 
 
 def test_sliding_models_refused_before_loading(tmp_path):

@@ -57,7 +57,7 @@ def test_profile_single_layer_cells_are_real_measurements(setup):
     assert prof.outliers[0]["k_max_over_median"] >= 1
 
 
-def test_search_end_to_end_and_profile_cache(setup):
+def test_search_end_to_end_and_profile_cache(setup, monkeypatch):
     model, prof_w, held = setup
     weights, choices = WeightSpec.parse("int4-g32"), parse_choices("K8V8,K4V4,K4V2")
     budget = 320.0  # 3 layers x 2 heads, head_dim 32: uniform K4V4 is 240 B/token, K8V8 408: a real choice
@@ -68,6 +68,15 @@ def test_search_end_to_end_and_profile_cache(setup):
     assert {"plan", "reference", "unaware", "greedy", "kvtuner", "random"} <= kinds
     assert all(r.at_budget for r in result.rows if r.kind != "reference")  # every plan and rival spends the budget
     assert "uniform" not in kinds  # K4V4 240 and K8V8 408 B/token are not within ±2% of 320
+    assert result.chosen.plan == result.plan and len(result.rows[-1].plan) == 3
+    from wkvlab.display import console
+    from wkvlab.search.cli import print_search
+
+    monkeypatch.setattr(console, "width", 400)  # one line per row
+    with console.capture() as out:
+        print_search(result)
+    text = out.get()
+    assert "mean of 5 random mixes" in text and all(f"random mix {i}" in text for i in range(1, 6))  # one budget: each mix too
     assert result.profile["cached"] is False
     assert result.verdict
     vllm = result.exports["vllm"]  # the tiny model's 64-wide layers are too narrow for Marlin: cache flags, no line

@@ -77,24 +77,34 @@ class CrossTerm:
     effects: dict[str, Interval]  # EFFECTS, raw intervals
     explained: Interval  # (I − I′) / I: the share of the output interaction the term carries
     verdicts: dict[str, Verdict]  # EFFECTS, decided in the family the caller chose
+    per_window: dict[str, list[float]] | None = None  # mean output KLD (CELLS) and attention KL ("attention_<cell>") per window
+
+    @property
+    def explained_defined(self) -> bool:
+        """The share (I − I′)/I means something only when the interaction's interval excludes 0."""
+        return self.effects["interaction"].excludes_zero
+
+    def explained_text(self, spec: str = ".2f") -> str:
+        return format(self.explained, spec) if self.explained_defined else "— (the interaction's interval contains 0)"
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "kv": self.kv, "windows": self.windows, "tokens": self.tokens,
                 "kld": {k: v.to_dict() for k, v in self.kld.items()}, "effects": {k: v.to_dict() for k, v in self.effects.items()},
-                "explained": self.explained.to_dict(), "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}}
+                "explained": self.explained.to_dict(), "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()},
+                "per_window": self.per_window}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "CrossTerm":
         return cls(data["weights"], data["kv"], data["windows"], data["tokens"], {k: Interval.from_dict(v) for k, v in data["kld"].items()},
                    {k: Interval.from_dict(v) for k, v in data["effects"].items()}, Interval.from_dict(data["explained"]),
-                   {k: Verdict.from_dict(v) for k, v in data["verdicts"].items()})
+                   {k: Verdict.from_dict(v) for k, v in data["verdicts"].items()}, data.get("per_window"))
 
     def lines(self) -> list[str]:
         v = self.verdicts
         return [
             f"output KLD interaction of {self.weights} × {self.kv}: {v['interaction'].describe('.4f')}",
             f"with ε_q·ε_k,cᵀ removed from the scores: KLD(W+C) {self.kld['wc'].estimate:.4f} → {self.kld['wc_removed'].estimate:.4f}, "
-            f"{v['removed'].describe('+.4f')}; share of the interaction it carries {self.explained:.2f}; "
+            f"{v['removed'].describe('+.4f')}; share of the interaction it carries {self.explained_text()}; "
             f"what remains: {v['interaction_removed'].describe('+.4f')}",
             f"attention-KL interaction: {v['attention_interaction'].describe('+.2e')}",
             f"first {SINK_TOKENS} tokens at 16 bits: KLD(W+C) {self.kld['wc'].estimate:.4f} → {self.kld['wc_sinks'].estimate:.4f}, "
@@ -129,8 +139,8 @@ def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, ma
     m_attn = Margin.relative_to(draws["attention_c"].estimate, "attention KL(C)", margin)
     words = {"interaction": INTERACTION, "interaction_removed": INTERACTION, "removed": DIFFERENCE, "attention_interaction": INTERACTION,
              "sinks": DIFFERENCE}
-    return [Effect(f"{label}: {EFFECT_LABELS[e]}", draws[e], m_attn if e == "attention_interaction" else m,
-                   0 if e == "attention_interaction" else tokens, words[e]) for e in EFFECTS]
+    return [Effect(f"{label}: {EFFECT_LABELS[e]}", draws[e], m_attn if e == "attention_interaction" else m, tokens, words[e])
+            for e in EFFECTS]
 
 
 def cross_terms(pairs: Sequence[tuple[str, str, CrossTermData]], *, family: str, margin: float = DEFAULT_MARGIN,
@@ -143,8 +153,10 @@ def cross_terms(pairs: Sequence[tuple[str, str, CrossTermData]], *, family: str,
     out = []
     for i, ((w, c, d), dr, n) in enumerate(zip(pairs, draws, tokens)):
         mine = verdicts[i * len(EFFECTS) : (i + 1) * len(EFFECTS)]
+        per_window = {**{c: [float(a.mean()) for a in d.kld[c]] for c in CELLS},
+                      **{f"attention_{c}": list(d.attention_kl[c]) for c in ATTENTION_CELLS}}
         out.append(CrossTerm(w, c, d.windows, n, {k: dr[f"kld_{k}"].interval() for k in CELLS}, {e: dr[e].interval() for e in EFFECTS},
-                             dr["explained"].interval(), dict(zip(EFFECTS, mine))))
+                             dr["explained"].interval(), dict(zip(EFFECTS, mine)), per_window))
     return out
 
 

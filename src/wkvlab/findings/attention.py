@@ -183,8 +183,6 @@ def measure_attention(model: str, weights: tuple[str, ...], kvs: tuple[str, ...]
 
 def _one_weight_config(built, w_spec, c_specs, chosen, spill, calibration, key, tick):
     """Every cache's row under one weight config (the model holds these weights now)."""
-    import torch
-
     from wkvlab.explain.attention import SINK_TOKENS, _Accumulator, decompose_window
     from wkvlab.explain.cells import record_pass
     from wkvlab.explain.crossterm import CrossTermData

@@ -96,7 +96,10 @@ def attention_markdown(rows) -> str:
         "Four whole passes per window: R, W (quantized weights, 16-bit cache), C (unquantized weights, quantized cache), W+C; the "
         "cross term's weight part uses the (W, fp16) pass's key (ε_k,w = K_W − K), its cache part the rest (ε_k,c = K_stored − K_W): "
         "the parts' energies need not add to the cross term's. The 2×2 interaction is S_WC − S_W − S_C + S_R over the score "
-        "error's energy. KV fp16 rows: the (W, fp16) cell, where the cross term is all weight part and the interaction 0. "
+        "error's energy; it is not a measure of compounding: the cache's rounding error on W+C's keys is a fresh draw, "
+        "uncorrelated with its error on the reference's, so this energy is about twice the cache term's even when nothing "
+        "compounds (and can exceed 100%) — the output and attention-KL interactions below are the ones decided. "
+        "KV fp16 rows: the (W, fp16) cell, where the cross term is all weight part and the interaction 0. "
         f"95% intervals over {windows} windows resampled. Layers: share of the network's cross-term energy.")
     crossed = [r.cross for r in rows if getattr(r, "cross", None) is not None]
     if not crossed:
@@ -109,7 +112,7 @@ def attention_markdown(rows) -> str:
         v, k = x.verdicts, x.kld
         body.append([x.weights, x.kv, f"{k['w'].estimate:.5f}", f"{k['c'].estimate:.5f}", f"{k['wc'].estimate:.5f}",
                      f"{x.effects['interaction']:+.5f} → {_decision(v['interaction'])}", f"{k['wc_removed'].estimate:.5f}",
-                     f"{x.effects['removed']:+.5f} → {_decision(v['removed'])}", format(x.explained, ".2f"),
+                     f"{x.effects['removed']:+.5f} → {_decision(v['removed'])}", x.explained_text(),
                      f"{x.effects['interaction_removed']:+.5f} → {_decision(v['interaction_removed'])}",
                      f"{x.effects['attention_interaction']:+.2e} → {_decision(v['attention_interaction'])}",
                      f"{k['wc_sinks'].estimate:.5f}", f"{x.effects['sinks']:+.5f} → {_decision(v['sinks'])}"])
@@ -119,7 +122,8 @@ def attention_markdown(rows) -> str:
         "ε_q·ε_k,cᵀ (ε_q = Q − Q_R, ε_k,c = K_stored − K_W, from the recorded R and (W, fp16) passes) subtracted from every "
         "layer's attention scores; the first 4 tokens kept at 16 bits in the cache (+sinks=4), paired against the plain run. "
         "'change': the intervened KLD(W+C) minus the plain one (lower: the term, or the sinks' quantization, raised it); 'share "
-        "it carries': (I − I′) / I, I the output interaction, I′ the same with the term removed; 'attention-KL interaction': "
+        "it carries': (I − I′) / I, I the output interaction, I′ the same with the term removed (shown only where I's interval "
+        "excludes 0: a ratio to a near-zero I says nothing); 'attention-KL interaction': "
         "KL(W+C) − KL(W) − KL(C) of the attention rows, margin 10% of the C cell's attention KL. Intervals: 95% studentized paired "
         f"bootstrap over windows; verdicts by the one rule at the Holm-adjusted level, {first.adjustment}."
         + _rule_note(v for x in crossed for v in x.verdicts.values()))

@@ -153,6 +153,7 @@ class Row:
     budget: float = math.nan  # the budget the row was built for (NaN: the fp16 reference)
     gap: float = math.nan  # budget − bytes per token spent (16-bit weight layers counted per token of batch x context)
     at_budget: bool = False  # spends the budget within one layer-format step
+    plan: list = field(default_factory=list)  # per-layer choice labels
     score: Score | None = field(default=None, repr=False, compare=False)  # per-token KLD, for paired intervals
 
     @property
@@ -465,7 +466,8 @@ def _measure(reference, heldout: WindowSet, qw, weights: WeightSpec, cands: list
             rows.append(Row(cand.name, cand.kind, cand.spec.canonical() if not cand.spec.layers else "per-layer map", kv_bytes,
                             model.weight_bytes, total, fits, predicted, score.kld, score.se, cand.method,
                             [f"weights 16-bit in layers {list(cand.keep_16bit)}"] if cand.keep_16bit else [],
-                            cand.budget, gap, not math.isnan(gap) and at_budget(spent, cand.budget, step), score))
+                            cand.budget, gap, not math.isnan(gap) and at_budget(spent, cand.budget, step),
+                            [choice_label(c) for c in cand.plan] if cand.plan is not None else [], score))
             if cand.keep_16bit and all(c.keep_16bit != cand.keep_16bit for c in cands[i + 1:]):
                 built.pop(cand.keep_16bit)  # keep memory flat: at most one extra weight copy at a time
     return rows

@@ -207,6 +207,9 @@ def _comparison_rows(result: SearchResult):
             members = [r for r in result.rows if r.budget == point.budget and r.kind == c.rival]
             se = members[0].se if len(members) == 1 else float("nan")
             yield point, c.label, c.rival, c.bytes, c.gap, c.kld, se, c
+            if len(members) > 1 and not result.is_curve:  # one budget: each random mix too (a curve: --json has them)
+                for r in members:
+                    yield point, f"  {r.name}", r.kind, (r.kv_bytes_per_token,) * 2, (r.gap,) * 2, r.kld, r.se, None
 
 
 def _span(pair, spec: str) -> str:
