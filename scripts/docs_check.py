@@ -32,6 +32,10 @@ class Stamp:
     line: int
     commit: str
     covers: tuple[str, ...]
+    table: str = ""  # the scripts/doc_tables.py table the stamp is in, if any: the listing names its command
+
+
+TABLE = re.compile(r"<!--\s*doc-table:\s*(\S+)\s*-->")
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -44,16 +48,21 @@ def _known(root: Path, sha: str) -> bool:
 
 def stamps(root: Path, doc: Path) -> list[Stamp]:
     """The measurement stamps of one Markdown file (markers first; prose stamps on other lines)."""
-    found = []
+    found, table = [], ""
     name = str(doc.relative_to(root))
     for number, text in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        opened = TABLE.search(text)
+        if opened:
+            table = opened.group(1)
+        elif "<!-- /doc-table -->" in text:
+            table = ""
         marker = MARKER.search(text)
         if marker and text[:marker.start()].endswith("`"):  # a marker quoted as an example (`<!-- measured: ... -->`)
             continue
         if marker:
             fields = dict(part.split("=", 1) for part in marker.group(1).split() if "=" in part)
             covers = tuple(p for p in fields.get("covers", "").split(",") if p) or DEFAULT_COVERS
-            found.append(Stamp(name, number, fields.get("commit", ""), covers))
+            found.append(Stamp(name, number, fields.get("commit", ""), covers, table))
             continue
         for match in STAMP.finditer(text):
             if _known(root, match.group(1)):  # a hex word that is no commit of this clone is not a stamp
@@ -84,8 +93,9 @@ def check(root: Path) -> tuple[list[str], int]:
             if later is None:
                 lines.append(f"{where}: measured at {stamp.commit or '(no commit)'}, a commit this clone does not have; cannot tell")
             elif later:
+                redo = f"; regenerate: python scripts/doc_tables.py --save docs/runs/demo.json --write {stamp.table}" if stamp.table else ""
                 lines.append(f"{where}: measured at {stamp.commit}; {len(later)} later commit(s) change {', '.join(stamp.covers)} "
-                             f"(newest: {later[0][:100]})")
+                             f"(newest: {later[0][:100]}){redo}")
     return lines, total
 
 

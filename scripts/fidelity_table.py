@@ -95,6 +95,8 @@ def main() -> None:
     for i, row in enumerate(report.rows):
         engine, sim = row.engine_kld, evals[i].kld
         eval_windows = window_means(evals[i], row.window_tokens)
+        if not np.allclose(eval_windows, row.sim_windows, rtol=1e-12, atol=0):  # engine compare's simulated side is eval's run
+            sys.exit(f"fidelity_table: {row.kv}: engine compare's simulated side {row.sim_windows} differs from wkvlab eval's {eval_windows}")
         interval = row.ratio_interval(eval_windows)
         line = f"| {row.kv} | {engine['mean']:.6f} ± {engine['se']:.6f} | {sim['mean']:.6f} ± {sim['se']:.6f} | {_ratio_cell(interval)} |"
         entry = {"kv": row.kv, "engine_kld": engine, "eval_kld": sim, "ratio": interval.estimate, "ratio_interval": interval.to_dict(),

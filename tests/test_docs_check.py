@@ -32,7 +32,7 @@ def test_a_stamp_is_listed_once_its_code_changes(tmp_path):
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "code")
     measured = _git(tmp_path, "rev-parse", "--short", "HEAD")
-    (tmp_path / "docs" / "kv.md").write_text(f"| a | b |\n<!-- measured: commit={measured} covers=src/wkvlab/kv -->\n"
+    (tmp_path / "docs" / "kv.md").write_text(f"<!-- doc-table: demo -->\n<!-- measured: commit={measured} covers=src/wkvlab/kv -->\n<!-- /doc-table -->\n"
                                             f"prose measured at commit {measured}; a hex word deadbeef is no stamp\n")
     (tmp_path / "README.md").write_text("<!-- measured: commit=0123456 covers=src -->\n"
                                         "quoted as an example: `<!-- measured: commit=… covers=… -->` is no stamp\n")
@@ -44,11 +44,11 @@ def test_a_stamp_is_listed_once_its_code_changes(tmp_path):
     (tmp_path / "src" / "wkvlab" / "b.py").write_text("Y = 2\n")  # outside what the marker covers
     _git(tmp_path, "commit", "-qam", "b changes")
     lines, _ = docs_check.check(tmp_path)
-    assert [line.split(":")[:2] for line in lines] == [["README.md", "1"], ["docs/kv.md", "3"]]  # only the prose stamp covers all of src
+    assert [line.split(":")[:2] for line in lines] == [["README.md", "1"], ["docs/kv.md", "4"]]  # only the prose stamp covers all of src
 
     (tmp_path / "src" / "wkvlab" / "kv" / "a.py").write_text("X = 2\n")
     _git(tmp_path, "commit", "-qam", "kv changes")
     lines, _ = docs_check.check(tmp_path)
     assert any(line.startswith("docs/kv.md:2: measured at") and "1 later commit(s) change src/wkvlab/kv (newest:" in line and "kv changes" in line
-               for line in lines), lines
+               and line.endswith("regenerate: python scripts/doc_tables.py --save docs/runs/demo.json --write demo") for line in lines), lines
     assert docs_check.main(["--root", str(tmp_path), "--strict"]) == 1

@@ -14,7 +14,7 @@ from typing import Iterable
 from wkvlab.data import Corpus, WindowSet, cut_windows, load_corpus, tokenize, tokenizer_wants_bos, window_layout
 from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
 from wkvlab.errors import ConfigError
-from wkvlab.eval.baseline import choose_baseline
+from wkvlab.eval.baseline import Baseline, choose_baseline
 from wkvlab.eval.constants import DEFAULT_TOPK
 from wkvlab.eval.result import EvalResult
 from wkvlab.eval.runner import Progress, RunOptions, check_kv_specs, grid_steps, run_grid
@@ -151,10 +151,15 @@ def total_steps(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], opt
 
 def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], progress: Progress | None = None,
                       calibration: CalibrationSpec | None = None, options: RunOptions | None = None,
-                      baseline: str = "auto") -> list[EvalResult]:
+                      baseline: str | Baseline = "auto") -> list[EvalResult]:
     """``baseline``: ``auto``, ``float`` or ``engine`` — what every pass runs with (see
-    :mod:`wkvlab.eval.baseline`; ``auto`` measures ``llamacpp:`` presets on a GGUF as llama.cpp does)."""
-    chosen, notes = choose_baseline(baseline, model=work.loaded.model, source=work.loaded.source, weights=weights, kv=kv)
+    :mod:`wkvlab.eval.baseline`; ``auto`` measures ``llamacpp:`` presets on a GGUF as llama.cpp does) — or
+    a :class:`~wkvlab.eval.baseline.Baseline` already built (``engine compare``'s simulated side runs
+    through here with llama.cpp's, so its numbers are ``wkvlab eval``'s)."""
+    if isinstance(baseline, Baseline):
+        chosen, notes = baseline, []
+    else:
+        chosen, notes = choose_baseline(baseline, model=work.loaded.model, source=work.loaded.source, weights=weights, kv=kv)
     return run_grid(
         work.loaded.model,
         work.windows,

@@ -7,7 +7,12 @@ For each cache type, on the same token windows:
 * simulation: the same model (the GGUF's weights, dequantized) with llama.cpp's input rounding on
   every matmul (the engine baseline of :mod:`wkvlab.eval.baseline`, which ``wkvlab eval`` uses
   for ``llamacpp:`` presets on a GGUF too), the ``llamacpp:<type>`` preset's KLD against the same
-  simulation with the ``llamacpp:f16`` cache — both sides measured as the engine's;
+  simulation with its 16-bit cache — both sides measured as the engine's. It is ``wkvlab eval``'s
+  own run (:func:`wkvlab.api.evaluate_workload`, same chunking, same reference pass), so the two
+  print the same numbers by construction: with llama.cpp's q8 activation roundings a window's KLD
+  moves with anything that changes float rounding upstream — even the chunk size a window is
+  prefilled in (on Gemma-3-270M q4_0, 2 chunks of 256 instead of 1 of 512 moved one window's mean
+  by 11%; docs/engines.md) — so two separately written loops did not agree;
 * ratio = simulation / engine on mean KLD (1.0 = the simulation reproduces the engine).
 
 Why the activation rounding: llama.cpp quantizes each quantized linear's input to q8 blocks; a
@@ -28,17 +33,18 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from wkvlab.api import Workload
+from wkvlab.api import Workload, evaluate_workload
 from wkvlab.engines.bridge import compare_window
 from wkvlab.engines.llamacpp import LlamaCppEngine, parse_cache_types
+from wkvlab.errors import DataError
 from wkvlab.eval.baseline import Baseline, llamacpp_baseline
 from wkvlab.eval.metrics import ReferenceTokens, compare_tokens, kld_summary
-from wkvlab.eval.result import library_versions
-from wkvlab.eval.runner import Progress, check_kv_specs, forward_logits
-from wkvlab.kv.hook import kv_quantization, layer_stores
+from wkvlab.eval.result import EvalResult, library_versions
+from wkvlab.eval.runner import Progress, RunOptions, check_kv_specs, forward_logits
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats.bootstrap import Interval
 from wkvlab.stats.ratio import window_ratio
+from wkvlab.weights.spec import WeightSpec
 
 
 @dataclass
@@ -100,47 +106,50 @@ def sim_preset(kv: str, rotation: bool = True) -> KVSpec:
     return KVSpec.parse(f"llamacpp:{k}/{v}" + ("" if rotation else "+norot"))
 
 
-def compare_steps(n_windows: int, n_kv: int) -> int:
-    """Progress steps of :func:`compare_engine`: per window, the engine's then the simulation's."""
-    return n_windows * (2 + n_kv) + n_windows * (1 + n_kv)
+def compare_steps(n_windows: int, n_kv: int, chunks: int = 1) -> int:
+    """Progress steps of :func:`compare_engine`: per window the engine's, then the simulation's —
+    ``wkvlab eval``'s run (one weight build, then per window and chunk the reference and each preset)."""
+    return n_windows * (2 + n_kv) + 1 + n_windows * chunks * (1 + n_kv)
 
 
 def _top1(values: list[np.ndarray]) -> float:
     return float(np.concatenate(values).mean())
 
 
-def _simulate_window(model, tokens, positions, specs, base_spec, stores, baseline: Baseline, sim_kld, sim_top1, tick) -> None:
-    """One window of the simulated side: each preset against the f16-cache run, llama.cpp activations on."""
-    with baseline.attached(model):
-        with kv_quantization(model, base_spec, stores=stores[0]):
-            base_logits = forward_logits(model, tokens)
-        ref = ReferenceTokens.from_logits(base_logits[positions], tokens[positions + 1])
-        tick("simulated f16 cache", 1)
-        for i, spec in enumerate(specs):
-            with kv_quantization(model, spec, stores=stores[i + 1]):
-                metrics = compare_tokens(ref, forward_logits(model, tokens)[positions])
-            sim_kld[i].append(metrics.kld)
-            sim_top1[i].append(metrics.top1_agree)
-            tick(f"simulated {spec.label}", 1)
+def simulate(work: Workload, specs: list[KVSpec], baseline: Baseline, *, options: RunOptions | None = None,
+             progress: Progress | None = None) -> list[EvalResult]:
+    """The simulated side: ``wkvlab eval --weights none --kv <specs>`` with ``baseline`` — the same
+    function, so the same windows, chunks, reference pass and per-token numbers."""
+    return evaluate_workload(work, [WeightSpec()], specs, progress=progress, options=options, baseline=baseline)
+
+
+def _per_window(result: EvalResult, positions: list[torch.Tensor]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per-token KLD and top-1 agreement of each window, checked to be the positions the engine scored."""
+    arrays, kld, top1 = result.arrays, [], []
+    for w, expected in enumerate(positions):
+        mask = arrays.window == w
+        if not np.array_equal(arrays.position[mask], expected.numpy()):
+            raise DataError(f"window {w}: the simulation scored other positions than the engine ({int(mask.sum())} vs {len(expected)} tokens)")
+        kld.append(arrays.kld[mask])
+        top1.append(arrays.top1_agree[mask])
+    return kld, top1
 
 
 @torch.no_grad()
 def compare_engine(work: Workload, gguf: str, kv_types: list[str], *, rotation: bool = True, threads: int = 2,
-                   progress: Progress | None = None) -> FidelityReport:
-    """The fidelity table for ``kv_types`` (llama.cpp names, ``k`` or ``k/v``) on ``work``'s windows."""
+                   progress: Progress | None = None, options: RunOptions | None = None) -> FidelityReport:
+    """The fidelity table for ``kv_types`` (llama.cpp names, ``k`` or ``k/v``) on ``work``'s windows;
+    ``options``: how the simulated side runs, as ``wkvlab eval``'s (default: its defaults)."""
     tick = progress or (lambda _d, _n: None)
     started = time.perf_counter()
     names = ["/".join(dict.fromkeys(parse_cache_types(t))) for t in kv_types]  # "q4_0/q4_0" → "q4_0"
     specs = [sim_preset(t, rotation) for t in kv_types]
     windows, model = work.windows, work.loaded.model
 
-    # Simulation: llama.cpp's matmul-input rounding on the GGUF's quantized linears, f16 cache as baseline.
-    base_spec = KVSpec.parse("llamacpp:f16")
-    check_kv_specs(model, [base_spec, *specs])
+    # Simulation: llama.cpp's matmul-input rounding on the GGUF's quantized linears, its 16-bit cache as baseline.
+    check_kv_specs(model, specs)
     baseline = llamacpp_baseline(model, gguf)
-    stores = [layer_stores(model, spec) for spec in [base_spec, *specs]]
-    sim_kld: list[list[np.ndarray]] = [[] for _ in specs]
-    sim_top1: list[list[np.ndarray]] = [[] for _ in specs]
+    positions: list[torch.Tensor] = []
 
     # Engine: one context per cache type, all alive so each window is processed once.
     ctx = windows.ctx
@@ -163,10 +172,12 @@ def compare_engine(work: Workload, gguf: str, kv_types: list[str], *, rotation: 
                 eng_kld[i].append(metrics.kld)
                 eng_top1[i].append(metrics.top1_agree)
                 tick(f"llama.cpp {names[i]}", 1)
-            _simulate_window(model, tokens, e0.positions, specs, base_spec, stores, baseline, sim_kld, sim_top1, tick)
+            positions.append(e0.positions)
     finally:
         for engine in [base, *engines]:
             engine.close()
+    sim = [_per_window(result, positions) for result in simulate(work, specs, baseline, options=options, progress=tick)]
+    sim_kld, sim_top1 = [k for k, _ in sim], [t for _, t in sim]
 
     rows = [
         FidelityRow(kv=names[i], preset=specs[i].label, sim_spec=specs[i].canonical(), engine_kld=kld_summary(np.concatenate(eng_kld[i])),

@@ -79,7 +79,9 @@ class ModelShape:
 @dataclass(frozen=True)
 class RunOptions:
     """How a grid runs (never what it measures: the numbers do not depend on these, beyond the
-    plan's choice of exact or stored-reference KLD).
+    plan's choice of exact or stored-reference KLD, and beyond float rounding — which a coarse
+    cache can amplify: on Gemma-3-270M a q4_0 window's KLD moved 11% between chunks of 256 and 512,
+    docs/engines.md; compare two runs at the same chunk).
 
     ``chunk``: queries per chunk (None: the largest power of two whose logits stay near 256 MiB).
     ``reference``: a stored-reference file (read when it exists and matches, written otherwise);
