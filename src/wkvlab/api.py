@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from wkvlab.data import Corpus, WindowSet, load_corpus, make_document_windows, make_windows, tokenize, tokenizer_wants_bos
+from wkvlab.data import Corpus, WindowSet, cut_windows, load_corpus, tokenize, tokenizer_wants_bos, window_layout
 from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
 from wkvlab.errors import ConfigError
 from wkvlab.eval.baseline import Baseline, choose_baseline
@@ -33,6 +33,7 @@ class Workload:
     corpus: Corpus
     windows: WindowSet
     tokens: int = 0  # the tokens asked for (the windows hold them rounded down to whole windows)
+    stride: int | None = None
 
 
 def prepare(
@@ -53,13 +54,9 @@ def prepare(
     corpus = corpus or selfgen_corpus(loaded, selfgen)
     check_context_fits(ctx, tokens, loaded.max_context, loaded.name)
     bos = loaded.tokenizer.bos_token_id if tokenizer_wants_bos(loaded.tokenizer) else None
-    if corpus.documents and stride is None:  # long documents: windows stay inside one document
-        documents = [tokenize(loaded.tokenizer, text) for text in corpus.documents]
-        windows = make_document_windows(documents, ctx=ctx, n_tokens=tokens, bos_id=bos, score=score)  # type: ignore[arg-type]
-    else:
-        ids = tokenize(loaded.tokenizer, corpus.text)
-        windows = make_windows(ids, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]
-    return Workload(loaded, corpus, windows, tokens)
+    # documents: windows spread across them, each inside one (wkvlab.data.windows.cut_windows)
+    windows = cut_windows(corpus, loaded.tokenizer, ctx=ctx, n_tokens=tokens, bos_id=bos, stride=stride, score=score)  # type: ignore[arg-type]
+    return Workload(loaded, corpus, windows, tokens, stride)
 
 
 def parse_weights(values: Iterable[str]) -> list[WeightSpec]:
@@ -87,7 +84,10 @@ def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: 
         return None
     spec = calibration or CalibrationSpec()
     corpus = calibration_corpus(spec.data)
-    reserved = work.windows.n_windows * work.windows.ctx if corpus.sha256 == work.corpus.sha256 else 0
+    reserved = 0
+    if corpus.sha256 == work.corpus.sha256:  # the tokens of the text up to where the windows end
+        end = work.windows.text_end
+        reserved = work.windows.n_windows * work.windows.ctx if end is None else tokenize(work.loaded.tokenizer, work.corpus.text[:end]).numel()
     return calibration_set(spec, work.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved)
 
 
@@ -272,7 +272,8 @@ def store_results(results: list[EvalResult], store: str | Path, *, work: Workloa
                 config = SweepConfig(work.loaded.spec or work.loaded.source, work.loaded.fingerprint, work.corpus.name, work.corpus.sha256,
                                      work.windows.ctx, work.tokens, score, None, w.to_dict(), k.to_dict(),
                                      calib if (w.needs_calibration or k.needs_calibration) else None,
-                                     dtype=run.get("dtype", "float32"), device=run.get("device", "cpu"), chunk=chunk or 0)
+                                     dtype=run.get("dtype", "float32"), device=run.get("device", "cpu"), chunk=chunk or 0,
+                                     windows=window_layout(work.corpus, work.stride))
                 written += db.put(config.config_id, config.to_dict(), result)
     return written
 

@@ -78,4 +78,4 @@ def test_one_window_gives_no_interval_and_no_verdict():
     a, b = result(0.10, windows=1), result(0.50, windows=1, kv="other")
     c = compare_results(a, b)
     assert c.kld.estimate == pytest.approx(0.4) and not c.kld.decided and not c.kld.excludes_zero
-    assert "no interval: 1 < 8 units" in format(c.kld, ".4f")
+    assert "no interval: 1 < 8 windows" in format(c.kld, ".4f")  # results without documents: windows are the units

@@ -123,7 +123,8 @@ def test_three_windows_and_a_true_interaction_print_undecided_never_additive():
         assert f.metric(metric).verdict.outcome == "undecided" and not f.metric(metric).additive
     lines = additivity(f)
     assert lines[0].startswith("Undecided") and "Additive" not in lines[0] and "additive" not in lines[0]
-    assert "margin ±" in lines[0] and "Holm over 3 tests" in lines[0] and "≥ 8 units" in lines[0]
+    assert "margin ±" in lines[0] and "Holm over 3 tests" in lines[0] and "≥ 8 windows" in lines[0]
+    assert "3 windows resampled" in lines[0]
     assert all("margin ±" in line and "Holm over 3 tests" in line for line in lines)
 
 

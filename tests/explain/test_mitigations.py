@@ -64,4 +64,7 @@ def test_no_measurable_excess_is_said_not_divided():
     m = measure(cells, [result(0.09 + n), result(0.12 + n)], chosen, n_resamples=300)
     assert m.excess.contains(0.0)
     assert [r.kld.estimate for r in m.results] == sorted(r.kld.estimate for r in m.results)  # lowest KLD first
-    assert "no measurable excess" in m.lines()[0] and "recovers" not in m.lines()[0]
+    # the excess goes through the one rule: within ±m of KLD(W+C) here, so nothing is divided by it
+    assert m.excess_verdict.word.startswith("no excess within ±") and m.excess_verdict.family_size == 1
+    assert "nothing decided for a KV mitigation to recover" in m.lines()[0] and "recovers" not in m.lines()[0]
+    assert "margin ±" in m.lines()[0] and "resamples dropped" in m.lines()[0]

@@ -111,7 +111,7 @@ def test_cross_terms_from_too_few_windows_are_not_called_significant():
                                                                 ("int8", "int4", 0.03))]
     (row,) = build_report_data(grid, source="t", n_resamples=200).cross_terms
     assert row.interaction.estimate == pytest.approx(0.016) and not row.interaction.decided and not row.interaction.excludes_zero
-    assert row.verdict.word == "undecided" and "≥ 8 units" in row.verdict.need()
+    assert row.verdict.word == "undecided" and "≥ 8 windows" in row.verdict.need()  # a stream: windows are the units
 
 
 @pytest.mark.parametrize("kv, head_dim, bits", [("int8", 64, 8.25), ("int4", 64, 4.5), ("int8", 128, 8.125), ("int4", 128, 4.25),

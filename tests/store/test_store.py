@@ -18,6 +18,9 @@ from wkvlab.store.arrays import decode_array, encode_array
 def assert_same_result(a, b):
     for f in fields(TokenArrays):
         x, y = getattr(a.arrays, f.name), getattr(b.arrays, f.name)
+        if x is None or y is None:  # an optional array (document): absent on both sides
+            assert x is None and y is None, f.name
+            continue
         assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), f.name
     assert a.to_dict() == b.to_dict()
 
@@ -31,6 +34,18 @@ def test_result_round_trips_exactly(tmp_path):
         assert store.done(["abc", "nope"]) == {"abc"}
     assert_same_result(result, back)
     assert back.buckets == result.buckets and back.versions == result.versions
+
+
+def test_documents_round_trip_and_old_results_read_as_one_stream(tmp_path):
+    with_docs, stream = fake_result(1, windows=4, documents=[0, 0, 2, 5]), fake_result(2)
+    with open_store(tmp_path / "r.db") as store:
+        store.put("docs", {}, with_docs), store.put("stream", {}, stream)
+        back, old = store.get("docs"), store.get("stream")
+        rows = {name for (name,) in store._conn.execute("SELECT name FROM arrays WHERE config_id = 'stream'")}
+    assert_same_result(with_docs, back)
+    assert back.arrays.units.kind == "documents" and np.unique(back.arrays.units.labels).tolist() == [0, 2, 5]
+    # no document row (what every store written before documents holds): windows are the units
+    assert "document" not in rows and old.arrays.document is None and old.arrays.units.kind == "windows"
 
 
 @pytest.mark.parametrize("array", [

@@ -14,6 +14,12 @@ The embedded corpora need no download, so tests and the demo run offline on any 
 
 The first two are concatenated in sorted order so the text is byte-for-byte deterministic for a given
 Python version; every result records the text's SHA-256 so a change of Python version is visible.
+
+Each embedded corpus records its **documents** (a pydoc topic, a module): evaluation windows are
+spread across them (:func:`wkvlab.data.windows.cut_windows`) and intervals resample documents, not
+windows (windows of one document share its difficulty; docs/explain.md, "The decision rule"). A
+``.jsonl`` file's records are its documents; a ``.txt`` file, a Hugging Face dataset and selfgen
+text are one stream.
 """
 from __future__ import annotations
 
@@ -37,31 +43,34 @@ class Corpus:
     """A named text with its fingerprint.
 
     ``documents``: when set, the text is these documents joined by blank lines, and evaluation
-    windows are cut inside each document (:func:`wkvlab.data.windows.make_document_windows`).
+    windows are cut inside documents, spread across as many as they can cover
+    (:func:`wkvlab.data.windows.cut_windows`). ``documents_only``: never fall back to the stream
+    (``code-long``: a position must be that deep into one real file); otherwise, when the documents
+    are too short to hold the windows asked for, the windows are cut from the stream as before.
     """
 
     name: str
     text: str
     documents: tuple[str, ...] = ()
+    documents_only: bool = False
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
 
-def _pydoc_topics() -> str:
+def _pydoc_topics() -> tuple[str, ...]:
+    """The pydoc topic pages in sorted order, one document each."""
     import pydoc_data.topics as topics
 
-    return "\n\n".join(topics.topics[key].strip() for key in sorted(topics.topics))
+    return tuple(topics.topics[key].strip() for key in sorted(topics.topics))
 
 
-def _stdlib_source() -> str:
+def _stdlib_source() -> tuple[str, ...]:
+    """The top-level standard-library modules in sorted order, one document each."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    parts = []
-    for path in sorted(stdlib.glob("*.py")):
-        # A header line per file keeps file boundaries visible to the model, like a code dump.
-        parts.append(f"# file: {path.name}\n{path.read_text(encoding='utf-8', errors='replace')}")
-    return "\n\n".join(parts)
+    # A header line per file keeps file boundaries visible to the model, like a code dump.
+    return tuple(f"# file: {path.name}\n{path.read_text(encoding='utf-8', errors='replace')}" for path in sorted(stdlib.glob("*.py")))
 
 
 def _long_modules() -> tuple[str, ...]:
@@ -99,7 +108,8 @@ def check_text_file(path: Path, sample_bytes: int = 1 << 20) -> None:
         raise DataError(f"{path} holds no text; give a file with at least a few thousand words")
 
 
-def _read_file(path: Path) -> str:
+def _read_file(path: Path) -> tuple[str, tuple[str, ...]]:
+    """The file's text and, for ``.jsonl``, its records as documents (a ``.txt`` file: one stream)."""
     if not path.is_file():
         raise DataError(f"data file not found: {path} (pass --data default, --data code, or an existing .txt/.jsonl file)")
     raw = _decode_text(path.read_bytes(), path)
@@ -115,8 +125,8 @@ def _read_file(path: Path) -> str:
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise DataError(f"{path}:{line_no} has no string 'text' field; each JSONL record needs one")
             texts.append(record["text"])
-        raw = "\n\n".join(texts)
-    return raw
+        return "\n\n".join(texts), tuple(texts)
+    return raw, ()
 
 
 def _hf_dataset(spec: str) -> str:
@@ -202,15 +212,12 @@ def load_corpus(spec: str) -> Corpus:
     key = spec.strip()
     if key.lower() in _ALIASES:
         name = _ALIASES[key.lower()]
-        if name == "code-long":
-            documents = _long_modules()
-            return Corpus(name=name, text="\n\n".join(documents), documents=documents)
-        text = _pydoc_topics() if name == "prose" else _stdlib_source()
-        return Corpus(name=name, text=text)
+        documents = {"code-long": _long_modules, "prose": _pydoc_topics, "code": _stdlib_source}[name]()
+        return Corpus(name=name, text="\n\n".join(documents), documents=documents, documents_only=name == "code-long")
     if key.startswith("hf:"):
         return Corpus(name=key, text=_hf_dataset(key))
     path = _data_path(spec)
-    text = _read_file(path)
+    text, documents = _read_file(path)
     if not text.strip():
         raise DataError(f"{path} holds no text; give a file with at least a few thousand words")
-    return Corpus(name=str(path), text=text)
+    return Corpus(name=str(path), text=text, documents=documents if len(documents) > 1 else ())

@@ -11,6 +11,16 @@ Which positions are scored:
   1..ctx-1. This is what a by-position analysis needs (short contexts included).
 * ``second-half``: only predictions whose query sits in the second half of the window, llama.cpp's
   ``perplexity`` convention "so the model always has some context"; numbers then compare with it.
+
+A text of several documents (the embedded corpora, a ``.jsonl`` file) is cut by :func:`cut_windows`:
+each document is tokenized on its own, no window crosses into the next document, and the windows
+are **spread** across documents — the first window of every document that holds one, then the
+second of each, and so on — so the windows cover as many documents as they can, and each window
+records its document. Intervals then resample documents (:attr:`wkvlab.eval.TokenArrays.units`):
+the default 8,192 tokens at ctx 512 are 16 windows of 16 pydoc topics, where the consecutive
+windows of the stream touched 8 (several windows each). When the documents cannot hold the windows
+asked for, the windows are cut from the stream as before and windows are the units (the output
+says which).
 """
 from __future__ import annotations
 
@@ -33,6 +43,8 @@ class WindowSet:
     tokens: torch.Tensor
     score_from: int  # first scored query position within each window
     bos: bool
+    documents: tuple[int, ...] | None = None  # each window's document (cut_windows); None: one stream
+    text_end: int | None = None  # characters of the corpus text the windows reach (None: n_windows * ctx tokens)
 
     @property
     def n_windows(self) -> int:
@@ -116,23 +128,81 @@ def make_document_windows(
     bos_id: int | None,
     score: ScoreMode = "all",
 ) -> WindowSet:
-    """Like :func:`make_windows`, but no window crosses from one document into the next.
+    """Like :func:`make_windows`, but no window crosses from one document into the next, and the
+    windows are spread across documents.
 
-    Each document gives as many consecutive windows as it holds (its remainder is dropped), in
-    document order, until ``n_tokens // ctx`` windows are cut: a position in a window is that deep
-    into one real document.
+    ``n_tokens // ctx`` windows are taken round robin: window 1 of every document that holds one
+    (in document order), then window 2 of every document that holds two, and so on; a document's
+    remainder is dropped. The windows come out in document order (a document's windows
+    consecutive, as they sit in it), each with its document's index in ``documents``: a position in
+    a window is that deep into one real document. Fewer windows than asked when the documents hold
+    fewer. ``documents`` may be a lazy iterable: it is read only as far as the windows need.
     """
     import torch
 
+    check_window_options(ctx, score)
     wanted = max(1, n_tokens // ctx)
     body = ctx - 1 if bos_id is not None else ctx
-    parts, cut = [], 0
-    for ids in documents:
-        fits = min(ids.numel() // body, wanted - cut)
-        if fits:
-            parts.append(make_windows(ids, ctx=ctx, n_tokens=fits * ctx, bos_id=bos_id, score=score).tokens)
-            cut += fits
-    if not parts:
-        longest = max((d.numel() for d in documents), default=0)
+    read: list[torch.Tensor] = []
+    source = iter(documents)
+    # pass 1 needs only the first `wanted` documents that hold a window; later passes need them all
+    holding = 0
+    for ids in source:
+        read.append(ids)
+        holding += ids.numel() >= body
+        if holding >= wanted:
+            break
+    if holding < wanted:
+        read.extend(source)
+    capacity = [ids.numel() // body for ids in read]
+    taken = [0] * len(read)
+    cut, depth = 0, 0
+    while cut < wanted and any(c > depth for c in capacity):
+        for d, c in enumerate(capacity):
+            if c > depth and cut < wanted:
+                taken[d] += 1
+                cut += 1
+        depth += 1
+    if not cut:
+        longest = max((d.numel() for d in read), default=0)
         raise DataError(f"no document holds one window of {ctx} tokens (the longest has {longest}); use a smaller --ctx")
-    return WindowSet(tokens=torch.cat(parts), score_from=0 if score == "all" else ctx // 2, bos=bos_id is not None)
+    rows, owners = [], []
+    for d, n in enumerate(taken):
+        for k in range(n):
+            rows.append(read[d][k * body : (k + 1) * body])
+            owners.append(d)
+    tokens = torch.stack(rows)
+    if bos_id is not None:
+        tokens = torch.cat([torch.full((len(rows), 1), bos_id, dtype=torch.long), tokens], dim=1)
+    return WindowSet(tokens=tokens, score_from=0 if score == "all" else ctx // 2, bos=bos_id is not None,
+                     documents=tuple(owners))
+
+
+def cut_windows(corpus, tokenizer, *, ctx: int, n_tokens: int, bos_id: int | None, stride: int | None = None,
+                score: ScoreMode = "all") -> WindowSet:
+    """The windows every command scores for ``corpus`` (:class:`wkvlab.data.Corpus`).
+
+    A corpus of documents without a ``stride``: :func:`make_document_windows` on the documents, each
+    tokenized on its own, when they hold the windows asked for (``documents_only`` corpora always);
+    otherwise :func:`make_windows` on the whole text tokenized once (one stream: ``documents`` None).
+    """
+    wanted = max(1, n_tokens // ctx)
+    if corpus.documents and stride is None:
+        check_window_options(ctx, score)
+        try:
+            spread = make_document_windows((tokenize(tokenizer, text) for text in corpus.documents), ctx=ctx, n_tokens=n_tokens,
+                                           bos_id=bos_id, score=score)
+        except DataError:
+            if corpus.documents_only:
+                raise
+            spread = None
+        if spread is not None and (spread.n_windows == wanted or corpus.documents_only):
+            last = max(spread.documents)
+            end = sum(len(text) for text in corpus.documents[: last + 1]) + 2 * last  # joined by blank lines
+            return WindowSet(spread.tokens, spread.score_from, spread.bos, spread.documents, end)
+    return make_windows(tokenize(tokenizer, corpus.text), ctx=ctx, n_tokens=n_tokens, bos_id=bos_id, stride=stride, score=score)
+
+
+def window_layout(corpus, stride: int | None = None) -> str:
+    """What identifies how :func:`cut_windows` cuts ``corpus`` beyond its text ("" for one stream)."""
+    return "documents-spread-v1" if corpus.documents and stride is None else ""

@@ -167,8 +167,12 @@ def describe_engine_run(results) -> str:
 
 def kv_delta_table(results) -> Table:
     base = results[0]
-    prompts = len((results[1].kv_delta or {}).get("per_prompt", []))
-    table = Table(title=f"KV delta vs {base.kv}, paired over {prompts} prompts (95% bootstrap over prompts)", title_justify="left")
+    delta = results[1].kv_delta or {}
+    prompts = len(delta.get("per_prompt", []))
+    unit = (delta.get("kld") or {}).get("unit") or "prompts"
+    unit = "prompts" if unit in ("windows", "units") else unit  # a served window is one prompt
+    table = Table(title=f"KV delta vs {base.kv}, paired over {prompts} prompts (95% bootstrap over {unit}, "
+                        f"{(delta.get('kld') or {}).get('dropped', 0)} resamples dropped)", title_justify="left")
     for name in ("candidate", "ΔKLD [95%]", "Δtop-1 [95%]", "per-prompt ΔKLD (first 8)"):
         table.add_column(name, justify="left" if name == "candidate" else "right", no_wrap=name != "per-prompt ΔKLD (first 8)")
     for r in results[1:]:
@@ -176,7 +180,7 @@ def kv_delta_table(results) -> Table:
         kld, top1 = d["kld"], d["top1"]
         prompts = " ".join(f"{p['kld_delta']:+.4f}" for p in d["per_prompt"][:8])
         if kld.get("low") is None:  # too few prompts for an interval (wkvlab.stats: at least 8 units)
-            table.add_row(r.kv, f"{kld['estimate']:+.5f} [no interval: {kld['n_units']} prompts]",
+            table.add_row(r.kv, f"{kld['estimate']:+.5f} [no interval: {kld['n_units']} {unit}]",
                           f"{100 * top1['estimate']:+.2f} pt", prompts)
             continue
         table.add_row(r.kv, f"{kld['estimate']:+.5f} [{kld['low']:+.5f}, {kld['high']:+.5f}]",

@@ -8,8 +8,9 @@ model is loaded; the windows come from the tokenizer alone (:mod:`wkvlab.engines
 **KV deltas.** With several candidates — the same weights served with a 16-bit cache first and
 quantized caches after it, as the seed study added the KV penalty on top of each checkpoint —
 each later candidate gets ``kv_delta``: its KLD minus the first candidate's, prompt (window) by
-prompt on the tokens both scored, with a paired bootstrap interval over windows
-(:func:`wkvlab.stats.paired_interval`; tokens of a window are correlated, windows are the unit).
+prompt on the tokens both scored, with a paired bootstrap interval over documents where the text has
+them, windows otherwise (:func:`wkvlab.stats.paired_interval`; tokens of a window, and windows of
+one document, are correlated). It is an interval, not a verdict: no margin is applied here.
 With top-k sides both KLDs are lower bounds, and so their difference estimates the KV penalty only
 as far as both bounds are tight: the tail masses say how tight.
 """
@@ -25,7 +26,7 @@ from wkvlab.engines.pair import compare_pair
 from wkvlab.engines.run import EngineEvalResult, engine_result
 from wkvlab.engines.tokens import TokenWorkload
 from wkvlab.eval.runner import Progress
-from wkvlab.stats.bootstrap import DEFAULT_RESAMPLES, paired_interval
+from wkvlab.stats.bootstrap import DEFAULT_RESAMPLES, Units, paired_interval
 
 
 def describe_engine(engine: Engine) -> dict:
@@ -91,10 +92,12 @@ def kv_delta(baseline: EngineEvalResult, result: EngineEvalResult, *, n_resample
     """``result`` minus ``baseline`` on the tokens both scored: KLD and top-1, paired over windows, and per prompt."""
     ia, ib = _shared_tokens(baseline, result)
     windows = baseline.arrays.window[ia]
+    units = baseline.arrays.units  # documents where the text has them, windows otherwise
+    units = Units(np.asarray(units.labels)[ia], units.kind)
     arrays = {"base_kld": baseline.arrays.kld[ia], "kld": result.arrays.kld[ib],
               "base_top1": baseline.arrays.top1_agree[ia].astype(np.float64), "top1": result.arrays.top1_agree[ib].astype(np.float64)}
-    kld = paired_interval(lambda m: m["kld"] - m["base_kld"], arrays, windows, n_resamples=n_resamples)
-    top1 = paired_interval(lambda m: m["top1"] - m["base_top1"], arrays, windows, n_resamples=n_resamples)
+    kld = paired_interval(lambda m: m["kld"] - m["base_kld"], arrays, units, n_resamples=n_resamples, seed=f"ΔKLD {result.kv}")
+    top1 = paired_interval(lambda m: m["top1"] - m["base_top1"], arrays, units, n_resamples=n_resamples, seed=f"Δtop-1 {result.kv}")
     per_prompt = []
     for w in np.unique(windows):
         mask = windows == w

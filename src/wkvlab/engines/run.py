@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from wkvlab.api import Workload, prepare
-from wkvlab.data.windows import WindowSet, make_windows, tokenize
+from wkvlab.data.windows import WindowSet, cut_windows
 from wkvlab.engines.base import Engine, EngineInfo, WindowScores
 from wkvlab.engines.bridge import WindowComparison, compare_window
 from wkvlab.errors import ConfigError, DataError
@@ -57,19 +57,22 @@ def with_bos_windows(work: Workload) -> Workload:
     if tokenizer.bos_token_id is None:
         raise ConfigError(f"{work.loaded.name} has no BOS token, which the llama-cpp-python server needs to align its echo; use --flavor vllm or sglang")
     w = work.windows
-    ids = tokenize(tokenizer, work.corpus.text)
     score = "all" if w.score_from == 0 else "second-half"
-    windows = make_windows(ids, ctx=w.ctx, n_tokens=w.n_windows * w.ctx, bos_id=tokenizer.bos_token_id, score=score)
-    return Workload(work.loaded, work.corpus, windows)
+    windows = cut_windows(work.corpus, tokenizer, ctx=w.ctx, n_tokens=w.n_windows * w.ctx, bos_id=tokenizer.bos_token_id,
+                          stride=work.stride, score=score)
+    return Workload(work.loaded, work.corpus, windows, work.tokens, work.stride)
 
 
-def arrays_from(parts: list[WindowComparison]) -> TokenArrays:
-    """Per-token arrays in window order; windows may have different scored positions."""
+def arrays_from(parts: list[WindowComparison], documents: tuple[int, ...] | None = None) -> TokenArrays:
+    """Per-token arrays in window order; windows may have different scored positions. ``documents``:
+    each window's document (:attr:`WindowSet.documents`), None for one stream."""
     cat = lambda name: np.concatenate([getattr(p.metrics, name) for p in parts])  # noqa: E731
     return TokenArrays(
         kld=cat("kld"), nll_ref=cat("nll_ref"), nll=cat("nll"), top1_agree=cat("top1_agree"), delta_p=cat("delta_p"),
         position=np.concatenate([p.positions for p in parts]),
         window=np.concatenate([np.full(len(p.positions), w) for w, p in enumerate(parts)]),
+        document=None if documents is None else np.concatenate([np.full(len(p.positions), documents[w], dtype=np.int64)
+                                                                 for w, p in enumerate(parts)]),
     )
 
 
@@ -130,7 +133,7 @@ def engine_result(info: EngineInfo, parts: list[WindowComparison], windows: Wind
                   fingerprints: dict, engine_seconds: float, wall_seconds: float, shape: ModelShape | None,
                   reference: dict | None = None, bound_note: str | None = None) -> EngineEvalResult:
     """The result of one engine over all windows; ``topk`` > 0 means its KLD is the top-k lower bound."""
-    arrays = arrays_from(parts)
+    arrays = arrays_from(parts, windows.documents if windows.documents is not None and len(windows.documents) == len(parts) else None)
     tail = np.concatenate([p.tail_mass for p in parts])
     spec = kv_spec_of(info)
     method = "full" if topk == 0 else "topk-bound"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wkvlab.data.corpora import Corpus, load_corpus
-from wkvlab.data.windows import WindowSet, make_windows, tokenize, tokenizer_wants_bos
+from wkvlab.data.windows import WindowSet, cut_windows, tokenizer_wants_bos
 from wkvlab.errors import ConfigError, ModelError
 from wkvlab.models.loading import _folder_fingerprint, _sha256, cache_dir
 from wkvlab.models.packaged import canonical_name, packaged_gguf
@@ -68,5 +68,5 @@ def token_workload(tokenizer_spec: str, data: str, *, ctx: int, tokens: int, sco
     if bos and bos_id is None:
         raise ConfigError(f"{name}'s tokenizer has no BOS token, which the llama-cpp-python server needs to align its echo; use --flavor vllm or sglang")
     wants = bos or tokenizer_wants_bos(tokenizer)
-    windows = make_windows(tokenize(tokenizer, corpus.text), ctx=ctx, n_tokens=tokens, bos_id=bos_id if wants else None, score=score)  # type: ignore[arg-type]
+    windows = cut_windows(corpus, tokenizer, ctx=ctx, n_tokens=tokens, bos_id=bos_id if wants else None, score=score)  # type: ignore[arg-type]
     return TokenWorkload(name, tokenizer, fingerprint, corpus, windows)

@@ -25,7 +25,7 @@ import numpy as np
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, paired_interval
-from wkvlab.stats.bootstrap import MIN_UNITS
+from wkvlab.stats.bootstrap import MIN_UNITS, Units
 from wkvlab.stats.units import DEFAULT_BLOCK, block_units, bucket_arrays, bucket_mean, decorrelation_lag
 
 FIRST_EDGE = 4096
@@ -107,10 +107,10 @@ def depth_tables(results: list[EvalResult], *, block: int = DEFAULT_BLOCK, first
         units = block_units(arrays.window, arrays.position, block)
 
         def interval(statistic, *starts: int) -> Interval:
-            found = paired_interval(statistic, data, units, n_resamples=n_resamples, seed=seed)
+            found = paired_interval(statistic, data, Units(units, "blocks"), n_resamples=n_resamples, seed=seed)
             # the rule on units counts those the statistic reads: the blocks inside its buckets
             inside = min(int(np.unique(units[data[f"n@{s}"] > 0]).size) for s in starts)
-            return found if inside >= MIN_UNITS else Interval(found.estimate, float("nan"), float("nan"), found.level, inside, 0)
+            return found if inside >= MIN_UNITS else Interval(found.estimate, float("nan"), float("nan"), found.level, inside, 0, unit="blocks")
 
         first_start = buckets[0][0]
         rows = tuple(

@@ -8,6 +8,7 @@ from importlib import metadata
 import numpy as np
 
 from wkvlab.eval.metrics import TokenMetrics, by_position, kld_summary, perplexity
+from wkvlab.stats.bootstrap import Units
 
 
 def library_versions() -> dict[str, str]:
@@ -31,9 +32,25 @@ class TokenArrays:
     delta_p: np.ndarray
     position: np.ndarray  # query position within its window
     window: np.ndarray  # window index
+    # the document each token's window was cut from, when the text is several documents (each window
+    # inside one: wkvlab.data.windows.cut_windows); None for one stream (a plain text, a stride, a
+    # result stored before documents were recorded), whose windows are then the resampling units
+    document: np.ndarray | None = None
+
+    @property
+    def units(self) -> Units:
+        """What intervals resample: documents where the text has them, windows otherwise."""
+        if self.document is None:
+            return Units(self.window, "windows")
+        return Units(self.document, "documents")
+
+    @property
+    def n_documents(self) -> int | None:
+        return None if self.document is None else int(np.unique(self.document).size)
 
     @classmethod
-    def concat(cls, parts: list[TokenMetrics], positions: np.ndarray) -> "TokenArrays":
+    def concat(cls, parts: list[TokenMetrics], positions: np.ndarray, documents=None) -> "TokenArrays":
+        """Per-token arrays of windows in order; ``documents``: each window's document (or None: one stream)."""
         n_per = positions.size
         return cls(
             kld=np.concatenate([p.kld for p in parts]),
@@ -43,6 +60,7 @@ class TokenArrays:
             delta_p=np.concatenate([p.delta_p for p in parts]),
             position=np.tile(positions, len(parts)),
             window=np.repeat(np.arange(len(parts)), n_per),
+            document=None if documents is None else np.repeat(np.asarray(documents, dtype=np.int64)[: len(parts)], n_per),
         )
 
 

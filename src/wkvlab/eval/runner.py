@@ -228,7 +228,7 @@ def _result(grid: _Grid, cell: _Cell, reference, run: dict) -> EvalResult:
         # sinks and residual windows held at 16 bits are amortized over the evaluated context
         kv_bytes_per_token=shape.kv_bytes_per_token(kv, context=grid.windows.ctx),
         seconds=cell.seconds + cell.build_seconds / len(grid.kv_specs),
-        arrays=TokenArrays.concat(metrics, np.arange(grid.lo, grid.hi)),
+        arrays=TokenArrays.concat(metrics, np.arange(grid.lo, grid.hi), grid.windows.documents),
         buckets=position_buckets(grid.windows.ctx),
         fingerprints=grid.fingerprints,
         notes=list(built.notes) + grid.notes + fidelity_note(kv),

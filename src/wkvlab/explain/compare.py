@@ -113,7 +113,7 @@ def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None,
         f = metric_value(metric)
         sign = -1.0 if metric == "top1" else 1.0  # metric_arrays holds top-1 *loss*; report agreement
         statistic: Callable = lambda m: sign * (f(m["b"]) - f(m["a"]))  # noqa: E731
-        return resample(statistic, metric_arrays(cells, metric), a.arrays.window, n_resamples=n_resamples, seed=seed)
+        return resample(statistic, metric_arrays(cells, metric), a.arrays.units, n_resamples=n_resamples, seed=seed)
 
     a_name, b_name = a_label or label(a), b_label or label(b)
     draws = {m: difference(m) for m in ("kld", "ppl", "top1")}
@@ -175,7 +175,7 @@ def backend_result(model: torch.nn.Module, windows: WindowSet, reference: EvalRe
         model=reference.model, data=reference.data, ctx=windows.ctx, weights=f"none ({other})", kv="fp16",
         weights_spec=reference.weights_spec, kv_spec=reference.kv_spec, weight_bytes=reference.weight_bytes,
         kv_bytes_per_token=reference.kv_bytes_per_token, seconds=time.perf_counter() - start,
-        arrays=TokenArrays.concat(parts, np.arange(lo, hi)), buckets=position_buckets(windows.ctx),
+        arrays=TokenArrays.concat(parts, np.arange(lo, hi), windows.documents), buckets=position_buckets(windows.ctx),
         fingerprints=dict(reference.fingerprints), notes=[f"reference pass with {current} attention, candidate with {other}"],
     )
 

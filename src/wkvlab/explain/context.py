@@ -12,7 +12,8 @@ the corpus is too short for the documents asked for, the other embedded corpora 
 a fixed order, rather than repeating text (repeats would be easy to predict from the cache and flatter
 a quantized cache at long range).
 
-Intervals: documents are the bootstrap unit. A bucket mean is a ratio of two token-weighted means
+Intervals: each long window (a "document" here, cut from the stream) is the bootstrap unit
+(:attr:`wkvlab.eval.TokenArrays.units`, which says so in every verdict). A bucket mean is a ratio of two token-weighted means
 (masked sum / masked count), so every per-bucket statistic and the growth between two buckets is a
 function of whole-set means and goes through the same :func:`paired_interval`.
 """
@@ -145,7 +146,7 @@ def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, i
     ref = cells["ref"]
     for name in ("w", "c", "wc"):
         check_same_tokens(ref, cells[name])
-    positions, units = ref.arrays.position, ref.arrays.window
+    positions, units = ref.arrays.position, ref.arrays.units  # the long windows are one stream: windows (said in the verdict)
     buckets = [b for b in (buckets or context_buckets(ref.ctx)) if ((positions >= b[0]) & (positions < b[1])).any()]
     if not buckets:
         raise DataError("no scored positions fall in the position buckets; score all positions (--score all)")
@@ -178,10 +179,10 @@ def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, i
     growth = resample(lambda m: excess(last)(m) - excess(first)(m), arrays, units, n_resamples=n_resamples, seed=seed)
     return ContextCurve(
         model=ref.model, data=ref.data, weights=cells["wc"].weights, kv=cells["wc"].kv, max_ctx=ref.ctx,
-        documents=int(np.unique(units).size), rows=tuple(rows),
+        documents=int(np.unique(units.labels).size), rows=tuple(rows),
         growth_c=interval(lambda m: kld_c(last)(m) - kld_c(first)(m)),
         growth_wc=growth.interval(),
         verdict=decide([Effect("cache excess, last bucket − first", growth,
                                Margin.relative_to(rows[[b[0] for b in buckets].index(first)].kv_excess.estimate, "the first bucket's cache excess"),
-                               int(arrays[f"n@{last}"].sum()), GROWTH)])[0],
+                               int(arrays[f"n@{last}"].sum()), GROWTH)], family="context growth")[0],
     )

@@ -9,11 +9,12 @@ An interaction of zero means the two errors add; above zero, the combination cos
 sum (the cross term ε_q·ε_kᵀ and shared outlier channels are the suspects, see attention.py).
 For top-1 the effect is the *loss* of agreement (1 − agreement), so positive is worse everywhere.
 
-Every number comes with a paired bootstrap interval over windows (:mod:`wkvlab.stats`): all four
-cells were scored on the same windows, and one resample draws the same windows for all of them.
+Every number comes with a paired bootstrap interval (:mod:`wkvlab.stats`) over documents where the
+text has them, windows otherwise (:attr:`wkvlab.eval.TokenArrays.units`): all four cells were
+scored on the same tokens, and one resample draws the same units for all of them.
 Each interaction is decided by the one rule (:func:`wkvlab.stats.decide`): margin ±m = 10% (the
 ``margin`` argument) of the cache's own effect on that metric, and the three interactions of one
-factorial (KLD, PPL, top-1) form one Holm family. Without an interval (fewer than 8 windows) the
+factorial (KLD, PPL, top-1) form one Holm family. Without an interval (fewer than 8 units) the
 verdict is *undecided*, never *additive*.
 One ``run_grid`` call with weights ``[none, W]`` and KV ``[fp16, C]`` yields the four cells; the
 identity cell is computed too (its KLD is exactly zero when the hook is exact — a built-in check).
@@ -108,9 +109,9 @@ class Effects:
 
 
 def effect_draws(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int | None = None) -> dict[str, Resampled]:
-    """Bootstrap draws of effect(W), effect(C), effect(W+C), the interaction and the ratio (paired over windows)."""
+    """Bootstrap draws of effect(W), effect(C), effect(W+C), the interaction and the ratio (paired over units)."""
     arrays = metric_arrays(cells, metric)
-    units = cells["ref"].arrays.window
+    units = cells["ref"].arrays.units
     f = metric_value(metric)
 
     def effect(name: str) -> Callable:

@@ -148,15 +148,19 @@ class Mitigations:
     kv_bytes_per_token: float
     excess: Interval  # KLD(W+C) − KLD(W)
     results: tuple[MitigationResult, ...]
+    # the one rule on the excess (m = 10% of KLD(W+C)): only an excess decided above +m is there to recover
+    excess_verdict: Verdict | None = None
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "kv": self.kv, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "excess": self.excess.to_dict(), "results": [r.to_dict() for r in self.results]}
+                "excess": self.excess.to_dict(), "results": [r.to_dict() for r in self.results],
+                "excess_verdict": self.excess_verdict.to_dict() if self.excess_verdict else None}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Mitigations":
         return cls(d["weights"], d["kv"], d["kv_bytes_per_token"], Interval.from_dict(d["excess"]),
-                   tuple(MitigationResult.from_dict(r) for r in d["results"]))
+                   tuple(MitigationResult.from_dict(r) for r in d["results"]),
+                   Verdict.from_dict(d["excess_verdict"]) if d.get("excess_verdict") else None)
 
     @property
     def best(self) -> MitigationResult | None:
@@ -166,7 +170,11 @@ class Mitigations:
         best = self.best
         if best is None:
             return []
-        if not self.excess.excludes_zero:  # a share of nothing measurable is noise divided by noise
+        v = self.excess_verdict
+        if v is not None and v.outcome != "above":  # a share of nothing decided is noise divided by noise
+            return [f"the cache's excess over the quantized weights (KLD(W+C) − KLD(W)) is {v.describe('.4f')}: "
+                    f"nothing decided for a KV mitigation to recover; lowest KLD {best.kld.estimate:.4f} with {best.name} ({best.kv})"]
+        if v is None and not self.excess.excludes_zero:  # stored before the excess had a verdict
             return [f"the cache adds no measurable excess over the quantized weights (KLD(W+C) − KLD(W) = {self.excess:.4f}): "
                     f"nothing for a KV mitigation to recover; lowest KLD {best.kld.estimate:.4f} with {best.name} ({best.kv})"]
         rule = f"; {best.verdict.describe('.0%')}" if best.verdict is not None else \
@@ -176,6 +184,7 @@ class Mitigations:
 
 
 RECOVERY = ("recovers", "adds to the excess", "no help within ±m")
+EXCESS = ("an excess", "below the quantized weights alone", "no excess within ±m")
 
 
 def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], chosen: Sequence[Candidate], *,
@@ -191,13 +200,13 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
         arrays[f"agree_m{i}"] = result.arrays.top1_agree.astype(np.float64)
 
     def interval(statistic) -> Interval:
-        return paired_interval(statistic, arrays, wc.arrays.window, n_resamples=n_resamples, seed=seed)
+        return paired_interval(statistic, arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)
 
     rows, effects = [], []
     for i, (candidate, result) in enumerate(zip(chosen, mitigated)):
         m = f"m{i}"
         with np.errstate(divide="ignore", invalid="ignore"):  # no excess at all: share undefined (nan)
-            share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.window,
+            share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.units,
                              n_resamples=n_resamples, seed=seed)
         # the share is already relative to the excess: m = 10% of all of it
         effects.append(Effect(f"{candidate.name}: share recovered", share, Margin.relative_to(1.0, "the cache's excess (share)", margin),
@@ -210,4 +219,8 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
     # lowest KLD first: the same order as "most recovered" when the excess is positive, and still
     # meaningful when the excess is noise around zero (the share's sign then flips at random)
     rows.sort(key=lambda r: r.kld.estimate)
-    return Mitigations(w.weights, wc.kv, wc.kv_bytes_per_token, interval(lambda s: s["wc"] - s["w"]), tuple(rows))
+    excess = resample(lambda s: s["wc"] - s["w"], arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)
+    (excess_verdict,) = decide([Effect("cache excess KLD(W+C) − KLD(W)", excess,
+                                       Margin.relative_to(float(wc.arrays.kld.mean()) if wc.tokens else 0.0, "KLD(W+C)", margin),
+                                       wc.tokens, EXCESS)], family="cache excess over the quantized weights")
+    return Mitigations(w.weights, wc.kv, wc.kv_bytes_per_token, excess.interval(), tuple(rows), excess_verdict)

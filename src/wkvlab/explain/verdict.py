@@ -4,8 +4,9 @@ Words follow the one decision rule (:mod:`wkvlab.stats.decision`), never the poi
 alone: an interaction *compounds*, is *sub-additive* or *additive within ±m* only when its
 Holm-adjusted interval says so against the stated margin m; otherwise it is *undecided*, with
 the tokens that would decide it. Every verdict line names its margin and its family adjustment.
-Other steps keep their own words ("grows with context" only when the growth's interval lies above
-zero, a mitigation "recovers" only when its share's interval excludes zero).
+The other steps go through the same rule with their own words (the context growth, a mitigation's
+recovered share, the cache excess a mitigation could recover), and the noise-floor line is said
+only of an interaction the rule did not decide.
 """
 from __future__ import annotations
 
@@ -42,8 +43,11 @@ def noise_floor(report) -> list[str]:
     if noise.backend is not None:
         floor = abs(noise.backend.kld.estimate)
         inter = abs(report.factorial.kld.interaction.estimate)
-        if inter and floor >= inter:
-            lines.append(f"the interaction ({inter:.2e}) is below the attention-backend noise ({floor:.2e}): it is arithmetic noise")
+        decided = report.factorial.kld.verdict is not None and report.factorial.kld.verdict.outcome in ("above", "below")
+        # a claim about the interaction follows its verdict: one decided beyond ±m is not called noise
+        if inter and floor >= inter and not decided:
+            lines.append(f"the interaction ({inter:.2e}, not decided beyond its margin) is no larger than the attention-backend "
+                         f"noise ({floor:.2e}): it may be arithmetic noise")
     return lines
 
 

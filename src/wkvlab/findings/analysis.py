@@ -132,7 +132,7 @@ def penalties(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin:
             continue
         check_same_tokens(base[r.weights], r)
         arrays = {"wc": r.arrays.kld, "w": base[r.weights].arrays.kld}
-        penalty = resample(lambda m: m["wc"] - m["w"], arrays, r.arrays.window, n_resamples=n_resamples).interval()
+        penalty = resample(lambda m: m["wc"] - m["w"], arrays, r.arrays.units, n_resamples=n_resamples).interval()
         test = None
         if not _is_none(r) and r.kv in plain:
             # (wc − w) − (c − ref): the same interaction, on the same windows, as the additivity finding's
@@ -183,7 +183,7 @@ def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000
                 arrays = {"ac": cells[(a, kv)].arrays.kld, "a": base[a].arrays.kld, "bc": cells[(b, kv)].arrays.kld, "b": base[b].arrays.kld}
                 for r in (cells[(a, kv)], base[a], cells[(b, kv)], base[b]):
                     check_same_tokens(ref, r)
-                draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.window, n_resamples=n_resamples)
+                draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.units, n_resamples=n_resamples)
                 found.append((kv, a, b, Effect(f"{kv}: penalty under {a} − under {b}", draws,
                                                Margin.relative_to(scale, f"KLD({kv}) under unquantized weights", margin), ref.tokens,
                                                DIFFERENCE)))
@@ -230,7 +230,7 @@ def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, n_r
             first = next(iter(cells.values()))
             for r in cells.values():
                 check_same_tokens(first, r)
-            units = first.arrays.window
+            units = first.arrays.units
             arrays = {c: r.arrays.kld for c, r in cells.items()}
             kld = {c: resample(lambda m, c=c: m[c], arrays, units, n_resamples=n_resamples) for c in cells}
             mismatch = {c: resample(lambda m, c=c: m[c] - m[own], arrays, units, n_resamples=n_resamples)

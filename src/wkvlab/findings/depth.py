@@ -30,7 +30,7 @@ import numpy as np
 
 from wkvlab.errors import DataError
 from wkvlab.stats import Interval, resample
-from wkvlab.stats.bootstrap import MIN_UNITS
+from wkvlab.stats.bootstrap import MIN_UNITS, Units
 from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, Margin, Verdict, decide
 
 DEPTH_DATA = "code-long"
@@ -97,7 +97,8 @@ def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, n_resamples
     rows, effects = [], []
     for kv in results[first]:
         cells = {length: results[length][kv] for length in lengths}
-        units = cells[first].arrays.window
+        units = cells[first].arrays.window  # one window per document: the same targets after each prefix
+        doc_units = Units(units, "documents")
         for length, r in cells.items():
             if r.arrays.kld.shape != units.shape or not np.array_equal(r.arrays.window, units):
                 raise DataError(f"{kv} at prefix {length} was not scored on the same documents and targets as at prefix {first}")
@@ -105,12 +106,12 @@ def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, n_resamples
         base = f"L{first}"
         for length in lengths:
             name = f"L{length}"
-            penalty = resample(lambda m, n=name: m[n], arrays, units, n_resamples=n_resamples).interval()
+            penalty = resample(lambda m, n=name: m[n], arrays, doc_units, n_resamples=n_resamples).interval()
             growth = relative = None
             if length != first:
-                draws = resample(lambda m, n=name: m[n] - m[base], arrays, units, n_resamples=n_resamples)
+                draws = resample(lambda m, n=name: m[n] - m[base], arrays, doc_units, n_resamples=n_resamples)
                 growth = draws.interval()
-                relative = resample(lambda m, n=name: m[n] / m[base] - 1.0, arrays, units, n_resamples=n_resamples).interval()
+                relative = resample(lambda m, n=name: m[n] / m[base] - 1.0, arrays, doc_units, n_resamples=n_resamples).interval()
                 effects.append((len(rows), Effect(f"{kv}: prefix {length} − prefix {first}", draws,
                                                   Margin.relative_to(float(cells[first].arrays.kld.mean()), f"the penalty at prefix {first}",
                                                                      margin), int(units.size), GROWTH_WORDS)))

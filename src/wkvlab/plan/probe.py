@@ -14,7 +14,7 @@ product of the two lists); they keep their prior, and the catastrophe guard (:mo
 drops them when either half alone was measured unsafe. ``TOKENS`` are cut into
 :data:`~wkvlab.stats.bootstrap.MIN_UNITS` or more windows of ``min(512, TOKENS / 8)`` tokens
 (and at most the plan's ``--context``), so every measurement has its 95% interval (paired bootstrap
-over windows, :func:`wkvlab.stats.paired_interval`). Measurements are ``Measurement`` objects of
+over documents where the text has them, windows otherwise, :func:`wkvlab.stats.paired_interval`). Measurements are ``Measurement`` objects of
 kind ``probe``: the user's own ``--results``/``--store`` for the same configuration win.
 """
 from __future__ import annotations
@@ -168,7 +168,7 @@ def measurement(result, model_name: str) -> Measurement:
     from wkvlab.stats import paired_interval
 
     arrays = result.arrays
-    kld = paired_interval(lambda m: m["kld"], {"kld": arrays.kld}, arrays.window)
+    kld = paired_interval(lambda m: m["kld"], {"kld": arrays.kld}, arrays.units, seed=f"probe {result.weights} × {result.kv}")  # documents where the text has them
     low, high = (kld.low, kld.high) if kld.decided else (None, None)
     summary = result.kld
     return Measurement(model_name, result.data, result.ctx, result.tokens, result.weights, result.kv, summary["mean"],

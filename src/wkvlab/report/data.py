@@ -210,7 +210,7 @@ def penalty_rows(group: Group, n_resamples: int) -> list[PenaltyRow]:
         base = _kv_baseline(group, r.weights)
         if base is None or not same_tokens(base, r):
             continue
-        interval = paired_interval(lambda m: m["wc"] - m["w"], {"wc": r.arrays.kld, "w": base.arrays.kld}, r.arrays.window,
+        interval = paired_interval(lambda m: m["wc"] - m["w"], {"wc": r.arrays.kld, "w": base.arrays.kld}, r.arrays.units,
                                    n_resamples=n_resamples)
         rows.append(PenaltyRow(group.index, r.weights, r.kv, kv_bit_class(kv_bits(r.kv_spec, head_dim_of(r))), int(r.weight_bytes),
                                base.kld["mean"], r.kld["mean"], interval))
@@ -264,7 +264,7 @@ def cross_term_rows(group: Group, n_resamples: int) -> list[CrossTermRow]:
         if only_w is None or only_c is None or not all(same_tokens(both, x) for x in (only_w, only_c, base00)):
             continue
         arrays = {"wc": both.arrays.kld, "w": only_w.arrays.kld, "c": only_c.arrays.kld, "0": base00.arrays.kld}
-        draws = resample(lambda m: m["wc"] - m["w"] - m["c"] + m["0"], arrays, both.arrays.window, n_resamples=n_resamples)
+        draws = resample(lambda m: m["wc"] - m["w"] - m["c"] + m["0"], arrays, both.arrays.units, n_resamples=n_resamples)
         own = only_c.kld["mean"] - base00.kld["mean"]  # the cache's own cost, the scale of the margin
         found.append((CrossTermRow(group.index, w, c, w0, both.kld["mean"], only_w.kld["mean"], only_c.kld["mean"],
                                    base00.kld["mean"], draws.interval()),

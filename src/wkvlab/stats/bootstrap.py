@@ -1,10 +1,12 @@
 """Paired bootstrap over evaluation units (windows or documents), studentized.
 
 Tokens inside one window are strongly correlated (one bad early token shifts all later ones), so a
-standard error over tokens is far too optimistic. The unit of resampling is therefore the window
-(or the document, where the text has them): every config compared was scored on the same units,
-and one resample draws the same units for all of them (paired), which cancels the unit-to-unit
-variation they share.
+standard error over tokens is far too optimistic. The unit of resampling is therefore the
+**document** where the text has them (windows of one document share its difficulty: resampling
+them as if independent under-covers, tests/stats/test_documents.py), and the window where the text
+is one stream (:class:`Units` says which, and every interval prints it). Every config compared was
+scored on the same units, and one resample draws the same units for all of them (paired), which
+cancels the unit-to-unit variation they share.
 
 Every statistic here is a function of token-weighted means of per-token arrays (mean KLD, mean NLL →
 PPL = exp(mean NLL), top-1 agreement, and differences or interactions of those). A resample is a
@@ -27,7 +29,9 @@ resample misses, a ratio of zeros) are dropped and *counted* (``Interval.dropped
 half are, there is no interval.
 
 The random draws are seeded from the data (a CRC of the per-unit sums) mixed with the caller's
-seed: the same data give the same interval on every run, different data get different draws.
+seed (an int, or a name such as the effect's, hashed): the same data give the same interval on
+every run, different data (or another effect's name) get different draws; nothing uses seed 0 for
+everything.
 Decisions (margins, families, verdicts) live in :mod:`wkvlab.stats.decision`.
 """
 from __future__ import annotations
@@ -47,6 +51,23 @@ METHOD = "studentized bootstrap (jackknife SE within each resample)"
 _CHUNK = 1 << 22  # elements per (resamples × units) block of the within-resample jackknife
 
 
+@dataclass(frozen=True, eq=False)
+class Units:
+    """A resampling-unit label per token and what the units are (``documents``, ``windows``, ...).
+
+    :func:`resample` takes these or a bare label array (whose units are called ``units``)."""
+
+    labels: np.ndarray
+    kind: str = "units"
+
+
+def unit_labels(units) -> tuple[np.ndarray, str]:
+    """(labels, kind) of a :class:`Units` or a bare label array."""
+    if isinstance(units, Units):
+        return np.asarray(units.labels), units.kind
+    return np.asarray(units), "units"
+
+
 @dataclass(frozen=True)
 class Interval:
     """A point estimate with a studentized bootstrap interval, or none (NaN bounds).
@@ -63,6 +84,7 @@ class Interval:
     n_units: int
     n_resamples: int
     dropped: int = 0
+    unit: str = "units"  # what was resampled: documents, windows, blocks (see Units)
 
     @property
     def decided(self) -> bool:
@@ -94,12 +116,18 @@ class Interval:
     def from_dict(cls, data: Mapping) -> "Interval":
         # JSON writes missing bounds as null; results stored before ``dropped`` existed have none
         fields = {k: data.get(k, 0) for k in cls.__dataclass_fields__}
+        fields["unit"] = data.get("unit") or "units"
         return cls(**{k: float("nan") if v is None else v for k, v in fields.items()})
+
+    @property
+    def drops(self) -> str:
+        """``0 of 2000 resamples dropped`` (non-finite statistic or SE); "" when nothing was resampled."""
+        return f"{self.dropped} of {self.n_resamples} resamples dropped" if self.n_resamples else ""
 
     def __format__(self, spec: str) -> str:
         spec = spec or ".4g"
         if self.n_units < MIN_UNITS:
-            return f"{self.estimate:{spec}} [no interval: {self.n_units} < {MIN_UNITS} units]"
+            return f"{self.estimate:{spec}} [no interval: {self.n_units} < {MIN_UNITS} {self.unit}]"
         if not self.decided:
             return f"{self.estimate:{spec}} [no interval: undefined on {self.dropped} of {self.n_resamples} resamples]"
         dropped = f" ({self.dropped} of {self.n_resamples} resamples dropped)" if self.dropped else ""
@@ -114,17 +142,20 @@ def unit_resampling_weights(n_units: int, n_resamples: int = DEFAULT_RESAMPLES, 
     return rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n_resamples).astype(np.float64)
 
 
-def data_seed(counts: np.ndarray, sums: Mapping[str, np.ndarray], seed: int | None) -> list[int]:
-    """Seed entropy from the data (CRC32 of the per-unit counts and sums) and the caller's seed."""
+def data_seed(counts: np.ndarray, sums: Mapping[str, np.ndarray], seed: int | str | None) -> list[int]:
+    """Seed entropy from the data (CRC32 of the per-unit counts and sums) and the caller's seed
+    (an int, or a name such as the effect's, hashed with CRC32: deterministic, different per name)."""
     crc = zlib.crc32(np.ascontiguousarray(counts, dtype=np.float64).tobytes())
     for name in sorted(sums):
         crc = zlib.crc32(name.encode() + np.ascontiguousarray(sums[name], dtype=np.float64).tobytes(), crc)
+    if isinstance(seed, str):
+        seed = zlib.crc32(seed.encode())
     return [crc] if seed is None else [crc, int(seed)]
 
 
-def per_unit(arrays: Mapping[str, np.ndarray], units: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def per_unit(arrays: Mapping[str, np.ndarray], units) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Tokens per unit and each array's sum per unit (units in sorted label order)."""
-    units = np.asarray(units)
+    units = unit_labels(units)[0]
     for name, values in arrays.items():
         if np.shape(values) != units.shape:
             raise DataError(f"'{name}' has {np.size(values)} tokens but the units have {units.size}: "
@@ -134,7 +165,7 @@ def per_unit(arrays: Mapping[str, np.ndarray], units: np.ndarray) -> tuple[np.nd
     return counts, {name: np.bincount(inverse, weights=np.asarray(v, dtype=np.float64), minlength=labels.size) for name, v in arrays.items()}
 
 
-def seed_for(arrays: Mapping[str, np.ndarray], units: np.ndarray, seed: int | None = None) -> list[int]:
+def seed_for(arrays: Mapping[str, np.ndarray], units, seed: int | str | None = None) -> list[int]:
     """The seed entropy :func:`resample` uses for these data (see :func:`data_seed`)."""
     return data_seed(*per_unit(arrays, units), seed)
 
@@ -180,6 +211,7 @@ class Resampled:
     n_units: int
     n_resamples: int
     dropped: int
+    unit: str = "units"
 
     @property
     def usable(self) -> bool:
@@ -189,13 +221,13 @@ class Resampled:
         if not 0.0 < level < 1.0:
             raise ValueError(f"level must be in (0, 1), got {level}")
         if not self.usable:
-            return Interval(self.estimate, float("nan"), float("nan"), level, self.n_units, self.n_resamples, self.dropped)
+            return Interval(self.estimate, float("nan"), float("nan"), level, self.n_units, self.n_resamples, self.dropped, self.unit)
         tail = (1.0 - level) / 2.0
         t_low, t_high = np.quantile(self.t, [tail, 1.0 - tail])
         low, high = self.estimate - t_high * self.se, self.estimate - t_low * self.se
         if self.se == 0.0:  # every unit agrees (identical configs, a constant shift): the point
             low = high = self.estimate
-        return Interval(self.estimate, float(low), float(high), level, self.n_units, self.n_resamples, self.dropped)
+        return Interval(self.estimate, float(low), float(high), level, self.n_units, self.n_resamples, self.dropped, self.unit)
 
     def tail_beyond(self, threshold: float, side: str) -> float:
         """The two-sided level α at which the interval's ``side`` bound reaches ``threshold``.
@@ -217,23 +249,26 @@ class Resampled:
 def resample(
     statistic: Callable[[Mapping[str, np.ndarray | float]], np.ndarray | float],
     arrays: Mapping[str, np.ndarray],
-    units: np.ndarray,
+    units,
     *,
     n_resamples: int = DEFAULT_RESAMPLES,
-    seed: int | None = None,
+    seed: int | str | None = None,
 ) -> Resampled:
     """Studentized bootstrap draws of ``statistic`` applied to token-weighted means of ``arrays``.
 
-    ``arrays`` are per-token values aligned with ``units`` (the window or document of each token),
-    all scored on the same tokens. ``statistic`` receives a mapping name → mean: floats for the
-    point estimate, arrays for the resamples, and must work on both (numpy arithmetic does).
+    ``arrays`` are per-token values aligned with ``units`` (the document or window of each token: a
+    :class:`Units` or a bare label array), all scored on the same tokens. ``seed``: mixed into the
+    data-derived seed; a string (the effect's name) is hashed, so each effect gets its own draws.
+    ``statistic`` receives a mapping name → mean: floats for the point estimate, arrays for the
+    resamples, and must work on both (numpy arithmetic does).
     """
+    kind = unit_labels(units)[1]
     counts, sums = per_unit(arrays, units)
     n_units = counts.size
     with np.errstate(invalid="ignore", divide="ignore"):
         point = float(_statistic_on(statistic, {k: s.sum() / counts.sum() for k, s in sums.items()}, ()))
     if n_units < MIN_UNITS:
-        return Resampled(point, float("nan"), np.empty(0), n_units, 0, 0)
+        return Resampled(point, float("nan"), np.empty(0), n_units, 0, 0, kind)
     se = float(_jackknife_se(statistic, sums, counts, np.ones((1, n_units)))[0])
     weights = unit_resampling_weights(n_units, n_resamples, data_seed(counts, sums, seed))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -242,17 +277,17 @@ def resample(
     with np.errstate(invalid="ignore", divide="ignore"):
         t = np.where(theta == point, 0.0, (theta - point) / se_star)  # an unchanged resample is t = 0, even at se 0
     finite = np.isfinite(t)
-    return Resampled(point, se, np.sort(t[finite]), n_units, n_resamples, int(n_resamples - finite.sum()))
+    return Resampled(point, se, np.sort(t[finite]), n_units, n_resamples, int(n_resamples - finite.sum()), kind)
 
 
 def paired_interval(
     statistic: Callable[[Mapping[str, np.ndarray | float]], np.ndarray | float],
     arrays: Mapping[str, np.ndarray],
-    units: np.ndarray,
+    units,
     *,
     level: float = 0.95,
     n_resamples: int = DEFAULT_RESAMPLES,
-    seed: int | None = None,
+    seed: int | str | None = None,
 ) -> Interval:
     """The studentized bootstrap interval of ``statistic`` (see :func:`resample`) at ``level``."""
     if not 0.0 < level < 1.0:

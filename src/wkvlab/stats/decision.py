@@ -148,25 +148,35 @@ class Verdict:
         """What would decide an undecided verdict ("" when decided)."""
         if self.decided:
             return ""
+        unit = self.raw.unit
         if self.raw.n_units < MIN_UNITS:
-            return f"needs ≥ {MIN_UNITS} units for an interval (has {self.raw.n_units}; ~{self.tokens_needed:,} tokens)" if self.tokens_needed \
-                else f"needs ≥ {MIN_UNITS} units for an interval (has {self.raw.n_units})"
+            return f"needs ≥ {MIN_UNITS} {unit} for an interval (has {self.raw.n_units}; ~{self.tokens_needed:,} tokens)" if self.tokens_needed \
+                else f"needs ≥ {MIN_UNITS} {unit} for an interval (has {self.raw.n_units})"
         if self.tokens_needed is None:
             return "no sample size decides it at this estimate (it sits on the margin)" if self.adjusted.decided else "no interval"
-        return f"~{self.tokens_needed:,} tokens ({self.units_needed:,} units) would decide it at this estimate"
+        return f"~{self.tokens_needed:,} tokens ({self.units_needed:,} {unit}) would decide it at this estimate"
+
+    @property
+    def resampling(self) -> str:
+        """``16 documents resampled, 0 of 2000 resamples dropped``: the unit and the drops, on every verdict."""
+        drops = self.raw.drops
+        return f"{self.raw.n_units} {self.raw.unit} resampled" + (f", {drops}" if drops else "")
 
     def describe(self, spec: str = ".4f") -> str:
-        """``word: estimate [adjusted] (raw 95% [..]; margin ±m (…); Holm over k tests)`` plus what would decide it."""
+        """``word: estimate [adjusted] (raw 95% [..]; margin ±m (…); Holm over k tests; n documents resampled,
+        d of B resamples dropped)`` plus what would decide it."""
         raw = "no raw interval" if not self.raw.decided else f"raw {100 * self.raw.level:.0f}% [{self.raw.low:{spec}}, {self.raw.high:{spec}}]"
         need = self.need()
-        return (f"{self.word}: {self.adjusted:{spec}} adjusted ({raw}; margin {self.margin.format(spec)}; {self.adjustment})"
-                + (f"; {need}" if need else ""))
+        adj = self.adjusted
+        bounds = f"{adj.estimate:{spec}} [{adj.low:{spec}}, {adj.high:{spec}}]" if adj.decided else f"{adj:{spec}}"  # drops: below
+        return (f"{self.word}: {bounds} adjusted ({raw}; margin {self.margin.format(spec)}; {self.adjustment}; "
+                f"{self.resampling})" + (f"; {need}" if need else ""))
 
     def to_dict(self) -> dict:
         data = {k: getattr(self, k) for k in ("name", "outcome", "word", "p", "p_adjusted", "family", "family_size", "tokens",
                                                  "tokens_needed", "units_needed")}
         return {**data, "raw": self.raw.to_dict(), "adjusted": self.adjusted.to_dict(), "margin": self.margin.to_dict(),
-                "adjustment": self.adjustment, "text": self.describe()}
+                "adjustment": self.adjustment, "resampling": self.resampling, "text": self.describe()}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Verdict":

@@ -45,14 +45,18 @@ def decode_array(meta_json: str, blob: bytes) -> np.ndarray:
     return stored.astype(np.dtype(meta["dtype"]).newbyteorder("="))  # astype copies: the result is writable
 
 
+OPTIONAL = ("document",)  # rows a result may lack: stored before documents were recorded, or one stream
+
+
 def encode_token_arrays(arrays: TokenArrays) -> list[tuple[str, str, bytes]]:
-    """(name, metadata, bytes) per field of :class:`TokenArrays`."""
-    return [(name, *encode_array(getattr(arrays, name))) for name in ARRAY_NAMES]
+    """(name, metadata, bytes) per field of :class:`TokenArrays` (an absent optional one: no row)."""
+    return [(name, *encode_array(getattr(arrays, name))) for name in ARRAY_NAMES if getattr(arrays, name) is not None]
 
 
 def decode_token_arrays(rows: list[tuple[str, str, bytes]]) -> TokenArrays:
+    """Without a ``document`` row the result reads as one stream (its windows are the units)."""
     by_name = {name: decode_array(meta, blob) for name, meta, blob in rows}
-    missing = set(ARRAY_NAMES) - set(by_name)
+    missing = set(ARRAY_NAMES) - set(OPTIONAL) - set(by_name)
     if missing:
         raise ValueError(f"stored result lacks arrays {sorted(missing)}")
-    return TokenArrays(**{name: by_name[name] for name in ARRAY_NAMES})
+    return TokenArrays(**{name: by_name.get(name) for name in ARRAY_NAMES})

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from wkvlab.data import load_corpus
+from wkvlab.data import load_corpus, window_layout
 from wkvlab.errors import ConfigError, ModelError
 from wkvlab.eval.chunks import auto_chunk
 from wkvlab.eval.runner import grid_steps
@@ -109,6 +109,7 @@ class SweepConfig:
     chunk: int = 0  # queries per prefill chunk (0: automatic); not part of the identity
     vocab: int = 0  # the model's vocabulary, for the automatic chunk (progress counts chunks)
     reference: str | None = None  # folder of stored references; None: the reference in memory
+    windows: str = ""  # how the text is cut beyond its sha (wkvlab.data.window_layout); "": one stream
     config_id: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +125,8 @@ class SweepConfig:
         }
         if self.reference is not None:  # KLD against a stored reference is an estimate: another measurement
             identity["kld"] = "stored-reference"
+        if self.windows:  # windows spread across documents score other tokens than the stream did
+            identity["windows"] = self.windows
         return identity
 
     def reference_file(self) -> Path | None:
@@ -131,7 +134,7 @@ class SweepConfig:
         if self.reference is None:
             return None
         key = hashlib.sha256(canonical_json([self.model_sha256, self.data_sha256, self.ctx, self.tokens, self.score,
-                                             self.stride, self.dtype]).encode()).hexdigest()[:16]
+                                             self.stride, self.dtype] + ([self.windows] if self.windows else [])).encode()).hexdigest()[:16]
         return Path(self.reference).expanduser() / f"reference-{key}.safetensors"
 
     @property
@@ -171,7 +174,8 @@ def expand(spec: SweepSpec) -> list[SweepConfig]:
 
     models = {m: model_fingerprint(m) for m in spec.models}
     vocab = {m: model_vocab_size(m) for m in spec.models}
-    texts = {d: load_corpus(d).sha256 for d in spec.data}
+    corpora = {d: load_corpus(d) for d in spec.data}
+    texts = {d: c.sha256 for d, c in corpora.items()}
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     configs: dict[str, SweepConfig] = {}
@@ -185,7 +189,8 @@ def expand(spec: SweepSpec) -> list[SweepConfig]:
                                 calib = spec.calibration.to_dict() if (w.needs_calibration or kv.needs_calibration) else None
                                 config = SweepConfig(model, models[model], data, texts[data], ctx, tokens, score, spec.stride,
                                                      w.to_dict(), kv.to_dict(), calib, dtype=dtype, device=device,
-                                                     chunk=spec.chunk or 0, vocab=vocab[model], reference=spec.reference)
+                                                     chunk=spec.chunk or 0, vocab=vocab[model], reference=spec.reference,
+                                                     windows=window_layout(corpora[data], spec.stride))
                                 configs.setdefault(config.config_id, config)
     return list(configs.values())
 
