@@ -52,8 +52,12 @@ def test_an_interval_wider_than_the_margin_is_undecided_not_additive():
     # per-token noise 1.5 against a cache effect of 0.10: the interval holds 0 but cannot tell 0 from ±m
     (row,) = additivity(_grid(interaction=0.0, noise=1.5), n_resamples=500)
     assert row.interaction.contains(0.0) and row.verdict.outcome == "undecided"
-    half, target = row.verdict.adjusted.half_width, row.verdict.margin.value - abs(row.verdict.adjusted.estimate)
-    assert row.tokens_needed == int(np.ceil(row.tokens * (half / target) ** 2))
+    # sized by the side that must clear its threshold (stats.decision._needed), by hand here
+    adj, m = row.verdict.adjusted, row.verdict.margin.value
+    est, below, above = adj.estimate, adj.estimate - adj.low, adj.high - adj.estimate
+    ratio = (max(above / (m - est), below / (est + m)) if abs(est) < m
+             else below / (est - m) if est > m else above / (-m - est))
+    assert row.tokens_needed == max(int(np.ceil(row.tokens * ratio ** 2 - 1e-9)), row.tokens + 1)
     assert f"~{row.tokens_needed:,} tokens" in additivity_markdown([row])
 
 

@@ -98,3 +98,22 @@ def test_difference_words_and_a_zero_margin_point():
     same = resample(lambda m: m["a"] - m["b"], {"a": x, "b": x.copy()}, units)
     v = decide([Effect("ΔKLD", same, Margin.relative_to(0.0, "KLD(a)"), words=DIFFERENCE)])[0]
     assert v.word == "equivalent within ±0" and v.adjusted.low == v.adjusted.high == 0.0
+
+
+def test_tokens_needed_by_the_side_that_must_clear_the_threshold():
+    """An asymmetric interval beyond +m: the lower side must clear m. Sized by hand from that side;
+    the mean half-width would name fewer tokens than the run has (the bug this guards)."""
+    from wkvlab.stats.bootstrap import Interval
+    from wkvlab.stats.decision import _needed
+
+    # estimate 0.015, m 0.01: lower side 0.0075 must shrink to 0.005 → (0.0075/0.005)² = 2.25
+    iv = Interval(0.015, 0.0075, 0.017, 0.95, 16, 2000)
+    assert iv.half_width == pytest.approx(0.00475)  # (0.00475/0.005)² < 1: the old answer, fewer than present
+    assert _needed(iv, iv, 0.01, 1000) == (2250, 36)
+    # inside ±m, estimate 0.004 in [−0.002, +0.016]: the upper side 0.012 must shrink to 0.006 → 4×;
+    # the lower side 0.006 against 0.014 → 0.18×; the upper side decides
+    iv = Interval(0.004, -0.002, 0.016, 0.95, 16, 2000)
+    assert _needed(iv, iv, 0.01, 1000) == (4000, 64)
+    # never fewer than present, even when the widths say 1×
+    iv = Interval(0.0, -0.01, 0.01, 0.95, 16, 2000)
+    assert _needed(iv, iv, 0.01, 1000) == (1001, 17)

@@ -187,17 +187,30 @@ class Verdict:
 
 
 def _needed(interval: Interval, raw: Interval, margin: float, tokens: int) -> tuple[int | None, int | None]:
-    """Tokens and units at which an interval as wide as this one (shrinking as 1/√n) would decide."""
+    """Tokens and units at which this interval (shrinking as 1/√n) would decide.
+
+    A bootstrap interval is not symmetric, so the width that matters is the one on the side facing
+    the threshold the interval must clear: with the estimate inside ±m both sides must come inside,
+    beyond +m (−m) the lower (upper) side must clear it. Sizing by the mean half-width instead could
+    name fewer tokens than the run already has. An undecided interval needs more than it has, so the
+    answer is never below the tokens present."""
     if raw.n_units < MIN_UNITS:
         units = MIN_UNITS
         return (math.ceil(tokens * units / raw.n_units) if tokens and raw.n_units else None), units
     if not interval.decided or not math.isfinite(margin):
         return None, None
-    target = abs(margin - abs(interval.estimate))  # half-width that would put the interval inside or beyond ±m
-    if target == 0.0:
-        return None, None
-    scale = (interval.half_width / target) ** 2
-    return (math.ceil(tokens * scale) if tokens else None), math.ceil(raw.n_units * scale)
+    est, below, above = interval.estimate, max(interval.estimate - interval.low, 0.0), max(interval.high - interval.estimate, 0.0)
+    if abs(est) < margin:
+        ratios = [above / (margin - est), below / (est + margin)]
+    elif est > margin:
+        ratios = [below / (est - margin)]
+    elif est < -margin:
+        ratios = [above / (-margin - est)]
+    else:
+        return None, None  # on the margin itself: no sample decides it
+    scale = max(max(ratios) ** 2, 1.0)
+    up = lambda n: max(math.ceil(n * scale - 1e-9), n + 1)  # 1e-9: 2.25 computed as 2.2500000000000004 is 2.25
+    return (up(tokens) if tokens else None), up(raw.n_units)
 
 
 def decide(tests: Sequence[Effect], *, level: float = LEVEL, family: str = "") -> list[Verdict]:
