@@ -9,9 +9,10 @@ import sys
 
 import torch
 from hqq.core.quantize import Quantizer
-from transformers import LlamaConfig, LlamaForCausalLM, QuantizedCache
+from transformers import QuantizedCache
 
 from wkvlab.formats.hqq import fake_quant_hqq
+from tests.kv._replay_common import decode, tiny_model_and_tokens
 from wkvlab.kv import KVSpec
 from wkvlab.kv.hook import kv_quantization
 from wkvlab.kv.requant import FlushChain
@@ -39,21 +40,10 @@ def kernel_worst() -> float:
 
 
 def main(nbits: int, prompt: int, residual: int, steps: int) -> None:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                      head_dim=64, vocab_size=128, max_position_embeddings=256)
-    cfg._attn_implementation = "eager"
-    model = LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, 128, (1, prompt + steps), generator=torch.Generator().manual_seed(1))
+    model, ids = tiny_model_and_tokens(prompt, steps)
     spec = KVSpec.parse(f"hf-hqq:int{nbits}+residual={residual}+prefill={prompt}")
     with torch.no_grad():
-        cache = QuantizedCache(backend="hqq", config=model.config, nbits=nbits, q_group_size=64, residual_length=residual)
-        out = model(ids[:, :prompt], past_key_values=cache, use_cache=True)
-        engine = [out.logits[0]]
-        for t in range(prompt, prompt + steps):
-            out = model(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
-            engine.append(out.logits[0])
-        engine = torch.cat(engine)
+        engine = decode(model, ids, prompt, QuantizedCache(backend="hqq", config=model.config, nbits=nbits, q_group_size=64, residual_length=residual))
         ref = model(ids).logits[0]
         with kv_quantization(model, spec):
             sim = model(ids).logits[0]

@@ -8,32 +8,17 @@ without a reachable package index it skips, saying so. Slow (a venv, a download)
 """
 from __future__ import annotations
 
-import json
-import os
-import site
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.kv._replay_common import run_replay, side_venv
+
 HQQ = ("hqq==0.2.8.post1", "termcolor==3.3.0")
 
 
 @pytest.fixture(scope="module")
 def hqq_python(tmp_path_factory) -> str:
-    venv = tmp_path_factory.mktemp("hqq-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    py = venv / "bin" / "python"
-    lib = next((venv / "lib").glob("python3*")) / "site-packages"
-    # this environment's packages (torch, transformers, pip) visible in the new venv, nothing installed into it
-    (lib / "_parent_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--target", str(lib), "-q", *HQQ],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "DISABLE_CUDA": "1"})
-    if proc.returncode != 0:
-        pytest.skip(f"could not pip-install {' '.join(HQQ)} into a temp venv (package index unreachable?): {proc.stderr.strip()[-300:]}")
-    return str(py)
+    return side_venv(tmp_path_factory, "hqq", HQQ, env={"DISABLE_CUDA": "1"})
 
 
 @pytest.mark.slow
@@ -41,11 +26,7 @@ def hqq_python(tmp_path_factory) -> str:
 def test_hf_hqq_preset_replays_quantized_cache(hqq_python, nbits):
     # prompt 13, residual 8, 40 decoded tokens: the prompt quantized at prefill, five flushes at 13 + 8m,
     # each re-quantizing the whole (dequantized) cache with hqq's length-dependent axis-0 groups
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([hqq_python, str(ROOT / "tests" / "kv" / "_hqq_cache_replay.py"), str(nbits), "13", "8", "40"],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_replay(hqq_python, "_hqq_cache_replay.py", nbits, 13, 8, 40)
     assert result["kernel"] == 0.0, result  # wkvlab's HQQ kernel is hqq's Quantizer, bit for bit (1-8 bits, fp32 and bf16)
     assert result["prompt_vs_ref"] < 1e-5  # the prompt attends unquantized, as QuantizedCache returns it
     assert result["quantized_effect"] > 1e-3  # the cache does change the decoded tokens' logits
