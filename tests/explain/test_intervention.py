@@ -1,13 +1,13 @@
 """The full-pass 2×2 cells, the cross term's cache part removed from the scores, the sinks kept at 16 bits."""
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
 import torch
 
 from tests.conftest import tiny_gemma3, tiny_llama
+from tests.explain.test_attention import _perturbed as perturbed
 from wkvlab.explain import attention as A
 from wkvlab.explain import intervention as I
 from wkvlab.explain.cells import Spill, record_pass
@@ -19,12 +19,7 @@ FP16 = KVSpec.parse("fp16")
 
 
 def _perturbed(model, scale=0.01, seed=1):
-    other = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=gen))
-    return other
+    return perturbed(model, scale, seed)
 
 
 def _ids(n=24, seed=0):
