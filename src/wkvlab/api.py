@@ -13,6 +13,7 @@ from typing import Iterable
 
 from wkvlab.data import Corpus, WindowSet, cut_windows, load_corpus, tokenize, tokenizer_wants_bos, window_layout
 from wkvlab.data.selfgen import parse_selfgen, selfgen_corpus
+from wkvlab.data.windows import unused_remainders
 from wkvlab.errors import ConfigError
 from wkvlab.eval.baseline import Baseline, choose_baseline
 from wkvlab.eval.constants import DEFAULT_TOPK
@@ -84,11 +85,14 @@ def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: 
         return None
     spec = calibration or CalibrationSpec()
     corpus = calibration_corpus(spec.data)
-    reserved = 0
+    reserved, spare = 0, None
     if corpus.sha256 == work.corpus.sha256:  # the tokens of the text up to where the windows end
         end = work.windows.text_end
         reserved = work.windows.n_windows * work.windows.ctx if end is None else tokenize(work.loaded.tokenizer, work.corpus.text[:end]).numel()
-    return calibration_set(spec, work.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved)
+        # windows spread over the documents can reach the text's end (SmolLM2's 32 default findings windows
+        # reach the 78th of the 79 prose topics): then what follows each document's windows is drawn on too
+        spare = unused_remainders(work.corpus, work.loaded.tokenizer, work.windows)
+    return calibration_set(spec, work.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved, spare=spare)
 
 
 def run_options(work: Workload | None, weights: list[WeightSpec], *, chunk: int | None = None, reference: str | Path | None = None,

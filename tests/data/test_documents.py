@@ -91,3 +91,16 @@ def test_embedded_corpora_record_their_documents_and_keep_their_text(tmp_path):
     plain = tmp_path / "p.txt"
     plain.write_text("one stream of text", encoding="utf-8")
     assert load_corpus(str(plain)).documents == ()
+
+
+def test_unused_remainders_are_what_follows_each_touched_documents_windows():
+    from wkvlab.data.windows import unused_remainders
+
+    spread = Corpus("t", "a" * 25 + "\n\n" + "b" * 5 + "\n\n" + "c" * 12 + "\n\n" + "d" * 30,
+                    ("a" * 25, "b" * 5, "c" * 12, "d" * 30))
+    w = cut_windows(spread, _Chars(), ctx=10, n_tokens=30, bos_id=None)
+    assert w.documents == (0, 2, 3)  # one window from each document that holds one
+    # a: 15 after its window; b: none taken, all 5; c: 2 after its window; d (the last touched) 20 after it
+    assert unused_remainders(spread, _Chars(), w).tolist() == [ord("a")] * 15 + [ord("b")] * 5 + [ord("c")] * 2 + [ord("d")] * 20
+    stream = cut_windows(spread, _Chars(), ctx=10, n_tokens=70, bos_id=None)  # the documents hold 6 windows
+    assert stream.documents is None and unused_remainders(spread, _Chars(), stream).numel() == 0

@@ -148,3 +148,34 @@ def test_calibration_comes_from_the_end_and_never_overlaps_evaluation():
     with pytest.raises(DataError, match="calib"):
         calibration_set(CalibrationSpec("t", 4, 50), _Tok(), corpus=corpus, reserved_tokens=801)
     assert math_text(2000) == math_text(2000) and "=" in math_text(2000)
+
+
+def test_calibration_draws_on_unscored_remainders_only_when_the_tail_is_too_short():
+    from wkvlab.data import Corpus
+
+    corpus = Corpus("t", "".join(chr(97 + i % 26) for i in range(1000)))
+    ids = torch.tensor(_Tok()(corpus.text).input_ids)
+    spare = torch.arange(1000, 1150)
+    # the 200 tokens after the reserved 800 are enough: the spare tokens change nothing
+    same = calibration_set(CalibrationSpec("t", 4, 50), _Tok(), corpus=corpus, reserved_tokens=800, spare=spare)
+    assert torch.equal(same.tokens.reshape(-1), ids[-200:])
+    # 100 after the reserved 900: the last 100 spare tokens come first, then the tail
+    short = calibration_set(CalibrationSpec("t", 4, 50), _Tok(), corpus=corpus, reserved_tokens=900, spare=spare)
+    assert short.tokens.reshape(-1).tolist() == list(range(1050, 1150)) + ids[-100:].tolist()
+    with pytest.raises(DataError, match="only 250 are left outside the evaluation windows"):
+        calibration_set(CalibrationSpec("t", 6, 50), _Tok(), corpus=corpus, reserved_tokens=900, spare=spare)
+
+
+def test_the_default_findings_windows_leave_prose_to_calibrate_on(default_model):
+    """SmolLM2's additivity finding (32 windows of 512 spread over the prose topics) reaches the 78th of
+    79 topics: calibration used to fail with 181 tokens left after the windows' text."""
+    from wkvlab.api import prepare, prepare_calibration
+    from wkvlab.weights.spec import WeightSpec
+
+    work = prepare(default_model, ctx=512, tokens=16384)
+    body = work.windows.ctx - int(work.windows.bos)
+    cal = prepare_calibration(work, [WeightSpec.parse("gptq-int4-g128")])
+    assert cal.tokens.shape == (16, 512)
+    # none of its token runs is a window's: calibration never sees a scored token
+    scored = {tuple(row[int(work.windows.bos):][i:i + 64].tolist()) for row in work.windows.tokens for i in range(0, body - 64, 64)}
+    assert not any(tuple(row[1:][i:i + 64].tolist()) in scored for row in cal.tokens for i in range(0, 511 - 64, 64))

@@ -203,6 +203,25 @@ def cut_windows(corpus, tokenizer, *, ctx: int, n_tokens: int, bos_id: int | Non
     return make_windows(tokenize(tokenizer, corpus.text), ctx=ctx, n_tokens=n_tokens, bos_id=bos_id, stride=stride, score=score)
 
 
+def unused_remainders(corpus, tokenizer, windows: WindowSet) -> torch.Tensor:
+    """The tokens of the documents the spread windows touch that no window scores, in text order.
+
+    Each touched document's windows are its first ``k`` window bodies (:func:`make_document_windows`),
+    so its remainder is what follows them. Empty for stream windows (``documents`` None): there the
+    evaluation uses a prefix of the text and the rest is the text after ``text_end``.
+    """
+    import torch
+
+    if windows.documents is None or not corpus.documents:
+        return torch.zeros(0, dtype=torch.long)
+    body = windows.ctx - (1 if windows.bos else 0)
+    counts: dict[int, int] = {}
+    for d in windows.documents:
+        counts[d] = counts.get(d, 0) + 1
+    parts = [tokenize(tokenizer, corpus.documents[d])[counts.get(d, 0) * body:] for d in range(max(windows.documents) + 1)]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
 def window_layout(corpus, stride: int | None = None) -> str:
     """What identifies how :func:`cut_windows` cuts ``corpus`` beyond its text ("" for one stream)."""
     return "documents-spread-v1" if corpus.documents and stride is None else ""

@@ -112,11 +112,16 @@ def calibration_corpus(data: str) -> Corpus:
     return load_corpus(data)
 
 
-def calibration_set(spec: CalibrationSpec, tokenizer, *, corpus: Corpus | None = None, reserved_tokens: int = 0) -> CalibrationSet:
+def calibration_set(spec: CalibrationSpec, tokenizer, *, corpus: Corpus | None = None, reserved_tokens: int = 0,
+                    spare: "torch.Tensor | None" = None) -> CalibrationSet:
     """Cut ``spec.samples`` chunks of ``spec.length`` tokens from the end of the corpus.
 
-    ``reserved_tokens`` leading tokens belong to evaluation and are never used. Each chunk starts
-    with BOS when the tokenizer adds one, like the evaluation windows.
+    ``reserved_tokens`` leading tokens belong to evaluation and are never used. ``spare``: tokens
+    inside the reserved part that evaluation does not score either (the remainders of documents
+    whose first windows it scores, :func:`wkvlab.data.windows.unused_remainders`); they are drawn
+    on, just before the text's end, only when the text after the reserved part is too short — so
+    a calibration set that fits after it is the same as without them. Each chunk starts with BOS
+    when the tokenizer adds one, like the evaluation windows.
     """
     import torch
 
@@ -127,13 +132,17 @@ def calibration_set(spec: CalibrationSpec, tokenizer, *, corpus: Corpus | None =
     bos = tokenizer.bos_token_id if tokenizer_wants_bos(tokenizer) else None
     body = spec.length - (1 if bos is not None else 0)
     needed = spec.samples * body
-    available = ids.numel() - reserved_tokens
-    if needed > available:
+    pool = ids[min(reserved_tokens, ids.numel()):]
+    if spare is not None and spare.numel() and needed > pool.numel():
+        pool = torch.cat([spare.to(pool.dtype), pool])
+    if needed > pool.numel():
+        where = (f"lie outside the {reserved_tokens} evaluation tokens" if spare is None or not spare.numel()
+                 else "are left outside the evaluation windows")
         raise DataError(
-            f"calibration on {corpus.name} needs {needed} tokens but only {max(available, 0)} lie after the "
-            f"{reserved_tokens} evaluation tokens; lower --calib-samples/--calib-len or calibrate on another --calib domain"
+            f"calibration on {corpus.name} needs {needed} tokens but only {pool.numel()} {where}; "
+            f"lower --calib-samples/--calib-len, evaluate fewer --tokens, or calibrate on another --calib domain"
         )
-    tail = ids[ids.numel() - needed:].reshape(spec.samples, body)
+    tail = pool[pool.numel() - needed:].reshape(spec.samples, body)
     if bos is not None:
         tail = torch.cat([torch.full((spec.samples, 1), bos, dtype=torch.long), tail], dim=1)
     return CalibrationSet(spec=spec, tokens=tail.contiguous(), corpus_sha256=corpus.sha256)

@@ -1,0 +1,106 @@
+"""Run one finding and keep its run record in docs/runs/, so docs/findings.md's tables are renderings of a run.
+
+    python scripts/findings_record.py additivity --model default --store out/findings.db \\
+        --out docs/runs/findings-additivity-default.json [-- --tokens 4096 ...]
+
+runs ``wkvlab findings NAME --model M --store S --threads 1 [extra options]`` from this checkout (its
+progress on this terminal), samples the machine's load average every 30 s while it runs, and writes a
+record: the command, the commit, the date, the wall time, the load before / after / lowest / highest,
+the weight cache's state at the start (a cold cache means the quantizations are inside the wall time),
+and the finding exactly as the store keeps it (its rows with intervals and the Markdown it printed).
+``python scripts/doc_tables.py --write findings-<name>-<model>`` then renders the record into the doc,
+and the fast tier checks that the doc is that rendering.
+
+The store makes a finding resumable: a record written after an interrupted run measures only the
+rest, which the record says (``resumed``: configs already in the store at the start).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from doc_tables import _commit  # noqa: E402  (the same commit words as the demo's record)
+
+
+def _stored_configs(store: Path) -> int:
+    """Configs already measured in the store (0 for a new one): a resumed run's wall time covers only the rest."""
+    import sqlite3
+
+    if not store.exists():
+        return 0
+    with sqlite3.connect(store) as conn:
+        try:
+            return conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0
+
+
+def _cache_state() -> str:
+    root = Path(os.environ.get("WKVLAB_CACHE") or Path.home() / ".cache" / "wkvlab") / "quantized"
+    entries = list(root.iterdir()) if root.is_dir() else []
+    return f"{len(entries)} quantized weight set(s) cached" if entries else "empty (every quantization inside the wall time)"
+
+
+def run(name: str, model: str, store: Path, extra: list[str]) -> dict:
+    command = ["findings", name, "--model", model, "--store", str(store), "--threads", "1", *extra]
+    loads, done = [os.getloadavg()[0]], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(30):
+            loads.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    commit, cache, resumed, date = _commit(), _cache_state(), _stored_configs(store), f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    start = time.monotonic()
+    sampler.start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    code = subprocess.run([sys.executable, "-m", "wkvlab.cli", *command], env=env, cwd=ROOT).returncode
+    done.set()
+    wall = time.monotonic() - start
+    loads.append(os.getloadavg()[0])
+    if code != 0:
+        raise SystemExit(f"wkvlab findings {name} failed (exit {code}); nothing recorded")
+    sys.path.insert(0, str(ROOT / "src"))
+    from wkvlab.store import open_store
+
+    with open_store(store) as db:
+        stored = next(f for f in db.findings() if f.name == name and f.model == model)
+    shown = ["wkvlab", *command[:-len(extra) or None], *extra]
+    shown[shown.index("--store") + 1] = "out/findings.db"
+    return {"command": " ".join(shown), "commit": commit, "date": date, "wall_s": round(wall, 1),
+            "load_before": round(loads[0], 2), "load_after": round(loads[-1], 2),
+            "load_min": round(min(loads), 2), "load_max": round(max(loads), 2), "threads": 1, "weight_cache": cache, "resumed": resumed,
+            "name": name, "model": model, "data": stored.data, "markdown": stored.markdown}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name", help="the finding (wkvlab findings --help)")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--store", type=Path, required=True, help="the results store (resumable)")
+    parser.add_argument("--out", type=Path, required=True, help="the run record to write (docs/runs/findings-NAME-MODEL.json)")
+    args = parser.parse_args(argv)
+    if not args.out.parent.is_dir():
+        raise SystemExit(f"folder {args.out.parent} does not exist; create it or choose another --out")
+    record = run(args.name, args.model, args.store, extra)
+    args.out.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}: {record['command']} at {record['commit']}, wall {record['wall_s']:.0f} s, "
+          f"load {record['load_min']}–{record['load_max']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
