@@ -89,3 +89,26 @@ def test_the_documented_demo_tables_match_a_fresh_demo():
     """One fresh `wkvlab demo --json --report` (minutes): docs/results.md's grid and docs/report.md's tables."""
     tables = _load()
     assert tables.main(["--check", "demo", "--check", "report-demo"]) == 0
+
+
+def test_the_findings_tables_are_their_committed_run_records(tmp_path):
+    """Every docs/runs/findings-*.json is rendered in docs/findings.md exactly; a changed cell or caption is caught."""
+    import json
+
+    tables = _load()
+    found = [t for t in tables.TABLES.values() if t.name.startswith("findings-")]
+    for table in found:
+        assert tables.main(["--check", table.name]) == 0, table.name
+        doc = tables.documented(table)
+        changed = doc.replace("| ", "| 9", 1)
+        assert tables.compare(table, changed, table.make(None)), table.name
+    # the rendering of a record: its caption names the command, commit, wall, load and how to measure it again
+    record = {"command": "wkvlab findings additivity --model gemma3-270m --store out/findings.db --threads 1 --tokens 4096",
+              "commit": "abc1234", "date": "2026-12-02", "wall_s": 7384.4, "load_before": 2.0, "load_after": 1.1, "load_min": 1.0,
+              "load_max": 4.0, "threads": 1, "weight_cache": "empty", "resumed": 0, "name": "additivity", "model": "gemma3-270m",
+              "data": {}, "markdown": "| a | b |\n|---|---|\n| 1 | 2 |\n"}
+    path = tmp_path / "findings-additivity-gemma3-270m.json"
+    path.write_text(json.dumps(record))
+    text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
+    assert "wall 2:03:04, load 1.0–4.0" in text and "commit=abc1234" in text and text.endswith("| 1 | 2 |")
+    assert "-- --tokens 4096`" in text
