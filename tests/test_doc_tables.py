@@ -112,3 +112,22 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
     assert "wall 2:03:04, load 1.0–4.0" in text and "commit=abc1234" in text and text.endswith("| 1 | 2 |")
     assert "-- --tokens 4096`" in text
+
+
+def test_the_recorded_outputs_are_their_committed_run_records(tmp_path):
+    """Every docs/runs/output-*.json is rendered in the doc it names exactly; the caption says how it was made."""
+    import json
+
+    tables = _load()
+    for table in [t for t in tables.TABLES.values() if t.name.startswith("output-")]:
+        assert tables.main(["--check", table.name]) == 0, table.name
+        doc = tables.documented(table)
+        assert tables.compare(table, doc.replace("\n", "\nx", 3), table.make(None)), table.name
+    record = {"command": "wkvlab explain --weights int4-g128 --kv int4", "commit": "abc1234+changes", "date": "2026-12-02",
+              "wall_s": 125.0, "load_before": 1.2, "load_after": 1.7, "load_min": 1.2, "load_max": 1.9, "columns": 140,
+              "stdout": "verdict   \n• Undecided\n\n", "doc": "docs/explain.md"}
+    path = tmp_path / "output-explain-x.json"
+    path.write_text(json.dumps(record))
+    text = tables.output_block(path)(None)
+    assert "wall 2:05, load 1.2–1.9" in text and "commit abc1234 on" in text and "(COLUMNS=140)" in text
+    assert text.endswith("```text\nverdict\n• Undecided\n```")

@@ -1,0 +1,77 @@
+"""Run one wkvlab command and keep what it printed as a run record, so a doc's sample output is a rendering of a run.
+
+    python scripts/output_record.py --doc docs/explain.md --out docs/runs/output-explain-default-int4.json \\
+        -- explain --model default --weights int4-g128 --kv int4 --ctx 256 --tokens 2048 --threads 1
+
+runs ``wkvlab ARGS`` from this checkout with a fixed terminal width (``COLUMNS=140``, no colour), samples
+the load average every 30 s while it runs, and writes a record: the command, the commit, the date, the
+wall time, the load before / after / lowest / highest, the doc it belongs in, and the command's
+standard output. ``python scripts/doc_tables.py --write output-<name>`` then puts the output into its
+doc between ``<!-- doc-table: output-<name> -->`` markers, and the fast tier checks that the doc is
+the record's rendering. The run fails (nothing recorded) when the command exits non-zero.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from doc_tables import _commit  # noqa: E402
+
+WIDTH = "140"
+
+
+def run(args: list[str]) -> dict:
+    loads, done = [os.getloadavg()[0]], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(30):
+            loads.append(os.getloadavg()[0])
+
+    commit, date = _commit(), f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"}
+    start = time.monotonic()
+    threading.Thread(target=sample, daemon=True).start()
+    proc = subprocess.run([sys.executable, "-m", "wkvlab.cli", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    done.set()
+    wall = time.monotonic() - start
+    loads.append(os.getloadavg()[0])
+    if proc.returncode != 0:
+        raise SystemExit(f"wkvlab {' '.join(args)} failed (exit {proc.returncode}); nothing recorded")
+    return {"command": "wkvlab " + " ".join(args), "commit": commit, "date": date, "wall_s": round(wall, 1),
+            "load_before": round(loads[0], 2), "load_after": round(loads[-1], 2), "load_min": round(min(loads), 2),
+            "load_max": round(max(loads), 2), "columns": int(WIDTH), "stdout": proc.stdout}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        raise SystemExit("give the wkvlab command after --, e.g. -- explain --weights int4-g128 --kv int4")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--doc", type=Path, required=True, help="the doc the output belongs in (docs/explain.md)")
+    parser.add_argument("--out", type=Path, required=True, help="the record: docs/runs/output-<name>.json")
+    args = parser.parse_args(argv[:split])
+    if not args.out.name.startswith("output-") or args.out.suffix != ".json":
+        raise SystemExit(f"--out {args.out}: name the record output-<name>.json so doc_tables.py finds it")
+    if not (ROOT / args.doc).is_file() and not args.doc.is_file():
+        raise SystemExit(f"--doc {args.doc} is not a file of this checkout")
+    record = run(argv[split + 1:])
+    record["doc"] = str(args.doc.resolve().relative_to(ROOT)) if args.doc.resolve().is_relative_to(ROOT) else str(args.doc)
+    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}: {record['command']} at {record['commit']}, wall {record['wall_s']:.0f} s, "
+          f"load {record['load_min']}–{record['load_max']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
