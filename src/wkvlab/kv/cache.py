@@ -50,12 +50,13 @@ class QuantizeOnWriteLayer(DynamicLayer):
         return x if quantize is None else quantize(x).to(x.dtype)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        store = self.store
+        # into the stored space first: every copy is then held in the layer's work dtype (kv/readprec.py)
+        key_states, value_states = store.key_value_side(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self.raw_keys, self.raw_values = key_states[..., :0, :], value_states[..., :0, :]
             self.quant_keys, self.quant_values = self.raw_keys, self.raw_values
-        store = self.store
-        key_states, value_states = store.key_value_side(key_states, value_states)
         position = self.raw_keys.shape[-2]
         if store.prerope:
             cos, sin = self.inputs[self.layer]["position_embeddings"]

@@ -23,6 +23,7 @@ from wkvlab.errors import ConfigError
 from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.requant import flush_attention
 from wkvlab.kv.override import attention_devices, attention_inputs, attention_override, model_head_dim, sliding_layers
+from wkvlab.kv.readprec import mask_to
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
 
@@ -74,6 +75,10 @@ def kv_quantization(
 
         def attention(backend, module, query, key, value, attention_mask, **kwargs):
             store = stores[module.layer_idx]
+            # a 16-bit run of an engine that reads K/V wider holds this layer in that precision
+            # (kv/readprec.py); the output goes back to the model's dtype
+            run_dtype = query.dtype
+            attention_mask = mask_to(attention_mask, store.work_dtype(run_dtype))
             if storage == "cache":
                 out, weights = backend(module, store.query_side(query), key, value, attention_mask, **kwargs)
             elif storage == "chunked":
@@ -117,7 +122,7 @@ def kv_quantization(
                     weights = None
             if store.rot_v:
                 out = rotate(out, store.rot_v, inverse=True)
-            return out, weights
+            return out.to(run_dtype), weights
 
         with attention_override(model, attention):
             yield

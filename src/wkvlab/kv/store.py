@@ -2,6 +2,9 @@
 
 Order of operations, each optional, mirroring the engines:
 
+0. In a 16-bit run of an engine whose attention reads dequantized K/V in another precision
+   (llama.cpp's CPU kernel: float32; ExLlamaV3: fp16), Q, K and V enter that dtype first, so every
+   stored copy is computed and held as the engine holds it (:mod:`wkvlab.kv.readprec`).
 1. SmoothAttention (QServe): K / λ and Q · λ per channel, λ = (max pair norm of K)^α from
    calibration, shared by the two channels of each RoPE pair — equivalent to folding it into
    k_proj/q_proj before RoPE. Scores are unchanged without quantization.
@@ -30,6 +33,7 @@ from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.formats import KVFormat
 from wkvlab.kv.kvquant import fit_layer
 from wkvlab.kv.override import apply_rope, undo_rope
+from wkvlab.kv.readprec import engine_read_dtype, work_dtype
 from wkvlab.kv.requant import FlushChain
 from wkvlab.kv.spec import KVSpec
 
@@ -71,6 +75,9 @@ class LayerStore:
         self.k_fmt, self.v_fmt = k_fmt, v_fmt
         k_block, v_block = spec.rotation_blocks(head_dim)
         self.rot_k = k_block if not k_fmt.is_identity else 0
+        # the dtype the engine's attention reads dequantized K/V in (None: the model's); a layer that
+        # quantizes nothing stays bit-identical to the model, so only quantized layers use it
+        self.read = engine_read_dtype(spec.name) if not (k_fmt.is_identity and v_fmt.is_identity) else None
         self.rot_v = v_block if not v_fmt.is_identity else 0
         self.k_policy, self.v_policy = spec.token_policies(k_fmt, v_fmt)
         self.sinks = spec.sinks
@@ -172,8 +179,13 @@ class LayerStore:
         n_rep = query.shape[1] // key.shape[1]
         return query * lam.repeat_interleave(n_rep, dim=1), key / lam
 
+    def work_dtype(self, run_dtype: torch.dtype) -> torch.dtype:
+        """What this layer's K/V and attention are held in, in a run at ``run_dtype`` (:mod:`wkvlab.kv.readprec`)."""
+        return work_dtype(run_dtype, self.read)
+
     def query_side(self, query: torch.Tensor) -> torch.Tensor:
         """The query as the attention sees it when K/V come from a quantize-on-write cache."""
+        query = query.to(self.work_dtype(query.dtype))  # llama.cpp's Q rounding is kept exact in float32 too
         if self.smooth is not None:
             n_rep = query.shape[1] // self.smooth.shape[1]
             query = query * self.smooth.to(query.dtype).repeat_interleave(n_rep, dim=1)
@@ -182,7 +194,10 @@ class LayerStore:
         return _quantize_query(query, self.q_format, self.q_scale) if self.q_format != "none" else query
 
     def key_value_side(self, key: torch.Tensor, value: torch.Tensor):
-        """Keys and values in the space the cache stores them (smoothed, rotated), not yet quantized."""
+        """Keys and values in the space the cache stores them (smoothed, rotated), not yet quantized,
+        in the layer's work dtype: from there on every stored copy is computed and held in it."""
+        work = self.work_dtype(key.dtype)
+        key, value = key.to(work), value.to(work)
         if self.smooth is not None:
             key = key / self.smooth.to(key.dtype)
         if self.rot_k:
