@@ -37,6 +37,15 @@ fp32 ``k_scale`` / ``v_scale``. A reader recovers ``code · sf · k_scale``.
   the FP8 workspace the prefill attends to: ``fp8_read=True`` adds both roundings. SGLang notes
   that values beyond ±448 become NaN there; here they saturate (:func:`wkvlab.formats.fp8.fake_quant_fp8`).
 
+**vLLM's read** is taken as exact ``code · sf · k_scale`` in float32, and for SM120 that is what the
+kernel computes: FlashInfer's FA2 kernel (flashinfer-ai/flashinfer
+``include/flashinfer/attention/prefill.cuh`` ``compute_qk`` / ``compute_sfm_v`` @fb28d724, added in
+PR #3097 @4e642191) casts codes and block scales to the query dtype and multiplies them there
+(``__hmul2``), which is exact (≤ 6 significant bits, magnitudes in [2^-10, 2688]), and applies
+k_scale to the softmax scale and v_scale to the output (``flashinfer/prefill.py``), never per element
+(``tests/formats/test_nvfp4_kv_read.py``). SM100's trtllm-gen kernels are downloaded cubins
+(``gen_trtllm_gen_fmha_module`` in ``flashinfer/jit/attention/modules.py``): not read.
+
 Not modelled: ``rcp.approx.ftz`` is taken as the correctly rounded reciprocal (it is within 1 ulp;
 rcp(6) and rcp(1) are what matter with the default scales), and the 4-over-6 error sum is added
 in one order (the kernel's two-thread shuffle adds in another; only near-equal errors can flip).

@@ -60,7 +60,9 @@ SGLANG_FP4_SOURCE = ("sgl-project/sglang@0dae407b python/sglang/srt/layers/quant
                      "recipes in kv_cache_quant_method.py @1c5f9e23 (MXFP4Method, blockfp4 its alias)")
 VLLM_NVFP4_SOURCE = ("vllm-project/vllm csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu @0cd789b3 reshape_and_cache_nvfp4_kernel "
                      "(cvt_warp_fp16_to_fp4 of quantization/fp4/nvfp4_utils.cuh @20b4ad8e; 4over6: cvt_warp_fp16_to_fp4_4over6), "
-                     "global scale 1/k_scale; CacheDType in vllm/config/cache.py @002f10e0")
+                     "global scale 1/k_scale; CacheDType in vllm/config/cache.py @002f10e0; read (SM120): FlashInfer FA2 "
+                     "code*scale in the query dtype, exact, k_scale on the softmax scale (flashinfer-ai/flashinfer@fb28d724 "
+                     "include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v); SM100 trtllm-gen cubins not read")
 SGLANG_NVFP4_SOURCE = ("sgl-project/sglang@1c5f9e23 python/sglang/srt/layers/quantization/kv_cache_quant_method.py NVFP4Method "
                        "(quantize_and_store, load_scales_from_model, dequantize_prev_kv) + kvfp4_tensor.py @1c5f9e23 "
                        "NVFP4QuantizeUtil.fi_nvfp4_quantize -> flashinfer fp4_quantize (flashinfer-ai/flashinfer@014327ab "
