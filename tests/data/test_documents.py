@@ -104,3 +104,39 @@ def test_unused_remainders_are_what_follows_each_touched_documents_windows():
     assert unused_remainders(spread, _Chars(), w).tolist() == [ord("a")] * 15 + [ord("b")] * 5 + [ord("c")] * 2 + [ord("d")] * 20
     stream = cut_windows(spread, _Chars(), ctx=10, n_tokens=70, bos_id=None)  # the documents hold 6 windows
     assert stream.documents is None and unused_remainders(spread, _Chars(), stream).numel() == 0
+
+
+def _offline_hf_dataset(tmp_path, monkeypatch, name: str, rows: list[str]) -> None:
+    """``rows`` as Hugging Face dataset ``name`` in a temporary datasets cache, the hub switched off:
+    ``load_dataset(name)`` then finds it where it finds a dataset downloaded before."""
+    import glob
+    import json
+    import shutil
+
+    datasets = pytest.importorskip("datasets")
+    from datasets.packaged_modules.json.json import Json
+
+    cache = tmp_path / "datasets"
+    for var, value in (("HF_DATASETS_CACHE", str(cache)), ("HF_HOME", str(tmp_path / "home")), ("HF_HUB_OFFLINE", "1"),
+                       ("HF_DATASETS_OFFLINE", "1")):
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)  # read at import: another test may have imported it
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in rows), encoding="utf-8")
+    Json(cache_dir=str(tmp_path / "build"), dataset_name=name, data_files={"test": str(source)}).download_and_prepare()
+    built, = glob.glob(str(tmp_path / "build" / name / "*" / "0.0.0"))
+    (cache / name / "default" / "0.0.0").mkdir(parents=True)  # the cache's layout: <name>/<config>/<version>/<hash>
+    shutil.move(built, cache / name / "default" / "0.0.0" / "0")
+
+
+def test_a_hugging_face_datasets_rows_are_its_documents(tmp_path, monkeypatch):
+    rows = ["a" * 25, "b" * 5 + "\n\n" + "b" * 5, "c" * 12]  # a blank line inside a row does not split it
+    _offline_hf_dataset(tmp_path, monkeypatch, "toyrows", rows)
+    corpus = load_corpus("hf:toyrows")
+    assert corpus.documents == tuple(rows) and corpus.text == "\n\n".join(rows)  # the text (and its sha) as before
+    assert window_layout(corpus) == "documents-spread-v1"
+    assert cut_windows(corpus, _Chars(), ctx=10, n_tokens=30, bos_id=None).documents == (0, 1, 2)
+    # the rows hold fewer windows than asked (4 of 10 characters): the stream, as for every corpus
+    stream = cut_windows(corpus, _Chars(), ctx=10, n_tokens=50, bos_id=None)
+    assert stream.documents is None and stream.tokens.reshape(-1).tolist() == [ord(c) for c in corpus.text[:50]]

@@ -6,7 +6,7 @@ import torch
 
 from tests.conftest import tiny_llama
 from wkvlab import api
-from wkvlab.data import load_corpus
+from wkvlab.data import cut_windows, load_corpus, window_layout
 from wkvlab.data import selfgen as sg
 from wkvlab.errors import DataError
 from wkvlab.models.loading import LoadedModel
@@ -75,3 +75,42 @@ def test_chat_template_and_prepare_uses_the_models_own_text():
     work = api.prepare(loaded, "selfgen:100", ctx=32, tokens=96)
     assert work.corpus.name == "selfgen:100" and work.windows.tokens.shape == (3, 32)
     assert "<assistant>" in work.corpus.text
+
+
+def test_each_sample_is_a_document_and_the_windows_spread_across_them(monkeypatch):
+    loaded = _loaded(fingerprint="tiny-docs")
+    corpus = sg.selfgen_corpus(loaded, SPEC)
+    samples = sg.generate_documents(loaded, SPEC)
+    assert corpus.documents == tuple(samples) and len(samples) == 3  # 3 samples of 8 + 16 tokens hold the 60 asked for
+    assert corpus.text == "\n\n".join(samples)  # the text (and its sha) is what it was before documents were recorded
+    # ctx 8 (no BOS): each 24-token sample holds 3 windows; 3 windows asked for take one of each
+    spread = cut_windows(corpus, loaded.tokenizer, ctx=8, n_tokens=24, bos_id=None)
+    assert spread.documents == (0, 1, 2)
+    assert spread.tokens.tolist() == [tokenize_chars(s)[:8] for s in samples]
+    assert window_layout(corpus) == "documents-spread-v1"  # a store tells these windows from the old stream's
+    # samples too short for the windows asked for: the stream, as the embedded corpora fall back
+    stream = cut_windows(corpus, loaded.tokenizer, ctx=16, n_tokens=64, bos_id=None)  # each holds 1 window, 4 asked for
+    assert stream.documents is None and stream.n_windows == 4
+    assert stream.tokens.reshape(-1).tolist() == tokenize_chars(corpus.text)[:64]
+
+
+def test_a_cache_entry_without_its_samples_is_sampled_again(monkeypatch):
+    import json
+
+    from wkvlab.models.loading import cache_dir
+
+    loaded = _loaded(fingerprint="tiny-old-cache")
+    fresh = sg.selfgen_corpus(loaded, SPEC)
+    path = cache_dir() / "selfgen" / f"{sg.cache_key(loaded.fingerprint, SPEC)}.json"
+    # the entry as it was written before samples were kept: the joined text, a count
+    path.write_text(json.dumps({"documents": len(fresh.documents), "text": fresh.text}), encoding="utf-8")
+    calls = []
+    real = sg.generate_documents
+    monkeypatch.setattr(sg, "generate_documents", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = sg.selfgen_corpus(loaded, SPEC)
+    assert calls == [1] and again.documents == fresh.documents  # blank lines inside a sample cannot split it wrongly
+    assert sg.selfgen_corpus(loaded, SPEC).documents == fresh.documents and calls == [1]  # rewritten with its samples
+
+
+def tokenize_chars(text: str) -> list[int]:
+    return _CharTokenizer()(text).input_ids

@@ -18,8 +18,9 @@ Python version; every result records the text's SHA-256 so a change of Python ve
 Each embedded corpus records its **documents** (a pydoc topic, a module): evaluation windows are
 spread across them (:func:`wkvlab.data.windows.cut_windows`) and intervals resample documents, not
 windows (windows of one document share its difficulty; docs/explain.md, "The decision rule"). A
-``.jsonl`` file's records are its documents; a ``.txt`` file, a Hugging Face dataset and selfgen
-text are one stream.
+text made of records is a corpus of documents the same way (:func:`records_corpus`): a ``.jsonl``
+file's lines, a Hugging Face dataset's rows, the continuations selfgen samples
+(:mod:`wkvlab.data.selfgen`). A ``.txt`` file is one stream.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from wkvlab.errors import DataError
 
@@ -108,8 +110,17 @@ def check_text_file(path: Path, sample_bytes: int = 1 << 20) -> None:
         raise DataError(f"{path} holds no text; give a file with at least a few thousand words")
 
 
-def _read_file(path: Path) -> tuple[str, tuple[str, ...]]:
-    """The file's text and, for ``.jsonl``, its records as documents (a ``.txt`` file: one stream)."""
+def records_corpus(name: str, records: Iterable[str]) -> Corpus:
+    """A text made of records, each record one document: a ``.jsonl`` file's lines, a Hugging Face
+    dataset's rows, selfgen's samples. The text is the records joined by blank lines (what it always
+    was, so stream windows cut from it score the same tokens); a single record is one stream, there
+    being nothing to spread windows across."""
+    texts = tuple(records)
+    return Corpus(name=name, text="\n\n".join(texts), documents=texts if len(texts) > 1 else ())
+
+
+def _read_file(path: Path) -> Corpus:
+    """The file as a corpus: a ``.jsonl`` file's records are its documents, a ``.txt`` file is one stream."""
     if not path.is_file():
         raise DataError(f"data file not found: {path} (pass --data default, --data code, or an existing .txt/.jsonl file)")
     raw = _decode_text(path.read_bytes(), path)
@@ -125,12 +136,12 @@ def _read_file(path: Path) -> tuple[str, tuple[str, ...]]:
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise DataError(f"{path}:{line_no} has no string 'text' field; each JSONL record needs one")
             texts.append(record["text"])
-        return "\n\n".join(texts), tuple(texts)
-    return raw, ()
+        return records_corpus(str(path), texts)
+    return Corpus(name=str(path), text=raw)
 
 
-def _hf_dataset(spec: str) -> str:
-    """``hf:<name>[:<config>][:<split>]`` — only when the hub is reachable."""
+def _hf_dataset(spec: str) -> list[str]:
+    """The rows' texts of ``hf:<name>[:<config>][:<split>]`` — only when the hub is reachable or the dataset cached."""
     parts = spec.split(":")[1:]
     if not parts or not parts[0]:
         raise DataError("hf data needs a dataset name: --data hf:<name>[:<config>][:<split>]")
@@ -145,7 +156,7 @@ def _hf_dataset(spec: str) -> str:
     except Exception as exc:  # the hub raises many types; all mean the same to the user
         raise DataError(f"could not load Hugging Face dataset {name!r} ({type(exc).__name__}); offline, use --data default, --data code or a text file") from None
     column = "text" if "text" in ds.column_names else ds.column_names[0]
-    return "\n\n".join(str(t) for t in ds[column])
+    return [str(t) for t in ds[column]]
 
 
 def _hub_dataset_cached(name: str) -> bool:
@@ -215,9 +226,9 @@ def load_corpus(spec: str) -> Corpus:
         documents = {"code-long": _long_modules, "prose": _pydoc_topics, "code": _stdlib_source}[name]()
         return Corpus(name=name, text="\n\n".join(documents), documents=documents, documents_only=name == "code-long")
     if key.startswith("hf:"):
-        return Corpus(name=key, text=_hf_dataset(key))
+        return records_corpus(key, _hf_dataset(key))  # each row one document, as a .jsonl file's records
     path = _data_path(spec)
-    text, documents = _read_file(path)
-    if not text.strip():
+    corpus = _read_file(path)
+    if not corpus.text.strip():
         raise DataError(f"{path} holds no text; give a file with at least a few thousand words")
-    return Corpus(name=str(path), text=text, documents=documents if len(documents) > 1 else ())
+    return corpus

@@ -8,11 +8,17 @@ at evenly spaced offsets; the unquantized reference continues each by ancestral 
 fixed seed. Instruct models with a chat template get the prompt as a user turn ("Continue this
 text: …") and the rendered conversation — special tokens included — is the document, so the
 evaluation sees what a chat deployment sees. Documents are generated until the text holds the
-requested number of tokens (a reply can end early at end-of-turn).
+requested number of tokens (a reply can end early at end-of-turn). Each sample (its prompt with
+its continuation, as scored) is one document of the corpus (:func:`wkvlab.data.corpora.records_corpus`):
+windows are spread across samples and intervals resample samples, whose windows share a prompt
+and a sampling path; samples too short for the windows asked for fall back to the stream, as
+the embedded corpora do (:func:`wkvlab.data.windows.cut_windows`).
 
 Sampling takes minutes on a CPU, so the text is cached on disk, content-addressed by the model's
 fingerprint, the seed, the token count and every generation setting (and the torch version,
-since sampling streams may differ between versions).
+since sampling streams may differ between versions). The cache keeps the samples one by one; an
+entry written before it did (the joined text only) is sampled again, the same text, so its
+document boundaries are known rather than guessed from blank lines a sample may contain.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from wkvlab.data.corpora import Corpus, load_corpus
+from wkvlab.data.corpora import Corpus, load_corpus, records_corpus
 from wkvlab.data.windows import tokenize
 from wkvlab.errors import DataError
 from wkvlab.io import write_json_atomic
@@ -129,13 +135,13 @@ def selfgen_corpus(loaded: LoadedModel, spec: SelfGenSpec, progress: Progress | 
     name = f"{PREFIX}:{spec.n_tokens}"
     if path.is_file():
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-            return Corpus(name=name, text=record["text"])
-        except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
-            pass  # a damaged cache entry is regenerated, never trusted
+            samples = json.loads(path.read_text(encoding="utf-8"))["samples"]
+            if isinstance(samples, list) and samples and all(isinstance(t, str) for t in samples):
+                return records_corpus(name, samples)
+        except (json.JSONDecodeError, KeyError, UnicodeDecodeError, TypeError):
+            pass  # a damaged (or pre-samples) cache entry is regenerated, never trusted
     documents = generate_documents(loaded, spec, progress)
-    text = "\n\n".join(documents)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"model": loaded.name, "model_sha256": loaded.fingerprint, "spec": spec.to_dict(),
-                             "torch": torch.__version__, "documents": len(documents), "text": text})
-    return Corpus(name=name, text=text)
+                             "torch": torch.__version__, "documents": len(documents), "samples": documents})
+    return records_corpus(name, documents)
