@@ -125,3 +125,18 @@ def test_out_of_memory_mid_run_keeps_the_finished_results_in_the_json(tmp_path, 
     assert "none" in result.output  # the finished result's table was printed
     saved = json.loads(out.read_text())
     assert saved["weights"] == "none" and saved["kv"] == "fp16"
+
+
+def test_a_16_bit_run_holds_llamacpp_layers_in_float32():
+    # kv/readprec.py: in a bf16 run the quantized layers of a llama.cpp preset keep K/V in float32 (what
+    # its CPU attention reads), ExLlamaV3's in fp16; a float32 run is the same for every spec
+    desc = ModelDescription.from_config(TINY, name="tiny")
+
+    def cache(kv, dtype):
+        return _part(estimate_memory(desc, _grid(weights=("none",), kv=(kv,), dtype=dtype)).plan("one-model", 1), "KV caches")
+
+    per_token16 = 2 * 2 * 32 * 2 * 2  # layers × kv heads × head_dim × (K, V) × 2 bytes
+    assert cache("q8_0", "bfloat16") == per_token16 * 48
+    assert cache("llamacpp:q8_0", "bfloat16") == 2 * per_token16 * 48
+    assert cache("exl3:k4v4", "bfloat16") == per_token16 * 48
+    assert cache("llamacpp:q8_0", "float32") == cache("q8_0", "float32") == 2 * per_token16 * 48

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from wkvlab.errors import ConfigError
+from wkvlab.kv.readprec import READ_BYTES, engine_read
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
 from wkvlab.plan.kv import kv_bytes_per_token, per_layer_tokens
@@ -167,15 +168,20 @@ class MemoryEstimate:
 
 def _cache_bytes(desc: ModelDescription, spec: KVSpec, ctx: int, chunk: int, dtype_bytes: int) -> int:
     """One pass's cache: K and V of every layer at the model's dtype (the simulation keeps the dequantized
-    values), the full-precision copies where a query sees some keys unquantized, sliding layers capped."""
+    values) — a quantized layer of an engine that reads K/V wider holds them in that dtype in a 16-bit
+    run (wkvlab.kv.readprec) —, the full-precision copies where a query sees some keys unquantized,
+    sliding layers capped."""
     per_token = kv_bytes_per_token(desc, "fp16")  # 16-bit bytes per layer; rescaled to the run's dtype
+    read = engine_read(spec.name)
     total = 0
     for layer, kept in per_layer_tokens(per_token, ctx):
         if layer.window is not None:
             kept = min(ctx, layer.window + chunk)  # the window plus the chunk being written
         k_fmt, v_fmt = spec.formats_for(layer.layer, layer.window is not None)
-        raw = not (k_fmt.is_identity and v_fmt.is_identity) and any(p.depends_on_query for p in spec.token_policies(k_fmt, v_fmt))
-        total += layer.bytes * kept * dtype_bytes // 2 * (2 if raw else 1)
+        quantized = not (k_fmt.is_identity and v_fmt.is_identity)
+        raw = quantized and any(p.depends_on_query for p in spec.token_policies(k_fmt, v_fmt))
+        held = READ_BYTES[read] if (quantized and read and dtype_bytes < 4) else dtype_bytes
+        total += layer.bytes * kept * held // 2 * (2 if raw else 1)
     return total
 
 

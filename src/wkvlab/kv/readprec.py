@@ -25,31 +25,41 @@ So a quantized layer of such an engine computes its attention in the read dtype'
 (:func:`work_dtype`): the keys and values enter it exactly (bf16 → float32 is exact), are quantized
 in float32 as before and rounded once, to what the engine reads; the output returns to the run's
 dtype. A float32 run changes nothing: it measures the cache alone, as every table in the docs does.
+
+The table and :func:`engine_read` import no torch (the memory estimate uses them before any model loads).
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # preset family (the part of KVSpec.name before ":") -> the dtype its attention reads dequantized K/V in
-ENGINE_READ = {
-    "llamacpp": torch.float32,
-    "llamacpp-x86": torch.float32,
-    "exl3": torch.float16,
-    "exl3-fa": torch.float16,
-}
+ENGINE_READ = {"llamacpp": "float32", "llamacpp-x86": "float32", "exl3": "float16", "exl3-fa": "float16"}
+READ_BYTES = {"float32": 4, "float16": 2}
 
 
-def engine_read_dtype(spec_name: str) -> torch.dtype | None:
-    """The read dtype of the preset ``spec_name`` belongs to (options appended keep its family), or None: the model's dtype."""
+def engine_read(spec_name: str) -> str | None:
+    """The read dtype's name for the preset family ``spec_name`` belongs to (options appended keep
+    its family), or None: the model's dtype."""
     family, colon, _ = spec_name.partition(":")
     return ENGINE_READ.get(family.strip().lower()) if colon else None
+
+
+def engine_read_dtype(spec_name: str) -> "torch.dtype | None":
+    """:func:`engine_read` as a torch dtype."""
+    import torch
+
+    read = engine_read(spec_name)
+    return getattr(torch, read) if read else None
 
 
 def work_dtype(run_dtype: torch.dtype, read: torch.dtype | None) -> torch.dtype:
     """The dtype a quantized layer's K/V and attention are held in: the run's, unless a 16-bit run
     models an engine that reads K/V in another precision — then that precision (float32 holds it
     exactly; float16 is ExLlamaV3's own attention dtype)."""
-    if read is None or run_dtype == torch.float32 or run_dtype == torch.float64:
+    if read is None or run_dtype.itemsize >= 4:  # float32/float64 runs: the cache alone
         return run_dtype
     return read
 
@@ -57,6 +67,8 @@ def work_dtype(run_dtype: torch.dtype, read: torch.dtype | None) -> torch.dtype:
 def mask_to(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """An additive float mask in ``dtype`` (sdpa wants the query's), its lowest value kept finite
     (a bf16 minimum is -inf in float16, and a fully masked row would turn NaN); bool masks as they are."""
+    import torch
+
     if mask is None or not mask.is_floating_point() or mask.dtype == dtype:
         return mask
     return mask.to(dtype).clamp_(min=torch.finfo(dtype).min)
