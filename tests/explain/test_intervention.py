@@ -171,3 +171,19 @@ def test_fewer_windows_than_the_rule_are_undecided():
         data.add({"w": w, "c": c, "wc": w + c, "wc_removed": w + c, "wc_sinks": w + c}, {"w": 0.1, "c": 0.1, "wc": 0.2})
     (x,) = cross_terms([("W", "C", data)], family="three windows")
     assert all(v.word == "undecided" for v in x.verdicts.values())
+
+
+def test_cross_term_verdicts_name_the_windows_they_resample():
+    """The diagnosis windows are the unit: every cross-term verdict says "8 windows resampled", not "units"."""
+    import numpy as np
+
+    from wkvlab.explain.crossterm import CrossTermData, cross_terms
+
+    rng = np.random.default_rng(0)
+    data = CrossTermData.empty()
+    for _ in range(8):
+        base = rng.gamma(2.0, 0.05, size=32)
+        data.add({"w": base, "c": base / 2, "wc": 1.6 * base, "wc_removed": 1.5 * base, "wc_sinks": 1.55 * base},
+                 {"w": 0.1, "c": 0.05, "wc": 0.16})
+    (cross,) = cross_terms([("int4-g128", "int4", data)], family="test")
+    assert all(v.resampling.startswith("8 windows resampled") for v in cross.verdicts.values())

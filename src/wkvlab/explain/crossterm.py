@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from wkvlab.stats import Interval, Resampled, resample
+from wkvlab.stats.bootstrap import Units
 from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, Margin, Verdict, decide
 
 SINK_TOKENS = 4  # = wkvlab.explain.attention.SINK_TOKENS (kept torch-free here)
@@ -115,7 +116,9 @@ class CrossTerm:
 def cross_term_draws(data: CrossTermData, *, n_resamples: int = 2000, seed: int | None = None) -> dict[str, Resampled]:
     """Paired bootstrap draws over windows of every cell's KLD and every effect (tokens of one window resampled together)."""
     arrays = {c: np.concatenate(data.kld[c]) for c in CELLS}
-    units = np.concatenate([np.full(len(a), i) for i, a in enumerate(data.kld["wc"])])
+    # the unit is the diagnosis window (its verdicts say "windows resampled", not a vague "units"):
+    # the passes are recorded per window, without the document it came from
+    units = Units(np.concatenate([np.full(len(a), i) for i, a in enumerate(data.kld["wc"])]), "windows")
     cell = lambda name: (lambda m: m[name])  # noqa: E731
     interaction = lambda m: m["wc"] - m["w"] - m["c"]  # noqa: E731
     statistics = {**{f"kld_{c}": cell(c) for c in CELLS},
@@ -126,7 +129,7 @@ def cross_term_draws(data: CrossTermData, *, n_resamples: int = 2000, seed: int 
                   "explained": lambda m: (m["wc"] - m["wc_removed"]) / interaction(m)}
     draws = {name: resample(stat, arrays, units, n_resamples=n_resamples, seed=seed) for name, stat in statistics.items()}
     attn = {c: np.asarray(data.attention_kl[c]) for c in ATTENTION_CELLS}
-    windows = np.arange(data.windows)
+    windows = Units(np.arange(data.windows), "windows")
     draws["attention_interaction"] = resample(lambda m: m["wc"] - m["w"] - m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
     draws["attention_c"] = resample(lambda m: m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
     return draws
