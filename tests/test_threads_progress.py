@@ -230,3 +230,28 @@ def test_a_command_that_cannot_list_its_builds_still_times_a_build_apart(monkeyp
     assert 0.5 <= min(ratios) and max(ratios) <= 2.0, (min(ratios), max(ratios))
     old, _ = _worst_eta_error(events, None)
     assert old > 10, old
+
+
+def test_a_builds_float_remainder_tick_is_not_a_new_build():
+    """quantize_with_progress ends with tick(1 − Σ fractions): float dust after the layers closed the build.
+    Timed as a build of its own (seconds / 3e-7), it projected 160,042 hours for the rest of a findings grid."""
+    from wkvlab.display import StepCosts
+
+    clock = Clock()
+    classes = {"none": "cheap", "gptq-int4-g128": "calibrated", "awq-int4-g128": "calibrated"}
+    layers, build_seconds, pass_seconds, passes = 30, 120.0, 2.0, 64
+    events = [(pass_seconds, "none × kv0", 1.0)] * passes
+    fractions = [0.0333333] * layers  # the per-layer shares a real build reports: they sum to 1 − 1e-5, not 1
+    for label in ("gptq-int4-g128", "awq-int4-g128"):
+        events += [(build_seconds / layers, f"quantizing {label}: layer {i + 1}/{layers}", f) for i, f in enumerate(fractions)]
+        events += [(0.5, f"quantized weights {label}", max(0.0, 1.0 - sum(fractions))), (20.0, f"calibrated KV statistics under {label}", 1.0)]
+        events += [(pass_seconds, f"{label} × kv0", 1.0)] * passes
+    costs = StepCosts(sum(s for _, _, s in events), classes, clock, kv_calibrations=3)
+    finish = sum(s for s, _, _ in events)
+    for seconds, description, steps in events:
+        clock.now += seconds
+        costs.advance(description, steps)
+        left, _ = costs.remaining()
+        truth = finish - clock.now
+        if truth > 60:
+            assert left < 2.5 * truth, (description, left, truth)
