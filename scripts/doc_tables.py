@@ -51,6 +51,30 @@ HEADER = "| weights | KV | PPL | ΔPPL | KLD mean ± se | KLD p99 | top-1 | weig
 # The demo is deterministic on one machine; another CPU's float32 summation order may move the last digits.
 TOLERANCE, FLOOR, DPPL_TOLERANCE = 0.02, 2e-5, 0.05
 TOLERANCE_TEXT = f"PPL, KLD, top-1 and sizes within {TOLERANCE:.0%}, ΔPPL within ±{DPPL_TOLERANCE}"
+# On another CPU the demo is not bit-identical: a quantized cache turns float-rounding differences
+# (another vector ISA, another summation order) into different roundings of some values, and the
+# quantized-cache rows move — measured between two machines with the same code and libraries:
+# KLD means by up to 1.2%, their p99 by up to 10%, ΔPPL by up to 0.23 (of +8.9), the report's
+# small cross-term interactions (differences of four KLDs) and so their verdicts by more than their
+# size. So a fresh run on a CPU other than the record's is compared looser, and the interactions not at all.
+CROSS_CPU = {"KLD mean ± se": 0.03, "KLD p99": 0.15, "ΔPPL": 0.05}  # relative; ΔPPL: relative, with DPPL_TOLERANCE as floor
+CROSS_CPU_FLOOR = 0.002  # absolute, for the report's penalties (a difference of two KLDs of ~0.4)
+CROSS_CPU_SKIPPED = ("interaction", "holm_adjusted", "verdict", "additive")
+CROSS_CPU_TEXT = ("on another CPU than the record's, KLD means within 3% (se 15%), p99 within 15%, ΔPPL within 5% (at least ±0.05), "
+                  "the report's penalties within 15% or ±0.002, its interactions and verdicts not compared")
+
+
+def cpu() -> str:
+    """This machine's CPU as the run records name it: the model and its widest vector ISA (what changes float rounding)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        import platform
+        return platform.processor() or platform.machine() or "unknown"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "unknown")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    isa = next((name for name in ("avx512f", "avx2", "avx", "sse4_2") if name in flags), "")
+    return f"{model} ({isa})" if isa else model
 
 
 # ---------------------------------------------------------------- the run record
@@ -76,15 +100,15 @@ def run_demo() -> dict:
             last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
             raise SystemExit(f"wkvlab demo failed: {last}")
         rows, report_md = json.loads(out.read_text()), (report / "report.md").read_text(encoding="utf-8")
-    return record(rows, report_md, command="wkvlab demo --json demo.json --report report", commit=commit,
-                  wall_s=time.monotonic() - start, load=(before, os.getloadavg()[0]))
+    return {**record(rows, report_md, command="wkvlab demo --json demo.json --report report", commit=commit,
+                     wall_s=time.monotonic() - start, load=(before, os.getloadavg()[0])), "fresh": True}
 
 
 def record(rows: list[dict], report_md: str | None, *, command: str, commit: str, wall_s: float, load: tuple[float, float],
            date: str | None = None) -> dict:
     return {"command": command, "commit": commit, "date": date or f"{datetime.now(timezone.utc):%Y-%m-%d}",
             "wall_s": round(wall_s, 1), "load_before": round(load[0], 2), "load_after": round(load[1], 2),
-            "threads": rows[0].get("threads") or "?" if rows else "?", "rows": rows, "report_md": report_md}
+            "threads": rows[0].get("threads") or "?" if rows else "?", "cpu": cpu(), "rows": rows, "report_md": report_md}
 
 
 def load_record(path: Path) -> dict:
@@ -137,28 +161,40 @@ def table_rows(block: str) -> dict[tuple[str, str], list[str]]:
     return rows
 
 
-def _close(name: str, x: float, y: float) -> bool:
+def _close(name: str, x: float, y: float, cross_cpu: bool = False) -> bool:
     if name == "ΔPPL":
-        return abs(x - y) <= DPPL_TOLERANCE
-    return abs(x - y) <= max(FLOOR, TOLERANCE * max(abs(x), abs(y)))
+        return abs(x - y) <= max(DPPL_TOLERANCE, CROSS_CPU["ΔPPL"] * max(abs(x), abs(y)) if cross_cpu else 0.0)
+    tolerance = CROSS_CPU.get(name, TOLERANCE) if cross_cpu else TOLERANCE
+    return abs(x - y) <= max(FLOOR, tolerance * max(abs(x), abs(y)))
 
 
-def differences(documented: str, fresh: str) -> list[str]:
-    """Cells of ``documented`` that differ from ``fresh`` beyond the tolerance (rows missing either side too)."""
+def _close_mean_se(a: str, b: str, cross_cpu: bool) -> bool:
+    """``mean ± se`` cells: the mean at the KLD tolerance, its standard error at 15% across CPUs."""
+    (m1, s1), (m2, s2) = _numbers(a), _numbers(b)
+    return _close("KLD mean ± se", m1, m2, cross_cpu) and (_close("", s1, s2) or (cross_cpu and _close("KLD p99", s1, s2, True)))
+
+
+def differences(documented: str, fresh: str, cross_cpu: bool = False) -> list[str]:
+    """Cells of ``documented`` that differ from ``fresh`` beyond the tolerance (rows missing either side too);
+    ``cross_cpu``: the fresh run is on another CPU than the record's (:data:`CROSS_CPU`)."""
     old, new = table_rows(documented), table_rows(fresh)
     out = [f"{w} × {k}: only in the {'doc' if (w, k) in old else 'fresh run'}" for w, k in sorted(set(old) ^ set(new))]
     header = [h.strip() for h in HEADER.strip("|").split("|")]
     for key in [k for k in old if k in new]:
         for name, a, b in zip(header[2:], old[key][2:], new[key][2:]):
             xs, ys = _numbers(a), _numbers(b)
-            if len(xs) != len(ys) or not all(_close(name, x, y) for x, y in zip(xs, ys)):
+            if name == "KLD mean ± se" and len(xs) == len(ys) == 2:
+                same = _close_mean_se(a, b, cross_cpu)
+            else:
+                same = len(xs) == len(ys) and all(_close(name, x, y, cross_cpu) for x, y in zip(xs, ys))
+            if not same:
                 out.append(f"{key[0]} × {key[1]} {name}: doc {a}, fresh {b}")
     return out
 
 
 def demo_table(run: dict) -> str:
     caption = (f"Generated by `python scripts/doc_tables.py --write demo` from the run record docs/runs/demo.json: {_run_words(run)}; "
-               f"`--check demo` compares a fresh run ({TOLERANCE_TEXT}). "
+               f"`--check demo` compares a fresh run ({TOLERANCE_TEXT}; {CROSS_CPU_TEXT}). "
                f"<!-- measured: commit={run['commit'].split('+')[0]} covers=src/wkvlab -->")
     return render(run["rows"], caption)
 
@@ -179,27 +215,38 @@ def report_tables(run: dict) -> str:
         parts.append("\n".join(["**" + lines[a].lstrip("# ").strip() + "**", *lines[a + 1:b]]).strip())
     caption = (f"Generated by `python scripts/doc_tables.py --write report-demo`: two sections of `report.md` from the run record "
                f"docs/runs/demo.json, {_run_words(run)}; `--check report-demo` compares every cell ({TOLERANCE:.0%} per number, "
-               f"the words exactly). <!-- measured: commit={run['commit'].split('+')[0]} covers=src/wkvlab -->")
+               f"the words exactly; {CROSS_CPU_TEXT}). <!-- measured: commit={run['commit'].split('+')[0]} covers=src/wkvlab -->")
     return "\n\n".join([caption, *parts])
 
 
-def cell_differences(documented: str, fresh: str) -> list[str]:
-    """Table cells that differ: numbers beyond the tolerance, any other text at all (rows aligned in order)."""
+def cell_differences(documented: str, fresh: str, cross_cpu: bool = False) -> list[str]:
+    """Table cells that differ: numbers beyond the tolerance, any other text at all (rows aligned in order).
+
+    ``cross_cpu``: the fresh run is on another CPU than the record's — the columns in
+    :data:`CROSS_CPU_SKIPPED` (interactions and their verdicts) are not compared and the other
+    numbers within 15% or ±0.002 (:data:`CROSS_CPU_TEXT`)."""
     def rows(block: str) -> list[list[str]]:
         return [[c.strip() for c in line.strip().strip("|").split("|")] for line in block.splitlines()
                 if line.startswith("|") and not line.startswith("|---")]
     old, new = rows(documented), rows(fresh)
     if len(old) != len(new):
         return [f"{len(old)} table rows in the doc, {len(new)} in the fresh run"]
-    out = []
+    out, header = [], []
+    skeleton = lambda text: re.sub(r"[-+]?\d[\d,]*\.?\d*", "#", text)  # noqa: E731
     for a_row, b_row in zip(old, new):
         if len(a_row) != len(b_row):
             out.append(f"{' | '.join(a_row[:2])}: {len(a_row)} cells in the doc, {len(b_row)} fresh")
             continue
-        for a, b in zip(a_row, b_row):
+        if a_row[:2] == ["weights", "kv"]:  # a table's header row: which column is which
+            header = a_row
+        for i, (a, b) in enumerate(zip(a_row, b_row)):
+            name = header[i] if i < len(header) else ""
+            if cross_cpu and name in CROSS_CPU_SKIPPED:
+                continue
             xs, ys = _numbers(a), _numbers(b)
-            skeleton = lambda text: re.sub(r"[-+]?\d[\d,]*\.?\d*", "#", text)  # noqa: E731
-            if skeleton(a) != skeleton(b) or len(xs) != len(ys) or not all(_close("", x, y) for x, y in zip(xs, ys)):
+            close = (lambda x, y: abs(x - y) <= max(CROSS_CPU_FLOOR, 0.15 * max(abs(x), abs(y)))) if cross_cpu else \
+                (lambda x, y: _close("", x, y))
+            if skeleton(a) != skeleton(b) or len(xs) != len(ys) or not all(close(x, y) for x, y in zip(xs, ys)):
                 out.append(f"{' | '.join(a_row[:2])}: doc {a}, fresh {b}")
     return out
 
@@ -364,16 +411,17 @@ def write(table: Table, fresh: str) -> None:
     path.write_text(text[:a] + "\n" + fresh + "\n" + text[b:], encoding="utf-8")
 
 
-def compare(table: Table, doc: str, fresh: str) -> list[str]:
-    """What differs: cells beyond the tolerance for measured tables, lines for cheap ones (captions aside)."""
+def compare(table: Table, doc: str, fresh: str, cross_cpu: bool = False) -> list[str]:
+    """What differs: cells beyond the tolerance for measured tables, lines for cheap ones (captions aside);
+    ``cross_cpu``: a fresh demo run on another CPU than the record's (looser, :data:`CROSS_CPU_TEXT`)."""
     if table.name == "demo":
-        return differences(doc, fresh)
+        return differences(doc, fresh, cross_cpu)
     if table.measured and not table.needs_run:  # a finding: the doc is its committed record's rendering, exactly
         return [line for line in difflib.unified_diff(doc.splitlines(), fresh.splitlines(), "doc", "record", n=0, lineterm="")
                 if not line.startswith(("---", "+++"))]
     old, new = doc.splitlines()[1:], fresh.splitlines()[1:]
     if table.measured:  # report tables: the same numbers within the tolerance and the same words, cell by cell
-        return cell_differences(doc, fresh)
+        return cell_differences(doc, fresh, cross_cpu)
     return [line for line in difflib.unified_diff(old, new, "doc", "fresh", n=0, lineterm="") if not line.startswith(("---", "+++"))]
 
 
@@ -407,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save is not None:
         fresh_run = run_demo()
         args.save.parent.mkdir(parents=True, exist_ok=True)
-        args.save.write_text(json.dumps(fresh_run, indent=1) + "\n", encoding="utf-8")
+        args.save.write_text(json.dumps({k: v for k, v in fresh_run.items() if k != "fresh"}, indent=1) + "\n", encoding="utf-8")
         print(f"saved the run record {args.save} ({_run_words(fresh_run)})")
     if fresh_run is None and args.from_json is not None:
         fresh_run = load_record(args.from_json)
@@ -425,11 +473,17 @@ def main(argv: list[str] | None = None) -> int:
         return load_record(RUN)  # cheap tables over the committed record
 
     failed = 0
+    recorded_cpu = load_record(RUN).get("cpu") if RUN.exists() else None
     for table in checks:
-        diffs = compare(table, documented(table), table.make(run_for(table, True)))
+        run = run_for(table, True)
+        # a fresh demo on a CPU other than the committed record's (or a record that does not name one)
+        cross_cpu = bool(table.measured and table.needs_run and run is not None and run.get("fresh") and run.get("cpu") != recorded_cpu)
+        diffs = compare(table, documented(table), table.make(run), cross_cpu)
         for line in diffs:
             print(f"  {line}")
         rule = TOLERANCE_TEXT if table.name == "demo" else f"{TOLERANCE:.0%} per number, the words exactly"
+        if cross_cpu:
+            rule += f"; {CROSS_CPU_TEXT}: the record names CPU {recorded_cpu or 'unknown'}, this run {run.get('cpu')}"
         print(f"{table.doc} {table.name}: {len(diffs)} difference(s)" + (f" beyond the tolerance ({rule})" if table.measured else ""))
         failed += bool(diffs)
     for table in writes:

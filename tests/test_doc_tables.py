@@ -131,3 +131,25 @@ def test_the_recorded_outputs_are_their_committed_run_records(tmp_path):
     text = tables.output_block(path)(None)
     assert "wall 2:05, load 1.2–1.9" in text and "commit abc1234 on" in text and "(COLUMNS=140)" in text
     assert text.endswith("```text\nverdict\n• Undecided\n```")
+
+
+def test_a_fresh_demo_on_another_cpu_is_compared_looser_and_says_so():
+    """Same code, another CPU: a quantized cache turns rounding differences into other roundings (measured:
+    KLD p99 0.8599 -> 0.9445, ΔPPL +8.851 -> +8.617); on the record's CPU the tolerance stays at 2%."""
+    tables = _load()
+    doc = tables.render([_row(kld=0.51731, ppl=23.279, ppl_ref=14.428)], "c")
+    moved = _row(kld=0.51107, ppl=23.045, ppl_ref=14.428)
+    moved["kld"] = {**moved["kld"], "p99": 1.0245 * 1.09}
+    fresh = tables.render([moved], "c")
+    assert tables.differences(doc, fresh)  # the same CPU: these are differences
+    assert tables.differences(doc, fresh, cross_cpu=True) == []
+    worse = {**moved, "kld": {**moved["kld"], "mean": 0.51731 * 1.05}}
+    assert tables.differences(doc, tables.render([worse], "c"), cross_cpu=True)  # 5% on a mean is still a difference
+    report = "| weights | kv | group | interaction | verdict | kld_both |\n|---|---|---|---|---|---|\n" \
+             "| int8 | int4 | 0 | +0.00752 [+0.00106, +0.01378] | undecided (m ±0.013) | 0.14504 |"
+    other = report.replace("+0.00752 [+0.00106, +0.01378]", "+0.00552 [+0.00020, +0.00958]").replace(
+        "undecided (m ±0.013)", "additive within ±0.0135 (m ±0.014)").replace("0.14504", "0.14351")
+    assert len(tables.cell_differences(report, other)) == 2
+    assert tables.cell_differences(report, other, cross_cpu=True) == []  # interactions and verdicts not compared across CPUs
+    assert tables.cell_differences(report, other.replace("0.14351", "0.2"), cross_cpu=True)
+    assert "(" in tables.cpu() or tables.cpu()
