@@ -18,6 +18,13 @@ from wkvlab.kv.chunked import check_chunk
 from wkvlab.kv.hook import layer_stores
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)
+# Chunked and whole-window passes sum in different orders; a quantizer turns a last-bit difference at
+# a rounding boundary into a whole step. With calibrated 4-bit caches that happens on some CPUs:
+# qserve:kv4 on tiny Gemma-3 differed by 9.7e-4 (575 of 6,144 logits past 1e-4) on an AMD EPYC (avx2)
+# with the same code that agrees to 1e-4 elsewhere (every other case here: under 4e-7). What the test
+# is for moves them much more (measured on these cases): the chunked pass with another calibration's
+# stats by 6e-3 to 0.11, chunks that lose the earlier context by 0.45 to 0.78 — 2e-3 catches both.
+FLIP_TOLERANCE = dict(rtol=2e-3, atol=2e-3)
 WINDOW = 48  # longer than every residual (8), sliding cache window (Gemma: 8, Mistral: 16), sink count and token group here
 PLAIN = ["fp16", "int8", "int4", "q4_0+rot", "fp8_e4m3", "q8_0/q4_0+q=q8_0", "int4+sinks=3", "int4+skip=0"]
 SELECTING = ["int2+residual=8", "int2-c4/int2+residual=8", "int4+window=5+sinks=2", "kivi2"]
@@ -58,7 +65,7 @@ def test_chunked_equals_teacher_forced_with_calibration(build, text):
     ids = torch.randint(0, 128, (WINDOW,))
     spec = KVSpec.parse(text)
     whole = _teacher_forced(model, spec, ids, stats)
-    torch.testing.assert_close(_chunked(model, spec, ids, 8, stats), whole, **TOLERANCE)
+    torch.testing.assert_close(_chunked(model, spec, ids, 8, stats), whole, **FLIP_TOLERANCE)
 
 
 def test_gemma_skip_sliding_layers_chunked():
