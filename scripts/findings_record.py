@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import threading
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -30,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from doc_tables import _commit  # noqa: E402  (the same commit words as the demo's record)
+from output_record import load_words, sampled_run  # noqa: E402  (one sampler for both records)
 
 
 def _stored_configs(store: Path) -> int:
@@ -53,21 +51,9 @@ def _cache_state() -> str:
 
 def run(name: str, model: str, store: Path, extra: list[str]) -> dict:
     command = ["findings", name, "--model", model, "--store", str(store), "--threads", "1", *extra]
-    loads, done = [os.getloadavg()[0]], threading.Event()
-
-    def sample() -> None:
-        while not done.wait(30):
-            loads.append(os.getloadavg()[0])
-
-    sampler = threading.Thread(target=sample, daemon=True)
     commit, cache, resumed, date = _commit(), _cache_state(), _stored_configs(store), f"{datetime.now(timezone.utc):%Y-%m-%d}"
-    start = time.monotonic()
-    sampler.start()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    code = subprocess.run([sys.executable, "-m", "wkvlab.cli", *command], env=env, cwd=ROOT).returncode
-    done.set()
-    wall = time.monotonic() - start
-    loads.append(os.getloadavg()[0])
+    code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
     if code != 0:
         raise SystemExit(f"wkvlab findings {name} failed (exit {code}); nothing recorded")
     sys.path.insert(0, str(ROOT / "src"))
@@ -78,8 +64,7 @@ def run(name: str, model: str, store: Path, extra: list[str]) -> dict:
     shown = ["wkvlab", *command[:-len(extra) or None], *extra]
     shown[shown.index("--store") + 1] = "out/findings.db"
     return {"command": " ".join(shown), "commit": commit, "date": date, "wall_s": round(wall, 1),
-            "load_before": round(loads[0], 2), "load_after": round(loads[-1], 2),
-            "load_min": round(min(loads), 2), "load_max": round(max(loads), 2), "threads": 1, "weight_cache": cache, "resumed": resumed,
+            **load_words(loads), "threads": 1, "weight_cache": cache, "resumed": resumed,
             "name": name, "model": model, "data": stored.data, "markdown": stored.markdown}
 
 

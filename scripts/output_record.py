@@ -30,26 +30,37 @@ from doc_tables import _commit  # noqa: E402
 WIDTH = "140"
 
 
-def run(args: list[str]) -> dict:
+def sampled_run(command: list[str], env: dict, capture: bool) -> tuple[int, str, float, list[float]]:
+    """Run ``command`` with the load average sampled every 30 s: (exit code, stdout if captured, wall seconds, loads)."""
     loads, done = [os.getloadavg()[0]], threading.Event()
 
     def sample() -> None:
         while not done.wait(30):
             loads.append(os.getloadavg()[0])
 
-    commit, date = _commit(), f"{datetime.now(timezone.utc):%Y-%m-%d}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"}
     start = time.monotonic()
     threading.Thread(target=sample, daemon=True).start()
-    proc = subprocess.run([sys.executable, "-m", "wkvlab.cli", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run(command, env=env, cwd=ROOT, stdout=subprocess.PIPE if capture else None, text=True)
     done.set()
     wall = time.monotonic() - start
     loads.append(os.getloadavg()[0])
-    if proc.returncode != 0:
-        raise SystemExit(f"wkvlab {' '.join(args)} failed (exit {proc.returncode}); nothing recorded")
-    return {"command": "wkvlab " + " ".join(args), "commit": commit, "date": date, "wall_s": round(wall, 1),
-            "load_before": round(loads[0], 2), "load_after": round(loads[-1], 2), "load_min": round(min(loads), 2),
-            "load_max": round(max(loads), 2), "columns": int(WIDTH), "stdout": proc.stdout}
+    return proc.returncode, proc.stdout or "", wall, loads
+
+
+def load_words(loads: list[float]) -> dict:
+    """The record's load fields."""
+    return {"load_before": round(loads[0], 2), "load_after": round(loads[-1], 2), "load_min": round(min(loads), 2),
+            "load_max": round(max(loads), 2)}
+
+
+def run(args: list[str]) -> dict:
+    commit, date = _commit(), f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"}
+    code, stdout, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *args], env, capture=True)
+    if code != 0:
+        raise SystemExit(f"wkvlab {' '.join(args)} failed (exit {code}); nothing recorded")
+    return {"command": "wkvlab " + " ".join(args), "commit": commit, "date": date, "wall_s": round(wall, 1), **load_words(loads),
+            "columns": int(WIDTH), "stdout": stdout}
 
 
 def main(argv: list[str] | None = None) -> int:
