@@ -3,7 +3,7 @@
     python scripts/findings_record.py additivity --model default --store out/findings.db \\
         --out docs/runs/findings-additivity-default.json [-- --tokens 4096 ...]
 
-runs ``wkvlab findings NAME --model M --store S --threads 1 [extra options]`` from this checkout (its
+runs ``wkvlab findings NAME --model M --store S --threads T [extra options]`` (T from ``--threads``, default 1) from this checkout (its
 progress on this terminal), samples the machine's load average every 30 s while it runs, and writes a
 record: the command, the commit, the date, the wall time, the load before / after / lowest / highest,
 the weight cache's state at the start (a cold cache means the quantizations are inside the wall time),
@@ -49,8 +49,8 @@ def _cache_state() -> str:
     return f"{len(entries)} quantized weight set(s) cached" if entries else "empty (every quantization inside the wall time)"
 
 
-def run(name: str, model: str, store: Path, extra: list[str]) -> dict:
-    command = ["findings", name, "--model", model, "--store", str(store), "--threads", "1", *extra]
+def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1) -> dict:
+    command = ["findings", name, "--model", model, "--store", str(store), "--threads", str(threads), *extra]
     commit, cache, resumed, date = _commit(), _cache_state(), _stored_configs(store), f"{datetime.now(timezone.utc):%Y-%m-%d}"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
@@ -64,7 +64,7 @@ def run(name: str, model: str, store: Path, extra: list[str]) -> dict:
     shown = ["wkvlab", *command[:-len(extra) or None], *extra]
     shown[shown.index("--store") + 1] = "out/findings.db"
     return {"command": " ".join(shown), "commit": commit, "date": date, "wall_s": round(wall, 1),
-            **load_words(loads), "threads": 1, "weight_cache": cache, "resumed": resumed,
+            **load_words(loads), "threads": threads, "weight_cache": cache, "resumed": resumed,
             "name": name, "model": model, "data": stored.data, "markdown": stored.markdown}
 
 
@@ -77,10 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default")
     parser.add_argument("--store", type=Path, required=True, help="the results store (resumable)")
     parser.add_argument("--out", type=Path, required=True, help="the run record to write (docs/runs/findings-NAME-MODEL.json)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the run (1 leaves the other core to the machine)")
     args = parser.parse_args(argv)
     if not args.out.parent.is_dir():
         raise SystemExit(f"folder {args.out.parent} does not exist; create it or choose another --out")
-    record = run(args.name, args.model, args.store, extra)
+    if "--threads" in extra:
+        raise SystemExit("give --threads before --, to findings_record.py itself (the record names it)")
+    record = run(args.name, args.model, args.store, extra, args.threads)
     args.out.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n", encoding="utf-8")
     print(f"wrote {args.out}: {record['command']} at {record['commit']}, wall {record['wall_s']:.0f} s, "
           f"load {record['load_min']}–{record['load_max']}")

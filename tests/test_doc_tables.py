@@ -111,7 +111,13 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     path.write_text(json.dumps(record))
     text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
     assert "wall 2:03:04, load 1.0–4.0" in text and "commit=abc1234" in text and text.endswith("| 1 | 2 |")
-    assert "-- --tokens 4096`" in text
+    assert "-- --tokens 4096`" in text and "1 torch thread," in text
+    # a resumed two-thread run says so, and its "measured again" command keeps the thread count
+    record.update(command=record["command"].replace("--threads 1", "--threads 2"), threads=2, resumed=16)
+    path.write_text(json.dumps(record))
+    text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
+    assert "2 torch threads," in text and "16 configs already in the store" in text
+    assert "--out RUNS/findings-additivity-gemma3-270m.json --threads 2 -- --tokens 4096`" in text
 
 
 def test_the_recorded_outputs_are_their_committed_run_records(tmp_path):
