@@ -129,7 +129,8 @@ def _wall(seconds: float) -> str:
 
 def _run_words(run: dict) -> str:
     return (f"`{run['command']}` at commit {run['commit'].split('+')[0]} on {run['date']}, {_wall(run['wall_s'])}, "
-            f"load {run['load_before']} before, {run['load_after']} after, {run['threads']} thread(s)")
+            f"load {run['load_before']} before, {run['load_after']} after, {run['threads']} thread(s)"
+            + (f", CPU {run['cpu']}" if run.get("cpu") else ""))  # the quantized-cache rows move across CPUs
 
 
 # ---------------------------------------------------------------- the demo grid (docs/results.md)
