@@ -11,6 +11,7 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | fp16        | model precision, untouched (identity; also ``bf16``, ``auto``) | vLLM ``auto``, llama.cpp ``f16`` |
 | fp8_e4m3    | D bytes, per-tensor scale 1.0 (clamp at ±448)    | vLLM ``fp8_e4m3`` without calibrated scales |
 | fp8_e5m2    | D bytes, per-tensor scale 1.0 (clamp at ±57344)  | vLLM ``fp8_e5m2`` |
+| fp8_e5m2-nosat | fp8_e5m2 as torch's ``.to(float8_e5m2)`` casts: ±inf from ±61440, no saturation | SGLang ``fp8_e5m2`` (``set_kv_buffer``) |
 | int8        | D bytes + fp16 scale, symmetric absmax/127       | per-token-head INT8 |
 | int4, int2  | D·b/8 bytes + fp16 scale + fp16 minimum (asym)   | HF QuantizedCache / KIVI's V path |
 | int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ min) each | exllamav3-style grouping |
@@ -248,6 +249,9 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("fp16", "16-bit cache at model precision (no quantization)", None, lambda d: 2.0 * d),
         KVFormat("fp8_e4m3", "FP8 E4M3, per-tensor scale 1.0", lambda x: _kernels().fake_quant_fp8(x, "e4m3", 1.0), lambda d: 1.0 * d),
         KVFormat("fp8_e5m2", "FP8 E5M2, per-tensor scale 1.0", lambda x: _kernels().fake_quant_fp8(x, "e5m2", 1.0), lambda d: 1.0 * d),
+        # SGLang stores with a bare torch cast, which overflows into E5M2's infinity instead of saturating
+        KVFormat("fp8_e5m2-nosat", "FP8 E5M2 as torch's cast: nearest even, +-inf from +-61440 (no saturation)",
+                 lambda x: _kernels().fake_quant_fp8_torch_cast(x, "e5m2"), lambda d: 1.0 * d),
         KVFormat("int8", "INT8 symmetric per token and head", _affine(8, True), lambda d: d + 2.0),
         KVFormat("int4", "INT4 asymmetric per token and head", _affine(4, False), lambda d: d / 2 + 4.0),
         KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),
