@@ -334,8 +334,9 @@ def test_the_planner_reads_each_engine_formats_bytes_from_the_spec():
 def test_nvfp4_presets_and_sglang_recipes_name_the_kernels_formats():
     assert KVSpec.parse("vllm:nvfp4").canonical() == "nvfp4"
     assert KVSpec.parse("vllm:nvfp4_4over6").canonical() == "nvfp4_4over6"
-    # --fp4-kv-cache-recipe: mxfp4 and blockfp4 are one kernel (fp4_e2m1); nvfp4 is NVFP4Method's store + FP8 read
-    for recipe, fmt in (("mxfp4", "fp4_e2m1"), ("blockfp4", "fp4_e2m1"), ("nvfp4", "nvfp4-fp8read"), ("nvfp4-sm100", "nvfp4-fp8read-sm100")):
+    # --fp4-kv-cache-recipe: mxfp4 and blockfp4 are one kernel (fp4_e2m1); nvfp4 is NVFP4Method's store as the decode
+    # reads it (FlashInfer's exact FP4 read: vLLM's nvfp4), k_scale x6 on SM100
+    for recipe, fmt in (("mxfp4", "fp4_e2m1"), ("blockfp4", "fp4_e2m1"), ("nvfp4", "nvfp4"), ("nvfp4-sm100", "nvfp4-sm100")):
         spec = KVSpec.parse(f"sglang:fp4_e2m1+recipe={recipe}")
         assert (spec.k, spec.v) == (fmt, fmt) and KVSpec.parse(spec.canonical()) == KVSpec(k=fmt, v=fmt)
         assert spec.name == f"sglang:fp4_e2m1+recipe={recipe}"
@@ -348,16 +349,22 @@ def test_nvfp4_presets_and_sglang_recipes_name_the_kernels_formats():
         assert info["label"] == "source-faithful", name
     assert "nvfp4_kv_cache_kernels.cu @0cd789b3" in fidelity_of(KVSpec.parse("vllm:nvfp4"))["source"]
     assert "NVFP4Method" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4"))["source"]
+    assert "forward_decode" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4-sm100"))["source"]
     assert "NVFP4Method" not in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=mxfp4"))["source"]
 
 
 def test_nvfp4_presets_quantize_a_model_layer_by_the_kernel_formula():
     # a block whose scale and codes are known by hand (tests/formats/test_nvfp4_kv.py): amax 1.3 -> E4M3 scale 0.21875,
-    # codes 6, 2, -4, 0.5, 3; SGLang's FP8 read turns 1.3125 into 1.25 and 0.65625 into 0.625
+    # codes 6, 2, -4, 0.5, 3. SGLang's decode reads them as vLLM's does (code x scale, exact); only an extend over a
+    # cached prefix goes through the FP8 workspace, which turns 1.3125 into 1.25 and 0.65625 into 0.625.
+    # SM100 (k_scale 6): e4m3(1.3 * rcp(6) / 6) = e4m3(0.036111) = 9/256; rcp(9/256 * 6) = 4.7407 scales the block to
+    # 6.163, 2.370, -4.267, 0.474, 3.081 -> codes 6, 2, -4, 0.5, 3, read as code * 9/256 * 6 = code * 0.2109375
     x = torch.zeros(1, 1, 2, 64)
     x[..., :5] = torch.tensor([1.3, 0.5, -0.9, 0.1, 0.65])
     exact = [1.3125, 0.4375, -0.875, 0.109375, 0.65625]
-    for name, want in (("vllm:nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4", [1.25, 0.4375, -0.875, 0.109375, 0.625])):
+    sm100 = [1.265625, 0.421875, -0.84375, 0.10546875, 0.6328125]
+    for name, want in (("vllm:nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4-sm100", sm100),
+                       ("nvfp4-fp8read", [1.25, 0.4375, -0.875, 0.109375, 0.625])):
         spec = KVSpec.parse(name)
         out = spec.k_format.quantize(x)
         assert out[0, 0, 0, :5].tolist() == want and out[..., 5:].abs().max().item() == 0.0, name

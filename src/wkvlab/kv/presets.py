@@ -64,12 +64,22 @@ VLLM_NVFP4_SOURCE = ("vllm-project/vllm csrc/libtorch_stable/nvfp4_kv_cache_kern
                      "code*scale in the query dtype, exact, k_scale on the softmax scale (flashinfer-ai/flashinfer@fb28d724 "
                      "include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v); SM100 trtllm-gen cubins not read")
 SGLANG_NVFP4_SOURCE = ("sgl-project/sglang@1c5f9e23 python/sglang/srt/layers/quantization/kv_cache_quant_method.py NVFP4Method "
-                       "(quantize_and_store, load_scales_from_model, dequantize_prev_kv) + kvfp4_tensor.py @1c5f9e23 "
+                       "(quantize_and_store, load_scales_from_model) + kvfp4_tensor.py @1c5f9e23 "
                        "NVFP4QuantizeUtil.fi_nvfp4_quantize -> flashinfer fp4_quantize (flashinfer-ai/flashinfer@014327ab "
-                       "csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh cvt_warp_fp16_to_fp4)")
-SGLANG_NVFP4_DIFFERS = ("NVFP4Method's store and its dequantize_prev_kv read (bf16, then .to(float8_e4m3fn) into the prefill's "
-                        "FP8 workspace) for every token; k_scale 1.0 (SM120, no checkpoint scales) or 6.0 (recipe=nvfp4-sm100); "
-                        "values beyond +-448 saturate here where SGLang's cast gives NaN; the decode kernels' reads were not read")
+                       "csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh cvt_warp_fp16_to_fp4); decode read: "
+                       "@1c5f9e23 python/sglang/srt/layers/attention/flashinfer_backend.py FlashInferAttnBackend.forward_decode "
+                       "(raw uint8 codes + E4M3 block scales to BatchDecodeWithPagedKVCacheWrapper(backend='fa2', "
+                       "use_tensor_cores=True).run(k_scale=k_scales_gpu[layer], v_scale=..., kv_block_scales=...)) -> "
+                       "FlashInfer FA2 NVFP4 read, code*scale in the query dtype, exact, k_scale on the softmax scale "
+                       "(flashinfer-ai/flashinfer@fb28d724 include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v, "
+                       "flashinfer/decode.py run)")
+SGLANG_NVFP4_DIFFERS = ("the decode read; an extend over a cached prefix reads the prefix through bf16 into the FP8 workspace "
+                        "instead (dequantize_prev_kv: formats nvfp4-fp8read[-sm100]), and a prompt attends its own tokens unquantized "
+                        "(ragged wrapper on the raw K/V) or cast straight to FP8 (paged path: k.to(float8_e4m3fn)); SGLang@1c5f9e23 passes kv_block_scales=, a keyword FlashInfer renamed "
+                        "kv_cache_sf (flashinfer-ai/flashinfer@c6cf5e43, #2954) before its FA2 kernels read NVFP4 (@4e642191, #3097), "
+                        "so the FlashInfer build SGLang ran there was not pinned; decode's run() passes no sm_scale or soft cap "
+                        "(the plan's 1/sqrt(head_dim) applies) and scales the output by v_scale in its dtype (6 on SM100), "
+                        "neither modelled; on SM100 the trtllm_mha backend's trtllm-gen cubins were not read")
 # SGLang --kv-cache-dtype fp8_e4m3 / fp8_e5m2, store and read (each read at the commit named)
 SGLANG_FP8_SOURCE = ("store: sgl-project/sglang@000ccdba python/sglang/srt/mem_cache/memory_pool.py MHATokenToKVPool.set_kv_buffer "
                      "(cache_k.div_(k_scale) only when the layer has checkpoint scales, then cache_k.to(float8)); the cast: torch 2.13 "
