@@ -81,7 +81,7 @@ KV_OPTIONS = (
          "calibrated FP8 scales instead of 1.0: amax/448 per layer or per head (llm-compressor checkpoints), vLLM's --calculate-kv-scales rule"),
     Form("+outliers=<f>", "kvquant:3+outliers=0.02", "a fraction of values kept in fp16 (KVQuant's dense-and-sparse)"),
     Form("+recipe=<mxfp4|blockfp4|nvfp4|nvfp4-sm100>", "sglang:fp4_e2m1+recipe=nvfp4",
-         "SGLang's --fp4-kv-cache-recipe for an fp4_e2m1 cache (nvfp4: E4M3 block scales + fp32 k_scale, read via FP8; -sm100: k_scale x6)"),
+         "SGLang's --fp4-kv-cache-recipe for an fp4_e2m1 cache (nvfp4: E4M3 block scales + fp32 k_scale, read exactly in decode; -sm100: k_scale x6)"),
 )
 
 # Presets whose name is a pattern: the example parsed for them.

@@ -152,6 +152,43 @@ def test_vllm_fa3_quantizes_q_and_plain_vllm_fp8_does_not():
     assert KVSpec.parse("vllm:fp8_e4m3").q == "none"
 
 
+# ---- SGLang FP8 KV (memory_pool.py set_kv_buffer: x.to(float8), torch's cast) ---------------------
+
+def _sglang_fp8(name: str, values: list[float]) -> list[float]:
+    return KVSpec.parse(name).k_format.quantize(torch.tensor([values]))[0].tolist()
+
+
+def test_sglang_fp8_e4m3_is_torchs_saturating_nearest_even_cast():
+    # torch 2.13 fp8e4m3fn_from_fp32_value, by hand: steps of 1/8 in [1, 2), 32 in [256, 448]; ties to the even code:
+    # 1.0625 -> 1 (000), 1.1875 -> 1.25 (010), 304 -> 320 (288 is 001); 300 -> 288 (nearer); from 448 on every
+    # finite value saturates (its overflow branch returns 0x7e); subnormals step 2^-9: 2^-10 ties to 0, 1.5 * 2^-9 to 2^-8
+    x = [1.0625, 1.1875, 300.0, 304.0, 450.0, 470.0, 1e6, -500.0, 2.0 ** -10, 1.5 * 2.0 ** -9]
+    assert _sglang_fp8("sglang:fp8_e4m3", x) == [1.0, 1.25, 288.0, 320.0, 448.0, 448.0, 448.0, -448.0, 0.0, 2.0 ** -8]
+    assert math.isnan(_sglang_fp8("sglang:fp8_e4m3", [float("nan")])[0])
+
+
+def test_sglang_fp8_e5m2_overflows_to_inf_where_a_saturating_cast_would_not():
+    # torch 2.13 fp8e5m2_from_fp32_value, by hand: steps of 1/4 in [1, 2): 1.125 -> 1 (00), 1.375 -> 1.5 (10);
+    # the largest finite value is 57344 (mantissa 11, odd), so the midpoint 61440 to the next code (65536, inf)
+    # rounds to it: +-inf from +-61440 on, while 61439 and 60000 stay 57344
+    x = [1.125, 1.375, 57344.0, 60000.0, 61439.0, 61440.0, -61440.0, 1e6]
+    inf = float("inf")
+    assert _sglang_fp8("sglang:fp8_e5m2", x) == [1.0, 1.5, 57344.0, 57344.0, 57344.0, inf, -inf, inf]
+    assert math.isnan(_sglang_fp8("sglang:fp8_e5m2", [float("nan")])[0])
+    # a saturating E5M2 (vLLM's preset, fake_quant_fp8) keeps 57344 there: the two rules really differ
+    assert _sglang_fp8("vllm:fp8_e5m2", [61440.0, -1e6]) == [57344.0, -57344.0]
+    assert get_kv_format("fp8_e5m2-nosat").bytes_per_vector(64) == 64
+
+
+def test_sglang_fp8_presets_name_the_store_and_read_they_were_read_from():
+    assert (KVSpec.parse("sglang:fp8_e4m3").k, KVSpec.parse("sglang:fp8_e5m2").v) == ("fp8_e4m3", "fp8_e5m2-nosat")
+    for name in ("sglang:fp8_e4m3", "sglang:fp8_e5m2"):
+        info = fidelity_of(KVSpec.parse(name))
+        assert info["label"] == "source-faithful", name
+        assert "sglang@000ccdba" in info["source"] and "memory_pool.py" in info["source"] and "flashinfer_backend.py" in info["source"]
+    assert "NaN" in fidelity_of(KVSpec.parse("sglang:fp8_e4m3"))["differs"]  # older torch casts: not pinned
+
+
 # ---- fidelity labels: derived here from the recorded checks, not from the code's constants --------
 
 def _recorded():
@@ -297,8 +334,9 @@ def test_the_planner_reads_each_engine_formats_bytes_from_the_spec():
 def test_nvfp4_presets_and_sglang_recipes_name_the_kernels_formats():
     assert KVSpec.parse("vllm:nvfp4").canonical() == "nvfp4"
     assert KVSpec.parse("vllm:nvfp4_4over6").canonical() == "nvfp4_4over6"
-    # --fp4-kv-cache-recipe: mxfp4 and blockfp4 are one kernel (fp4_e2m1); nvfp4 is NVFP4Method's store + FP8 read
-    for recipe, fmt in (("mxfp4", "fp4_e2m1"), ("blockfp4", "fp4_e2m1"), ("nvfp4", "nvfp4-fp8read"), ("nvfp4-sm100", "nvfp4-fp8read-sm100")):
+    # --fp4-kv-cache-recipe: mxfp4 and blockfp4 are one kernel (fp4_e2m1); nvfp4 is NVFP4Method's store as the decode
+    # reads it (FlashInfer's exact FP4 read: vLLM's nvfp4), k_scale x6 on SM100
+    for recipe, fmt in (("mxfp4", "fp4_e2m1"), ("blockfp4", "fp4_e2m1"), ("nvfp4", "nvfp4"), ("nvfp4-sm100", "nvfp4-sm100")):
         spec = KVSpec.parse(f"sglang:fp4_e2m1+recipe={recipe}")
         assert (spec.k, spec.v) == (fmt, fmt) and KVSpec.parse(spec.canonical()) == KVSpec(k=fmt, v=fmt)
         assert spec.name == f"sglang:fp4_e2m1+recipe={recipe}"
@@ -311,16 +349,22 @@ def test_nvfp4_presets_and_sglang_recipes_name_the_kernels_formats():
         assert info["label"] == "source-faithful", name
     assert "nvfp4_kv_cache_kernels.cu @0cd789b3" in fidelity_of(KVSpec.parse("vllm:nvfp4"))["source"]
     assert "NVFP4Method" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4"))["source"]
+    assert "forward_decode" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4-sm100"))["source"]
     assert "NVFP4Method" not in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=mxfp4"))["source"]
 
 
 def test_nvfp4_presets_quantize_a_model_layer_by_the_kernel_formula():
     # a block whose scale and codes are known by hand (tests/formats/test_nvfp4_kv.py): amax 1.3 -> E4M3 scale 0.21875,
-    # codes 6, 2, -4, 0.5, 3; SGLang's FP8 read turns 1.3125 into 1.25 and 0.65625 into 0.625
+    # codes 6, 2, -4, 0.5, 3. SGLang's decode reads them as vLLM's does (code x scale, exact); only an extend over a
+    # cached prefix goes through the FP8 workspace, which turns 1.3125 into 1.25 and 0.65625 into 0.625.
+    # SM100 (k_scale 6): e4m3(1.3 * rcp(6) / 6) = e4m3(0.036111) = 9/256; rcp(9/256 * 6) = 4.7407 scales the block to
+    # 6.163, 2.370, -4.267, 0.474, 3.081 -> codes 6, 2, -4, 0.5, 3, read as code * 9/256 * 6 = code * 0.2109375
     x = torch.zeros(1, 1, 2, 64)
     x[..., :5] = torch.tensor([1.3, 0.5, -0.9, 0.1, 0.65])
     exact = [1.3125, 0.4375, -0.875, 0.109375, 0.65625]
-    for name, want in (("vllm:nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4", [1.25, 0.4375, -0.875, 0.109375, 0.625])):
+    sm100 = [1.265625, 0.421875, -0.84375, 0.10546875, 0.6328125]
+    for name, want in (("vllm:nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4-sm100", sm100),
+                       ("nvfp4-fp8read", [1.25, 0.4375, -0.875, 0.109375, 0.625])):
         spec = KVSpec.parse(name)
         out = spec.k_format.quantize(x)
         assert out[0, 0, 0, :5].tolist() == want and out[..., 5:].abs().max().item() == 0.0, name

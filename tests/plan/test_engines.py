@@ -187,3 +187,11 @@ def test_nvfp4_kv_caches_get_their_engine_flags():
     assert support("sglang", "bf16", "fp4_e2m1", gpu="B200").kv.args == ("--kv-cache-dtype", "fp4_e2m1")
     assert not support("vllm", "bf16", "nvfp4-fp8read", gpu="B200").accepted  # SGLang's read path, not a vLLM dtype
     assert get_kv_format("nvfp4").bytes_per_vector(128) == 72
+
+
+def test_sglang_fp8_e5m2_preset_launches_sglangs_own_dtype():
+    """sglang:fp8_e5m2 stores fp8_e5m2-nosat (torch's cast, memory_pool.py set_kv_buffer): SGLang's
+    --kv-cache-dtype fp8_e5m2, D bytes; the format is SGLang's store, not a vLLM dtype."""
+    s = support("sglang", "bf16", "sglang:fp8_e5m2")
+    assert s.accepted and s.kv.args == ("--kv-cache-dtype", "fp8_e5m2") and s.kv.storage == "fp8_e5m2-nosat"
+    assert not support("vllm", "bf16", "fp8_e5m2-nosat").accepted

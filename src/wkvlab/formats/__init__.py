@@ -21,7 +21,7 @@ from wkvlab.lazy import lazy_exports, names
 _EXPORTS = {
     **names("affine", "ZeroPoint", "affine_dequantize", "affine_qparams", "affine_quantize", "bytes_per_element_affine", "fake_quant_affine"),
     **names("fp4", "E2M1_MAX", "fake_quant_fp4", "nvfp4_global_scale", "round_e2m1"),
-    **names("fp8", "FP8Format", "fake_quant_fp8", "fp8_absmax_scale", "fp8_dtype", "fp8_max"),
+    **names("fp8", "FP8Format", "fake_quant_fp8", "fake_quant_fp8_torch_cast", "fp8_absmax_scale", "fp8_dtype", "fp8_max"),
     **names("ggml", "fake_quant_ggml", "fake_quant_q8_K", "ggml_dequantize", "ggml_quantize"),
     **names("rounding", "Rounding", "round_with"),
     # byte counts and block shapes: torch-free (the planner and the parsers need them)
@@ -40,6 +40,7 @@ __all__ = [
     "fp8_dtype",
     "fp8_max",
     "fake_quant_fp8",
+    "fake_quant_fp8_torch_cast",
     "fp8_absmax_scale",
     "FP4Format",
     "FP4_BLOCK",

@@ -11,6 +11,13 @@ saturation in others (torch 2.13 on CPU saturates). Real FP8 kernels saturate, s
 ±max *before* the cast; a value of 1e6 becomes 448 (e4m3) or 57344 (e5m2), never NaN or inf, on
 every torch version and device. NaN inputs stay NaN (clamp propagates NaN and both formats encode it): a NaN in the
 activations is a bug upstream that should stay visible.
+
+An engine that stores its cache with a plain ``x.to(torch.float8_*)`` (SGLang's ``set_kv_buffer``) gets torch's
+own overflow instead: :func:`fake_quant_fp8_torch_cast` reproduces torch 2.13's float32 → FP8 conversion
+(``torch/headeronly/util/Float8_e4m3fn.h`` ``fp8e4m3fn_from_fp32_value``, ``Float8_e5m2.h``
+``fp8e5m2_from_fp32_value``, the one C10_HOST_DEVICE function behind the CPU and CUDA casts): E4M3 "fn"
+saturates at ±448 (its finite overflow branch returns 0x7e), E5M2 rounds to nearest even *into* its infinity,
+so ±61440 (the midpoint between 57344 and the would-be 65536) and beyond become ±inf.
 """
 from __future__ import annotations
 
@@ -28,7 +35,11 @@ FP8_FORMATS: tuple[str, ...] = get_args(FP8Format)
 
 _DTYPES: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
-__all__ = ["FP8Format", "fp8_dtype", "fp8_max", "fake_quant_fp8", "fp8_absmax_scale"]
+__all__ = ["FP8Format", "fp8_dtype", "fp8_max", "fake_quant_fp8", "fake_quant_fp8_torch_cast", "fp8_absmax_scale"]
+
+# torch 2.13 fp8e5m2_from_fp32_value: |x| >= 65536 returns 0x7C (inf), and nearest-even rounding carries
+# [61440, 65536) into the same code (57344 has the odd mantissa 11), so overflow starts at the midpoint
+E5M2_INF_FROM = 61440.0
 
 
 def fp8_dtype(fmt: FP8Format) -> torch.dtype:
@@ -62,6 +73,20 @@ def fake_quant_fp8(x: Tensor, fmt: FP8Format, scale: Tensor | float = 1.0) -> Te
         s = const_like(x, float(scale))
     y = (x.float() / s).clamp(-fmax, fmax)
     return (y.to(dtype).float() * s).to(x.dtype)
+
+
+def fake_quant_fp8_torch_cast(x: Tensor, fmt: FP8Format) -> Tensor:
+    """``x.to(torch.float8_*)`` back in ``x``'s dtype, overflow included, as torch 2.13 casts (module docstring).
+
+    E4M3 equals :func:`fake_quant_fp8` at scale 1 (torch saturates too); E5M2 differs only from ±61440 on,
+    where torch's cast gives ±inf and :func:`fake_quant_fp8` ±57344. Computed explicitly rather than by
+    casting, so the result does not depend on the torch build this runs under.
+    """
+    y = fake_quant_fp8(x, fmt, 1.0)
+    if fmt == "e4m3":
+        return y
+    overflow = x.float().abs() >= E5M2_INF_FROM
+    return torch.where(overflow, torch.sign(x) * float("inf"), y)
 
 
 def fp8_absmax_scale(

@@ -32,10 +32,14 @@ fp32 ``k_scale`` / ``v_scale``. A reader recovers ``code · sf · k_scale``.
 * **nvfp4_4over6** (vLLM ``cvt_warp_fp16_to_fp4_4over6``): the same store computed with
   denominators 6 and 4, each block keeping the one whose squared reconstruction error
   ``Σ (e2m1(x·os)·rcp(os) − x)²`` is smaller (6 on a tie: ``use4 = err4 < err6``).
-* **SGLang's read** (``NVFP4Method.dequantize_prev_kv``): the cache is dequantized to bf16
+* **SGLang's reads**: a decoding query reads the codes through FlashInfer as vLLM's read below
+  (sgl-project/sglang@1c5f9e23 ``flashinfer_backend.py`` ``forward_decode``: raw codes and block scales,
+  k_scale on the softmax scale), so it sees ``code · sf · k_scale`` exactly. An extend over a cached
+  prefix instead (``NVFP4Method.dequantize_prev_kv``) has the cache dequantized to bf16
   (``cuda_nvfp4_dequantize``: ``code · sf · global``) and cast ``.to(torch.float8_e4m3fn)`` into
   the FP8 workspace the prefill attends to: ``fp8_read=True`` adds both roundings. SGLang notes
-  that values beyond ±448 become NaN there; here they saturate (:func:`wkvlab.formats.fp8.fake_quant_fp8`).
+  that values beyond ±448 become NaN there; here they saturate, as torch 2.13's cast does
+  (:func:`wkvlab.formats.fp8.fake_quant_fp8`; older torch casts give NaN above 464).
 
 **vLLM's read** is taken as exact ``code · sf · k_scale`` in float32, and for SM120 that is what the
 kernel computes: FlashInfer's FA2 kernel (flashinfer-ai/flashinfer

@@ -11,6 +11,7 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | fp16        | model precision, untouched (identity; also ``bf16``, ``auto``) | vLLM ``auto``, llama.cpp ``f16`` |
 | fp8_e4m3    | D bytes, per-tensor scale 1.0 (clamp at ±448)    | vLLM ``fp8_e4m3`` without calibrated scales |
 | fp8_e5m2    | D bytes, per-tensor scale 1.0 (clamp at ±57344)  | vLLM ``fp8_e5m2`` |
+| fp8_e5m2-nosat | fp8_e5m2 as torch's ``.to(float8_e5m2)`` casts: ±inf from ±61440, no saturation | SGLang ``fp8_e5m2`` (``set_kv_buffer``) |
 | int8        | D bytes + fp16 scale, symmetric absmax/127       | per-token-head INT8 |
 | int4, int2  | D·b/8 bytes + fp16 scale + fp16 minimum (asym)   | HF QuantizedCache / KIVI's V path |
 | int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ min) each | exllamav3-style grouping |
@@ -23,7 +24,8 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
 | fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipes mxfp4, blockfp4) |
 | nvfp4, nvfp4_4over6 | E2M1 values (ties to even), FP8-E4M3 scale per 16, fp32 k_scale per layer (1.0); 4over6 picks max/6 or max/4 per block | vLLM ``--kv-cache-dtype nvfp4``, ``nvfp4_4over6`` (:mod:`wkvlab.formats.nvfp4_kv`) |
-| nvfp4-fp8read[-sm100] | nvfp4's store, read back through bf16 into SGLang's FP8-E4M3 workspace; -sm100: k_scale 6 | SGLang ``fp4_e2m1`` + ``--fp4-kv-cache-recipe nvfp4`` (SM120; SM100) |
+| nvfp4-sm100 | nvfp4 with k_scale 6 (SGLang multiplies the scales by 6 on SM100), read exactly | SGLang ``fp4_e2m1`` + ``--fp4-kv-cache-recipe nvfp4`` decoding on SM100 (``nvfp4``: on SM120) |
+| nvfp4-fp8read[-sm100] | nvfp4's store, read back through bf16 into SGLang's FP8-E4M3 workspace; -sm100: k_scale 6 | SGLang's extend over a cached prefix with recipe nvfp4 (``dequantize_prev_kv``) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
 | hqq<b>[-g<G>] | b ∈ {1, 2, 3, 4, 8} bits, groups of G (64) values taken across the WHOLE cache (HQQ axis 0), scale + zero in the cache dtype per group, HQQ's proximal zero-point solver; re-quantized whole at every flush | transformers ``QuantizedCache(backend="hqq")`` (:mod:`wkvlab.formats.hqq`) |
 
@@ -248,6 +250,9 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("fp16", "16-bit cache at model precision (no quantization)", None, lambda d: 2.0 * d),
         KVFormat("fp8_e4m3", "FP8 E4M3, per-tensor scale 1.0", lambda x: _kernels().fake_quant_fp8(x, "e4m3", 1.0), lambda d: 1.0 * d),
         KVFormat("fp8_e5m2", "FP8 E5M2, per-tensor scale 1.0", lambda x: _kernels().fake_quant_fp8(x, "e5m2", 1.0), lambda d: 1.0 * d),
+        # SGLang stores with a bare torch cast, which overflows into E5M2's infinity instead of saturating
+        KVFormat("fp8_e5m2-nosat", "FP8 E5M2 as torch's cast: nearest even, +-inf from +-61440 (no saturation)",
+                 lambda x: _kernels().fake_quant_fp8_torch_cast(x, "e5m2"), lambda d: 1.0 * d),
         KVFormat("int8", "INT8 symmetric per token and head", _affine(8, True), lambda d: d + 2.0),
         KVFormat("int4", "INT4 asymmetric per token and head", _affine(4, False), lambda d: d / 2 + 4.0),
         KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),
@@ -266,17 +271,23 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("nvfp4", "vLLM nvfp4: E2M1 (ties to even), E4M3 scale per 16, k_scale 1.0", _nvfp4(1.0), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
         KVFormat("nvfp4_4over6", "vLLM nvfp4_4over6: nvfp4 with max/6 or max/4 block scales, whichever reconstructs better",
                  _nvfp4(1.0, four_over_six=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
-        KVFormat("nvfp4-fp8read", "SGLang fp4_e2m1 recipe nvfp4 (SM120, k_scale 1.0): nvfp4 read back via bf16 into FP8 E4M3",
-                 _nvfp4(1.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
-        KVFormat("nvfp4-fp8read-sm100", "SGLang fp4_e2m1 recipe nvfp4 on SM100 (k_scale x6 = 6.0), read via bf16 into FP8 E4M3",
-                 _nvfp4(6.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
+        # SGLang's NVFP4Method multiplies k_scale/v_scale by 6 on SM100; its decode reads the codes exactly
+        KVFormat("nvfp4-sm100", "SGLang fp4_e2m1 recipe nvfp4 on SM100: nvfp4 with k_scale x6 = 6.0, read exactly (decode)",
+                 _nvfp4(6.0), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
+        KVFormat("nvfp4-fp8read", "SGLang fp4_e2m1 recipe nvfp4 (SM120, k_scale 1.0), extend over a cached prefix: nvfp4 read back "
+                 "via bf16 into FP8 E4M3", _nvfp4(1.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
+        KVFormat("nvfp4-fp8read-sm100", "SGLang fp4_e2m1 recipe nvfp4 on SM100 (k_scale x6 = 6.0), extend over a cached prefix: "
+                 "read via bf16 into FP8 E4M3", _nvfp4(6.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
     )
 }
 # SGLang --fp4-kv-cache-recipe with --kv-cache-dtype fp4_e2m1 (sgl-project/sglang@1c5f9e23
 # kv_cache_quant_method.py KV_CACHE_QUANT_REGISTRY {nvfp4: NVFP4Method, mxfp4: MXFP4Method}; blockfp4 is the older
-# name of the MXFP4Method kernel, kvfp4_tensor.py @0dae407b BlockFP4KVQuantizeUtil): the format each recipe stores.
+# name of the MXFP4Method kernel, kvfp4_tensor.py @0dae407b BlockFP4KVQuantizeUtil): the format a decoding query
+# reads. nvfp4: FlashInferAttnBackend.forward_decode (flashinfer_backend.py @1c5f9e23) hands the raw FP4 codes
+# and E4M3 block scales to FlashInfer, which reads code x scale exactly with k_scale on the softmax scale: vLLM's
+# nvfp4. The FP8 workspace (nvfp4-fp8read) serves only an extend over a cached prefix (dequant_kv_for_extend).
 # nvfp4-sm100: NVFP4Method.load_scales_from_model multiplies k_scale/v_scale by 6 on SM100.
-FP4_KV_RECIPES = {"mxfp4": "fp4_e2m1", "blockfp4": "fp4_e2m1", "nvfp4": "nvfp4-fp8read", "nvfp4-sm100": "nvfp4-fp8read-sm100"}
+FP4_KV_RECIPES = {"mxfp4": "fp4_e2m1", "blockfp4": "fp4_e2m1", "nvfp4": "nvfp4", "nvfp4-sm100": "nvfp4-sm100"}
 # "fp16" is the cache at model precision: bf16/auto name the same thing for a bf16 model (vLLM's auto)
 _ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "bf16": "fp16", "bfloat16": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}
 

@@ -64,12 +64,37 @@ VLLM_NVFP4_SOURCE = ("vllm-project/vllm csrc/libtorch_stable/nvfp4_kv_cache_kern
                      "code*scale in the query dtype, exact, k_scale on the softmax scale (flashinfer-ai/flashinfer@fb28d724 "
                      "include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v); SM100 trtllm-gen cubins not read")
 SGLANG_NVFP4_SOURCE = ("sgl-project/sglang@1c5f9e23 python/sglang/srt/layers/quantization/kv_cache_quant_method.py NVFP4Method "
-                       "(quantize_and_store, load_scales_from_model, dequantize_prev_kv) + kvfp4_tensor.py @1c5f9e23 "
+                       "(quantize_and_store, load_scales_from_model) + kvfp4_tensor.py @1c5f9e23 "
                        "NVFP4QuantizeUtil.fi_nvfp4_quantize -> flashinfer fp4_quantize (flashinfer-ai/flashinfer@014327ab "
-                       "csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh cvt_warp_fp16_to_fp4)")
-SGLANG_NVFP4_DIFFERS = ("NVFP4Method's store and its dequantize_prev_kv read (bf16, then .to(float8_e4m3fn) into the prefill's "
-                        "FP8 workspace) for every token; k_scale 1.0 (SM120, no checkpoint scales) or 6.0 (recipe=nvfp4-sm100); "
-                        "values beyond +-448 saturate here where SGLang's cast gives NaN; the decode kernels' reads were not read")
+                       "csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh cvt_warp_fp16_to_fp4); decode read: "
+                       "@1c5f9e23 python/sglang/srt/layers/attention/flashinfer_backend.py FlashInferAttnBackend.forward_decode "
+                       "(raw uint8 codes + E4M3 block scales to BatchDecodeWithPagedKVCacheWrapper(backend='fa2', "
+                       "use_tensor_cores=True).run(k_scale=k_scales_gpu[layer], v_scale=..., kv_block_scales=...)) -> "
+                       "FlashInfer FA2 NVFP4 read, code*scale in the query dtype, exact, k_scale on the softmax scale "
+                       "(flashinfer-ai/flashinfer@fb28d724 include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v, "
+                       "flashinfer/decode.py run)")
+SGLANG_NVFP4_DIFFERS = ("the decode read; an extend over a cached prefix reads the prefix through bf16 into the FP8 workspace "
+                        "instead (dequantize_prev_kv: formats nvfp4-fp8read[-sm100]), and a prompt attends its own tokens unquantized "
+                        "(ragged wrapper on the raw K/V) or cast straight to FP8 (paged path: k.to(float8_e4m3fn)); SGLang@1c5f9e23 passes kv_block_scales=, a keyword FlashInfer renamed "
+                        "kv_cache_sf (flashinfer-ai/flashinfer@c6cf5e43, #2954) before its FA2 kernels read NVFP4 (@4e642191, #3097), "
+                        "so the FlashInfer build SGLang ran there was not pinned; decode's run() passes no sm_scale or soft cap "
+                        "(the plan's 1/sqrt(head_dim) applies) and scales the output by v_scale in its dtype (6 on SM100), "
+                        "neither modelled; on SM100 the trtllm_mha backend's trtllm-gen cubins were not read")
+# SGLang --kv-cache-dtype fp8_e4m3 / fp8_e5m2, store and read (each read at the commit named)
+SGLANG_FP8_SOURCE = ("store: sgl-project/sglang@000ccdba python/sglang/srt/mem_cache/memory_pool.py MHATokenToKVPool.set_kv_buffer "
+                     "(cache_k.div_(k_scale) only when the layer has checkpoint scales, then cache_k.to(float8)); the cast: torch 2.13 "
+                     "torch/headeronly/util/Float8_e4m3fn.h fp8e4m3fn_from_fp32_value (nearest even, saturating), Float8_e5m2.h "
+                     "fp8e5m2_from_fp32_value (nearest even, +-inf from +-61440); read: @1c5f9e23 "
+                     "python/sglang/srt/layers/attention/flashinfer_backend.py forward_decode -> flashinfer "
+                     "BatchDecodeWithPagedKVCacheWrapper.forward(k_scale=layer.k_scale_float, v_scale=...) "
+                     "(flashinfer-ai/flashinfer@fb28d724 include/flashinfer/attention/decode.cuh compute_qk: cast_load to float32, "
+                     "exact; flashinfer/decode.py: sm_scale *= k_scale, out *= v_scale)")
+SGLANG_FP8_DIFFERS = {
+    "fp8_e4m3": ("saturation at +-448 is torch 2.13's cast; SGLang's own note (kv_cache_quant_method.py @1c5f9e23 "
+                 "dequantize_prev_kv) says its e4m3fn cast gives NaN beyond +-448, as torch releases whose cast has no "
+                 "saturating branch do (NaN above 464); the torch version SGLang runs was not pinned"),
+    "fp8_e5m2": "",
+}
 LLAMACPP_SOURCE = "llama.cpp -ctk/-ctv, ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
 LLAMACPP_X86_SOURCE = (LLAMACPP_SOURCE + "; x86 AVX/AVX2 q8_0/q8_1 writer: ggml/src/ggml-cpu/arch/x86/quants.c quantize_row_q8_0 "
                        "@04e1dd75 (id = 127/max, _mm256_round_ps to nearest even)")
@@ -169,6 +194,20 @@ def _kivi(bits: str) -> Preset:
     return Preset(spec, "KIVI: jy-yuan/KIVI@876b4d2d models/llama_kivi.py, quant/new_pack.py", "source-faithful")
 
 
+def _sglang_fp8(dtype: str) -> Preset:
+    """``sglang:fp8_e4m3`` / ``sglang:fp8_e5m2`` (see :data:`SGLANG_FP8_SOURCE`).
+
+    Without checkpoint scales the layer's k_scale is None, so ``set_kv_buffer`` divides by nothing and
+    the cache holds ``x.to(float8)``: torch's cast, which saturates E4M3 but sends E5M2 past ±61440 to
+    ±inf (``fp8_e5m2-nosat``). The FlashInfer read converts each FP8 value exactly and applies the
+    (absent) scales to the softmax scale and the output, so the attention sees exactly the stored value.
+    """
+    fmt = "fp8_e5m2-nosat" if dtype == "fp8_e5m2" else dtype
+    spec = KVSpec(k=fmt, v=fmt, name=f"sglang:{dtype}")
+    return Preset(spec, f"SGLang --kv-cache-dtype {dtype} without checkpoint scales: {SGLANG_FP8_SOURCE}", "source-faithful",
+                  SGLANG_FP8_DIFFERS[dtype])
+
+
 EXL3_SOURCE = "ExLlamaV3 cache: turboderp-org/exllamav3@4f8ad012 exllamav3_ext/cache/q_cache_kernels.cuh"
 
 
@@ -235,9 +274,7 @@ def _build_preset(text: str) -> Preset | None:
         spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
         return Preset(spec, f"SGLang --kv-cache-dtype fp4_e2m1, --fp4-kv-cache-recipe mxfp4 or blockfp4 (one kernel): {SGLANG_FP4_SOURCE}", "source-faithful")
     elif engine == "sglang" and rest in ("fp8_e4m3", "fp8_e5m2"):
-        spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
-        return Preset(spec, "SGLang --kv-cache-dtype (FP8 with scale 1.0 unless the checkpoint has scales)",
-                      "approximate", "taken from an earlier reading of SGLang's FP8 path, not re-read at a pinned commit")
+        return _sglang_fp8(rest)
     elif engine == "hf-quanto" and rest in ("int2", "int4"):
         # transformers 5.24 QuantizedCache(backend="quanto") (cache_utils.py QuantizedLayer.update,
         # QuantoQuantizedLayer): optimum-quanto 0.2.7 MaxOptimizer + quantize_affine with axis=0 and
@@ -287,7 +324,7 @@ def preset_names() -> list[str]:
            "llamacpp-x86:<k>/<v>"]
         + [f"vllm:{d}" for d in VLLM_DTYPES]
         + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
-           "sglang:fp4_e2m1", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100", "sglang:fp8_e4m3",
+           "sglang:fp4_e2m1", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100", "sglang:fp8_e4m3", "sglang:fp8_e5m2",
            "exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
            *(f"hf-hqq:int{b}" for b in HQQ_BITS),
            "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]

@@ -33,7 +33,7 @@ the first batch) instead of vLLM's default 1.0, ``prerope``
 (keys quantized before RoPE, RoPE re-applied after dequantization), ``outliers=<f>`` (a fraction
 of values kept in fp16, KVQuant's dense-and-sparse), ``recipe=<mxfp4|blockfp4|nvfp4|nvfp4-sm100>``
 (SGLang's ``--fp4-kv-cache-recipe`` for an ``fp4_e2m1`` cache: mxfp4/blockfp4 keep ``fp4_e2m1``,
-nvfp4 stores ``nvfp4-fp8read``, nvfp4-sm100 ``nvfp4-fp8read-sm100``; see
+nvfp4 ``nvfp4``, nvfp4-sm100 ``nvfp4-sm100``: the cache as SGLang's decode reads it; see
 :data:`wkvlab.kv.formats.FP4_KV_RECIPES`).
 """
 from __future__ import annotations
