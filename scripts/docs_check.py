@@ -82,6 +82,16 @@ def documents(root: Path) -> list[Path]:
     return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.is_file()]
 
 
+def regenerate(table: str) -> str:
+    """How a generated table is measured again: a finding or a command output from its own record's
+    command (hours for a finding), everything else from a fresh demo record (minutes)."""
+    if table.startswith(("findings-", "output-")):
+        script = "findings_record.py" if table.startswith("findings-") else "output_record.py"
+        return (f"rerun scripts/{script} with the command in docs/runs/{table}.json (the caption's 'Measured again by' for a finding), "
+                f"then python scripts/doc_tables.py --write {table}")
+    return f"python scripts/doc_tables.py --save docs/runs/demo.json --write {table}"
+
+
 def check(root: Path) -> tuple[list[str], int]:
     """(one line per stamp older than its code or unknown, number of stamps read)."""
     lines, total = [], 0
@@ -93,7 +103,7 @@ def check(root: Path) -> tuple[list[str], int]:
             if later is None:
                 lines.append(f"{where}: measured at {stamp.commit or '(no commit)'}, a commit this clone does not have; cannot tell")
             elif later:
-                redo = f"; regenerate: python scripts/doc_tables.py --save docs/runs/demo.json --write {stamp.table}" if stamp.table else ""
+                redo = f"; regenerate: {regenerate(stamp.table)}" if stamp.table else ""
                 lines.append(f"{where}: measured at {stamp.commit}; {len(later)} later commit(s) change {', '.join(stamp.covers)} "
                              f"(newest: {later[0][:100]}){redo}")
     return lines, total

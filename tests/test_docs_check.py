@@ -52,3 +52,13 @@ def test_a_stamp_is_listed_once_its_code_changes(tmp_path):
     assert any(line.startswith("docs/kv.md:2: measured at") and "1 later commit(s) change src/wkvlab/kv (newest:" in line and "kv changes" in line
                and line.endswith("regenerate: python scripts/doc_tables.py --save docs/runs/demo.json --write demo") for line in lines), lines
     assert docs_check.main(["--root", str(tmp_path), "--strict"]) == 1
+
+
+def test_a_findings_table_is_measured_again_from_its_own_record_not_the_demo():
+    docs_check = _load()
+    assert docs_check.regenerate("findings-depth-default") == (
+        "rerun scripts/findings_record.py with the command in docs/runs/findings-depth-default.json (the caption's "
+        "'Measured again by' for a finding), then python scripts/doc_tables.py --write findings-depth-default")
+    assert docs_check.regenerate("output-explain-default-int4").startswith("rerun scripts/output_record.py with the command in "
+                                                                           "docs/runs/output-explain-default-int4.json")
+    assert docs_check.regenerate("report-demo") == "python scripts/doc_tables.py --save docs/runs/demo.json --write report-demo"
