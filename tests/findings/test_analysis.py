@@ -176,3 +176,5 @@ def test_weight_methods_are_compared_as_differences():
     from wkvlab.findings.render import method_differences_markdown
 
     assert "int4-g128 − gptq-int4-g128" in method_differences_markdown([d])
+    # the footnote's basis holds for every row of the family, not only for the first row's cache
+    assert "m = 10% of KLD(C), the row's cache under unquantized weights" in method_differences_markdown([d])

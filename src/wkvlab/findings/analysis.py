@@ -184,8 +184,10 @@ def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000
                 for r in (cells[(a, kv)], base[a], cells[(b, kv)], base[b]):
                     check_same_tokens(ref, r)
                 draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.units, n_resamples=n_resamples)
+                # one basis text for the family: the table's footnote states it once, and each row's margin column
+                # gives that row's m (naming the first row's cache there read as if it held for every row)
                 found.append((kv, a, b, Effect(f"{kv}: penalty under {a} − under {b}", draws,
-                                               Margin.relative_to(scale, f"KLD({kv}) under unquantized weights", margin), ref.tokens,
+                                               Margin.relative_to(scale, "KLD(C), the row's cache under unquantized weights", margin), ref.tokens,
                                                DIFFERENCE)))
     verdicts = decide([e for *_, e in found], family=f"{ref.model} weight-method differences")
     return [MethodDifference(kv, a, b, e.draws.interval(), v) for (kv, a, b, e), v in zip(found, verdicts)]
