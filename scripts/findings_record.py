@@ -12,7 +12,10 @@ and the finding exactly as the store keeps it (its rows with intervals and the M
 and the fast tier checks that the doc is that rendering.
 
 The store makes a finding resumable: a record written after an interrupted run measures only the
-rest, which the record says (``resumed``: configs already in the store at the start).
+rest, which the record says (``resumed``: configs already in the store at the start). A finding that
+reads another finding's store (``methods`` reads ``additivity``'s grid) or a re-analysis after a fix to
+the analysis measures nothing: ``--filled-by RECORD`` keeps the run that filled the store (its command,
+commit, wall time and load) in the new record, and the caption names both.
 """
 from __future__ import annotations
 
@@ -68,6 +71,22 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1) 
             "name": name, "model": model, "data": stored.data, "markdown": stored.markdown}
 
 
+FILLED_BY_KEYS = ("command", "commit", "date", "wall_s", "load_min", "load_max", "threads", "weight_cache")
+
+
+def filled_by_words(path: Path) -> dict:
+    """What a re-analysis must still say about the measurement itself: the filling run's provenance
+    (a re-analysis's own wall time is seconds, and its commit is not the one that measured)."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--filled-by {path}: not a readable run record ({exc}); give the record of the run that filled the store")
+    missing = [k for k in FILLED_BY_KEYS if k not in earlier]
+    if missing:
+        raise SystemExit(f"--filled-by {path}: a run record has {', '.join(missing)}; give one written by scripts/findings_record.py")
+    return {k: earlier[k] for k in FILLED_BY_KEYS}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -78,12 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, required=True, help="the results store (resumable)")
     parser.add_argument("--out", type=Path, required=True, help="the run record to write (docs/runs/findings-NAME-MODEL.json)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the run (1 leaves the other core to the machine)")
+    parser.add_argument("--filled-by", type=Path, help="the record of the run that measured the store's configs (when this one "
+                        "only re-analyses them): its command, commit, wall time and load are kept in this record")
     args = parser.parse_args(argv)
     if not args.out.parent.is_dir():
         raise SystemExit(f"folder {args.out.parent} does not exist; create it or choose another --out")
     if "--threads" in extra:
         raise SystemExit("give --threads before --, to findings_record.py itself (the record names it)")
+    filled_by = filled_by_words(args.filled_by) if args.filled_by else None
     record = run(args.name, args.model, args.store, extra, args.threads)
+    if filled_by:
+        record["filled_by"] = filled_by
     args.out.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n", encoding="utf-8")
     print(f"wrote {args.out}: {record['command']} at {record['commit']}, wall {record['wall_s']:.0f} s, "
           f"load {record['load_min']}–{record['load_max']}")

@@ -118,6 +118,15 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
     assert "2 torch threads," in text and "16 configs already in the store" in text
     assert "--out RUNS/findings-additivity-gemma3-270m.json --threads 2 -- --tokens 4096`" in text
+    # a re-analysis of a filled store names the run that measured it, with that run's wall time and load
+    record.update(resumed=56, filled_by={"command": "wkvlab findings methods --model default --store out/findings.db --threads 1",
+                                         "commit": "cc1540d", "date": "2026-12-03", "wall_s": 4052.0, "load_min": 0.32,
+                                         "load_max": 4.03, "threads": 1, "weight_cache": "empty"})
+    path.write_text(json.dumps(record))
+    text = tables.finding_block(path)(None)
+    assert ("56 configs already in the store — filled by `wkvlab findings methods --model default --store out/findings.db "
+            "--threads 1` at commit cc1540d on 2026-12-03, wall 1:07:32, load 0.32–4.03, 1 torch thread, weight cache at its "
+            "start: empty.") in text
 
 
 def test_the_recorded_outputs_are_their_committed_run_records(tmp_path):

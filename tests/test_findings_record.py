@@ -1,0 +1,37 @@
+"""scripts/findings_record.py: a re-analysis keeps the provenance of the run that measured its store."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "findings_record.py"
+
+
+def _load():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("findings_record", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_filled_by_keeps_the_measuring_runs_command_commit_wall_and_load(tmp_path):
+    record = _load()
+    earlier = {"command": "wkvlab findings methods --model default --store out/findings.db --threads 1 --tokens 8192",
+               "commit": "cc1540d", "date": "2026-12-03", "wall_s": 4052.0, "load_min": 0.32, "load_max": 4.03, "threads": 1,
+               "weight_cache": "empty (every quantization inside the wall time)", "markdown": "| x |", "data": {}}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    kept = record.filled_by_words(path)
+    assert kept == {k: earlier[k] for k in ("command", "commit", "date", "wall_s", "load_min", "load_max", "threads", "weight_cache")}
+
+    path.write_text(json.dumps({"command": "wkvlab demo"}))  # a demo record is not a finding's
+    with pytest.raises(SystemExit, match="a run record has commit, date, wall_s"):
+        record.filled_by_words(path)
+    path.write_text("{not json")
+    with pytest.raises(SystemExit, match="not a readable run record"):
+        record.filled_by_words(path)
