@@ -126,7 +126,7 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     text = tables.finding_block(path)(None)
     assert ("56 configs already in the store — filled by `wkvlab findings methods --model default --store out/findings.db "
             "--threads 1` at commit cc1540d on 2026-12-03, wall 1:07:32, load 0.32–4.03, 1 torch thread, weight cache at its "
-            "start: empty.") in text
+            "start: empty.") in text and "<!-- measured: commit=cc1540d " in text
 
 
 def test_the_recorded_outputs_are_their_committed_run_records(tmp_path):
