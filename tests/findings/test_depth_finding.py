@@ -67,3 +67,25 @@ def test_the_finding_runs_on_a_tiny_model_and_renders(tiny_folder):
     assert all(r.verdict is not None and r.verdict.family_size == 6 for r in found.rows if r.length != 32)
     text = identical_depth_markdown(found.to_dict())
     assert "the same 32 target tokens of each of 8 documents" in text and "Holm over 6 tests" in text
+
+
+def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_prefixes(tiny_folder):
+    """The longest window's pass (256 + 32 tokens) weighs 4.5x the shortest's (32 + 32; one chunk each),
+    and the weighted steps still add up to the total the progress line was opened with."""
+    from contextlib import contextmanager
+
+    from wkvlab.findings.depth import step_weights
+
+    assert step_weights({64: 4, 512: 4}, {64: 128.0, 512: 576.0}) == pytest.approx({64: 8 * 128 / 2816, 512: 8 * 576 / 2816})
+    seen = {"total": None, "ticks": []}
+
+    @contextmanager
+    def recording(total, _title):
+        seen["total"] = total
+        yield lambda desc, n: seen["ticks"].append((desc, n))
+
+    measure_depth(tiny_folder, ("int4",), target=32, longest=256, device="cpu", dtype="float32", n_resamples=50, progress=recording)
+    assert sum(n for _, n in seen["ticks"]) == pytest.approx(seen["total"])
+    passes = [n for desc, n in seen["ticks"] if desc == "reference"]  # one per document and length, shortest first
+    bos = (0, 1)  # the tiny tokenizer may or may not prepend BOS to each window
+    assert len(passes) == 8 * 4 and any(passes[-1] / passes[0] == pytest.approx((b + 256 + 32) / (b + 32 + 32)) for b in bos)

@@ -141,6 +141,18 @@ class DepthFinding:
                 "seconds": self.seconds, "notes": self.notes}
 
 
+def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]) -> dict[int, float]:
+    """How much one progress step of each prefix length counts, so the ETA sees the longer windows' cost.
+
+    The runner ticks once per chunk pass, and a whole 64-token window is one pass as an 8,192-token
+    one is: counted alike, the short lengths (run first) made the ETA read minutes for an hour's run.
+    A step weighs its tokens (still an underestimate where attention's quadratic share is large), scaled
+    so the weighted steps add up to the plain count the progress line shows."""
+    total = sum(counts[length] * tokens_per_step[length] for length in counts)
+    scale = sum(counts.values()) / total if total else 1.0
+    return {length: tokens_per_step[length] * scale for length in counts}
+
+
 def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGET, longest: int | None = None, data: str = DEPTH_DATA,
                   documents: int = MIN_UNITS, progress=None, device: str = "auto", dtype: str = "auto", margin: float = DEFAULT_MARGIN,
                   n_resamples: int = 2000) -> DepthFinding:
@@ -176,21 +188,23 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     windows = identical_token_windows(ids, lengths, target, bos)
     specs = [KVSpec.parse(k) for k in kvs]
     fingerprints = {"model_sha256": loaded.fingerprint, "data_sha256": corpus.sha256}
-    from wkvlab.eval.chunks import auto_chunk
+    from wkvlab.eval.chunks import auto_chunk, chunk_bounds
     from wkvlab.eval.runner import grid_steps
 
     vocab = loaded.model.config.get_text_config().vocab_size
-    steps = sum(grid_steps(w, 1, len(specs), chunk=auto_chunk(vocab, w.ctx)) for w in windows.values())
-    bar = progress(steps, f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(ids)} documents") \
+    counts = {length: grid_steps(w, 1, len(specs), chunk=auto_chunk(vocab, w.ctx)) for length, w in windows.items()}
+    weights = step_weights(counts, {length: w.ctx / len(chunk_bounds(w.ctx, auto_chunk(vocab, w.ctx))) for length, w in windows.items()})
+    bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(ids)} documents") \
         if progress is not None else nullcontext(lambda _d, _n: None)
     results = {}
     with bar as tick, torch.no_grad():
         for length, win in windows.items():
+            weighted = lambda desc, n, w=weights[length]: tick(desc, n * w)  # noqa: E731
             grid = run_grid(loaded.model, win, [WeightSpec()], specs, model_name=loaded.name, data_name=f"{corpus.name}@prefix{length}",
-                            fingerprints=fingerprints, progress=tick)
+                            fingerprints=fingerprints, progress=weighted)
             results[length] = {r.kv: r for r in grid}
     rows = depth_rows(results, n_resamples=n_resamples, margin=margin)
     return DepthFinding(loaded.name, corpus.name, len(ids), target, lengths, rows, time.perf_counter() - started)
 
 
-__all__ = ["DepthFinding", "DepthRow", "depth_rows", "identical_token_windows", "measure_depth", "prefix_lengths"]
+__all__ = ["DepthFinding", "DepthRow", "depth_rows", "identical_token_windows", "measure_depth", "prefix_lengths", "step_weights"]
