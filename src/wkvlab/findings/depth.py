@@ -192,8 +192,9 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     from wkvlab.eval.runner import grid_steps
 
     vocab = loaded.model.config.get_text_config().vocab_size
-    counts = {length: grid_steps(w, 1, len(specs), chunk=auto_chunk(vocab, w.ctx)) for length, w in windows.items()}
-    weights = step_weights(counts, {length: w.ctx / len(chunk_bounds(w.ctx, auto_chunk(vocab, w.ctx))) for length, w in windows.items()})
+    chunks = {length: auto_chunk(vocab, w.ctx) for length, w in windows.items()}
+    counts = {length: grid_steps(w, 1, len(specs), chunk=chunks[length]) for length, w in windows.items()}
+    weights = step_weights(counts, {length: w.ctx / len(chunk_bounds(w.ctx, chunks[length])) for length, w in windows.items()})
     bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(ids)} documents") \
         if progress is not None else nullcontext(lambda _d, _n: None)
     results = {}
