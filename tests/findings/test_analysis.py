@@ -128,7 +128,12 @@ def test_calibration_mismatch_is_paired_against_the_own_domain():
     assert row.own == "prose" and set(row.mismatch) == {"code", "math"}
     assert row.mismatch["code"].estimate == pytest.approx(0.03, abs=0.005) and row.mismatch["code"].low > 0
     assert row.verdicts["code"].word == "higher" and row.verdicts["code"].family_size == 2
-    assert "calibrated on code" in calibration_markdown([row]) and "Holm over 2 tests" in calibration_markdown([row])
+    markdown = calibration_markdown([row])
+    assert "calibrated on code" in markdown and "Holm over 2 tests" in markdown
+    # each cost shows its raw and its Holm-adjusted interval and m; the footnote's margin names the own domain, not the first row's
+    v = row.verdicts["code"]
+    assert f"({format(v.adjusted, '+.4f')}; ±{v.margin.value:.2g}) → higher" in markdown
+    assert "m = 10% of the KLD calibrated on the evaluated text's own domain" in markdown
 
 
 def test_a_calibration_text_other_than_prose_code_math_is_accepted():

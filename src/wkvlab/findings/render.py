@@ -22,14 +22,16 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _rule_note(verdicts, unit: str = "windows") -> str:
-    """The footnote every verdict table carries: the rule, the margin, the family and its adjustment."""
+def _rule_note(verdicts, unit: str = "windows", margin_of: str | None = None) -> str:
+    """The footnote every verdict table carries: the rule, the margin, the family and its adjustment.
+
+    ``margin_of``: what m is a share of, where it differs between rows (the first verdict's words would name only its own)."""
     verdicts = [v for v in verdicts if v is not None]
     if not verdicts:
         return ""
     v = verdicts[0]
     return (f"\n\nVerdicts: the one decision rule (docs/explain.md, 'The decision rule'): margin m = {100 * v.margin.relative:g}% of "
-            f"{v.margin.of.split(' of ')[0]}; {v.adjustment}; an interval beyond ±m compounds (or is higher/lower), one inside ±m is "
+            f"{margin_of or v.margin.of.split(' of ')[0]}; {v.adjustment}; an interval beyond ±m compounds (or is higher/lower), one inside ±m is "
             "additive (or equivalent) within ±m, anything else is undecided with the tokens that would decide it. Raw intervals are "
             f"95% studentized paired bootstrap over {unit}; adjusted ones are the same bootstrap at Holm's level.")
 
@@ -131,16 +133,22 @@ def attention_markdown(rows) -> str:
 
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
     calibs = list(dict.fromkeys(c for r in rows for c in r.kld))
-    header = ["method", "evaluated on", *[f"calibrated on {c}" for c in calibs], "mismatch cost [raw 95%] → verdict"]
+    header = ["method", "evaluated on", *[f"calibrated on {c}" for c in calibs], "mismatch cost [raw 95%] (Holm-adjusted; m) → verdict"]
     body = []
+
+    def cost(c, iv, v) -> str:
+        if v is None:
+            return f"{c}: {format(iv, '+.4f')} → no verdict"
+        return f"{c}: {format(iv, '+.4f')} ({_iv(v.adjusted, '+.4f')}; ±{v.margin.value:.2g}) → {_decision(v)}"
+
     for r in rows:
         verdicts = r.verdicts or {}
-        costs = "; ".join(f"{c}: {format(iv, '+.4f')} → " + (_decision(verdicts[c]) if c in verdicts else "no verdict")
-                          for c, iv in r.mismatch.items())
+        costs = "; ".join(cost(c, iv, verdicts.get(c)) for c, iv in r.mismatch.items())
         body.append([r.weights, r.data, *[format(r.kld[c], ".4f") if c in r.kld else "—" for c in calibs], costs or "—"])
     return _table(header, body) + ("\n\nMismatch cost: KLD with that calibration text minus KLD with the evaluation's own domain "
                                    "(prose for prose, code for code), paired by window."
-                                   + _rule_note(v for r in rows for v in (r.verdicts or {}).values()))
+                                   + _rule_note((v for r in rows for v in (r.verdicts or {}).values()),
+                                                margin_of="the KLD calibrated on the evaluated text's own domain"))
 
 
 def identical_depth_markdown(data: dict) -> str:
