@@ -75,8 +75,13 @@ def test_a_rerun_reads_profiles_and_scores_back_without_measuring(tiny_folder, f
 def test_markdown_names_every_rival_its_margin_and_the_family(finding):
     text = search_markdown(finding.to_dict())
     assert text.count("\n| default |") >= len(finding.rows)
-    assert all(f"aware − {k} [raw 95%] → verdict" in text for k in RIVALS) and "no uniform at this budget" in text
+    assert all(f"aware − {k} [raw 95%]; Holm-adjusted → verdict" in text for k in RIVALS) and "no uniform at this budget" in text
     assert "Holm over" in text and "(m ±" in text and "equal memory" in text and "Pareto front" in text
+    assert "of the rival's own KLD in that row" in text and "replicated profiles × held-out windows (two-stage)" in text
+    r = finding.rows[0]  # raw and adjusted side by side in every cell: the adjusted one is wider
+    v = r.verdicts["random"]
+    assert f"{r.differences['random']:+.5f}; Holm {v.adjusted:+.5f} → " in text
+    assert v.adjusted.high - v.adjusted.low > r.differences['random'].high - r.differences['random'].low
 
 
 def test_a_finding_stored_before_equal_memory_renders_labelled():

@@ -190,12 +190,13 @@ def search_markdown(data: dict) -> str:
             v = r.verdicts.get(rival)
             name = f"{r.uniform_name} " if rival == "uniform" else ""
             cells.append(f"{name}{getattr(r, rival):.5f}; {_iv(r.differences[rival], '+.5f')}"
-                         + (f" → {_decision(v)} (m ±{v.margin.value:.3g})" if v is not None else ""))
+                         + (f"; Holm {_iv(v.adjusted, '+.5f')} → {_decision(v)} (m ±{v.margin.value:.3g})" if v is not None else ""))
         spent = ", ".join(f"{k} {lo:,.0f}" + (f"–{hi:,.0f}" if hi != lo else "") for k, (lo, hi) in r.bytes.items())
         body.append([r.profile_text, f"{r.budget:,.0f} ({100 * r.share:.0f}%)", r.heldout_text, f"{r.aware:.5f}", *cells, spent])
     table = _table(["profiled on", "budget B/token (of 16-bit)", "held-out text", "aware plans KLD",
-                    *(f"{k} KLD; aware − {k} [raw 95%] → verdict" for k in RIVALS), "bytes/token spent"], body)
-    table += _rule_note(v for r in rows for v in r.verdicts.values())
+                    *(f"{k} KLD; aware − {k} [raw 95%]; Holm-adjusted → verdict" for k in RIVALS), "bytes/token spent"], body)
+    table += _rule_note((v for r in rows for v in r.verdicts.values()), unit="replicated profiles × held-out windows (two-stage)",
+                        margin_of="the rival's own KLD in that row")
     replicates = rows[0].replicates if rows else 0
     curves = []
     for key, points in (data.get("curve") or {}).items():
