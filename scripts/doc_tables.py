@@ -323,6 +323,8 @@ def finding_block(path: Path) -> Callable[[dict | None], str]:
                  f"--out {where}" + (f" --threads {threads.group(1)}" if threads and threads.group(1) != "1" else "")
                  + (f" -- {extra}" if extra else ""))
         resumed = f", {rec['resumed']} configs already in the store" if rec.get("resumed") else ""
+        if rec.get("search_cache"):  # the search finding resumes from the on-disk cache, not the store
+            resumed += f", search cache at the start: {rec['search_cache']}"
         if rec.get("filled_by"):  # a re-analysis: the measurement is the filling run's
             by = rec["filled_by"]
             resumed += (f" — filled by `{by['command']}` at commit {by['commit'].split('+')[0]} on {by['date']}, wall {_hours(by['wall_s'])}, "

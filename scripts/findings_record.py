@@ -52,9 +52,22 @@ def _cache_state() -> str:
     return f"{len(entries)} quantized weight set(s) cached" if entries else "empty (every quantization inside the wall time)"
 
 
+def search_cache_state(root: Path | None = None) -> str:
+    """The search finding keeps its profiles and held-out scores in the on-disk cache, not in the store:
+    what is there at the start (a run that resumes after an interruption measures only the rest).
+    Counts every cached entry, so it is an upper bound on what this run reuses."""
+    root = root or Path(os.environ.get("WKVLAB_CACHE") or Path.home() / ".cache" / "wkvlab")
+    profiles = len(list((root / "search-profiles").glob("*.json")))
+    scores = len(list((root / "findings-search").glob("*.npz")))
+    if not profiles and not scores:
+        return "empty (every profile and held-out score inside the wall time)"
+    return f"{profiles} profile(s) and {scores} held-out score(s) cached (measured before this run; its wall time covers the rest)"
+
+
 def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1) -> dict:
     command = ["findings", name, "--model", model, "--store", str(store), "--threads", str(threads), *extra]
     commit, cache, resumed, date = _commit(), _cache_state(), _stored_configs(store), f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    searched = {"search_cache": search_cache_state()} if name == "search" else {}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
     if code != 0:
@@ -67,7 +80,7 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1) 
     shown = ["wkvlab", *command[:-len(extra) or None], *extra]
     shown[shown.index("--store") + 1] = "out/findings.db"
     return {"command": " ".join(shown), "commit": commit, "date": date, "wall_s": round(wall, 1),
-            **load_words(loads), "threads": threads, "weight_cache": cache, "resumed": resumed,
+            **load_words(loads), "threads": threads, "weight_cache": cache, "resumed": resumed, **searched,
             "name": name, "model": model, "data": stored.data, "markdown": stored.markdown}
 
 

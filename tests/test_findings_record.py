@@ -35,3 +35,14 @@ def test_filled_by_keeps_the_measuring_runs_command_commit_wall_and_load(tmp_pat
     path.write_text("{not json")
     with pytest.raises(SystemExit, match="not a readable run record"):
         record.filled_by_words(path)
+
+
+def test_the_search_record_says_what_the_on_disk_cache_held_at_the_start(tmp_path):
+    record = _load()
+    assert record.search_cache_state(tmp_path) == "empty (every profile and held-out score inside the wall time)"
+    (tmp_path / "search-profiles").mkdir()
+    (tmp_path / "findings-search").mkdir()
+    for i in range(3):
+        (tmp_path / "search-profiles" / f"p{i}.json").write_text("{}")
+    (tmp_path / "findings-search" / "s.npz").write_bytes(b"")
+    assert record.search_cache_state(tmp_path).startswith("3 profile(s) and 1 held-out score(s) cached")
