@@ -34,6 +34,30 @@ def test_scorer_equals_the_runner(setup):
     assert score.tokens == held.n_scored
 
 
+def test_kept_reference_gives_the_scores_of_a_stepped_one_without_a_second_forward(setup, monkeypatch):
+    import wkvlab.search.measure as measure
+
+    model, _, held = setup
+    qw = quantize_model_weights(model, WeightSpec.parse("int4-g32"))
+    kvs = [KVSpec(layers=((1, "int4", "fp16"),)), KVSpec(layers=((0, "int8", "int4"),))]
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    kept = Scorer(model, held)
+    assert kept.keep
+    first = [kept.score(qw.model, kv).per_token for kv in kvs]
+    forwards_first = len(calls)
+    again = [kept.score(qw.model, kv).per_token for kv in kvs]
+    handle.remove()
+    assert forwards_first > 0 and len(calls) == forwards_first  # the reference ran for the first candidate only
+    assert len(kept._refs) and all(ref.probs is None for ref in kept._refs.values())  # log-probs only: half the bytes
+    monkeypatch.setattr(measure, "REFERENCE_CACHE_BYTES", 0)
+    stepped = Scorer(model, held)
+    assert not stepped.keep
+    for a, b, kv in zip(first, again, kvs):
+        c = stepped.score(qw.model, kv).per_token
+        assert (a == b).all() and (a == c).all()  # bit-identical: exp of the same log-probs
+
+
 def test_weight_swap_of_every_layer_is_the_quantized_model(setup):
     model, _, held = setup
     qw = quantize_model_weights(model, WeightSpec.parse("int4-g32"))
