@@ -28,9 +28,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "src"))
 
 from doc_tables import _commit  # noqa: E402  (the same commit words as the demo's record)
 from output_record import load_words, sampled_run  # noqa: E402  (one sampler for both records)
+from wkvlab.models.cache import cache_dir  # noqa: E402  (the cache root wkvlab itself uses; no torch)
 
 
 def _stored_configs(store: Path) -> int:
@@ -47,7 +49,7 @@ def _stored_configs(store: Path) -> int:
 
 
 def _cache_state() -> str:
-    root = Path(os.environ.get("WKVLAB_CACHE") or Path.home() / ".cache" / "wkvlab") / "quantized"
+    root = cache_dir() / "quantized"
     entries = list(root.iterdir()) if root.is_dir() else []
     return f"{len(entries)} quantized weight set(s) cached" if entries else "empty (every quantization inside the wall time)"
 
@@ -56,7 +58,7 @@ def search_cache_state(root: Path | None = None) -> str:
     """The search finding keeps its profiles and held-out scores in the on-disk cache, not in the store:
     what is there at the start (a run that resumes after an interruption measures only the rest).
     Counts every cached entry, so it is an upper bound on what this run reuses."""
-    root = root or Path(os.environ.get("WKVLAB_CACHE") or Path.home() / ".cache" / "wkvlab")
+    root = root or cache_dir()
     profiles = len(list((root / "search-profiles").glob("*.json")))
     scores = len(list((root / "findings-search").glob("*.npz")))
     if not profiles and not scores:
@@ -72,7 +74,6 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1) 
     code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
     if code != 0:
         raise SystemExit(f"wkvlab findings {name} failed (exit {code}); nothing recorded")
-    sys.path.insert(0, str(ROOT / "src"))
     from wkvlab.store import open_store
 
     with open_store(store) as db:
