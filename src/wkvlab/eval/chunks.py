@@ -57,15 +57,16 @@ class WindowPass:
             self.cache = ChunkedKVCache(self.model, self.spec, self.stores)
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         """Float32 logits ``[len(tokens), vocab]`` of the next chunk of the window (1-D ``tokens``;
-        :func:`wkvlab.eval.logits.model_logits`: the final norm and head in float32)."""
+        :func:`wkvlab.eval.logits.model_logits`: the final norm and head in float32); with ``rows``
+        only those rows, and no head at all where ``rows`` is empty (an unscored prefix chunk)."""
         ids = tokens[None].to(input_device(self.model))
         with self.baseline.attached(self.model):  # the engine's activation path, on every pass alike
             if self.spec is None:
-                return model_logits(self.model, ids, cache=self.cache, use_cache=True)
+                return model_logits(self.model, ids, rows, cache=self.cache, use_cache=True)
             with kv_quantization(self.model, self.spec, storage="chunked", stores=self.stores, cache=self.cache):
-                return model_logits(self.model, ids, cache=self.cache, use_cache=True)
+                return model_logits(self.model, ids, rows, cache=self.cache, use_cache=True)
 
 
 def scored_chunks(pass_: WindowPass, tokens: torch.Tensor, chunk: int, lo: int, hi: int):
@@ -75,4 +76,4 @@ def scored_chunks(pass_: WindowPass, tokens: torch.Tensor, chunk: int, lo: int, 
     pass_.reset()
     for start, end in chunk_bounds(len(tokens), chunk):
         rows = scored_rows(start, end, lo, hi)
-        yield start, rows, pass_.step(tokens[start:end])[rows]
+        yield start, rows, pass_.step(tokens[start:end], rows)

@@ -200,7 +200,7 @@ def _run_cells(grid: _Grid, cells: list[_Cell], reference: LiveReference | Recor
                 grid.tick("reference", 1)
             for c, cell in enumerate(cells):
                 began = time.perf_counter()
-                window_parts[c].append(reference.compare(ref, cell.pass_.step(tokens[start:end])[rows], targets))
+                window_parts[c].append(reference.compare(ref, cell.pass_.step(tokens[start:end], rows), targets))
                 cell.forward_calls += 1
                 cell.seconds += time.perf_counter() - began
                 grid.tick(cell.label, 1)

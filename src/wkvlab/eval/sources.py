@@ -50,7 +50,7 @@ class LiveReference:
 
     def chunk(self, tokens: torch.Tensor, start: int, end: int, rows: slice, targets: torch.Tensor, first: int) -> ReferenceTokens:
         self.forward_calls += 1
-        return ReferenceTokens.from_logits(self.pass_.step(tokens[start:end])[rows], targets)
+        return ReferenceTokens.from_logits(self.pass_.step(tokens[start:end], rows), targets)
 
     @staticmethod
     def compare(ref: ReferenceTokens, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -130,7 +130,7 @@ def record_reference(model: torch.nn.Module, windows: WindowSet, *, chunk: int, 
         reference.reset()
         for start, end in chunk_bounds(windows.ctx, chunk):
             rows = scored_rows(start, end, lo, hi)
-            logits = reference.step(tokens[start:end])[rows]
+            logits = reference.step(tokens[start:end], rows)
             recorder.add(logits, tokens[start + rows.start + 1 : start + rows.stop + 1], seed=w * windows.ctx + start)
             tick("reference", 1)
     info = dict(meta or {}, baseline=baseline.label, windows_sha256=windows_fingerprint(windows.tokens, windows.score_from), ctx=windows.ctx,

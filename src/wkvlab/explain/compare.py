@@ -162,10 +162,10 @@ def backend_result(model: torch.nn.Module, windows: WindowSet, reference: EvalRe
         chunks = []
         for begin, end in chunk_bounds(windows.ctx, chunk):  # chunked, as eval runs: no [ctx, vocab] logits
             rows = scored_rows(begin, end, lo, hi)
-            ref = ReferenceTokens.from_logits(usual.step(tokens[begin:end])[rows], tokens[begin + rows.start + 1 : begin + rows.stop + 1])
+            ref = ReferenceTokens.from_logits(usual.step(tokens[begin:end], rows), tokens[begin + rows.start + 1 : begin + rows.stop + 1])
             model.set_attn_implementation(other)
             try:
-                logits = switched.step(tokens[begin:end])[rows]
+                logits = switched.step(tokens[begin:end], rows)
             finally:
                 model.set_attn_implementation(current)
             chunks.append(chunk_metrics(ref, logits))
