@@ -106,3 +106,24 @@ def test_a_stored_reference_refuses_another_device(tmp_path):
         "nll", "argmax", "lse", "topk_ids", "topk_logprobs", "tail_ids", "tail_logprobs", "full_rows", "full_logprobs")})
     with pytest.raises(ConfigError, match="made with device cuda and this run uses cpu; run with --device cuda"):
         stored.check_matches({"dtype": "bfloat16", "device": "cpu"})
+
+
+@pytest.mark.parametrize("make, dtype", [(tiny_llama, torch.float32), (tiny_gemma3, torch.float32), (tiny_llama, torch.bfloat16)])
+def test_an_unscored_chunk_fills_the_cache_without_the_head(make, dtype, monkeypatch):
+    """Empty ``rows``: no head call, no logits, and the next chunk's logits exactly as if the head had run."""
+    from wkvlab.eval.chunks import WindowPass
+
+    model = make().to(dtype)
+    ids = torch.randint(0, 128, (32,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        usual = WindowPass(model)
+        usual.step(ids[:16])
+        expected = usual.step(ids[16:])[4:12]
+        heads = []
+        model.get_output_embeddings().register_forward_hook(lambda m, a, out: heads.append(a[0].shape[1]))
+        skipping = WindowPass(model)
+        none = skipping.step(ids[:16], slice(16, 16))
+        assert none.shape == (0, model.config.vocab_size) and none.dtype == torch.float32
+        assert heads in ([], [0])  # the head saw no position (HF calls it on an empty slice)
+        got = skipping.step(ids[16:], slice(4, 12))
+    assert torch.equal(got, expected)

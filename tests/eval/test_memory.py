@@ -111,11 +111,11 @@ def test_out_of_memory_mid_run_keeps_the_finished_results_in_the_json(tmp_path, 
 
     calls, original = [], WindowPass.step
 
-    def step(self, tokens):
+    def step(self, tokens, rows=None):
         calls.append(1)
         if len(calls) > 4:  # the reference's two windows, then none × fp16; int8 runs out
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return original(self, tokens)
+        return original(self, tokens, rows)
 
     monkeypatch.setattr(WindowPass, "step", step)
     out = tmp_path / "out.json"

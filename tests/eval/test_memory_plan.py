@@ -91,11 +91,11 @@ def test_an_error_mid_run_still_restores_the_model(monkeypatch):
     model = tiny_llama()
     calls = []
 
-    def failing(self, tokens):
+    def failing(self, tokens, rows=None):
         calls.append(1)
         if len(calls) > 12:
             raise RuntimeError("boom")
-        return original(self, tokens)
+        return original(self, tokens, rows)
 
     original = WindowPass.step
     monkeypatch.setattr(WindowPass, "step", failing)
@@ -160,11 +160,11 @@ def _out_of_memory_after(monkeypatch, n_calls: int):
     calls = []
     original = WindowPass.step
 
-    def step(self, tokens):
+    def step(self, tokens, rows=None):
         calls.append(1)
         if len(calls) > n_calls:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return original(self, tokens)
+        return original(self, tokens, rows)
 
     monkeypatch.setattr(WindowPass, "step", step)
 
