@@ -311,7 +311,7 @@ def depth_table(table: DepthTable) -> Table:
     """The seed's depth buckets for one cache config: its penalty and the growth from the first bucket."""
     title = (f"KV penalty by depth: {table.weights} × {table.kv} (minus {table.paired_with}); intervals: bootstrap over "
              f"{table.units} blocks of {table.block} positions (penalty autocorrelation < 0.05 after {table.lag}); "
-             f"{table.verdict()}")
+             f"{table.summary()}")
     out = Table(title=title, title_justify="left")
     for name in ("positions", "tokens", "penalty [95%]", "minus first bucket [95%]", "relative"):
         out.add_column(name, justify="left" if name == "positions" else "right", no_wrap=True)

@@ -41,9 +41,10 @@ def test_growth_is_found_when_the_penalty_grows_and_not_when_flat():
     assert [(r.start, r.end) for r in grow.rows] == [(0, 4096), (4096, 8192), (8192, 16383)]
     first, last = grow.rows[0], grow.rows[-1]
     assert abs(first.penalty.estimate - 0.10 * (1 + 2047.5 / ctx)) < 0.003  # the mean over 0..4095, by hand
-    assert last.growth.low > 0 and "grows with depth" in grow.verdict()
+    assert last.growth.low > 0 and grow.summary().startswith(f"8192-16383 minus the first bucket: {last.growth:.4g}")
+    assert "not a depth verdict" in grow.summary() and "grows" not in grow.summary()  # described, never decided
     assert abs(last.relative_growth - 0.10 * (12287 - 2047.5) / ctx / first.penalty.estimate) < 0.05
-    assert stay.rows[-1].growth.contains(0.0) and "no growth distinguishable" in stay.verdict()
+    assert stay.rows[-1].growth.contains(0.0) and "content-confounded" in stay.summary()
     assert grow.units == 2 * (16383 // 256 + 1) and grow.block == 256
     assert grow.lag == 1  # independent noise: decorrelated at once
 
@@ -62,4 +63,4 @@ def test_a_bucket_with_few_blocks_gets_no_interval():
     (table,) = depth_tables([_result("fp16", np.zeros(kld.size), ctx, windows), _result("q4_0", kld, ctx, windows)], n_resamples=200)
     first, last = table.rows
     assert first.penalty.decided and not last.penalty.decided and not last.growth.decided
-    assert last.penalty.n_units == 4 and "no growth distinguishable" in table.verdict()
+    assert last.penalty.n_units == 4 and f"{last.growth:.4g}" in table.summary()

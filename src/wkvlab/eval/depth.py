@@ -9,7 +9,8 @@ in the first 4k. The same table here, for every KV config of a grid:
   weights, whose 16-bit-cache KLD is 0). Without a 16-bit-cache row for those weights in the grid,
   the penalty is the KLD against the reference, weights' error included, and the table says so;
 * **growth**: the penalty in a bucket minus the penalty in the first bucket, with a bootstrap
-  interval; "grows with depth" only when that interval lies above 0.
+  interval, described and never decided: the buckets hold different text, so the difference mixes
+  depth with content (:mod:`wkvlab.findings.depth` decides depth on identical tokens).
 
 Resampling unit: blocks of consecutive positions within a window (:mod:`wkvlab.stats.units`);
 long runs have too few windows to resample, and a block is long against the distance over which
@@ -73,18 +74,15 @@ class DepthTable:
         return {"weights": self.weights, "kv": self.kv, "paired_with": self.paired_with, "unit": f"blocks of {self.block} positions",
                 "block": self.block, "decorrelation_lag": self.lag, "units": self.units, "rows": [r.to_dict() for r in self.rows]}
 
-    def verdict(self) -> str:
-        """The buckets' difference, labelled: each bucket holds other text, so it mixes depth with
-        content (issue #24); ``wkvlab findings depth`` measures depth on identical tokens."""
+    def summary(self) -> str:
+        """The last bucket's difference from the first, described and not decided: each bucket holds
+        other text, so the difference mixes depth with content (issue #24), and no margin or family
+        could make it a depth verdict. ``wkvlab findings depth`` decides depth on identical tokens."""
         last = self.rows[-1]
         if last.growth is None:
-            return "one bucket only: no depth comparison"
-        caveat = " (content-confounded: the buckets hold different text; wkvlab findings depth scores identical tokens)"
-        if last.growth.low > 0:
-            return f"grows with depth: +{last.growth.estimate:.4g} from the first bucket to {last.start}-{last.end}{caveat}"
-        if last.growth.high < 0:
-            return f"shrinks with depth: {last.growth.estimate:.4g} from the first bucket to {last.start}-{last.end}{caveat}"
-        return f"no growth distinguishable from 0 at {last.start}-{last.end} ({last.growth:.4g}){caveat}"
+            return "one bucket only: no comparison between positions"
+        return (f"{last.start}-{last.end} minus the first bucket: {last.growth:.4g} (95%, block bootstrap); a position table, "
+                f"not a depth verdict: the buckets hold different text (content-confounded); wkvlab findings depth scores identical tokens")
 
 
 def _identity(result: EvalResult) -> bool:
