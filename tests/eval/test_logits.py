@@ -109,7 +109,7 @@ def test_a_stored_reference_refuses_another_device(tmp_path):
 
 
 @pytest.mark.parametrize("make, dtype", [(tiny_llama, torch.float32), (tiny_gemma3, torch.float32), (tiny_llama, torch.bfloat16)])
-def test_an_unscored_chunk_fills_the_cache_without_the_head(make, dtype, monkeypatch):
+def test_an_unscored_chunk_fills_the_cache_without_the_head(make, dtype):
     """Empty ``rows``: no head call, no logits, and the next chunk's logits exactly as if the head had run."""
     from wkvlab.eval.chunks import WindowPass
 
