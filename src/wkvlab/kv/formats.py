@@ -17,14 +17,15 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int<b>-g<G>[-sym/-asym] | groups of G along D, fp16 scale (+ min) each | exllamav3-style grouping |
 | q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl | llama.cpp blocks of 32 along D  | llama.cpp ``-ctk/-ctv <type>`` (reference quantizers) |
 | q8_0-x86    | q8_0 as llama.cpp's x86 AVX/AVX2 ``quantize_row_q8_0`` writes it (``127/max``, ties to even) | llama.cpp ``-ctk q8_0`` on x86 CPUs (:mod:`wkvlab.formats.ggml_x86`) |
-| int8_pth, fp8_pth | D bytes + fp32 scale per token and head (max(absmax/127, 1e-6), max(absmax/448, 1e-6)); int8 codes truncated toward zero as the Triton store does | vLLM ``int8_per_token_head``, ``fp8_per_token_head`` (:mod:`wkvlab.formats.vllm_pth`) |
-| int8_pth-round | int8_pth with codes rounded half to even | not an engine: what vLLM's truncation costs |
+| int8_pth, fp8_pth | D bytes + fp32 scale per token and head (max(absmax/127, 1e-6), max(absmax/448, 1e-6)); int8 codes rounded half away from zero (+-0.5 in float32, then the store's truncation) | vLLM ``int8_per_token_head`` (0.24.0 to 0.34.0), ``fp8_per_token_head`` (:mod:`wkvlab.formats.vllm_pth`) |
+| int8_pth-trunc | int8_pth's scale, codes truncated toward zero (the bare store) | vLLM 0.20.0-0.23.0 ``int8_per_token_head`` (``vllm@0.23:``) |
+| int8_pth-round | int8_pth with codes rounded half to even | not an engine: differs from int8_pth on exact ties only |
 | int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
 | exl3_<b>    | b bits per value + fp16 scale per 32: H32-rotated groups on a midpoint grid | ExLlamaV3 cache (:mod:`wkvlab.formats.exl3`) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
 | fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipes mxfp4, blockfp4) |
 | nvfp4, nvfp4_4over6 | E2M1 values (ties to even), FP8-E4M3 scale per 16, fp32 k_scale per layer (1.0); 4over6 picks max/6 or max/4 per block | vLLM ``--kv-cache-dtype nvfp4``, ``nvfp4_4over6`` (:mod:`wkvlab.formats.nvfp4_kv`) |
-| nvfp4-sm100 | nvfp4 with k_scale 6 (SGLang multiplies the scales by 6 on SM100), read exactly | SGLang ``fp4_e2m1`` + ``--fp4-kv-cache-recipe nvfp4`` decoding on SM100 (``nvfp4``: on SM120) |
+| nvfp4-sm100 | nvfp4 with k_scale 6 (SGLang <= 0.5.20 multiplies an uncalibrated model's scales by 6 on SM100), read exactly | SGLang 0.5.20 ``--kv-cache-dtype nvfp4`` decoding on SM100 (``nvfp4``: on SM120, and on SM100 from 0.5.21) |
 | nvfp4-fp8read[-sm100] | nvfp4's store, read back through bf16 into SGLang's FP8-E4M3 workspace; -sm100: k_scale 6 | SGLang's extend over a cached prefix with recipe nvfp4 (``dequantize_prev_kv``) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
 | hqq<b>[-g<G>] | b ∈ {1, 2, 3, 4, 8} bits, groups of G (64) values taken across the WHOLE cache (HQQ axis 0), scale + zero in the cache dtype per group, HQQ's proximal zero-point solver; re-quantized whole at every flush | transformers ``QuantizedCache(backend="hqq")`` (:mod:`wkvlab.formats.hqq`) |
@@ -176,7 +177,8 @@ def _nuq_format(bits: int, per_channel: bool) -> KVFormat:
 
 
 def _vllm_pth(kind: str):
-    """vLLM's per-token-head store (:mod:`wkvlab.formats.vllm_pth`): ``int8`` truncates, ``fp8`` rounds."""
+    """vLLM's per-token-head store (:mod:`wkvlab.formats.vllm_pth`): ``int8`` rounds half away (vLLM >= 0.24),
+    ``int8_trunc`` truncates (vLLM 0.20-0.23), ``fp8`` rounds to nearest even."""
 
     def quantize(x: torch.Tensor) -> torch.Tensor:
         from wkvlab.formats.vllm_pth import fake_quant_vllm_per_token_head
@@ -256,9 +258,11 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("int8", "INT8 symmetric per token and head", _affine(8, True), lambda d: d + 2.0),
         KVFormat("int4", "INT4 asymmetric per token and head", _affine(4, False), lambda d: d / 2 + 4.0),
         KVFormat("int2", "INT2 asymmetric per token and head", _affine(2, False), lambda d: d / 4 + 4.0),
-        KVFormat("int8_pth", "vLLM int8_per_token_head: fp32 scale max(absmax/127, 1e-6), codes truncated toward zero", _vllm_pth("int8"),
-                 lambda d: d + 4.0),
-        KVFormat("int8_pth-round", "int8_pth's scale with codes rounded half to even (not vLLM: measures its truncation)",
+        KVFormat("int8_pth", "vLLM int8_per_token_head (0.24+): fp32 scale max(absmax/127, 1e-6), codes rounded half away from zero",
+                 _vllm_pth("int8"), lambda d: d + 4.0),
+        KVFormat("int8_pth-trunc", "vLLM 0.20-0.23 int8_per_token_head: int8_pth's scale, codes truncated toward zero",
+                 _vllm_pth("int8_trunc"), lambda d: d + 4.0),
+        KVFormat("int8_pth-round", "int8_pth's scale with codes rounded half to even (not vLLM: differs on exact ties only)",
                  _vllm_pth("int8_round"), lambda d: d + 4.0),
         KVFormat("fp8_pth", "vLLM fp8_per_token_head: E4M3 with fp32 scale max(absmax/448, 1e-6)", _vllm_pth("fp8"), lambda d: d + 4.0),
         KVFormat("int4_pth", "vLLM int4_per_token_head: randomized Hadamard, asymmetric INT4, fp32 scale + zero point", _vllm_int4,
@@ -271,8 +275,8 @@ KV_FORMATS: dict[str, KVFormat] = {
         KVFormat("nvfp4", "vLLM nvfp4: E2M1 (ties to even), E4M3 scale per 16, k_scale 1.0", _nvfp4(1.0), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
         KVFormat("nvfp4_4over6", "vLLM nvfp4_4over6: nvfp4 with max/6 or max/4 block scales, whichever reconstructs better",
                  _nvfp4(1.0, four_over_six=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
-        # SGLang's NVFP4Method multiplies k_scale/v_scale by 6 on SM100; its decode reads the codes exactly
-        KVFormat("nvfp4-sm100", "SGLang fp4_e2m1 recipe nvfp4 on SM100: nvfp4 with k_scale x6 = 6.0, read exactly (decode)",
+        # SGLang <= 0.5.20's NVFP4 method multiplies k_scale/v_scale by 6 on SM100; its decode reads the codes exactly
+        KVFormat("nvfp4-sm100", "SGLang <= 0.5.20 nvfp4 on SM100 without checkpoint scales: nvfp4 with k_scale x6 = 6.0, read exactly (decode)",
                  _nvfp4(6.0), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
         KVFormat("nvfp4-fp8read", "SGLang fp4_e2m1 recipe nvfp4 (SM120, k_scale 1.0), extend over a cached prefix: nvfp4 read back "
                  "via bf16 into FP8 E4M3", _nvfp4(1.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
@@ -280,13 +284,15 @@ KV_FORMATS: dict[str, KVFormat] = {
                  "read via bf16 into FP8 E4M3", _nvfp4(6.0, fp8_read=True), nvfp4_kv_bytes_per_vector, NVFP4_KV_BLOCK),
     )
 }
-# SGLang --fp4-kv-cache-recipe with --kv-cache-dtype fp4_e2m1 (sgl-project/sglang@1c5f9e23
+# SGLang's FP4 recipes: older main's --fp4-kv-cache-recipe with --kv-cache-dtype fp4_e2m1 (sgl-project/sglang@1c5f9e23
 # kv_cache_quant_method.py KV_CACHE_QUANT_REGISTRY {nvfp4: NVFP4Method, mxfp4: MXFP4Method}; blockfp4 is the older
 # name of the MXFP4Method kernel, kvfp4_tensor.py @0dae407b BlockFP4KVQuantizeUtil): the format a decoding query
 # reads. nvfp4: FlashInferAttnBackend.forward_decode (flashinfer_backend.py @1c5f9e23) hands the raw FP4 codes
 # and E4M3 block scales to FlashInfer, which reads code x scale exactly with k_scale on the softmax scale: vLLM's
 # nvfp4. The FP8 workspace (nvfp4-fp8read) serves only an extend over a cached prefix (dequant_kv_for_extend).
-# nvfp4-sm100: NVFP4Method.load_scales_from_model multiplies k_scale/v_scale by 6 on SM100.
+# nvfp4-sm100: NVFP4Method.load_scales_from_model multiplies k_scale/v_scale by 6 on SM100 (SGLang 0.5.21 on: only a
+# checkpoint's scale, so a release's kv_formats map it to nvfp4; wkvlab.engine_releases). SGLang 0.5.20 on names the
+# recipes --kv-cache-dtype fp4_mx_block16 | nvfp4.
 FP4_KV_RECIPES = {"mxfp4": "fp4_e2m1", "blockfp4": "fp4_e2m1", "nvfp4": "nvfp4", "nvfp4-sm100": "nvfp4-sm100"}
 # "fp16" is the cache at model precision: bf16/auto name the same thing for a bf16 model (vLLM's auto)
 _ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "bf16": "fp16", "bfloat16": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}
