@@ -22,7 +22,7 @@ SPECS = [
     "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
     "llamacpp:q8_0", "llamacpp:q5_1", "llamacpp:q5_0", "llamacpp:q4_1", "llamacpp:q4_0", "llamacpp:iq4_nl",
     "llamacpp:q8_0/q4_0", "llamacpp:q4_0+norot", "llamacpp-x86:q8_0", "llamacpp:f16/q4_0",
-    "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head", "int8_pth-round", "vllm:fp8_per_token_head", "vllm:int4_per_token_head",
+    "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head", "vllm@0.23:int8_per_token_head", "int8_pth-round", "vllm:fp8_per_token_head", "vllm:int4_per_token_head",
     "exl3:k8v8", "exl3:k6v6", "exl3:k4v4", "exl3:k4v2", "exl3:k3v3", "exl3:k2v2", "exl3-fa:k4v4", "exl3-fa:k2v2",
     "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head", "vllm:fp8_e4m3+scales=calculate", "vllm-fa3:fp8_e4m3",
     "sglang:fp4_e2m1", "nvfp4-fp8read", "nvfp4-fp8read-sm100", "vllm:nvfp4", "vllm:nvfp4_4over6",  # +recipe=nvfp4 is vllm:nvfp4

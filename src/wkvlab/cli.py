@@ -333,6 +333,13 @@ def presets_command() -> None:
     for row in listing.kv_preset_rows():
         kv.add_row(*(escape(cell) for cell in row))
     console.print(kv)
+    releases = Table(title="engine releases: what '<engine>@<release>:' (--kv) and 'plan --engine-version <engine>=<release>' model "
+                     "(src/wkvlab/plan/data/engines.yaml); without one, the default", title_justify="left")
+    for column in ("engine", "release", "version", "commit", "features; formats stored differently"):
+        releases.add_column(column, overflow="fold")
+    for row in listing.engine_release_rows():
+        releases.add_row(*(escape(cell) for cell in row))
+    console.print(releases)
     console.print("Details: docs/weights.md, docs/kv.md. Weight sizes are MiB (2^20 bytes) everywhere; KV caches are bytes per token.")
 
 

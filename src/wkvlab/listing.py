@@ -57,6 +57,8 @@ KV_GRAMMAR = (
     Form("int<b>[-g<G>][-sym|-asym]", "int4-g32", "INT2-8 per token and head, in groups of G along head_dim"),
     Form("int<b>-c<G>[-sym|-asym]", "int2-c32", "per channel over groups of G tokens (KIVI's keys)"),
     Form("K<b>V<b> | KV<b>", "K8V4", "KVTuner's bit pairs (8/4/2 bits: int8/int4/int2; 16: the model's precision)"),
+    Form("<engine>@<release>:<dtype>", "vllm@0.23:int8_per_token_head",
+         "a vLLM, SGLang or llama.cpp preset as that release stores it (the engine releases table); without @: the newest modelled"),
     Form("hqq<b>[-g<G>]", "hqq4+residual=128", "HQQ (1/2/3/4/8 bits) on the whole cache, re-quantized at each flush: needs residual=R (hf-hqq:int<b>)"),
     Form("nuq<b>[-c]", "kvquant:3", "KVQuant non-uniform codebooks (calibrated), through the kvquant:<b> presets"),
     Form("@<file>.yaml | @<file>.json", "@plan.yaml", "a KVSpec file, e.g. written by 'wkvlab search --out'"),
@@ -81,7 +83,8 @@ KV_OPTIONS = (
          "calibrated FP8 scales instead of 1.0: amax/448 per layer or per head (llm-compressor checkpoints), vLLM's --calculate-kv-scales rule"),
     Form("+outliers=<f>", "kvquant:3+outliers=0.02", "a fraction of values kept in fp16 (KVQuant's dense-and-sparse)"),
     Form("+recipe=<mxfp4|blockfp4|nvfp4|nvfp4-sm100>", "sglang:fp4_e2m1+recipe=nvfp4",
-         "SGLang's --fp4-kv-cache-recipe for an fp4_e2m1 cache (nvfp4: E4M3 block scales + fp32 k_scale, read exactly in decode; -sm100: k_scale x6)"),
+         "SGLang's FP4 recipe for an fp4_e2m1 cache (nvfp4: E4M3 block scales + fp32 k_scale, read exactly in decode; -sm100: k_scale x6 "
+         "without checkpoint scales up to SGLang 0.5.20, sglang@0.5.20:; 1.0 from 0.5.21)"),
 )
 
 # Presets whose name is a pattern: the example parsed for them.
@@ -110,7 +113,7 @@ def weights_help(preset_names: tuple[str, ...]) -> str:
 def kv_help() -> str:
     """``--kv``' help, built from the listing above (as ``wkvlab presets`` prints it)."""
     grammar = ", ".join(form.pattern for form in KV_GRAMMAR)
-    return (f"KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ... ({grammar}), presets (llamacpp:q4_0, vllm:fp8_e4m3, "
+    return (f"KV config(s): fp16, fp8_e4m3, int8, int4, int2, q8_0, q4_0, ... ({grammar}), presets (llamacpp:q4_0, vllm:fp8_e4m3, vllm@0.23:int8_per_token_head, "
             f"exl3:k4v4, kivi2, ...), options after '+' ({_options(KV_OPTIONS)}) ('wkvlab presets' lists all)")
 
 
@@ -160,6 +163,21 @@ def _pattern_label(pattern: str) -> str:
     main = max(by_label, key=lambda label: len(by_label[label]))
     others = "; ".join(f"{label}: {', '.join(names)}" for label, names in by_label.items() if label != main)
     return main + (f" ({others})" if others else "")
+
+
+def engine_release_rows() -> list[tuple[str, str, str, str, str]]:
+    """``(engine, @release, version, commit, what it gates)`` for every release of the engine table
+    (:mod:`wkvlab.engine_releases`), the default (the newest modelled) marked."""
+    from wkvlab.engine_releases import engine_table, releases
+
+    rows = []
+    for engine in engine_table():
+        for release in releases(engine):
+            stores = "stores " + ", ".join(f"{a} as {b}" for a, b in release.kv_formats) if release.kv_formats else ""
+            gates = "; ".join(part for part in (", ".join(release.features), stores) if part)
+            rows.append((engine, release.key + (" (default)" if release.is_default else ""), release.label + (f", {release.date}" if release.date else ""),
+                         release.commit or "-", gates or "-"))
+    return rows
 
 
 def kv_preset_rows() -> list[tuple[str, str, str, str]]:

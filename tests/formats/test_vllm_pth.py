@@ -7,10 +7,11 @@ q - 0.5)`` for int8; ``clamp(q, QMIN, QMAX)`` is stored into the cache dtype —
 (fptosi), fp8 rounds to nearest even. vLLM 0.20.0-0.23.0 (0.23.0 = @91df0fad4) stored the clamp
 directly: truncation (``int8_trunc``, preset ``vllm@0.23:int8_per_token_head``).
 """
+import pytest
 import torch
 
 from wkvlab.formats.vllm_pth import fake_quant_vllm_per_token_head, quantize_vllm_per_token_head
-from wkvlab.kv import get_kv_format
+from wkvlab.kv import KVSpec, get_kv_format
 
 # absmax 127 -> scale = 127/127 = 1.0 exactly, so the codes are the inputs' own arithmetic
 TIES = torch.tensor([[127.0, 62.5, -62.5, 0.5, -0.5, 1.5, 2.5, -2.5, 0.49999997, -38.6, 12.2]])
@@ -44,6 +45,14 @@ def test_int8_store_with_a_non_unit_scale():
     # vLLM 0.20-0.23: trunc 63.5 -> 63, -63.5 -> -63 (not floor's -64)
     assert quantize_vllm_per_token_head(x, "int8_trunc")[0][0].tolist() == [127, 63, -38, -63, 12]
     assert torch.equal(get_kv_format("int8_pth-trunc").quantize(x), torch.tensor([[127.0, 63.0, -38.0, -63.0, 12.0]]) * scale)
+
+
+@pytest.mark.parametrize("name, fmt", [("vllm:int8_per_token_head", "int8_pth"), ("vllm@0.34:int8_per_token_head", "int8_pth"),
+                                       ("vllm@0.27:int8_per_token_head", "int8_pth"), ("vllm@0.23:int8_per_token_head", "int8_pth-trunc"),
+                                       ("vllm@0.23.0:int8_per_token_head", "int8_pth-trunc")])
+def test_preset_store_follows_the_release(name, fmt):
+    spec = KVSpec.parse(name)
+    assert (spec.k, spec.v) == (fmt, fmt)
 
 
 def test_scale_floor_is_1e_6():

@@ -140,11 +140,21 @@ def test_scale_conventions_amax448_and_vllm_calculate():
         # 3 · scale is 3 in FP8, exactly representable: comes back exactly (a wrong scale would not)
         assert store.k_quant(torch.full((1, 1, 1, 32), float(k_scale) * 3))[0, 0, 0, 0].item() == pytest.approx(float(k_scale) * 3, rel=1e-6)
         assert store.k_quant(torch.full((1, 1, 1, 32), float(k_scale) * 3.1))[0, 0, 0, 0].item() != pytest.approx(float(k_scale) * 3.1, rel=1e-6)
-    calc = KVSpec.parse("vllm-fa3:fp8_e4m3+scales=calculate")
+    calc = KVSpec.parse("vllm-fa3@0.27:fp8_e4m3+scales=calculate")  # --calculate-kv-scales: vLLM 0.27.1 and older
     store = LayerStore(calc, 0, *calc.formats_for(0), 32, stats)
     assert float(store.q_scale) == pytest.approx(float(q_amax / 200))
     assert float(LayerStore(calc, 0, *calc.formats_for(0), 32, stats).v_quant(torch.full((1, 1, 1, 32), float(v_amax / 100) * 5))[0, 0, 0, 0]) == pytest.approx(float(v_amax / 100) * 5, rel=1e-6)
     assert KVSpec.parse("fp8_e4m3+scales=tensor") == KVSpec.parse("fp8_e4m3+scales=amax448")  # the older name
+
+
+@pytest.mark.parametrize("text", ["vllm:fp8_e4m3+scales=calculate", "vllm-fa3:fp8_e4m3+scales=calc", "vllm@0.34:fp8_e4m3+scales=calculate"])
+def test_calculate_kv_scales_is_refused_where_vllm_has_none(text):
+    # vLLM 0.28.0 to 0.34.0 have no calculate_kv_scales (vllm/config/cache.py, engine/arg_utils.py of the sdists)
+    with pytest.raises(ConfigError, match=r"no --calculate-kv-scales \(vLLM 0.27.1 is the last release with it\).*@0.27:fp8_e4m3\+scales=calculate"):
+        KVSpec.parse(text)
+    assert KVSpec.parse("vllm@0.27:fp8_e4m3+scales=calculate").scales == "calculate"
+    assert KVSpec.parse("vllm@0.23:fp8_e4m3+scales=calculate").scales == "calculate"
+    assert KVSpec.parse("fp8_e4m3+scales=calculate").scales == "calculate"  # wkvlab's own format: no engine release
 
 
 def test_vllm_fa3_quantizes_q_and_plain_vllm_fp8_does_not():
@@ -325,7 +335,7 @@ def test_the_planner_reads_each_engine_formats_bytes_from_the_spec():
         assert kv_bytes_per_token(llama70, name).total_bytes == per_row * 2 * 80 * 8, name
     # NVFP4 (vLLM nvfp4 / nvfp4_4over6: reshape_and_cache_nvfp4_dispatch's full_dim = head_size/2 + head_size/16;
     # SGLang NVFP4Method.compute_cell_size without the shared workspace): 64 + 8 = 72 B; the fp32 k_scale is per layer
-    for name in ("vllm:nvfp4", "vllm:nvfp4_4over6", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100"):
+    for name in ("vllm:nvfp4", "vllm:nvfp4_4over6", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100", "sglang:nvfp4"):
         assert kv_bytes_per_token(llama70, name).total_bytes == 72 * 2 * 80 * 8, name
 
 
@@ -334,22 +344,31 @@ def test_the_planner_reads_each_engine_formats_bytes_from_the_spec():
 def test_nvfp4_presets_and_sglang_recipes_name_the_kernels_formats():
     assert KVSpec.parse("vllm:nvfp4").canonical() == "nvfp4"
     assert KVSpec.parse("vllm:nvfp4_4over6").canonical() == "nvfp4_4over6"
-    # --fp4-kv-cache-recipe: mxfp4 and blockfp4 are one kernel (fp4_e2m1); nvfp4 is NVFP4Method's store as the decode
-    # reads it (FlashInfer's exact FP4 read: vLLM's nvfp4), k_scale x6 on SM100
-    for recipe, fmt in (("mxfp4", "fp4_e2m1"), ("blockfp4", "fp4_e2m1"), ("nvfp4", "nvfp4"), ("nvfp4-sm100", "nvfp4-sm100")):
-        spec = KVSpec.parse(f"sglang:fp4_e2m1+recipe={recipe}")
+    # the FP4 recipes: mxfp4 and blockfp4 are one kernel (fp4_e2m1, SGLang's fp4_mx_block16); nvfp4 is NVFP4Method's
+    # store as the decode reads it (FlashInfer's exact FP4 read: vLLM's nvfp4); on SM100 SGLang 0.5.20 multiplies
+    # k_scale by 6 (nvfp4-sm100), 0.5.21 on only a checkpoint's (k_scale != 1.0): an uncalibrated model stores nvfp4
+    for engine, recipe, fmt in (("sglang", "mxfp4", "fp4_e2m1"), ("sglang", "blockfp4", "fp4_e2m1"), ("sglang", "nvfp4", "nvfp4"),
+                                ("sglang", "nvfp4-sm100", "nvfp4"), ("sglang@0.5.23", "nvfp4-sm100", "nvfp4"),
+                                ("sglang@0.5.20", "nvfp4-sm100", "nvfp4-sm100"), ("sglang@0.5.20", "nvfp4", "nvfp4")):
+        spec = KVSpec.parse(f"{engine}:fp4_e2m1+recipe={recipe}")
         assert (spec.k, spec.v) == (fmt, fmt) and KVSpec.parse(spec.canonical()) == KVSpec(k=fmt, v=fmt)
-        assert spec.name == f"sglang:fp4_e2m1+recipe={recipe}"
+        assert spec.name == f"{engine}:fp4_e2m1+recipe={recipe}"
+    # SGLang 0.5.23's own --kv-cache-dtype names
+    assert KVSpec.parse("sglang:nvfp4").k == "nvfp4" and KVSpec.parse("sglang:fp4_mx_block16").k == "fp4_e2m1"
+    with pytest.raises(ConfigError, match=r"SGLang version '0.4' is not modelled; use one of: 0.5.23, 0.5.20"):
+        KVSpec.parse("sglang@0.4:nvfp4")
     for bad in ("sglang:fp4_e2m1+recipe=nvfp8", "int4+recipe=nvfp4", "vllm:nvfp4+recipe=nvfp4"):
         with pytest.raises(ConfigError, match="recipe"):
             KVSpec.parse(bad)
     # labels: read from source, no ratio measured -> source-faithful, never engine-checked; the recipe's source is named
-    for name in ("vllm:nvfp4", "vllm:nvfp4_4over6", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100"):
+    for name in ("vllm:nvfp4", "vllm:nvfp4_4over6", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100", "sglang:nvfp4"):
         info = fidelity_of(KVSpec.parse(name))
         assert info["label"] == "source-faithful", name
     assert "nvfp4_kv_cache_kernels.cu @0cd789b3" in fidelity_of(KVSpec.parse("vllm:nvfp4"))["source"]
     assert "NVFP4Method" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4"))["source"]
     assert "forward_decode" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4-sm100"))["source"]
+    assert fidelity_of(KVSpec.parse("sglang:nvfp4"))["source"].startswith("release modelled: SGLang 0.5.23")
+    assert "k_scale != 1.0" in fidelity_of(KVSpec.parse("sglang:nvfp4"))["source"]
     assert "NVFP4Method" not in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=mxfp4"))["source"]
 
 
@@ -363,7 +382,9 @@ def test_nvfp4_presets_quantize_a_model_layer_by_the_kernel_formula():
     x[..., :5] = torch.tensor([1.3, 0.5, -0.9, 0.1, 0.65])
     exact = [1.3125, 0.4375, -0.875, 0.109375, 0.65625]
     sm100 = [1.265625, 0.421875, -0.84375, 0.10546875, 0.6328125]
-    for name, want in (("vllm:nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4-sm100", sm100),
+    # SGLang 0.5.21 on (0.5.23 the newest modelled): x6 on SM100 only for a checkpoint's k_scale -> uncalibrated SM100 = exact
+    for name, want in (("vllm:nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4", exact), ("sglang:fp4_e2m1+recipe=nvfp4-sm100", exact),
+                       ("sglang:nvfp4", exact), ("sglang@0.5.20:fp4_e2m1+recipe=nvfp4-sm100", sm100),
                        ("nvfp4-fp8read", [1.25, 0.4375, -0.875, 0.109375, 0.625])):
         spec = KVSpec.parse(name)
         out = spec.k_format.quantize(x)
@@ -397,5 +418,8 @@ def test_exl3_flash_attn_path_lets_the_current_token_see_its_own_kv_unquantized(
 def test_per_token_head_presets_name_the_revision_they_were_re_read_at():
     # issue #25 item 3: the per-token-head writers re-read in vLLM's newest stored copy (moved to triton_quant_kv/)
     assert "@18829594" in describe_preset("vllm:int4_per_token_head").source
+    # issue #39: the int8/fp8 store as released: 0.34.0 rounds (@62d4bc3c7), 0.23.0 truncates (@91df0fad4)
     for name in ("vllm:int8_per_token_head", "vllm:fp8_per_token_head"):
-        assert "@f51ccb3e" in describe_preset(name).source
+        assert "@62d4bc3c7" in describe_preset(name).source and "@91df0fad4" in describe_preset(name).source
+    assert fidelity_of(KVSpec.parse("vllm:int8_per_token_head"))["release"] == "vLLM 0.34.0 @62d4bc3c7"
+    assert fidelity_of(KVSpec.parse("vllm@0.23:int8_per_token_head"))["release"] == "vLLM 0.23.0 @91df0fad4"

@@ -77,11 +77,16 @@ def test_vllm_storage_is_what_it_allocates():
 
 
 def test_versions_decide_flags():
-    """vLLM main has per-token-head dtypes and skip layers, but no --calculate-kv-scales (removed by PR #49389);
-    vLLM 0.11 had --calculate-kv-scales and neither of the others."""
+    """vLLM 0.34.0 (the newest modelled) has per-token-head dtypes and skip layers, but no --calculate-kv-scales (0.27.1
+    is the last release with it); vLLM 0.11 had --calculate-kv-scales and neither of the others."""
     main = line("vllm", "bf16", "fp8_e4m3+scales=tensor")
     assert "--calculate-kv-scales" not in main.argv and any("k_scale" in n for n in main.notes)
-    assert main.version == "vLLM main (2026-08)" and "002f10e" in main.checked
+    assert main.version == "vLLM 0.34.0" and "62d4bc3c7" in main.checked
+    # a runtime scale calculation (wkvlab's scales=calculate) is refused where the flag does not exist, printed where it does
+    calc = support("vllm", "bf16", "fp8_e4m3+scales=calculate")
+    assert not calc.accepted and any("no --calculate-kv-scales" in r and "vllm=0.27" in r for r in calc.reasons)
+    assert "--calculate-kv-scales" in line("vllm", "bf16", "fp8_e4m3+scales=calculate", version="0.27").argv
+    assert "--calculate-kv-scales" in line("vllm", "bf16", "vllm@0.27:fp8_e4m3+scales=calculate", version="0.27.1").argv
     old = line("vllm", "bf16", "fp8_e4m3+scales=tensor", version="0.11")
     assert "--calculate-kv-scales" in old.argv and old.version == "vLLM 0.11"
     assert not support("vllm", "bf16", "int8", version="0.11").accepted
@@ -173,18 +178,38 @@ def test_int8_weight_only_and_whole_groups():
     assert not ragged.accepted and any("576" in r and "group size" in r for r in ragged.reasons)
 
 
+def test_vllm_int8_store_and_dtypes_follow_the_release():
+    """vLLM 0.23.0 stores int8_per_token_head truncated (int8_pth-trunc), 0.24.0 on rounded (int8_pth); 0.23.0 has no
+    int4_per_token_head: each release takes only its own store and dtypes."""
+    assert support("vllm", "bf16", "vllm:int8_per_token_head").kv.args == ("--kv-cache-dtype", "int8_per_token_head")
+    assert not support("vllm", "bf16", "vllm@0.23:int8_per_token_head").accepted  # 0.34 rounds: not its store
+    old = line("vllm", "bf16", "vllm@0.23:int8_per_token_head", version="0.23")
+    assert old.version == "vLLM 0.23.0" and "--kv-cache-dtype" in old.argv and "int8_per_token_head" in old.argv
+    assert not support("vllm", "bf16", "vllm:int8_per_token_head", version="0.23").accepted
+    assert not support("vllm", "bf16", "int4_pth", version="0.23").accepted and support("vllm", "bf16", "int4_pth", version="0.27").accepted
+
+
 def test_nvfp4_kv_caches_get_their_engine_flags():
-    """vLLM --kv-cache-dtype nvfp4 / nvfp4_4over6 and SGLang fp4_e2m1 + --fp4-kv-cache-recipe nvfp4: Blackwell only,
-    storage = the format whose bytes the engine allocates (head_dim/2 + head_dim/16 per token and head)."""
+    """vLLM --kv-cache-dtype nvfp4 / nvfp4_4over6 and SGLang 0.5.23's --kv-cache-dtype nvfp4 | fp4_mx_block16 (no
+    --fp4-kv-cache-recipe: gone): Blackwell only, storage = the format whose bytes the engine allocates (head_dim/2 +
+    head_dim/16 per token and head)."""
     for fmt in ("nvfp4", "nvfp4_4over6"):
         s = support("vllm", "bf16", fmt, gpu="B200")
         assert s.accepted and s.kv.args == ("--kv-cache-dtype", fmt) and s.kv.storage == fmt
         assert not support("vllm", "bf16", fmt).accepted  # H100: no NVFP4 KV kernels
         assert not support("vllm", "bf16", fmt, gpu="B200", version="0.11").accepted
-    s = support("sglang", "bf16", "sglang:fp4_e2m1+recipe=nvfp4", gpu="B200")
-    assert s.accepted and s.kv.args == ("--kv-cache-dtype", "fp4_e2m1", "--fp4-kv-cache-recipe", "nvfp4")
-    assert any("workspace" in w for w in s.warnings)
-    assert support("sglang", "bf16", "fp4_e2m1", gpu="B200").kv.args == ("--kv-cache-dtype", "fp4_e2m1")
+    for spec in ("sglang:fp4_e2m1+recipe=nvfp4", "sglang:nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100"):
+        s = support("sglang", "bf16", spec, gpu="B200")
+        assert s.accepted and s.kv.args == ("--kv-cache-dtype", "nvfp4") and s.kv.storage == "nvfp4", spec
+        assert any("workspace" in w for w in s.warnings)
+    for spec in ("fp4_e2m1", "sglang:fp4_mx_block16", "sglang:fp4_e2m1"):
+        assert support("sglang", "bf16", spec, gpu="B200").kv.args == ("--kv-cache-dtype", "fp4_mx_block16")
+    sglang_line = line("sglang", "bf16", "sglang:nvfp4", gpu="B200")
+    assert "--fp4-kv-cache-recipe" not in sglang_line.argv and sglang_line.version == "SGLang 0.5.23"
+    # SGLang 0.5.20's x6 on SM100 without checkpoint scales: its own release only
+    assert not support("sglang", "bf16", "sglang@0.5.20:fp4_e2m1+recipe=nvfp4-sm100", gpu="B200").accepted
+    old = support("sglang", "bf16", "sglang@0.5.20:fp4_e2m1+recipe=nvfp4-sm100", gpu="B200", version="0.5.20")
+    assert old.accepted and old.kv.args == ("--kv-cache-dtype", "nvfp4") and old.kv.storage == "nvfp4-sm100"
     assert not support("vllm", "bf16", "nvfp4-fp8read", gpu="B200").accepted  # SGLang's read path, not a vLLM dtype
     assert get_kv_format("nvfp4").bytes_per_vector(128) == 72
 

@@ -4,7 +4,7 @@
 vllm-project/vllm ``csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu``
 @0cd789b397efc1a8992489076db9fe28d41aed69, which calls ``cvt_warp_fp16_to_fp4`` of
 ``csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh`` @20b4ad8eb93309fce4bc0a069adcd2cfabb462f7)
-and SGLang ``--fp4-kv-cache-recipe nvfp4`` (``NVFP4Method.quantize_and_store`` →
+and SGLang ``--kv-cache-dtype nvfp4`` (older main: ``--fp4-kv-cache-recipe nvfp4``; ``NVFP4Method.quantize_and_store`` →
 ``NVFP4QuantizeUtil.fi_nvfp4_quantize`` → flashinfer ``fp4_quantize(x, 1/global_scale,
 sf_vec_size=16)``, sgl-project/sglang @1c5f9e23874acd43238a31da1d3d2b17fae45c24
 ``python/sglang/srt/layers/quantization/kvfp4_tensor.py``; flashinfer-ai/flashinfer
@@ -26,9 +26,11 @@ fp32 ``k_scale`` / ``v_scale``. A reader recovers ``code · sf · k_scale``.
   ``cvt.rn.satfinite.e2m1x2.f32`` exactly so) — unlike SGLang's MXFP4/blockfp4 recipe, whose
   ``sum(|x| >= bounds)`` rounds ties up (:func:`wkvlab.kv.formats._sglang_fp4`).
 * **Global scale**: ``k_scale`` is the checkpoint's (1.0 without one); SGLang's
-  ``NVFP4Method.load_scales_from_model`` multiplies it by 6 on SM100 ("to align FP4 range with
-  hardware expectations"), so a B200 without checkpoint scales runs with ``k_scale = 6``: block
-  scales 6× smaller, E4M3 subnormals (below 2^-6) reached 6× sooner.
+  ``NVFP4Method.load_scales_from_model`` multiplied it by 6 on SM100 ("to align FP4 range with
+  hardware expectations") up to 0.5.20, so a B200 without checkpoint scales ran with ``k_scale = 6``:
+  block scales 6× smaller, E4M3 subnormals (below 2^-6) reached 6× sooner (``nvfp4-sm100``). From
+  0.5.21 (the sglang-0.5.23 wheel's ``fp4_kv_cache_quant_method.py``: ``if is_sm100 and k_scale != 1.0``)
+  only a checkpoint's scale is multiplied: an uncalibrated model keeps 1.0 on SM100 too.
 * **nvfp4_4over6** (vLLM ``cvt_warp_fp16_to_fp4_4over6``): the same store computed with
   denominators 6 and 4, each block keeping the one whose squared reconstruction error
   ``Σ (e2m1(x·os)·rcp(os) − x)²`` is smaller (6 on a tie: ``use4 = err4 < err6``).

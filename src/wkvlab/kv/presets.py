@@ -3,6 +3,10 @@
 Each preset is a :class:`KVSpec`, its source (repository, file and commit where it was read) and a
 fidelity label saying how sure the simulation is; ``wkvlab eval --kv <preset>`` refuses names it
 does not know, and ``wkvlab presets`` lists them with their labels.
+
+Presets of vLLM, SGLang and llama.cpp follow a release of the engine table
+(:mod:`wkvlab.engine_releases`): ``vllm:int8_per_token_head`` is the newest modelled release,
+``vllm@0.23:int8_per_token_head`` an older one, whose formats the table's ``kv_formats`` map.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from wkvlab.engine_releases import PRESET_ENGINES, Release, engine_table, preset_release, releases
+from wkvlab.errors import ConfigError
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.formats import HQQ_BITS
 
@@ -53,17 +59,23 @@ def engine_checks(name: str, spec: KVSpec) -> list[dict]:
 # those recorded with an interval)
 ENGINE_CHECKED_LLAMACPP = tuple(dict.fromkeys(
     c["preset"].split(":", 1)[1] for c in recorded_checks()[1] if c["preset"].startswith("llamacpp:") and c["model"].startswith("SmolLM2")))
-VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head "
-                   "(store line as at @027e07f2; int8 stores truncate: tests/quantization/test_per_token_kv_cache.py @01e4fce0); "
-                   "re-read unchanged at @f51ccb3e vllm/v1/attention/ops/triton_quant_kv/int8_fp8_per_token_head.py")
-SGLANG_FP4_SOURCE = ("sgl-project/sglang@0dae407b python/sglang/srt/layers/quantization/kvfp4_tensor.py FP4MXBlock16KVQuantizeUtil; "
-                     "recipes in kv_cache_quant_method.py @1c5f9e23 (MXFP4Method, blockfp4 its alias)")
+VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head, "
+                   "as released: 0.24.0 (@ee0da84ab) to 0.34.0 (@62d4bc3c7, lines 231-234 and 263-266) add "
+                   "tl.where(q >= 0, q + 0.5, q - 0.5) before the truncating int8 store (\"INT8 rounds explicitly\", "
+                   "tests/quantization/test_per_token_kv_cache.py); 0.20.0 to 0.23.0 (@91df0fad4, line 207) store the clamp: "
+                   "truncation (\"INT8 Triton stores truncate\"); FP8 casts round to nearest even in all")
+SGLANG_FP4_SOURCE = ("FP4MXBlock16KVQuantizeUtil.batched_quantize: sglang-0.5.23 python/sglang/srt/layers/quantization/kvfp4_tensor.py "
+                     "(the lines of sgl-project/sglang@0dae407b), FP4MXBlock16KVCacheMethod in fp4_kv_cache_quant_method.py "
+                     "(--kv-cache-dtype fp4_mx_block16; fp4_e2m1 its deprecated name in 0.5.20, gone in 0.5.23)")
 VLLM_NVFP4_SOURCE = ("vllm-project/vllm csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu @0cd789b3 reshape_and_cache_nvfp4_kernel "
                      "(cvt_warp_fp16_to_fp4 of quantization/fp4/nvfp4_utils.cuh @20b4ad8e; 4over6: cvt_warp_fp16_to_fp4_4over6), "
                      "global scale 1/k_scale; CacheDType in vllm/config/cache.py @002f10e0; read (SM120): FlashInfer FA2 "
                      "code*scale in the query dtype, exact, k_scale on the softmax scale (flashinfer-ai/flashinfer@fb28d724 "
                      "include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v); SM100 trtllm-gen cubins not read")
-SGLANG_NVFP4_SOURCE = ("sgl-project/sglang@1c5f9e23 python/sglang/srt/layers/quantization/kv_cache_quant_method.py NVFP4Method "
+SGLANG_NVFP4_SOURCE = ("scale rule: sglang-0.5.23 python/sglang/srt/layers/quantization/fp4_kv_cache_quant_method.py "
+                       "NVFP4KVCacheMethod.load_scales_from_model (k_scale x6 on SM100 only when the checkpoint gives k_scale != 1.0; "
+                       "sglang-0.5.20: x6 on SM100 always); store and read as read at sgl-project/sglang@1c5f9e23 "
+                       "python/sglang/srt/layers/quantization/kv_cache_quant_method.py NVFP4Method "
                        "(quantize_and_store, load_scales_from_model) + kvfp4_tensor.py @1c5f9e23 "
                        "NVFP4QuantizeUtil.fi_nvfp4_quantize -> flashinfer fp4_quantize (flashinfer-ai/flashinfer@014327ab "
                        "csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh cvt_warp_fp16_to_fp4); decode read: "
@@ -73,7 +85,9 @@ SGLANG_NVFP4_SOURCE = ("sgl-project/sglang@1c5f9e23 python/sglang/srt/layers/qua
                        "FlashInfer FA2 NVFP4 read, code*scale in the query dtype, exact, k_scale on the softmax scale "
                        "(flashinfer-ai/flashinfer@fb28d724 include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v, "
                        "flashinfer/decode.py run)")
-SGLANG_NVFP4_DIFFERS = ("the decode read; an extend over a cached prefix reads the prefix through bf16 into the FP8 workspace "
+SGLANG_NVFP4_DIFFERS = ("SGLang 0.5.23 stores through flashinfer nvfp4_kv_quantize on SM100/SM120 (fp4_quantize on SM90), "
+                        "modelled as the @1c5f9e23 store (cvt_warp_fp16_to_fp4), its kernel not read; "
+                        "the decode read; an extend over a cached prefix reads the prefix through bf16 into the FP8 workspace "
                         "instead (dequantize_prev_kv: formats nvfp4-fp8read[-sm100]), and a prompt attends its own tokens unquantized "
                         "(ragged wrapper on the raw K/V) or cast straight to FP8 (paged path: k.to(float8_e4m3fn)); SGLang@1c5f9e23 passes kv_block_scales=, a keyword FlashInfer renamed "
                         "kv_cache_sf (flashinfer-ai/flashinfer@c6cf5e43, #2954) before its FA2 kernels read NVFP4 (@4e642191, #3097), "
@@ -82,7 +96,8 @@ SGLANG_NVFP4_DIFFERS = ("the decode read; an extend over a cached prefix reads t
                         "neither modelled; on SM100 the trtllm_mha backend's trtllm-gen cubins were not read")
 # SGLang --kv-cache-dtype fp8_e4m3 / fp8_e5m2, store and read (each read at the commit named)
 SGLANG_FP8_SOURCE = ("store: sgl-project/sglang@000ccdba python/sglang/srt/mem_cache/memory_pool.py MHATokenToKVPool.set_kv_buffer "
-                     "(cache_k.div_(k_scale) only when the layer has checkpoint scales, then cache_k.to(float8)); the cast: torch 2.13 "
+                     "(cache_k.div_(k_scale) only when the layer has checkpoint scales, then cache_k.to(float8); the same lines in the "
+                     "sglang-0.5.23 wheel); the cast: torch 2.13 "
                      "torch/headeronly/util/Float8_e4m3fn.h fp8e4m3fn_from_fp32_value (nearest even, saturating), Float8_e5m2.h "
                      "fp8e5m2_from_fp32_value (nearest even, +-inf from +-61440); read: @1c5f9e23 "
                      "python/sglang/srt/layers/attention/flashinfer_backend.py forward_decode -> flashinfer "
@@ -115,13 +130,14 @@ class Preset:
     source: str
     fidelity: str = "approximate"
     differs: str = ""
+    release: Release | None = None  # the engine release modelled (engine_releases), None for presets of no engine table
 
     def describe(self) -> str:
         """The fidelity label with its qualification, for notes and tables."""
         return f"{self.fidelity}: {self.differs}" if self.differs else self.fidelity
 
 
-def _llamacpp(k: str, v: str, x86: bool = False) -> Preset:
+def _llamacpp(k: str, v: str, x86: bool = False, engine: str = "") -> Preset:
     """llama.cpp ``-ctk k -ctv v`` (see :data:`LLAMACPP_SOURCE`).
 
     * The cache stores blocks of 32 along head_dim (ggml types, bit-exact with ``gguf.quants``, the
@@ -137,7 +153,7 @@ def _llamacpp(k: str, v: str, x86: bool = False) -> Preset:
       ``arch/x86/quants.c``'s AVX/AVX2 writer instead (:mod:`wkvlab.formats.ggml_x86`).
     """
     quantized_k = k != "f16"
-    engine = "llamacpp-x86" if x86 else "llamacpp"
+    engine = engine or ("llamacpp-x86" if x86 else "llamacpp")
     name = f"{engine}:{k}" if k == v else f"{engine}:{k}/{v}"
     q8 = "q8_0-x86" if x86 else "q8_0"
     q = q8 if quantized_k else ("fp16" if v != "f16" else "none")
@@ -160,9 +176,22 @@ def _labelled(preset: Preset) -> Preset:
     return preset
 
 
-def _vllm(rest: str) -> Preset:
-    fmt = VLLM_DTYPES[rest]
-    spec = KVSpec(k=fmt, v=fmt, name=f"vllm:{rest}")
+def _release_format(release: Release, fmt: str, dtype: str, name: str) -> str:
+    """``fmt`` as ``release`` stores it (its ``kv_formats``), or a one-line ConfigError when the release has no
+    such cache dtype (the table's KV entry needs a feature the release lacks)."""
+    fmt = release.kv_format(fmt)
+    entry = engine_table()[release.engine]["kv"].get(fmt, {})
+    if entry.get("needs") and entry["needs"] not in release.features:
+        newest = engine_table()[release.engine]["default_version"]
+        raise ConfigError(f"{release.label} has no {dtype} KV cache ({entry.get('since', 'a newer release')}); "
+                          f"write {name.split('@')[0].split(':')[0]}:{name.partition(':')[2]} for the newest modelled release ({newest})")
+    return fmt
+
+
+def _vllm(rest: str, release: Release, engine: str) -> Preset:
+    name = f"{engine}:{rest}"
+    fmt = _release_format(release, VLLM_DTYPES[rest], f"--kv-cache-dtype {rest}", name)
+    spec = KVSpec(k=fmt, v=fmt, name=name)
     if fmt == "int4_pth":
         return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@055e47c2 (re-read; write path as at @a7f284a2) vllm/v1/attention/ops/int4_per_token_head.py: "
                       "single_rht, then asymmetric INT4; re-read unchanged at @18829594 vllm/v1/attention/ops/triton_quant_kv/int4_per_token_head.py", "source-faithful")
@@ -176,9 +205,9 @@ def _vllm(rest: str) -> Preset:
                   "approximate", "FP8 rounding to nearest even with saturation; vLLM's cast kernels were not read, only the scale rule")
 
 
-def _vllm_fa3(rest: str) -> Preset:
+def _vllm_fa3(rest: str, engine: str) -> Preset:
     fmt = VLLM_DTYPES[rest]
-    spec = KVSpec(k=fmt, v=fmt, q="fp8_e4m3", name=f"vllm-fa3:{rest}")
+    spec = KVSpec(k=fmt, v=fmt, q="fp8_e4m3", name=f"{engine}:{rest}")
     return Preset(spec, "vLLM FP8 KV with Q in FP8 (FlashAttention-3, Triton: supports_quant_query_input), static q_scale "
                   "(vllm-project/vllm@5d4420da vllm/attention/layer.py)", "approximate",
                   "FP8 casts as for vllm:fp8 (cast kernels not read)")
@@ -194,7 +223,7 @@ def _kivi(bits: str) -> Preset:
     return Preset(spec, "KIVI: jy-yuan/KIVI@876b4d2d models/llama_kivi.py, quant/new_pack.py", "source-faithful")
 
 
-def _sglang_fp8(dtype: str) -> Preset:
+def _sglang_fp8(dtype: str, engine: str) -> Preset:
     """``sglang:fp8_e4m3`` / ``sglang:fp8_e5m2`` (see :data:`SGLANG_FP8_SOURCE`).
 
     Without checkpoint scales the layer's k_scale is None, so ``set_kv_buffer`` divides by nothing and
@@ -203,7 +232,7 @@ def _sglang_fp8(dtype: str) -> Preset:
     (absent) scales to the softmax scale and the output, so the attention sees exactly the stored value.
     """
     fmt = "fp8_e5m2-nosat" if dtype == "fp8_e5m2" else dtype
-    spec = KVSpec(k=fmt, v=fmt, name=f"sglang:{dtype}")
+    spec = KVSpec(k=fmt, v=fmt, name=f"{engine}:{dtype}")
     return Preset(spec, f"SGLang --kv-cache-dtype {dtype} without checkpoint scales: {SGLANG_FP8_SOURCE}", "source-faithful",
                   SGLANG_FP8_DIFFERS[dtype])
 
@@ -240,7 +269,16 @@ def describe_preset(text: str) -> Preset | None:
 
 
 def _build_preset(text: str) -> Preset | None:
+    """The preset with the engine release it models (:func:`wkvlab.engine_releases.preset_release`)."""
     key = text.strip().lower()
+    engine = key.partition(":")[0]
+    release = preset_release(engine) if ":" in key else None
+    preset = _preset_of(key, engine.partition("@")[0], engine, release)
+    return replace(preset, release=release) if preset is not None else None
+
+
+def _preset_of(key: str, engine: str, typed: str, release: Release | None) -> Preset | None:
+    """``engine``: the engine part without ``@``; ``typed``: as written (it names the spec)."""
     if key in ("kivi2", "kivi4"):
         return _kivi(key[-1])
     shorthand = re.fullmatch(r"k(16|8|4|2)v(16|8|4|2)|kv(16|8|4|2)", key)
@@ -251,7 +289,7 @@ def _build_preset(text: str) -> Preset | None:
         k, v = ("fp16" if b == "16" else f"int{b}" for b in (kb, vb))
         return Preset(KVSpec(k=k, v=v), f"bit pair K{kb}V{vb}: wkvlab {k} keys, {v} values (per token and head)",
                       "approximate", "KVTuner's names for wkvlab's own per-(token, head) integer formats, not KVTuner's quantizer")
-    engine, sep, rest = key.partition(":")
+    _, sep, rest = key.partition(":")
     if engine == "kvquant":
         match = re.fullmatch(r"([2-4])(-1%)?", rest)
         if match:
@@ -265,16 +303,22 @@ def _build_preset(text: str) -> Preset | None:
         k, _, v = rest.partition("/")
         v = v or k
         if k in LLAMACPP_TYPES and v in LLAMACPP_TYPES:
-            return _llamacpp(k, v, x86=engine == "llamacpp-x86")
+            return _llamacpp(k, v, x86=engine == "llamacpp-x86", engine=typed)
     elif engine == "vllm" and rest in VLLM_DTYPES:
-        return _vllm(rest)
+        return _vllm(rest, release, typed)
     elif engine == "vllm-fa3" and rest in ("fp8", "fp8_e4m3"):
-        return _vllm_fa3(rest)
-    elif engine == "sglang" and rest == "fp4_e2m1":
-        spec = KVSpec(k=rest, v=rest, name=f"sglang:{rest}")
-        return Preset(spec, f"SGLang --kv-cache-dtype fp4_e2m1, --fp4-kv-cache-recipe mxfp4 or blockfp4 (one kernel): {SGLANG_FP4_SOURCE}", "source-faithful")
+        return _vllm_fa3(rest, typed)
+    elif engine == "sglang" and rest in ("fp4_e2m1", "fp4_mx_block16"):
+        # one kernel: fp4_mx_block16 is SGLang's current name, fp4_e2m1 the name wkvlab's format and older SGLang use
+        spec = KVSpec(k="fp4_e2m1", v="fp4_e2m1", name=f"{typed}:{rest}")
+        return Preset(spec, f"SGLang --kv-cache-dtype fp4_mx_block16 (formerly fp4_e2m1; older main's --fp4-kv-cache-recipe mxfp4/blockfp4): "
+                      f"{SGLANG_FP4_SOURCE}", "source-faithful")
+    elif engine == "sglang" and rest == "nvfp4":
+        fmt = _release_format(release, "nvfp4", "--kv-cache-dtype nvfp4", f"{typed}:{rest}")
+        return Preset(KVSpec(k=fmt, v=fmt, name=f"{typed}:{rest}"), f"SGLang --kv-cache-dtype nvfp4 without checkpoint scales (k_scale 1.0; "
+                      f"the decode read): {SGLANG_NVFP4_SOURCE}", "source-faithful", SGLANG_NVFP4_DIFFERS)
     elif engine == "sglang" and rest in ("fp8_e4m3", "fp8_e5m2"):
-        return _sglang_fp8(rest)
+        return _sglang_fp8(rest, typed)
     elif engine == "hf-quanto" and rest in ("int2", "int4"):
         # transformers 5.24 QuantizedCache(backend="quanto") (cache_utils.py QuantizedLayer.update,
         # QuantoQuantizedLayer): optimum-quanto 0.2.7 MaxOptimizer + quantize_affine with axis=0 and
@@ -312,9 +356,7 @@ def _build_preset(text: str) -> Preset | None:
         preset = _exl3(rest, flash_attn_path=engine == "exl3-fa")
         if preset is not None:
             return preset
-    from wkvlab.errors import ConfigError
-
-    raise ConfigError(f"unknown KV preset {text!r}; known: {', '.join(preset_names())}")
+    raise ConfigError(f"unknown KV preset {key!r}; known: {', '.join(preset_names())}")
 
 
 def preset_names() -> list[str]:
@@ -322,9 +364,10 @@ def preset_names() -> list[str]:
         [f"llamacpp:{t}" for t in LLAMACPP_TYPES]
         + ["llamacpp:q8_0/q4_0", "llamacpp:<k>/<v>", "llamacpp:q4_0+norot", "llamacpp:f16/q4_0", "llamacpp-x86:q8_0", "llamacpp-x86:q8_0/q4_0",
            "llamacpp-x86:<k>/<v>"]
-        + [f"vllm:{d}" for d in VLLM_DTYPES]
-        + ["vllm-fa3:fp8_e4m3", "vllm:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
-           "sglang:fp4_e2m1", "sglang:fp4_e2m1+recipe=nvfp4", "sglang:fp4_e2m1+recipe=nvfp4-sm100", "sglang:fp8_e4m3", "sglang:fp8_e5m2",
+        + [f"vllm:{d}" for d in VLLM_DTYPES] + ["vllm@0.23:int8_per_token_head"]
+        + ["vllm-fa3:fp8_e4m3", "vllm@0.27:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
+           "sglang:fp4_mx_block16", "sglang:fp4_e2m1", "sglang:nvfp4", "sglang:fp4_e2m1+recipe=nvfp4", "sglang@0.5.20:fp4_e2m1+recipe=nvfp4-sm100",
+           "sglang:fp8_e4m3", "sglang:fp8_e5m2",
            "exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
            *(f"hf-hqq:int{b}" for b in HQQ_BITS),
            "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]
@@ -335,6 +378,32 @@ def preset_names() -> list[str]:
 # rules, QuantizedCache's residual_length and prompt length): source-faithful with them appended.
 ENGINE_OPTIONS = {"llamacpp": ("norot",), "llamacpp-x86": ("norot",), "vllm": ("scales=",), "vllm-fa3": ("scales=",),
                   "hf-quanto": ("residual=", "prefill="), "hf-hqq": ("residual=", "prefill="), "sglang": ("recipe=",)}
+
+
+def _spec_release(name: str) -> Release | None:
+    """The release a spec named after a versioned preset (``vllm@0.23:...``) models; None otherwise."""
+    engine, sep, _ = name.strip().lower().partition(":")
+    if not sep or engine.partition("@")[0] not in PRESET_ENGINES:
+        return None
+    return preset_release(engine)
+
+
+def release_format(name: str, fmt: str) -> str:
+    """``fmt`` (an option's target, e.g. ``recipe=nvfp4-sm100``) as the release of preset ``name`` stores it."""
+    release = _spec_release(name)
+    return release.kv_format(fmt) if release is not None else fmt
+
+
+def check_release_scales(name: str, mode: str) -> None:
+    """``scales=calculate`` is vLLM's ``--calculate-kv-scales``: refused, in one line, for a release without it."""
+    release = _spec_release(name)
+    if mode != "calculate" or release is None or release.engine != "vllm" or "calculate_kv_scales" in release.features:
+        return
+    last = next(r for r in releases("vllm") if "calculate_kv_scales" in r.features)
+    engine, _, dtype = name.strip().lower().partition(":")
+    raise ConfigError(f"{release.label} has no --calculate-kv-scales ({last.label} is the last release with it): write "
+                      f"{engine.partition('@')[0]}@{last.key}:{dtype.split('+')[0]}+scales=calculate, or +scales=amax448 for "
+                      f"checkpoint scales (what {release.label} loads)")
 
 
 def fidelity_of(spec: KVSpec) -> dict:
@@ -353,7 +422,9 @@ def fidelity_of(spec: KVSpec) -> dict:
     label, differs, source = preset.fidelity, preset.differs, preset.source
     if any(o.strip().lower().startswith("recipe=nvfp4") for o in options):
         differs, source = SGLANG_NVFP4_DIFFERS, SGLANG_NVFP4_SOURCE  # the recipe is another kernel than the preset's
-    engine_name = base.strip().lower().partition(":")[0]
+    if preset.release is not None:  # the release the preset stands for; the source names where each line was read
+        source = f"release modelled: {preset.release.describe()}; {source}"
+    engine_name = base.strip().lower().partition(":")[0].partition("@")[0]
     covered = ENGINE_OPTIONS.get(engine_name, ())
     engine = [o for o in options if o.strip().lower().startswith(covered)] if covered else []
     extra = [o for o in options if o not in engine]
@@ -366,7 +437,8 @@ def fidelity_of(spec: KVSpec) -> dict:
             differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not part of it"
     elif extra and label == "approximate":
         differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
-    return {"label": label, "differs": differs, "source": source}
+    return {"label": label, "differs": differs, "source": source,
+            "release": preset.release.describe() if preset.release is not None else ""}
 
 
 def fidelity_note(spec: KVSpec) -> list[str]:

@@ -4,6 +4,7 @@ String form (what ``--kv`` accepts)::
 
     <K format>[/<V format>][+option]...      e.g.  int4   q8_0/q4_0   q4_0+rot   int4+sinks=4+skip=0,29
     <preset>[+option]...                     e.g.  llamacpp:q4_0   vllm:fp8_e4m3   exl3:k4v4+sinks=1   K8V4
+    <engine>@<release>:<dtype>[+option]...   e.g.  vllm@0.23:int8_per_token_head   sglang@0.5.20:fp4_e2m1+recipe=nvfp4-sm100
     @spec.yaml | @spec.json                  a file holding ``KVSpec.to_dict()``
 
 Options follow ``+`` (``;`` is read as an alias). ``<layers>=<K>[/<V>]`` gives listed layers their
@@ -32,9 +33,15 @@ convention of llm-compressor (compressed-tensors ``calculate_qparams``); ``tenso
 the first batch) instead of vLLM's default 1.0, ``prerope``
 (keys quantized before RoPE, RoPE re-applied after dequantization), ``outliers=<f>`` (a fraction
 of values kept in fp16, KVQuant's dense-and-sparse), ``recipe=<mxfp4|blockfp4|nvfp4|nvfp4-sm100>``
-(SGLang's ``--fp4-kv-cache-recipe`` for an ``fp4_e2m1`` cache: mxfp4/blockfp4 keep ``fp4_e2m1``,
-nvfp4 ``nvfp4``, nvfp4-sm100 ``nvfp4-sm100``: the cache as SGLang's decode reads it; see
+(SGLang's FP4 recipe for an ``fp4_e2m1`` cache — older main's ``--fp4-kv-cache-recipe``, SGLang
+0.5.20+'s ``--kv-cache-dtype fp4_mx_block16 | nvfp4``: mxfp4/blockfp4 keep ``fp4_e2m1``, nvfp4
+``nvfp4``, nvfp4-sm100 ``nvfp4-sm100`` (k_scale 6) up to SGLang 0.5.20 and ``nvfp4`` from 0.5.21,
+the release's ``kv_formats``: the cache as SGLang's decode reads it; see
 :data:`wkvlab.kv.formats.FP4_KV_RECIPES`).
+
+Engine presets name a release after ``@`` (``vllm@0.23:int8_per_token_head``; without one, the newest
+the table models: :mod:`wkvlab.engine_releases`). ``scales=calculate`` on a vLLM preset needs a release
+with ``--calculate-kv-scales`` (0.27 and older).
 """
 from __future__ import annotations
 
@@ -494,15 +501,21 @@ def _apply_option(spec: KVSpec, option: str) -> KVSpec:
         except ValueError:
             raise ConfigError(f"smooth= needs a number in [0, 1] (QServe uses 0.5), got {value!r}") from None
     if key == "scales":
+        from wkvlab.kv.presets import check_release_scales  # presets build KVSpecs: import here, not at module load
+
+        check_release_scales(spec.name, _SCALE_ALIASES.get(value, value))
         return replace(spec, scales=value)
     if key == "prerope" and not value:
         return replace(spec, prerope=True)
     if key == "recipe":
+        from wkvlab.kv.presets import release_format
+
         target = FP4_KV_RECIPES.get(value.lower())
         if target is None:
-            raise ConfigError(f"recipe={value} is not an SGLang --fp4-kv-cache-recipe; use {', '.join(FP4_KV_RECIPES)}")
+            raise ConfigError(f"recipe={value} is not an SGLang FP4 KV recipe; use {', '.join(FP4_KV_RECIPES)}")
         if (spec.k, spec.v) != ("fp4_e2m1", "fp4_e2m1") or spec.layers:
             raise ConfigError("recipe= selects SGLang's FP4 KV recipe and applies to an fp4_e2m1 cache; write sglang:fp4_e2m1+recipe=" + value)
+        target = release_format(spec.name, target)  # SGLang 0.5.21 on: no x6 on SM100 without checkpoint scales
         return replace(spec, k=target, v=target)
     if key == "outliers":
         try:

@@ -68,7 +68,7 @@ def plan_command(
     results: Annotated[list[Path] | None, typer.Option("--results", help="wkvlab eval/demo --json file(s): rank by your measured KLD.")] = None,
     store: Annotated[list[Path] | None, typer.Option("--store", help="wkvlab sweep store(s) (SQLite): rank by your measured KLD.")] = None,
     model_id: Annotated[str | None, typer.Option("--model-id", help="The Hub id, folder or .gguf the launch lines load (e.g. a quantized checkpoint).")] = None,
-    engine_version: Annotated[list[str] | None, typer.Option("--engine-version", help="Target an engine release: vllm=0.11 (default: the newest checked).")] = None,
+    engine_version: Annotated[list[str] | None, typer.Option("--engine-version", help="Target an engine release: vllm=0.23, sglang=0.5.20 (default: the newest modelled; 'wkvlab presets' lists them).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the full plan as JSON here.")] = None,
     engine: Annotated[str | None, typer.Option("--engine", "-e", help="Restrict to one engine: vllm, sglang, llama.cpp, trtllm.")] = None,
     gpu_file: Annotated[Path | None, typer.Option("--gpu-file", help="YAML/JSON file adding or overriding GPUs (schema: data/gpus.yaml).")] = None,

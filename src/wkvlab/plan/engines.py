@@ -22,11 +22,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Mapping
 
-import yaml
-
+from wkvlab.engine_releases import engine_table, find_release
 from wkvlab.errors import ConfigError
 from wkvlab.kv.formats import get_kv_format
 from wkvlab.kv.spec import SLIDING, KVSpec
@@ -74,15 +72,9 @@ class Support(JsonMixin):
     weight_env: tuple[str, ...] = field(default=())
 
 
-_MATRIX: dict[str, Any] | None = None
-
-
 def matrix() -> dict[str, Any]:
-    global _MATRIX
-    if _MATRIX is None:
-        text = resources.files("wkvlab.plan").joinpath("data/engines.yaml").read_text()
-        _MATRIX = yaml.safe_load(text)["engines"]
-    return _MATRIX
+    """The engine table (data/engines.yaml), read once by :mod:`wkvlab.engine_releases`."""
+    return engine_table()
 
 
 def normalize_engine(name: str | None) -> str | None:
@@ -96,13 +88,10 @@ def normalize_engine(name: str | None) -> str | None:
 
 
 def engine_version(engine: str, version: str | None = None) -> tuple[str, Mapping[str, Any]]:
-    """(version key, its facts) of ``engine``: the newest checked one unless ``version`` names another."""
-    entry = matrix()[engine]
-    key = version or entry["default_version"]
-    if key not in entry["versions"]:
-        raise ConfigError(f"{entry['display']} version {key!r} is not one the planner knows; use one of: "
-                          + ", ".join(entry["versions"]))
-    return key, entry["versions"][key]
+    """(version key, its facts) of ``engine``: the newest modelled release unless ``version`` names another
+    (its key or full version, :func:`wkvlab.engine_releases.find_release`)."""
+    key = find_release(engine, version).key
+    return key, matrix()[engine]["versions"][key]
 
 
 def parse_engine_versions(items: list[str] | None) -> dict[str, str]:
@@ -112,9 +101,8 @@ def parse_engine_versions(items: list[str] | None) -> dict[str, str]:
         name, sep, version = item.partition("=")
         engine = normalize_engine(name)
         if not sep or not version or engine is None:
-            raise ConfigError(f"--engine-version {item!r}: write <engine>=<version>, e.g. vllm=0.11")
-        engine_version(engine, version)
-        out[engine] = version
+            raise ConfigError(f"--engine-version {item!r}: write <engine>=<version>, e.g. vllm=0.23")
+        out[engine] = engine_version(engine, version)[0]
     return out
 
 
@@ -276,7 +264,7 @@ def translate_kv(engine: str, model: ModelDescription, spec: KVSpec, gpu: GPU, f
         skips = [i for i in spec.skip if i != SLIDING]
     args: list[str] = []
     if table[fmt]["arg"] != "auto":
-        args += ["--kv-cache-dtype", table[fmt]["arg"], *table[fmt].get("flags", ())]  # flags: a recipe the dtype needs
+        args += ["--kv-cache-dtype", table[fmt]["arg"]]
     skip_words = [str(i) for i in sorted(skips)] + ([SLIDING] if SLIDING in spec.skip and not spec.layers else [])
     if skip_words and table[fmt]["arg"] != "auto":
         rule = entry.get("skip_layers")
@@ -291,9 +279,13 @@ def translate_kv(engine: str, model: ModelDescription, spec: KVSpec, gpu: GPU, f
         if "calculate_kv_scales" in features:
             args.append("--calculate-kv-scales")
             notes.append(f"{display} --calculate-kv-scales computes its own FP8 scales on the first batch (not wkvlab's amax/448 calibration)")
+        elif spec.scales == "calculate":
+            reasons.append(f"{display} (this version) has no --calculate-kv-scales (vLLM 0.27.1 is the last release with it): "
+                           "target --engine-version vllm=0.27, or give the checkpoint k_scale/v_scale (scales=amax448)")
+            return None
         else:
             notes.append(f"{display}: scaled FP8 KV needs a checkpoint that carries k_scale/v_scale (llm-compressor kv_cache_scheme); "
-                         "this version has no --calculate-kv-scales (removed by PR #49389, 2026-07-22)")
+                         "this version has no --calculate-kv-scales (vLLM 0.27.1 is the last release with it)")
     if spec.q == "fp8_e4m3":
         notes.append(f"{display}: FP8 queries are what the FlashAttention-3 / FlashInfer FP8 paths do; no separate flag")
     storage_fmt = table[fmt]["storage"]
