@@ -422,4 +422,5 @@ def test_per_token_head_presets_name_the_revision_they_were_re_read_at():
     for name in ("vllm:int8_per_token_head", "vllm:fp8_per_token_head"):
         assert "@62d4bc3c7" in describe_preset(name).source and "@91df0fad4" in describe_preset(name).source
     assert fidelity_of(KVSpec.parse("vllm:int8_per_token_head"))["release"] == "vLLM 0.34.0 @62d4bc3c7"
-    assert fidelity_of(KVSpec.parse("vllm@0.23:int8_per_token_head"))["release"] == "vLLM 0.23.0 @91df0fad4"
+    old = fidelity_of(KVSpec.parse("vllm@0.23:int8_per_token_head"))
+    assert old["release"] == "vLLM 0.23.0 @91df0fad4" and old["label"] == "source-faithful" and "INT8 Triton stores truncate" in old["source"]

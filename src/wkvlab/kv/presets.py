@@ -192,6 +192,8 @@ def _vllm(rest: str, release: Release, engine: str) -> Preset:
     name = f"{engine}:{rest}"
     fmt = _release_format(release, VLLM_DTYPES[rest], f"--kv-cache-dtype {rest}", name)
     spec = KVSpec(k=fmt, v=fmt, name=name)
+    if rest.endswith("_per_token_head") and rest != "int4_per_token_head":  # the dtype decides the source, whatever format the release stores
+        return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_PTH_SOURCE}", "source-faithful")
     if fmt == "int4_pth":
         return Preset(spec, "vLLM int4_per_token_head: vllm-project/vllm@055e47c2 (re-read; write path as at @a7f284a2) vllm/v1/attention/ops/int4_per_token_head.py: "
                       "single_rht, then asymmetric INT4; re-read unchanged at @18829594 vllm/v1/attention/ops/triton_quant_kv/int4_per_token_head.py", "source-faithful")
@@ -199,8 +201,6 @@ def _vllm(rest: str, release: Release, engine: str) -> Preset:
         return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_NVFP4_SOURCE}", "source-faithful",
                       "the store as vLLM's kernel writes it with k_scale = v_scale = 1.0 (no checkpoint scales); the attention "
                       "readers (trtllm-gen on SM100, FlashInfer FA2 on SM120) were not read and are taken as exact code x scale x k_scale")
-    if fmt.endswith("_pth"):
-        return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_PTH_SOURCE}", "source-faithful")
     return Preset(spec, f"vLLM --kv-cache-dtype {rest}: scale 1.0 unless set (vllm-project/vllm@5d4420da vllm/attention/layer.py)",
                   "approximate", "FP8 rounding to nearest even with saturation; vLLM's cast kernels were not read, only the scale rule")
 
