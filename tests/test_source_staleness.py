@@ -3,7 +3,6 @@ still there is unchanged, an edited one is reported with its nearest successor, 
 found by its lines, a deleted one is missing; and the packaged record is well formed."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,18 +10,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "source_staleness.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("source_staleness", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["source_staleness"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-guard = _load()
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+import source_staleness as guard  # noqa: E402  (a script, not a package module)
 
 KERNEL = "def store(x, s):\n    q = clamp(x * (1.0 / s), -128, 127)\n    return q\n"
 SCALE = "def scale(x):\n    return max(abs(x)) / 127.0\n"
