@@ -56,6 +56,10 @@ class Tree:
         """Files with ``suffix`` that may hold some of ``lines`` (all of them, unless overridden)."""
         return self.files(suffix)
 
+    def has_dir(self, name: str) -> bool:
+        """Whether the tree has a top-level folder ``name``."""
+        raise NotImplementedError
+
     def describe(self) -> dict:
         raise NotImplementedError
 
@@ -81,6 +85,9 @@ class GitTree(Tree):
         done = self._git("grep", "-l", "-F", *patterns, self.rev, "--", f"*{suffix}")
         return [p.split(":", 1)[1] for p in done.stdout.splitlines() if ":" in p]
 
+    def has_dir(self, name: str) -> bool:
+        return self._git("cat-file", "-t", f"{self.rev}:{name}").stdout.strip() == "tree"
+
     def describe(self) -> dict:
         commit = self._git("rev-parse", self.rev).stdout.strip()
         date = self._git("show", "-s", "--format=%cI", self.rev).stdout.strip()
@@ -98,6 +105,9 @@ class FolderTree(Tree):
 
     def files(self, suffix: str) -> list[str]:
         return sorted(str(p.relative_to(self.root)) for p in self.root.rglob(f"*{suffix}") if p.is_file())
+
+    def has_dir(self, name: str) -> bool:
+        return (self.root / name).is_dir()
 
     def describe(self) -> dict:
         return {"kind": "folder", "path": str(self.root), "version": self.label}
@@ -146,9 +156,9 @@ def _missing(lines: list[str], text: str) -> list[dict]:
 
 def check_record(record: dict, tree: Tree | None) -> dict:
     """The status of one record against ``tree`` (None: no source given for its repository)."""
-    result = {key: record[key] for key in ("id", "presets", "repo", "commit", "path")}
+    result = {key: record.get(key, "") for key in ("id", "presets", "repo", "commit", "release", "path")}
     if tree is None:
-        return {**result, "status": "not checked"}
+        return {**result, "status": "not checked", "why": "no source given for this repository"}
     lines = record["lines"]
     found = _lookup(tree, record["path"])
     if found is not None:
@@ -157,6 +167,10 @@ def check_record(record: dict, tree: Tree | None) -> dict:
         return {**result, "status": "changed" if gone else "unchanged", "at": at, "lines_missing": gone}
     best: tuple[int, str, list[dict]] | None = None
     suffix = Path(record["path"]).suffix
+    parts = record["path"].split("/")
+    if len(parts) > 1 and not any(tree.has_dir(part) for part in parts[:-1]):
+        # a Python wheel ships no csrc/: it says nothing about the kernel, rather than that it is gone
+        return {**result, "status": "not checked", "why": f"the source has no {parts[0]}/ (nor any folder of the cited path)"}
     wanted = {norm(line) for line in lines}
     for candidate in tree.candidates(lines, suffix):
         text = tree.read(candidate) or ""
@@ -177,6 +191,8 @@ def load_records(path: Path = RECORD) -> list[dict]:
     records = data["records"]
     for record in records:
         missing = {"id", "presets", "repo", "commit", "path", "lines"} - set(record)
+        if not missing and not (record["commit"] or record.get("release")):
+            missing = {"commit (or release)"}
         if missing or not record["lines"]:
             raise SystemExit(f"{path}: record {record.get('id', '?')} lacks {', '.join(sorted(missing)) or 'lines'}")
     return records
@@ -198,8 +214,9 @@ def markdown(report: dict) -> str:
         out.append(f"| {repo} | {source['kind']}: `{source['path']}` | {rev or source.get('version', '')} |")
     out += ["", "## Records", "", "| record | presets | cited at | status | where now |", "|---|---|---|---|---|"]
     for r in report["records"]:
-        out.append(f"| {r['id']} | {', '.join(r['presets'])} | {r['repo']}@{r['commit'][:8]} `{r['path']}` | "
-                   f"{r['status']} | {('`' + r['at'] + '`') if r.get('at') else ''} |")
+        cited = f"{r['repo']}@{r['commit'][:8]}" if r["commit"] else f"{r['repo']} ({r['release']})"
+        where = f"`{r['at']}`" if r.get("at") else r.get("why", "")
+        out.append(f"| {r['id']} | {', '.join(r['presets'])} | {cited} `{r['path']}` | {r['status']} | {where} |")
     details = [r for r in report["records"] if r.get("lines_missing")]
     if details:
         out += ["", "## Lines no longer there", ""]
