@@ -137,6 +137,23 @@ def test_original_grid_is_the_rtn_grid_of_the_weights_as_given():
     assert (updated != q).float().mean() > 0.2  # the two rules are different GPTQs, not a rounding detail
 
 
+def test_per_row_grid_sees_dead_inputs_as_ist_daslab_does():
+    """Per row (no groups) both rules find the grid before the column loop, on the weight as given:
+    IST-DASLab's find_params(W) runs before its dead-column line, so a dead input's large weight
+    still sets its row's scale (then GPTQ zeroes it)."""
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(6, 64, generator=g), torch.randn(128, 64, generator=g)
+    w[:, 3], x[:, 3] = 50.0, 0.0  # the row maxima sit on a dead input
+    h, _ = accumulate_hessian(torch.zeros(64, 64), 0, x)
+    spec = WeightSpec.parse("gptq-int4")
+    for grid in ("updated", "original"):
+        record = {}
+        q = gptq_quantize(w, h, *affine_quantizer(spec), grid=grid, record=record)
+        scale = record["params"][0][0][:, 0]
+        assert torch.equal(scale, (50.0 - w.amin(dim=1).clamp(max=0)) / 15)
+        assert torch.equal(q[:, 3], torch.zeros(6))
+
+
 def _llmcompressor_like(w: torch.Tensor, h: torch.Tensor, group: int) -> torch.Tensor:
     """A minimal transcription of llmcompressor 0.14.0.1 GPTQ for asymmetric INT4 groups, a SECONDARY
     check (the slow tier runs llm-compressor itself, tests/weights/test_gptq_llmcompressor.py):
