@@ -49,6 +49,7 @@ WEIGHT_OPTIONS = (
     Form("+emb +head", "int8+head", "also quantize the embeddings / lm_head"),
     Form("+override=<regex>:<config>", "nvfp4+override=self_attn:fp8", "another config for matching modules"),
     Form("+damp= +block= +actorder +alpha= +grid= +noclip +threshold=", "gptq-int4-g128+actorder", "method parameters (GPTQ, AWQ, SmoothQuant, LLM.int8())"),
+    Form("+grid-from=original", "gptq-int4-g128+grid-from=original", "GPTQ as llm-compressor runs it: group grids from the weights before the column loop (default updated: IST-DASLab)"),
 )
 
 KV_GRAMMAR = (

@@ -58,6 +58,9 @@ ROUND_TRIPS = [
     ("fp8-static", "compressed-tensors", "float-quantized"),
     ("gptq-int4-g16", "gptq", "GPTQ"),
     ("gptq-int4-g16;actorder", "gptq", "desc_act True"),
+    # llm-compressor's rule: groups keep the original columns' grids, so act-order needs no g_idx
+    ("gptq-int4-g16+grid-from=original+actorder", "compressed-tensors", "pack-quantized"),
+    ("gptq-int4-g16+grid-from=original+actorder", "gptq", "GPTQ"),
     ("int4-g16-sym", "gptq", "symmetric"),
     ("awq-int4-g16", "awq", "AutoAWQ GEMM"),
 ]

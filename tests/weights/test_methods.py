@@ -85,7 +85,7 @@ def test_every_preset_builds_and_weight_only_is_not_worse(make):
     model, cal = make(), _calibration()
     ref = _logits(model)
     kld = {}
-    for text in ("int4-g32", "gptq-int4-g32", "awq-int4-g32;grid=4", "w8a8-int8", "w8a8-int8;wo", "llm-int8", "fp8", "fp8-wo",
+    for text in ("int4-g32", "gptq-int4-g32", "gptq-int4-g32+grid-from=original+actorder", "awq-int4-g32;grid=4", "w8a8-int8", "w8a8-int8;wo", "llm-int8", "fp8", "fp8-wo",
                  "nvfp4", "nvfp4-wo", "nvfp4-mlp", "mxfp4", "mxfp4-wo", "int8;wscale=tensor;a=int8-tensor"):
         built = quantize_model_weights(model, WeightSpec.parse(text), cal)
         kld[text] = _kld(ref, _logits(built.model))

@@ -7,7 +7,8 @@ from wkvlab.errors import ConfigError
 from wkvlab.weights import WeightSpec, quantize_weight, weight_storage_bytes
 
 
-@pytest.mark.parametrize("text", ["none", "bf16", "fp16", "int8", "int4-g128", "int4-g32-fmin", "int3-g64-sym", "fp8", "fp8-wo"])
+@pytest.mark.parametrize("text", ["none", "bf16", "fp16", "int8", "int4-g128", "int4-g32-fmin", "int3-g64-sym", "fp8", "fp8-wo",
+                                  "gptq-int4-g128+grid-from=original+actorder"])
 def test_weight_spec_round_trips_through_json(text):
     spec = WeightSpec.parse(text)
     assert WeightSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
@@ -24,6 +25,17 @@ def test_weight_spec_defaults():
 def test_bad_weight_specs_say_what_to_use(bad):
     with pytest.raises(ConfigError):
         WeightSpec.parse(bad)
+
+
+def test_gptq_grid_rule_is_an_option_of_gptq_only():
+    assert WeightSpec.parse("gptq-int4-g128").grid_from == "updated"
+    spec = WeightSpec.parse("gptq-int4-g128+grid-from=original")
+    assert spec.grid_from == "original" and spec.label == "gptq-int4-g128+grid-from=original"
+    assert WeightSpec.parse("awq-int4-g128+grid=10").grid == 10  # AWQ's grid= is another option
+    with pytest.raises(ConfigError, match="grid-from chooses how GPTQ finds its group grids; awq has no such choice"):
+        WeightSpec.parse("awq-int4-g128+grid-from=original")
+    with pytest.raises(ConfigError, match="grid-from=original|updated"):
+        WeightSpec.parse("gptq-int4-g128+grid-from=static")
 
 
 def test_ragged_last_group_matches_two_separate_quantizations():

@@ -11,6 +11,31 @@ first column of the group is reached — so with act-order the groups follow the
 the reference's ``g_idx`` does. A ragged last group (576 columns in groups of 128) is shorter, as
 in the reference. The format is passed in as qparams/fake-quant callables (gpt-fast's design), so
 the algorithm never knows which format it produces.
+
+Where the group grids come from is where the two GPTQs people run differ as algorithms
+(``grid``, spec option ``+grid-from=``; their integer grids are the formats' business —
+compressed-tensors' symmetric scale is ``amax / 7.5``, wkvlab's ``amax / 7``, docs/weights.md):
+
+* ``"updated"`` — IST-DASLab/gptq ``fasterquant`` (and AutoGPTQ without ``static_groups``): a
+  group's grid is found when its first column is reached, on the weights as the errors of all
+  earlier lazy blocks have moved them (the outer ``W``: with groups aligned to blocks, 128 and
+  128, every earlier column's error).
+* ``"original"`` — llm-compressor 0.14 (``GPTQModifier``): every grid is fixed from the ORIGINAL
+  weights before the column loop. Its ``on_sequential_epoch_end`` runs the weight observer
+  (``observe(modules, base_name="weight")``, min-max per group) on the module's weight, then
+  ``compress_module_list`` hands ``weight_observer.get_qparams()`` to ``quantize_weight``, which
+  only looks each column's group up (``column_scale_window`` by ``g_idx``) — llmcompressor
+  0.14.0.1 (PyPI wheel) ``llmcompressor/modifiers/gptq/base.py`` lines 231-238, 313-348,
+  ``gptq_quantize.py`` lines 72-93, 157-176, ``helpers.py`` lines 343-423; the same rule, one
+  module at a time, at vllm-project/llm-compressor@ab1ba3ef
+  ``src/llmcompressor/modifiers/gptq/gptq_quantize.py`` lines 91-139 and 200-215. The observer
+  sees the weight before dead inputs are zeroed (``factorize_hessian`` zeroes them later), and
+  with act-order (``static``, its default, an alias of ``weight``) the groups stay those of the
+  original column positions (``g_idx = g_idx[perm]``, lines 88-89), so a checkpoint needs no
+  ``g_idx``. IST-DASLab's own ``static_groups=True`` is the same rule except that it observes
+  after the dead columns are zeroed.
+
+Both rules share every other line (damping, Cholesky, block updates, the fake-quant step).
 """
 from __future__ import annotations
 
@@ -25,6 +50,7 @@ from wkvlab.weights.experts import expert_matrices, is_fused_experts, observe_ex
 from wkvlab.weights.rtn import quantize_weight
 from wkvlab.weights.spec import WeightSpec
 
+GRIDS = ("updated", "original")  # see the module docstring
 QParams = Callable[[Tensor], tuple[Tensor, Tensor]]  # weights [rows, cols] -> (scale, zero) per row
 FakeQuant = Callable[[Tensor, Tensor, Tensor], Tensor]  # (column [rows], scale, zero) -> column
 
@@ -66,16 +92,25 @@ def gptq_quantize(
     block_size: int = 128,
     damp: float = 0.01,
     act_order: bool = False,
+    grid: str = "updated",
     record: dict | None = None,
 ) -> Tensor:
     """GPTQ-quantized copy of ``weight`` (``[out, in]``) for inputs whose Hessian is ``hessian``.
 
-    With ``record`` (a dict), the grid is kept for writing a checkpoint: ``record["params"]`` lists
-    each group's ``(scale, zero)`` in processing order, ``record["perm"]`` the act-order permutation.
+    ``grid`` says where group grids come from (``"updated"``: IST-DASLab, ``"original"``:
+    llm-compressor; module docstring). With ``record`` (a dict), the grid is kept for writing a
+    checkpoint: ``record["params"]`` lists each group's ``(scale, zero)`` in group-index order,
+    ``record["g_idx"]`` the group of each input column, ``record["perm"]`` the act-order permutation.
     """
+    if grid not in GRIDS:
+        raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
     w = weight.detach().float().clone()
     h = hessian.detach().float().clone()
     columns = w.shape[1]
+    # Grids found before the column loop see the weight as it came, dead inputs included: per row,
+    # as IST-DASLab's find_params(W) before its dead-column line; per group with grid="original",
+    # as llm-compressor's observer.
+    fixed = _fixed_grids(w, qparams, group_size, grid)
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     w[:, dead] = 0
@@ -86,15 +121,21 @@ def gptq_quantize(
     h += damp * torch.mean(torch.diag(h)) * torch.eye(columns, dtype=h.dtype, device=h.device)
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     q = torch.zeros_like(w)
-    scale, zero = qparams(w) if group_size is None else (None, None)
-    params = [] if group_size is not None else [(scale, zero)]
+    params = fixed if fixed is not None else []
+    # group of each column in processing order: fixed grids keep the original column's group
+    # (llm-compressor's g_idx[perm]); updated grids number groups as the loop meets them
+    position = torch.arange(columns) if perm is None else perm.cpu()
+    group_of = (position if fixed is not None else torch.arange(columns)) // (group_size or columns)
+    scale, zero = params[0] if fixed is not None else (None, None)
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
         w1, hinv1 = w[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
         err1 = torch.zeros_like(w1)
         for i in range(i2 - i1):
             col = i1 + i
-            if group_size is not None and col % group_size == 0:
+            if fixed is not None:
+                scale, zero = params[int(group_of[col])]
+            elif col % group_size == 0:
                 scale, zero = qparams(w[:, col:col + group_size])  # outer w, as the reference does
                 params.append((scale, zero))
             qcol = fake(w1[:, i], scale, zero)
@@ -105,13 +146,25 @@ def gptq_quantize(
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
     if perm is not None:
         q = q[:, torch.argsort(perm)]
+        group_of = group_of[torch.argsort(perm.cpu())]
     if record is not None:
-        record.update(params=params, perm=perm)
+        record.update(params=params, perm=perm, g_idx=group_of)
     return q.to(weight.dtype)
 
 
+def _fixed_grids(w: Tensor, qparams: QParams, group_size: int | None, grid: str) -> list[tuple[Tensor, Tensor]] | None:
+    """The grids found before the column loop, one per group in column order (a ragged last group
+    is shorter), or None when each group's grid is found as the loop reaches it."""
+    if group_size is None:
+        return [qparams(w)]
+    if grid == "updated":
+        return None
+    return [qparams(w[:, lo:lo + group_size]) for lo in range(0, w.shape[1], group_size)]
+
+
 def _method_key(spec: WeightSpec) -> tuple:
-    return (spec.bits, spec.group_size, spec.symmetric, spec.zero_point, spec.block_size, spec.damp, spec.act_order)
+    return (spec.bits, spec.group_size, spec.symmetric, spec.zero_point, spec.block_size, spec.damp, spec.act_order,
+            spec.grid_from)
 
 
 def shared_input_groups(names: list[str], hessians: dict[str, Tensor], specs: dict[str, WeightSpec]) -> list[list[str]]:
@@ -137,7 +190,7 @@ def _split_record(record: dict, names: list[str], rows: list[int], kept: dict) -
     start = 0
     for name, count in zip(names, rows):
         params = [(s[start:start + count], z[start:start + count]) for s, z in kept["params"]]
-        record[name] = {"method": "gptq", "params": params, "perm": kept["perm"]}
+        record[name] = {"method": "gptq", "params": params, "perm": kept["perm"], "g_idx": kept["g_idx"]}
         start += count
 
 
@@ -154,7 +207,7 @@ def _gptq_experts(matrices: dict, hessians: dict, specs: dict[str, WeightSpec]) 
             continue
         qparams, fake = affine_quantizer(spec)
         matrix.set(gptq_quantize(matrix.get(), hessians[name][0], qparams, fake, group_size=spec.group_size,
-                                 block_size=spec.block_size, damp=spec.damp, act_order=spec.act_order))
+                                 block_size=spec.block_size, damp=spec.damp, act_order=spec.act_order, grid=spec.grid_from))
     return rounded
 
 
@@ -189,7 +242,7 @@ def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]
                 kept = None if record is None else {}
                 stacked = gptq_quantize(torch.cat(weights), hessians[names[0]], qparams, fake,
                                         group_size=spec.group_size, block_size=spec.block_size,
-                                        damp=spec.damp, act_order=spec.act_order, record=kept)
+                                        damp=spec.damp, act_order=spec.act_order, grid=spec.grid_from, record=kept)
                 rows = [w.shape[0] for w in weights]
                 for n, part in zip(names, torch.split(stacked, rows)):
                     targets[n].weight.data = part.contiguous()

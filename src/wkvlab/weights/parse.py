@@ -22,7 +22,9 @@ static per-tensor, ``fp8`` = per-token, ``nvfp4``, ``mxfp4``); ``wo`` weight-onl
 matrix; ``skip=0,1,5-7`` decoder layers kept at 16 bits; ``skip-first=N``, ``skip-last=N``,
 ``skip-re=<regex>``; ``emb``/``head`` quantize the embeddings / lm_head too;
 ``override=<regex>:<config>`` (repeatable); method parameters ``damp=``, ``block=``, ``actorder``,
-``alpha=``, ``grid=``, ``noclip``, ``threshold=``. A ``+`` inside a regex stays part of it unless
+``grid-from=original|updated`` (GPTQ: group grids from the weights before the column loop, as
+llm-compressor does, or from the error-updated weights, as IST-DASLab does — the default),
+``alpha=``, ``grid=`` (AWQ's scale-search points), ``noclip``, ``threshold=``. A ``+`` inside a regex stays part of it unless
 an option name follows it.
 """
 from __future__ import annotations
@@ -40,7 +42,7 @@ _ACT_ALIASES = {"none": "none", "int8": "int8-token", "int8-token": "int8-token"
 _HELP = ("use a preset (" + ", ".join(("gptq-int4-g128", "awq-int4-g128", "w8a8-int8", "llm-int8", "fp8", "fp8-wo", "nvfp4", "nvfp4-mlp", "mxfp4"))
          + "), none, bf16, fp16, q8_0, q4_0, q4_1, q5_0, q5_1, [gptq-|awq-]int<b>[-g<G>][-sym|-asym][-fmin], or a .json/.yaml spec file")
 _OPTION_NAMES = ("a", "wo", "wscale", "skip", "skip-first", "skip-last", "skip-re", "emb", "head", "override", "damp", "block",
-                 "actorder", "alpha", "grid", "noclip", "threshold")
+                 "actorder", "grid-from", "alpha", "grid", "noclip", "threshold")
 # "+" starts an option only where an option name follows (a regex value may contain "+"); ";" always does.
 _SEPARATOR = re.compile(r";|\+(?=(?:" + "|".join(sorted(map(re.escape, _OPTION_NAMES), key=len, reverse=True)) + r")(?:=|\+|;|$))")
 
@@ -142,6 +144,8 @@ def _apply_option(spec: WeightSpec, item: str, text: str) -> WeightSpec:
         return replace(spec, skip_layers=tuple(sorted(set(spec.skip_layers) | set(_layers(value, text)))))
     if key in ("skip-first", "skip-last"):
         return replace(spec, **{key.replace("-", "_"): _number(int, key, value, text)})
+    if key == "grid-from" and value in ("original", "updated"):
+        return replace(spec, grid_from=value)
     if key == "skip-re" and value:
         return replace(spec, skip_regex=value)
     if key == "override" and ":" in value:
@@ -155,7 +159,8 @@ def _apply_option(spec: WeightSpec, item: str, text: str) -> WeightSpec:
         return replace(spec, **{field: _number(kind, key, value, text)})
     raise ConfigError(
         f"cannot read option {item!r} in {text!r}; use a=<act>, wo, wscale=tensor, skip=0,1, skip-first=N, skip-last=N, "
-        "skip-re=<regex>, emb, head, override=<regex>:<config>, damp=, block=, actorder, alpha=, grid=, noclip, threshold="
+        "skip-re=<regex>, emb, head, override=<regex>:<config>, damp=, block=, actorder, grid-from=original|updated, alpha=, grid=, "
+        "noclip, threshold="
     )
 
 

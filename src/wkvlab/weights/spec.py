@@ -60,6 +60,10 @@ class WeightSpec:
     damp: float = 0.01  # GPTQ: dampening, fraction of mean(diag H) (IST-DASLab/gptq percdamp)
     block_size: int = 128  # GPTQ: columns per lazy-update block (IST-DASLab/gptq blocksize)
     act_order: bool = False  # GPTQ: columns in order of decreasing Hessian diagonal (desc_act)
+    # GPTQ: where group grids come from — "updated" (IST-DASLab: each group's grid from the
+    # error-updated weights when the loop reaches it) or "original" (llm-compressor 0.14: all grids
+    # from the weights before the loop); wkvlab.weights.gptq
+    grid_from: str = "updated"
     alpha: float = 0.5  # SmoothQuant migration strength (Xiao et al. 2023; 0.5 for most models)
     grid: int = 20  # AWQ: scale-search grid points (AutoAWQ n_grid)
     clip: bool = True  # AWQ: weight clipping search (AutoAWQ apply_clip)
@@ -110,6 +114,10 @@ class WeightSpec:
             raise ConfigError(f"{self.activations} activations go with {self.activations} weights; use the preset {self.activations}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"SmoothQuant alpha must be in [0, 1], got {self.alpha}")
+        if self.grid_from not in ("updated", "original"):
+            raise ConfigError(f"grid-from must be 'updated' (IST-DASLab GPTQ) or 'original' (llm-compressor GPTQ), got {self.grid_from!r}")
+        if self.grid_from != "updated" and self.method != "gptq":
+            raise ConfigError(f"grid-from chooses how GPTQ finds its group grids; {self.method} has no such choice (use it with gptq-int<b>-g<G>)")
         if not 0.0 <= self.damp < 1.0 or self.block_size < 1 or self.grid < 1 or self.threshold <= 0:
             raise ConfigError("GPTQ damp must be in [0, 1), block size and AWQ grid positive, LLM.int8() threshold positive")
 

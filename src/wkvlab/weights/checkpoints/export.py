@@ -68,8 +68,7 @@ def _int_grid_gptq(final: Tensor, kept: dict, spec: WeightSpec) -> IntGrid:
     group = spec.group_size if spec.group_size is not None and spec.group_size < cols else None
     scale = torch.cat([s.reshape(rows, 1) for s, _ in kept["params"]], dim=1)
     zero = torch.cat([z.reshape(rows, 1) for _, z in kept["params"]], dim=1)
-    position = torch.arange(cols) if kept["perm"] is None else torch.argsort(kept["perm"])
-    g_idx = position // (group or cols)
+    g_idx = kept["g_idx"].to(final.device)  # each input column's group, as gptq_quantize kept it
     s, z = scale[:, g_idx], zero[:, g_idx]
     q = torch.round(final.float() / torch.where(s == 0, torch.ones_like(s), s))
     if not spec.symmetric:
