@@ -172,8 +172,14 @@ class _Grid:
         if any(kv.needs_calibration for kv in self.kv_specs):
             if self.calibration is None:
                 raise ConfigError("a KV config needs calibration but no calibration text was prepared; pass calibration= (wkvlab eval does)")
-            stats = stats_under_weights(built, self.calibration, self.fingerprints.get("model_sha256", self.model_name))
-            self.tick(f"calibrated KV statistics under {built.spec.label}", 1)
+            label, done = f"calibrated KV statistics under {built.spec.label}", [0.0]
+
+            def sample(finished: int, samples: int) -> None:  # a fraction of the step per sample (StepCosts times it as a build)
+                done[0] += 1 / samples
+                self.tick(f"{label}: sample {finished}/{samples}", 1 / samples)
+
+            stats = stats_under_weights(built, self.calibration, self.fingerprints.get("model_sha256", self.model_name), sample)
+            self.tick(label, max(0.0, 1.0 - done[0]))  # all of it when read from the cache
         return [_Cell((w_index, k), built, kv, WindowPass(built.model, kv, layer_stores(built.model, kv, stats if kv.needs_calibration else None),
                                                           self.baseline), build_seconds)
                 for k, kv in enumerate(self.kv_specs)]
