@@ -135,7 +135,7 @@ class Probe:
         self.say(f"probe: {configs} configuration(s) of {model.name} on {self.tokens:,} tokens of '{self.data}' "
                  f"(windows of {ctx}), {len(groups)} reference pass(es), through wkvlab eval's path")
         began = time.perf_counter()
-        work = api.prepare(target, self.data, ctx=ctx, tokens=self.tokens)
+        work = api.prepare(target, self.data, ctx=ctx, tokens=self.tokens, device="cpu")  # the probe's numbers are CPU float32 (no --device)
         for w_list, k_list in groups:
             api.check_kv_specs(work.loaded.model, k_list)
         import torch
