@@ -107,8 +107,9 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     with status(f"loading {model} and {data} text"):
         work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score, device=run.device, dtype=run.dtype, device_map=run.device_map,
                            attn=run.attn)
-    err_console.print(escape(f"model: {work.loaded.placement}, {work.loaded.dtype}, "
-                             f"{work.loaded.model.config._attn_implementation or 'eager'} attention"))
+    net = work.loaded.model  # a vision-language class runs its text decoder alone (models.loading.model_class)
+    err_console.print(escape(f"model: {type(net).__name__} on {work.loaded.placement}, {work.loaded.dtype}, "
+                             f"{net.config._attn_implementation or 'eager'} attention"), highlight=False, soft_wrap=True)
     api.check_kv_specs(work.loaded.model, kv_specs)
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk, plan=run.plan,
                               interleave=run.interleave, max_memory=run.max_memory)

@@ -66,7 +66,7 @@ def test_cli_eval_on_qwen25_vl_folder(folders, tmp_path):
                           "--cache-dir", str(tmp_path / "cache"), "--json", str(out)],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "model: cpu, float32, eager attention" in run.stderr
+    assert "model: Qwen2_5_VLForConditionalGeneration on cpu, float32, eager attention" in run.stderr
     kld = {r["kv"]: r["kld"]["mean"] for r in json.loads(out.read_text())}
     assert kld["q4_0"] > kld["fp16"] > 1e-5  # weights alone, then weights and cache
 
