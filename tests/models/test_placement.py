@@ -104,3 +104,14 @@ def test_a_gguf_loaded_on_the_cpu_moves_by_the_same_plan(monkeypatch):
     monkeypatch.setattr("wkvlab.models.placement.gpu_budgets", lambda device: {0: size // 2})
     with pytest.raises(ModelError, match="does not offload"):
         loading._place(model, "cuda", name="x.gguf")
+
+
+def test_a_gguf_too_big_for_the_gpus_is_refused_before_its_conversion(monkeypatch):
+    from wkvlab.models.packaged import packaged_gguf
+
+    converted = []
+    monkeypatch.setattr(loading, "_from_pretrained", lambda *a, **k: converted.append(a) or (_ for _ in ()).throw(AssertionError("converted")))
+    _fake_gpus(monkeypatch, [1 << 20])  # 1 MiB free: SmolLM2-135M does not fit
+    with pytest.raises(ModelError, match=r"SmolLM2-135M-Instruct\.Q4_1\.gguf needs 0\.5 GiB of weights and the GPUs can take 0\.0 GiB \(cuda:0 0\.0; 90% of what is free\)"):
+        loading.load_gguf(packaged_gguf("default"), device="cuda", use_cache=False)
+    assert converted == []

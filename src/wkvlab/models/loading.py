@@ -102,13 +102,15 @@ _sha256 = file_sha256
 _folder_fingerprint = folder_fingerprint
 
 
-def _place(model: torch.nn.Module, device: str, device_map: str = "auto", name: str = "the model") -> torch.nn.Module:
-    """Move a model loaded on the CPU (a GGUF's) to ``device`` as :mod:`wkvlab.models.placement` plans it."""
+def _place(model: torch.nn.Module, device: str, device_map: str = "auto", name: str = "the model",
+           mapping: dict | None = None) -> torch.nn.Module:
+    """Move a model loaded on the CPU (a GGUF's) to ``device`` as :mod:`wkvlab.models.placement` plans
+    it (``mapping``: the plan already made before the conversion)."""
     if device == "cpu":
         return model
     from wkvlab.models.placement import gpu_budgets, plan_device_map
 
-    mapping = plan_device_map(model, gpu_budgets(device), device_map, name=name)
+    mapping = mapping or plan_device_map(model, gpu_budgets(device), device_map, name=name)
     if set(mapping) == {""}:
         return model.to(f"cuda:{mapping['']}")
     from accelerate import dispatch_model
@@ -140,7 +142,9 @@ def _meta_model(cls, config, dtype: torch.dtype) -> torch.nn.Module:
     from accelerate import init_empty_weights
 
     with init_empty_weights():
-        return cls.from_config(config, dtype=dtype)
+        model = cls.from_config(config, dtype=dtype)
+    model.tie_weights()  # from_config leaves a tied head as its own tensor: counted twice, SmolLM2 read 0.61 GiB for 0.50
+    return model
 
 
 def _from_pretrained(folder: Path, dtype: torch.dtype, *, device: str = "cpu", device_map: str = "auto", attn: str | None = None,
@@ -202,6 +206,18 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
     if use_cache and (cached / "wkvlab-source.json").is_file():
         model, tokenizer = _from_pretrained(cached, torch_dtype, device=device, device_map=device_map, attn=attn, name=path.name)
     else:
+        mapping = None
+        if device != "cpu":  # a model the GPUs cannot hold is refused before the conversion, from the header's shapes
+            from transformers import AutoConfig
+
+            from wkvlab.models.placement import gpu_budgets, plan_device_map
+
+            try:
+                config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            except Exception:  # a corrupt header: the loader below refuses it in its own words
+                config = None
+            if config is not None:
+                mapping = plan_device_map(_meta_model(model_class(config), config, torch_dtype), gpu_budgets(device), device_map, name=path.name)
         # transformers' GGUF converter draws its own tqdm bar; ours (or the CLI status) says enough.
         previous = os.environ.get("TQDM_DISABLE")
         os.environ["TQDM_DISABLE"] = "1"
@@ -214,7 +230,7 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
                 os.environ["TQDM_DISABLE"] = previous
         if use_cache:
             _save_plain_copy(model, tokenizer, cached)
-        model = _place(model, device, device_map, name=path.name)
+        model = _place(model, device, device_map, name=path.name, mapping=mapping)
     # the model's own weights as stored: what --weights none reports (weights/apply.py model_weight_bytes), not float32
     model.wkvlab_stored_bytes = path.stat().st_size
     return LoadedModel(name=path.stem, model=model, tokenizer=tokenizer, source=str(path), fingerprint=fingerprint,
