@@ -87,8 +87,8 @@ def test_the_heartbeat_thread_really_beats():
 
     said = []
     with heartbeat.Heartbeat(said.append, 0.05):
-        time.sleep(0.4)
-    assert 3 <= len(said) <= 9
+        time.sleep(1.0)
+    assert 3 <= len(said) <= 20  # one per 0.05 s at most; a loaded machine may delay the thread, not silence it
 
 
 class _OpsCostTime(torch.overrides.TorchFunctionMode):
