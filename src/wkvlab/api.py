@@ -45,13 +45,19 @@ def prepare(
     tokens: int = 8192,
     score: str = "all",
     stride: int | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     dtype: str = "auto",
+    device_map: str = "auto",
+    attn: str = "auto",
 ) -> Workload:
-    """Load the model (on ``device``, in ``dtype``; see :func:`wkvlab.models.loading.load_model`) and cut the text into windows."""
+    """Load the model (on ``device``, in ``dtype``, placed by ``device_map``, attention ``attn``; see
+    :func:`wkvlab.models.loading.load_model`; ``auto``: a GPU when one is visible, as the CLI) and cut the text into windows."""
+    from wkvlab.models.attn import check_attn
+
+    implementation = check_attn(attn, device=device, dtype=dtype)
     selfgen = parse_selfgen(data, default_tokens=tokens)  # text the model writes itself: needs the model first
     corpus = None if selfgen else load_corpus(data)  # first: a typo in --data should not cost a model load
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype, device_map=device_map, attn=implementation)
     corpus = corpus or selfgen_corpus(loaded, selfgen)
     check_context_fits(ctx, tokens, loaded.max_context, loaded.name)
     bos = loaded.tokenizer.bos_token_id if tokenizer_wants_bos(loaded.tokenizer) else None
@@ -193,25 +199,33 @@ def evaluate(
     stride: int | None = None,
     progress: Progress | None = None,
     calibration: CalibrationSpec | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     dtype: str = "auto",
     chunk: int | None = None,
     reference: str | Path | None = None,
     topk: int = DEFAULT_TOPK,
     baseline: str = "auto",
+    device_map: str = "auto",
+    attn: str = "auto",
 ) -> list[EvalResult]:
     """Evaluate every weights × KV combination against the unquantized reference.
 
     ``calibration`` (default: 16 × 512 tokens of prose) is used by GPTQ, AWQ, SmoothQuant and
     static activation scales only. ``baseline``: see :func:`evaluate_workload`. ``device``/``dtype``: where and in which precision the reference
-    runs (``auto``: bfloat16 on a GPU, float32 on the CPU). ``chunk``: queries per prefill chunk
+    runs (``auto``: a GPU when one is visible, as the CLI; bfloat16 there, float32 on the CPU); ``device_map``: how ``cuda``
+    uses the GPUs (:mod:`wkvlab.models.placement`); ``attn``: ``auto``, ``sdpa``, ``eager`` or ``flash_attention_2``
+    (:mod:`wkvlab.models.attn`). ``chunk``: queries per prefill chunk
     (default: from the vocabulary size). ``reference``: a stored-reference file (read if it exists
     and matches this model, text, windows and dtype; written otherwise) — the one-model plan: KLD
     becomes the top-``topk`` head plus a sampled tail, and each weight config is built in place
     on the one model (docs/scale.md).
     """
+    from wkvlab.models.attn import check_attn
+
     weight_specs, kv_specs = parse_weights(weights), parse_kv(kv)
-    work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride, device=device, dtype=dtype)
+    check_attn(attn, device=device, dtype=dtype, kv_specs=kv_specs)  # a preset flash cannot run: refused before loading
+    work = prepare(model, data, ctx=ctx, tokens=tokens, score=score, stride=stride, device=device, dtype=dtype, device_map=device_map,
+                   attn=attn)
     options = run_options(work, weight_specs, chunk=chunk, reference=reference, topk=topk)
     return evaluate_workload(work, weight_specs, kv_specs, progress, calibration, options, baseline)
 

@@ -79,6 +79,8 @@ class RunFlags:
     plan: str = "auto"  # --memory-plan, or the preflight estimate's choice
     interleave: Optional[int] = None  # KV caches side by side in the one-model plan (from the estimate)
     max_memory: Optional[int] = None  # --max-memory, in bytes
+    device_map: str = "auto"  # how --device cuda uses the GPUs (wkvlab.models.placement)
+    attn: str = "auto"  # --attn: the attention implementation (wkvlab.models.attn)
 
 
 def _write_eval_json(path: Path, results) -> None:
@@ -103,7 +105,11 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
 
     run = run or RunFlags()
     with status(f"loading {model} and {data} text"):
-        work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score, device=run.device, dtype=run.dtype)
+        work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score, device=run.device, dtype=run.dtype, device_map=run.device_map,
+                           attn=run.attn)
+    net = work.loaded.model  # a vision-language class runs its text decoder alone (models.loading.model_class)
+    err_console.print(escape(f"model: {type(net).__name__} on {work.loaded.placement}, {work.loaded.dtype}, "
+                             f"{net.config._attn_implementation or 'eager'} attention"), highlight=False, soft_wrap=True)
     api.check_kv_specs(work.loaded.model, kv_specs)
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk, plan=run.plan,
                               interleave=run.interleave, max_memory=run.max_memory)
@@ -187,6 +193,15 @@ def check_run_flags(chunk: Optional[int], reference: Optional[Path], topk: int, 
         require_store(store, create=True)
 
 
+def check_placement(device_map: str, attn: str, device: str, dtype: str, kv_specs: list[KVSpec]) -> None:
+    """--device-map and --attn checked before anything loads (flash: installed, on CUDA, 16-bit, no float32-K/V preset)."""
+    from wkvlab.models.attn import check_attn
+    from wkvlab.models.placement import check_device_map
+
+    check_device_map(device_map)
+    check_attn(attn, device=device, dtype=dtype, kv_specs=kv_specs)
+
+
 def _grid_facts(model: str, data: str, ctx: int, tokens: int, weights: list[WeightSpec], kv: list[KVSpec]) -> str:
     return (f"{model} on {data}, ctx {ctx}, {tokens} tokens, {len(weights)} weight × {len(kv)} KV config(s)")
 
@@ -207,8 +222,10 @@ def eval_command(
     threads: ThreadsOption = None,
     cache_dir: CacheDirOption = None,
     no_weight_cache: NoWeightCacheOption = False,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda (one GPU, or all visible GPUs when the model needs them) or cuda:<N>")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda (one GPU when it holds the model, else the visible GPUs; never offloaded) or cuda:<N>")] = "auto",
+    device_map: Annotated[str, typer.Option("--device-map", help="how --device cuda uses the GPUs: auto (one GPU when it holds the weights, else split in order), balanced (split evenly), sequential (fill GPU 0 first); layers are never offloaded to the CPU or disk")] = "auto",
     dtype: Annotated[str, typer.Option(help="precision of the reference: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
+    attn: Annotated[str, typer.Option("--attn", help="attention implementation: auto (transformers' default, sdpa), sdpa, eager, flash_attention_2 (needs flash-attn, CUDA and 16-bit; not with llamacpp: presets, which attend in float32)")] = "auto",
     chunk: Annotated[Optional[int], typer.Option(help="queries per prefill chunk (default: from the vocabulary size; the numbers do not depend on it)")] = None,
     reference: Annotated[Optional[Path], typer.Option(help="stored reference file: read if it matches this model/text/windows, written otherwise; KLD: its top-k head exact + a sampled tail, and weight configs run one at a time (docs/scale.md)")] = None,
     topk: Annotated[int, typer.Option(help="top-k log-probs a new --reference file keeps per token")] = DEFAULT_TOPK,
@@ -242,10 +259,11 @@ def eval_command(
         raise ConfigError(f"unknown --baseline {baseline!r}; use auto, float or engine")
     if max_memory is not None and max_memory <= 0:
         raise ConfigError(f"--max-memory {max_memory} must be a positive number of GiB")
+    check_placement(device_map, attn, device, dtype, kv_specs)
     start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache)
     calibration = CalibrationSpec(calib, calib_samples, calib_len)
     run = RunFlags(device, dtype, chunk, reference, topk, store, baseline, memory_plan,
-                   max_memory=int(max_memory * 2**30) if max_memory is not None else None)
+                   max_memory=int(max_memory * 2**30) if max_memory is not None else None, device_map=device_map, attn=attn)
     run = memory_preflight(model, weight_specs, kv_specs, ctx, tokens, score, run, calibration, dry_run)
     if dry_run:
         return

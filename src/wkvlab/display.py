@@ -2,7 +2,8 @@
 
 Progress goes to stderr. On a terminal it is a rich bar; anywhere else (a log file, a pipe, CI,
 ``nohup``) a bar would print only its last state, so progress becomes plain timestamped lines, one
-every ``WKVLAB_PROGRESS_SECONDS`` (default 10 s), each with the elapsed time and an ETA.
+every ``WKVLAB_PROGRESS_SECONDS`` (default 10 s), each with the elapsed time and an ETA — inside a
+long step too (:mod:`wkvlab.heartbeat`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from wkvlab.heartbeat import POLL, Heartbeat
 from wkvlab.units import mib
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ def _interval() -> float:
         return 10.0
 
 
+ESTIMATING = "estimating…"
 TAIL = 1e-3  # a build step smaller than this, with no build in progress, is the end of the one just closed
 
 
@@ -81,6 +84,7 @@ class StepCosts:
         self.pass_seconds = self.pass_steps = 0.0
         self.finished: dict[str, list[float]] = {}  # class -> seconds of each finished build
         self.current: list = [None, 0.0, 0.0]  # the build in progress: class, fraction done, seconds so far
+        self.first: tuple[float, float] | None = None  # its first sub-step: (fraction, seconds) — setup included
 
     def kind(self, description: str) -> str:
         """The cost class of the step ``description`` reports (wkvlab.weights.apply, eval.runner word them)."""
@@ -113,16 +117,30 @@ class StepCosts:
         if self.current[0] not in (None, kind):  # a build that never reported its end: count it as finished
             self._close()
         self.current = [kind, self.current[1] + steps, self.current[2] + spent]
+        if self.first is None:
+            self.first = (self.current[1], self.current[2])
         if self.current[1] >= 1 - 1e-6:
             self._close()
 
+    def projected(self) -> float | None:
+        """The build in progress' total seconds, or None while only its first sub-step is in.
+
+        A build's first sub-step carries its setup (GPTQ's first layer also gathers the calibration
+        inputs, AWQ's its activations): projected at its rate, a 9-minute GPTQ build read "51:51 left"
+        (issue 42). So the rate is measured on the sub-steps after the first, which is counted as it took."""
+        kind, fraction, seconds = self.current
+        if kind is None or self.first is None or fraction <= self.first[0]:
+            return None
+        first_fraction, first_seconds = self.first
+        return first_seconds + (seconds - first_seconds) / (fraction - first_fraction) * (1 - first_fraction)
+
     def _close(self) -> None:
         kind, fraction, seconds = self.current
-        if fraction <= 0:  # nothing of it was reported: no build to time
-            self.current = [None, 0.0, 0.0]
-            return
-        self.finished.setdefault(kind, []).append(seconds / max(fraction, 1e-9) if fraction < 1 else seconds)
-        self.current = [None, 0.0, 0.0]
+        if fraction > 0:  # nothing of it reported: no build to time
+            projected = self.projected() if fraction < 1 - 1e-6 else seconds
+            if projected is not None:
+                self.finished.setdefault(kind, []).append(projected)
+        self.current, self.first = [None, 0.0, 0.0], None
 
     def remaining(self) -> tuple[float | None, bool]:
         """(seconds left, whether some steps left are not yet timed: then a lower bound); (None, True) before any step."""
@@ -131,13 +149,19 @@ class StepCosts:
         if self.classes is None:
             return (self.clock() - self.start) / self.done * max(self.total - self.done, 0.0), False
         kind, fraction, spent = self.current
+        projected = self.projected()
         left, untimed = 0.0, False
         for cls, count in self.expected.items():
             measured = list(self.finished.get(cls, []))
             running = cls == kind and fraction > 0
             if running:
-                left += spent / fraction * (1 - fraction)  # its own rate
-                measured.append(spent / fraction)
+                # its own rate once past its first sub-step; until then what its class has cost, if anything
+                own = projected if projected is not None else (sum(measured) / len(measured) if measured else None)
+                if own is None:
+                    untimed = True
+                else:
+                    left += max(0.0, own - spent)
+                    measured.append(own)
             future = count - len(self.finished.get(cls, [])) - running
             if future > 0:
                 if measured:
@@ -145,7 +169,10 @@ class StepCosts:
                 else:
                     untimed = True
         if kind is not None and kind not in self.expected and fraction > 0:  # a build the caller did not list: its own rate
-            left += spent / fraction * (1 - fraction)
+            if projected is None:
+                untimed = True
+            else:
+                left += max(0.0, projected - spent)
         builds = sum(self.expected.values())
         passes_left = max(0.0, self.total - builds - self.pass_steps)
         if passes_left > 0:
@@ -156,8 +183,12 @@ class StepCosts:
         return left, untimed
 
     def text(self) -> str:
+        """``4:10``; ``5:12+`` (a lower bound: some steps left not yet timed); ``estimating…`` while
+        nothing left is timed — a number then would be a guess (``0:00+`` read as "almost done")."""
         left, untimed = self.remaining()
-        return "-" if left is None else _clock(left) + ("+" if untimed and self.done < self.total else "")
+        if left is None or (untimed and self.done < self.total and left < 1):
+            return ESTIMATING
+        return _clock(left) + ("+" if untimed and self.done < self.total else "")
 
 
 def build_classes(weights, kv) -> tuple[dict[str, str], int]:
@@ -189,6 +220,9 @@ class PlainProgress:
         self.costs = StepCosts(total, builds, clock, kv_calibrations)
         self.start = self.costs.start
         self.last_line: float | None = None
+        self.last_step, self.last_description = self.start, ""
+        # inside a long step, a line at least every interval (wkvlab.heartbeat): due POLL early, as it is polled
+        self.heartbeat = Heartbeat(self._still, max(interval - POLL, POLL) if interval else 0, clock)
 
     @property
     def done(self) -> float:
@@ -201,11 +235,18 @@ class PlainProgress:
                 f"elapsed {_clock(elapsed)} eta {self.costs.text()}" + (f" · {description}" if description else ""))
 
     def advance(self, description: str, steps: float) -> None:
-        self.costs.advance(description, steps)
-        now = self.clock()
-        if self.last_line is None or now - self.last_line >= self.interval or self.done >= self.total:
-            self.last_line = now
-            self.write(self.line(description))
+        with self.heartbeat.lock:
+            self.costs.advance(description, steps)
+            now = self.clock()
+            self.last_step, self.last_description = now, description
+            if self.last_line is None or now - self.last_line >= self.interval or self.done >= self.total:
+                self.last_line = now
+                self.write(self.line(description))
+                self.heartbeat.spoke()
+
+    def _still(self, now: float) -> None:
+        after = f" after {self.last_description}" if self.last_description else ""
+        self.write(self.line(f"working, {_clock(now - self.last_step)} into this step{after}"))
 
     def finish(self) -> None:
         if self.done < self.total:  # an upper-bound step count finished early: say so once
@@ -228,7 +269,8 @@ def progress_bar(total: float, title: str, grid=None) -> Iterator[Advance]:
     if not err_console.is_terminal:
         plain = PlainProgress(total, title, _plain_write, _interval(), builds=builds, kv_calibrations=kv_calibrations)
         plain.write(f"{datetime.now():%H:%M:%S} {title}: {total:.4g} steps")
-        yield plain.advance
+        with plain.heartbeat:
+            yield plain.advance
         plain.finish()
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -255,7 +297,10 @@ def status(message: str) -> Iterator[None]:
         return
     start = time.monotonic()
     _plain_write(f"{datetime.now():%H:%M:%S} {message} ...")
-    yield
+    interval = _interval()
+    say = lambda now: _plain_write(f"{datetime.now():%H:%M:%S} {message}: still working, {_clock(now - start)}")  # noqa: E731
+    with Heartbeat(say, max(interval - POLL, POLL) if interval else 0):  # a conversion or hash of minutes is not silence
+        yield
     _plain_write(f"{datetime.now():%H:%M:%S} {message}: done in {_clock(time.monotonic() - start)}")
 
 

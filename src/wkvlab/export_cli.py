@@ -35,13 +35,15 @@ def export_command(
 
         raise ConfigError(f"unknown checkpoint format {format!r}; use one of {', '.join(EXPORT_FORMATS)}")
     spec = WeightSpec.parse(weights)
-    with console.status(f"loading {model}"):
+    from wkvlab.display import status  # lines in a log too, every 10 s while a GGUF converts or GPTQ runs
+
+    with status(f"loading {model}"):
         loaded = load_model(model)
     calibration = None
     if spec.needs_calibration:
         cspec = CalibrationSpec(calib, calib_samples, calib_len)
         calibration = calibration_set(cspec, loaded.tokenizer, corpus=calibration_corpus(cspec.data))
-    with console.status(f"quantizing {loaded.name} with {spec.label} and writing {format}"):
+    with status(f"quantizing {loaded.name} with {spec.label} and writing {format}"):
         written = write_checkpoint(loaded.model, loaded.tokenizer, spec, format, out, calibration)
     for note in written.notes:
         console.print(f"[yellow]note:[/] {note}")

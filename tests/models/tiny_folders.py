@@ -84,9 +84,18 @@ def tiny_qwen25_vl(seed: int = 0):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    text = {**_TEXT, "head_dim": 16, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}, "bos_token_id": 1, "eos_token_id": 2}
+    text = {**_TEXT, "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]}, "bos_token_id": 1, "eos_token_id": 2}
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, fullatt_block_indexes=[1])
     return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision)).eval()
+
+
+def tiny_qwen2_vl(seed: int = 0):
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = {**_TEXT, "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]}, "bos_token_id": 1, "eos_token_id": 2}
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2)
+    return Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision)).eval()
 
 
 def tiny_mistral3(seed: int = 0):
@@ -94,7 +103,7 @@ def tiny_mistral3(seed: int = 0):
 
     torch.manual_seed(seed)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28, patch_size=14, head_dim=16)
-    return Mistral3ForConditionalGeneration(Mistral3Config(text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+    return Mistral3ForConditionalGeneration(Mistral3Config(text_config={**_TEXT, "model_type": "mistral"},
                                                            vision_config=vision)).eval()
 
 
@@ -103,7 +112,7 @@ def tiny_llama4(seed: int = 0):
     from transformers import Llama4Config, Llama4ForConditionalGeneration
 
     torch.manual_seed(seed)
-    text = {**_TEXT, "intermediate_size_mlp": 128, "num_local_experts": 2, "head_dim": 16}
+    text = {**_TEXT, "intermediate_size_mlp": 128, "num_local_experts": 2}
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28, patch_size=14,
                   vision_output_dim=64, projector_input_dim=64, projector_output_dim=64)
     return Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision)).eval()

@@ -72,3 +72,19 @@ def test_dry_run_plans_without_creating_the_store(tmp_path):
     run_sweep(SPEC, tmp_path / "new.db", executor=FakeExecutor())
     again = api.sweep(SPEC, tmp_path / "new.db", dry_run=True)
     assert len(again.done) == 12 and again.tasks == () and again.seconds == 0
+
+
+def test_dry_run_names_what_its_estimate_leaves_out(tmp_path):
+    """The passes are priced; the builds and calibrations the run's ETA times apart (display.StepCosts) are
+    named, and the time is a lower bound, not 12 s for a sweep of minutes (issue 42)."""
+    spec = SweepSpec.from_dict({"ctx": 64, "tokens": 128, "weights": ["int8", "gptq-int4-g128", "awq-int4-g128"],
+                                "kv": ["fp16", "vllm:fp8_e4m3+scales=calculate"]})
+    plan = api.sweep(spec, tmp_path / "new.db", dry_run=True)
+    assert plan.untimed == ("2 calibrated weight build(s) (GPTQ/AWQ/SmoothQuant)", "3 KV calibration(s)", "loading 1 model(s)")
+    text = plan.estimate(lambda s: f"{s:.0f}s")
+    assert text == (f"at least {plan.seconds:.0f}s (window passes; not timed yet: 2 calibrated weight build(s) (GPTQ/AWQ/SmoothQuant), "
+                    "3 KV calibration(s), loading 1 model(s))")
+    done = api.sweep(SPEC, tmp_path / "new.db", dry_run=True)
+    run_sweep(SPEC, tmp_path / "new.db", executor=FakeExecutor())
+    assert api.sweep(SPEC, tmp_path / "new.db", dry_run=True).estimate(str) == "about 0"  # nothing left to run or load
+    assert done.untimed == ("loading 1 model(s)",)

@@ -1,7 +1,7 @@
 """What every pass of an evaluation runs with, and therefore what its KLD is measured against.
 
-The float baseline is the checkpoint with float32 activations: a KV config's KLD is the cost of
-the cache alone. An engine does more than store its cache: llama.cpp rounds the input of every
+The float baseline is the checkpoint run in its run dtype (float32 on the CPU, bfloat16 by default on
+a GPU; the label names it): a KV config's KLD is the cost of the cache alone. An engine does more than store its cache: llama.cpp rounds the input of every
 quantized matmul to 8-bit blocks (q8_0/q8_1, or q8_K for K-quants), and those roundings amplify a
 small cache error downstream — llama.cpp pays ~0.004 KLD for a q8_0 cache on SmolLM2 where the
 float simulation shows 0.0003 (docs/engines.md). "What does llama.cpp's cache cost me" is the KLD of
@@ -26,7 +26,14 @@ from wkvlab.weights.activations import ActivationQuant, attach_activation_quanti
 
 BASELINE_CHOICES = ("auto", "float", "engine")
 LLAMACPP_LABEL = "llama.cpp's own f16 cache (ggml q8 activations)"
-FLOAT_LABEL = "the float reference (float32 activations, 16-bit cache)"
+
+
+def float_label(dtype: str = "float32") -> str:
+    """What the KLD is against when nothing is attached: the model's own compute dtype, named."""
+    return f"the float reference ({dtype} activations, 16-bit cache)"
+
+
+FLOAT_LABEL = float_label()
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,12 @@ class Baseline:
 
 
 FLOAT_BASELINE = Baseline("float", FLOAT_LABEL)
+
+
+def float_baseline(model: torch.nn.Module) -> Baseline:
+    """The float baseline labelled with ``model``'s compute dtype (a bfloat16 run is not "float32 activations")."""
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    return FLOAT_BASELINE if dtype == "float32" else Baseline("float", float_label(dtype))
 
 
 def llamacpp_baseline(model: torch.nn.Module, gguf: str | Path) -> Baseline:
@@ -112,4 +125,4 @@ def choose_baseline(requested: str, *, model: torch.nn.Module, source: str, weig
     if any_llamacpp and requested == "auto":
         notes.append("llamacpp: presets measured against the float reference: the cache alone. llama.cpp's own KLD also includes "
                      "its q8 activation rounding; run the llamacpp: presets alone on the GGUF with --weights none, or add --baseline engine")
-    return FLOAT_BASELINE, notes
+    return float_baseline(model), notes

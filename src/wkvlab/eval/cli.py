@@ -30,10 +30,10 @@ def save_command(
 ) -> None:
     """Run the reference model once over the windows and keep its per-token distributions in a file."""
     from wkvlab import api
-    from wkvlab.display import console, err_console, progress_bar
+    from wkvlab.display import err_console, progress_bar, status
 
     api.check_reference_path(out)  # before the model loads: a refused name must not cost the run
-    with console.status(f"loading {model} and {data} text"):
+    with status(f"loading {model} and {data} text"):  # lines in a log too, every 10 s while a GGUF converts
         work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score, device=device, dtype=dtype)
     with progress_bar(api.reference_steps(work, chunk), "reference") as advance:
         stored = api.save_reference(work, out, chunk=chunk, topk=topk, progress=advance)

@@ -34,7 +34,7 @@ import torch
 
 from wkvlab.data.windows import WindowSet
 from wkvlab.errors import ConfigError, OutOfMemory
-from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline
+from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline, float_baseline
 from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows
 from wkvlab.eval.logits import model_logits
 from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, estimate_memory
@@ -172,8 +172,14 @@ class _Grid:
         if any(kv.needs_calibration for kv in self.kv_specs):
             if self.calibration is None:
                 raise ConfigError("a KV config needs calibration but no calibration text was prepared; pass calibration= (wkvlab eval does)")
-            stats = stats_under_weights(built, self.calibration, self.fingerprints.get("model_sha256", self.model_name))
-            self.tick(f"calibrated KV statistics under {built.spec.label}", 1)
+            label, done = f"calibrated KV statistics under {built.spec.label}", [0.0]
+
+            def sample(finished: int, samples: int) -> None:  # a fraction of the step per sample (StepCosts times it as a build)
+                done[0] += 1 / samples
+                self.tick(f"{label}: sample {finished}/{samples}", 1 / samples)
+
+            stats = stats_under_weights(built, self.calibration, self.fingerprints.get("model_sha256", self.model_name), sample)
+            self.tick(label, max(0.0, 1.0 - done[0]))  # all of it when read from the cache
         return [_Cell((w_index, k), built, kv, WindowPass(built.model, kv, layer_stores(built.model, kv, stats if kv.needs_calibration else None),
                                                           self.baseline), build_seconds)
                 for k, kv in enumerate(self.kv_specs)]
@@ -315,7 +321,7 @@ def run_grid(
     calibration: CalibrationSet | None = None,
     options: RunOptions = RunOptions(),
     tokenizer=None,
-    baseline: Baseline = FLOAT_BASELINE,
+    baseline: Baseline | None = None,
     notes: list[str] | None = None,
     plan: PlanEstimate | None = None,
 ) -> list[EvalResult]:
@@ -325,11 +331,12 @@ def run_grid(
     activation scales) and calibrated KV configs; each is calibrated once per weight config.
     ``tokenizer`` (the reference's) is checked against a ``checkpoint:`` candidate's.
     ``baseline`` (:mod:`wkvlab.eval.baseline`) is attached around the reference pass and every
-    candidate pass alike; ``notes`` are added to every result (the baseline's choice). ``plan``:
+    candidate pass alike (default: the float reference in the model's dtype); ``notes`` are added to every result (the baseline's choice). ``plan``:
     the memory plan (default :func:`memory_plan`). ``model`` is left as it came (in-place builds
     are undone, on error too).
     """
     keep_freed_memory()
+    baseline = baseline or float_baseline(model)
     check_kv_specs(model, kv_specs)
     check_quantizable(model, weight_specs)  # offloaded layers, MoE experts a method cannot take: before the reference pass
     grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress, tokenizer, baseline, notes, model_name, data_name)

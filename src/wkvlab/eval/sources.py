@@ -22,7 +22,7 @@ import torch
 
 from wkvlab.data.windows import WindowSet
 from wkvlab.errors import ConfigError
-from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline
+from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline, float_baseline
 from wkvlab.eval.chunks import WindowPass, chunk_bounds, scored_rows
 from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, chunk_metrics, host_metrics
 from wkvlab.eval.reference import DEFAULT_TOPK, ReferenceChunk, ReferenceRecorder, StoredComparison, StoredReference, stored_chunk_metrics, windows_fingerprint
@@ -119,8 +119,10 @@ class RecordedReference:
 
 
 def record_reference(model: torch.nn.Module, windows: WindowSet, *, chunk: int, k: int = DEFAULT_TOPK, meta: dict | None = None,
-                     progress=None, baseline: Baseline = FLOAT_BASELINE) -> StoredReference:
-    """Run the reference over every window chunk by chunk and keep what the comparison needs, per token."""
+                     progress=None, baseline: Baseline | None = None) -> StoredReference:
+    """Run the reference over every window chunk by chunk and keep what the comparison needs, per token
+    (``baseline``: the float reference in the model's dtype unless given)."""
+    baseline = baseline or float_baseline(model)
     tick = progress or (lambda _desc, _n: None)
     recorder = ReferenceRecorder(k)
     reference = WindowPass(model, baseline=baseline)

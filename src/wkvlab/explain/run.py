@@ -103,7 +103,7 @@ def explain(
     """
     options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), n_resamples, seed, margin)
     w_spec, c_spec = WeightSpec.parse(weights), KVSpec.parse(kv)
-    work = api.prepare(loaded or model, data, ctx=ctx, tokens=tokens)
+    work = api.prepare(loaded or model, data, ctx=ctx, tokens=tokens, device="cpu")  # explain has no --device: CPU float32, as always
     net = work.loaded.model
     api.check_kv_specs(net, [c_spec])
     if options.runs("context") and max_ctx > work.loaded.max_context:

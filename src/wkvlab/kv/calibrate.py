@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -110,8 +110,10 @@ def _pair_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict | None = None) -> KVStats:
-    """Run ``tokens`` ``[samples, length]`` through ``model`` and record per-channel K/V maxima."""
+def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> KVStats:
+    """Run ``tokens`` ``[samples, length]`` through ``model`` and record per-channel K/V maxima;
+    ``progress(done, samples)`` after each sample (minutes on a big model: the ETA needs the steps)."""
     n_layers = model.config.get_text_config().num_hidden_layers
     seen: dict[int, list[torch.Tensor]] = {}
     samples: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -133,8 +135,10 @@ def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict 
             return backend(module, query, key, value, attention_mask, **kwargs)
 
         with attention_override(model, record):
-            for row in tokens:
+            for done, row in enumerate(tokens, 1):
                 model(input_ids=row[None].to(input_device(model)), use_cache=False)
+                if progress is not None:
+                    progress(done, tokens.shape[0])
     if len(seen) != n_layers:
         raise ConfigError(f"calibration saw {len(seen)} of {n_layers} attention layers; this architecture is not supported for KV calibration")
     stacked = [_per_layer([seen[i][j] for i in range(n_layers)]) for j in range(4)]
@@ -147,7 +151,8 @@ def collect_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, source: dict 
     return KVStats(*stacked[:3], k_pre_samples=k_pre, v_samples=v_all, hidden_peak_median=peak, q_absmax=stacked[3], source=info)
 
 
-def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, source: dict | None = None) -> KVStats:
+def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, source: dict | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> KVStats:
     """:func:`collect_kv_stats`, saved under the wkvlab cache by ``key`` and reloaded when present.
 
     ``key`` must identify the model weights (reference fingerprint and weight config) and the
@@ -161,7 +166,7 @@ def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, sour
     path = cache_dir() / "kv-stats" / (hashlib.sha256(versioned.encode()).hexdigest()[:24] + ".safetensors")
     if path.is_file():
         return KVStats.load(path)
-    stats = collect_kv_stats(model, tokens, dict(source or {}, key=key))
+    stats = collect_kv_stats(model, tokens, dict(source or {}, key=key), progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     stats.save(tmp)
@@ -169,10 +174,10 @@ def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, sour
     return stats
 
 
-def stats_under_weights(built, calibration, model_key: str) -> KVStats:
+def stats_under_weights(built, calibration, model_key: str, progress: Callable[[int, int], None] | None = None) -> KVStats:
     """K/V statistics of a weight-quantized model (``built``: ``.model`` and ``.spec``) on the
     calibration tokens, cached under one key shape for every command: quantized weights change
     the keys and values they produce, so the key names the reference, the weight config and the
     calibration."""
     key = f"{model_key}|{json.dumps(built.spec.to_dict(), sort_keys=True)}|{calibration.key}"
-    return cached_kv_stats(built.model, calibration.tokens, key, {"calibration": calibration.spec.label})
+    return cached_kv_stats(built.model, calibration.tokens, key, {"calibration": calibration.spec.label}, progress)

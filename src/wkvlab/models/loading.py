@@ -31,8 +31,8 @@ DTYPES = ("auto", *_DTYPES)
 def resolve_device(device: str) -> str:
     """``auto`` → ``cuda`` when a CUDA device is visible, else ``cpu``; ``cuda`` / ``cuda:N`` checked.
 
-    ``cuda`` places the model across every visible GPU when it does not fit on one (accelerate's
-    ``device_map="auto"``); ``cuda:N`` puts all of it on GPU N.
+    ``cuda`` puts the model on one GPU when it holds it, else across the visible GPUs
+    (:mod:`wkvlab.models.placement`; never offloaded); ``cuda:N`` puts all of it on GPU N.
     """
     key = device.strip().lower()
     if key == "auto":
@@ -70,10 +70,22 @@ class LoadedModel:
     device: str = "cpu"
     dtype: str = "float32"
     spec: str = ""  # what load_model was given (a packaged name, or the path)
+    device_map: str = "auto"  # how a --device cuda run spreads over the GPUs (wkvlab.models.placement)
+    attn: str | None = None  # the attention implementation asked for (None: transformers' default)
 
     def reload(self) -> torch.nn.Module:
         """A fresh copy of the same weights on the same device (after an in-place quantization)."""
-        return load_model(self.spec or self.source, dtype=self.dtype, device=self.device).model
+        return load_model(self.spec or self.source, dtype=self.dtype, device=self.device, device_map=self.device_map, attn=self.attn).model
+
+    @property
+    def placement(self) -> str:
+        """Where the weights are: ``cpu``, ``cuda:0``, or each GPU with its share of the modules."""
+        from wkvlab.models.placement import describe_device_map
+
+        mapping = getattr(self.model, "hf_device_map", None)
+        if mapping:
+            return describe_device_map(mapping)
+        return str(next(self.model.parameters()).device)
 
     @property
     def config(self):
@@ -90,20 +102,56 @@ _sha256 = file_sha256
 _folder_fingerprint = folder_fingerprint
 
 
-def _place(model: torch.nn.Module, device: str) -> torch.nn.Module:
-    """Move a model loaded on the CPU to ``device``; ``cuda`` spreads it over the visible GPUs if needed."""
+def _place(model: torch.nn.Module, device: str, device_map: str = "auto", name: str = "the model",
+           mapping: dict | None = None) -> torch.nn.Module:
+    """Move a model loaded on the CPU (a GGUF's) to ``device`` as :mod:`wkvlab.models.placement` plans
+    it (``mapping``: the plan already made before the conversion)."""
     if device == "cpu":
         return model
-    if device != "cuda" or torch.cuda.device_count() == 1:
-        return model.to("cuda:0" if device == "cuda" else device)
-    from accelerate import dispatch_model, infer_auto_device_map
+    from wkvlab.models.placement import gpu_budgets, plan_device_map
 
-    no_split = getattr(model, "_no_split_modules", None) or []
-    return dispatch_model(model, device_map=infer_auto_device_map(model, no_split_module_classes=no_split))
+    mapping = mapping or plan_device_map(model, gpu_budgets(device), device_map, name=name)
+    if set(mapping) == {""}:
+        return model.to(f"cuda:{mapping['']}")
+    from accelerate import dispatch_model
+
+    return dispatch_model(model, device_map=mapping)
 
 
-def _from_pretrained(folder: Path, dtype: torch.dtype, **kwargs):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def model_class(config):
+    """The auto class that loads ``config``'s architecture with its language-model head.
+
+    A text model is a causal LM. A vision-language checkpoint whose transformers class is not one
+    (Qwen2-VL, Qwen2.5-VL, Mistral 3: ``*ForConditionalGeneration``, registered for image-text-to-text
+    only) loads whole through AutoModelForImageTextToText; given token ids alone it runs its text
+    decoder, which is what wkvlab quantizes and measures (:func:`wkvlab.weights.arch.decoder_layers`
+    finds ``model.language_model.layers``; the vision tower is never run). Llama 4 and Gemma 3 are
+    causal LMs to transformers (Llama4ForCausalLM loads the text part of the checkpoint alone).
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    kind = getattr(config, "model_type", "")
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def _meta_model(cls, config, dtype: torch.dtype) -> torch.nn.Module:
+    """The architecture with no weights (on ``meta``): enough to plan where its weights go."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        model = cls.from_config(config, dtype=dtype)
+    model.tie_weights()  # from_config leaves a tied head as its own tensor: counted twice, SmolLM2 read 0.61 GiB for 0.50
+    return model
+
+
+def _from_pretrained(folder: Path, dtype: torch.dtype, *, device: str = "cpu", device_map: str = "auto", attn: str | None = None,
+                     name: str = "the model", **kwargs):
+    """Tokenizer and model from ``folder``; on a GPU the weights go straight where
+    :mod:`wkvlab.models.placement` plans (no full copy on the CPU first, no offloading)."""
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     # transformers' own progress bars and notices would interleave with ours.
@@ -112,7 +160,17 @@ def _from_pretrained(folder: Path, dtype: torch.dtype, **kwargs):
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
+        config = AutoConfig.from_pretrained(str(folder), **kwargs)
+        cls = model_class(config)
+        if device != "cpu":
+            from wkvlab.models.placement import gpu_budgets, plan_device_map
+
+            kwargs["device_map"] = plan_device_map(_meta_model(cls, config, dtype), gpu_budgets(device), device_map, name=name)
+        if attn is not None:
+            kwargs["attn_implementation"] = attn
+        model = cls.from_pretrained(str(folder), dtype=dtype, **kwargs)
+    except ModelError:
+        raise
     except Exception as exc:  # a corrupt GGUF raises struct/IO/Value errors alike: all mean "cannot load"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{folder} could not be loaded as a causal language model ({first[:160]})") from None
@@ -138,20 +196,33 @@ def _save_plain_copy(model, tokenizer, target: Path) -> None:
         raise
 
 
-def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, device: str = "cpu") -> LoadedModel:
+def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, device: str = "cpu", device_map: str = "auto",
+              attn: str | None = None) -> LoadedModel:
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
     torch_dtype = _DTYPES[dtype]
     fingerprint = _sha256(path)
     cached = cache_dir() / "models" / f"{fingerprint[:16]}-{dtype}"
     if use_cache and (cached / "wkvlab-source.json").is_file():
-        model, tokenizer = _from_pretrained(cached, torch_dtype)
+        model, tokenizer = _from_pretrained(cached, torch_dtype, device=device, device_map=device_map, attn=attn, name=path.name)
     else:
+        mapping = None
+        if device != "cpu":  # a model the GPUs cannot hold is refused before the conversion, from the header's shapes
+            from transformers import AutoConfig
+
+            from wkvlab.models.placement import gpu_budgets, plan_device_map
+
+            try:
+                config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            except Exception:  # a corrupt header: the loader below refuses it in its own words
+                config = None
+            if config is not None:
+                mapping = plan_device_map(_meta_model(model_class(config), config, torch_dtype), gpu_budgets(device), device_map, name=path.name)
         # transformers' GGUF converter draws its own tqdm bar; ours (or the CLI status) says enough.
         previous = os.environ.get("TQDM_DISABLE")
         os.environ["TQDM_DISABLE"] = "1"
-        try:
-            model, tokenizer = _from_pretrained(path.parent, torch_dtype, gguf_file=path.name)
+        try:  # dequantized on the CPU (the copy below is written from there), then placed
+            model, tokenizer = _from_pretrained(path.parent, torch_dtype, attn=attn, gguf_file=path.name)
         finally:
             if previous is None:
                 os.environ.pop("TQDM_DISABLE", None)
@@ -159,25 +230,33 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
                 os.environ["TQDM_DISABLE"] = previous
         if use_cache:
             _save_plain_copy(model, tokenizer, cached)
+        model = _place(model, device, device_map, name=path.name, mapping=mapping)
     # the model's own weights as stored: what --weights none reports (weights/apply.py model_weight_bytes), not float32
     model.wkvlab_stored_bytes = path.stat().st_size
-    return LoadedModel(name=path.stem, model=_place(model, device), tokenizer=tokenizer, source=str(path), fingerprint=fingerprint,
-                       device=device, dtype=dtype)
+    return LoadedModel(name=path.stem, model=model, tokenizer=tokenizer, source=str(path), fingerprint=fingerprint,
+                       device=device, dtype=dtype, device_map=device_map, attn=attn)
 
 
-def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, device: str = "cpu") -> LoadedModel:
+def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, device: str = "cpu", device_map: str = "auto",
+               attn: str | None = None) -> LoadedModel:
     """Load ``spec``: a packaged name (``default``, ``smollm2``, ``gemma3-270m``), a .gguf file, or an HF folder.
 
-    ``device``: ``cpu``, ``cuda`` (one GPU, or all visible GPUs when the model needs them),
-    ``cuda:N`` or ``auto``; ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (bfloat16
-    on a GPU, float32 on the CPU) — the precision of the reference everything is compared with.
+    ``device``: ``cpu``, ``cuda`` (one GPU when it holds the weights, else all visible GPUs),
+    ``cuda:N`` or ``auto``; ``device_map``: how ``cuda`` uses the GPUs (``auto``, ``balanced``,
+    ``sequential``: :mod:`wkvlab.models.placement`; never offloaded); ``dtype``: ``float32``,
+    ``bfloat16``, ``float16`` or ``auto`` (bfloat16 on a GPU, float32 on the CPU) — the precision of
+    the reference everything is compared with; ``attn``: ``sdpa``, ``eager``, ``flash_attention_2``
+    or None (transformers' default; :mod:`wkvlab.models.attn`).
     """
+    from wkvlab.models.placement import check_device_map
+
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
+    device_map = check_device_map(device_map)
     check_model_source(spec)
     packaged = canonical_name(spec)
     if packaged is not None:
-        loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache, device=device)
+        loaded = load_gguf(packaged_gguf(packaged), dtype=dtype, use_cache=use_cache, device=device, device_map=device_map, attn=attn)
         loaded.name = loaded.spec = packaged
         return loaded
     from wkvlab.models.hub import is_hub_id, resolve_hub_model
@@ -187,11 +266,9 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
-        return load_gguf(path, dtype=dtype, use_cache=use_cache, device=device)
+        return load_gguf(path, dtype=dtype, use_cache=use_cache, device=device, device_map=device_map, attn=attn)
     if not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json; pass a Hugging Face model folder or a .gguf file")
-    # accelerate places the layers straight onto the GPUs (no full copy on the CPU first)
-    placement = {} if device == "cpu" else {"device_map": "auto" if device == "cuda" else device}
-    model, tokenizer = _from_pretrained(path, _DTYPES[dtype], **placement)
+    model, tokenizer = _from_pretrained(path, _DTYPES[dtype], device=device, device_map=device_map, attn=attn, name=hub_id or path.name)
     return LoadedModel(name=hub_id or path.name, model=model, tokenizer=tokenizer, source=str(path), fingerprint=_folder_fingerprint(path),
-                       device=device, dtype=dtype)
+                       device=device, dtype=dtype, device_map=device_map, attn=attn)

@@ -99,13 +99,14 @@ def plan_command(
     prober = None
     if probe is not None:
         from wkvlab.cliopts import start_run
-        from wkvlab.display import err_console, progress_bar
+        from wkvlab.display import err_console, progress_bar, status
         from wkvlab.plan.probe import Probe
 
         if probe < 1:
             raise ConfigError(f"--probe {probe}: give a positive number of tokens, or --probe alone for {DEFAULT_TOKENS}")
         start_run("plan --probe", threads, f"{model}, {probe:,} tokens")
-        prober = Probe(probe, probe_data, progress=progress_bar, say=lambda line: err_console.print(line, highlight=False, markup=False))
+        prober = Probe(probe, probe_data, progress=progress_bar, say=lambda line: err_console.print(line, highlight=False, markup=False),
+                       status=status)
     plans = [plan(model, gpu, batch, context, weights=w_list, kv=k_list, engine=engine, measurements=measurements, gpu_file=gpu_file,
                   gpus=n, tp=tp, pp=pp, split=split, model_id=model_id, versions=versions, probe=prober, screen=screen) for n in counts]
     width = max(shutil.get_terminal_size((160, 40)).columns, 140)

@@ -91,6 +91,7 @@ class Probe:
     data: str = "default"
     progress: Callable[[float, str], AbstractContextManager] | None = None  # (total steps, title) -> a bar yielding advance
     say: Callable[[str], None] = print
+    status: Callable[[str], AbstractContextManager] | None = None  # (message) -> lines while the model loads (display.status)
     cost: ProbeCost = field(default_factory=ProbeCost)
     done: dict[tuple, Measurement] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -135,7 +136,8 @@ class Probe:
         self.say(f"probe: {configs} configuration(s) of {model.name} on {self.tokens:,} tokens of '{self.data}' "
                  f"(windows of {ctx}), {len(groups)} reference pass(es), through wkvlab eval's path")
         began = time.perf_counter()
-        work = api.prepare(target, self.data, ctx=ctx, tokens=self.tokens)
+        with self.status(f"probe: loading {model.name}") if self.status else nullcontext():  # a GGUF's first load converts it: not silence
+            work = api.prepare(target, self.data, ctx=ctx, tokens=self.tokens, device="cpu")  # the probe's numbers are CPU float32 (no --device)
         for w_list, k_list in groups:
             api.check_kv_specs(work.loaded.model, k_list)
         import torch

@@ -33,7 +33,7 @@ def _duration(seconds: float) -> str:
 
 def plan_table(plan: SweepPlan) -> Table:
     table = Table(title=f"sweep {plan.spec.name}: {len(plan.configs)} configs, {len(plan.done)} done, "
-                        f"{len(plan.missing)} to run in {len(plan.tasks)} grid(s), about {_duration(plan.seconds)}", title_justify="left")
+                        f"{len(plan.missing)} to run in {len(plan.tasks)} grid(s), {plan.estimate(_duration)}", title_justify="left")
     for name in ("id", "model", "data", "ctx", "tokens", "weights", "KV", "status"):
         table.add_column(name, no_wrap=True)
     for c in plan.configs:
@@ -104,7 +104,7 @@ def sweep_command(
         with status("planning (hashing models and data)"):
             plan = plan_sweep(sweep_spec, db)
         err_console.print(f"sweep {sweep_spec.name}: {len(plan.configs)} configs, {len(plan.done)} already in {store}, "
-                          f"{len(plan.missing)} to run (about {_duration(plan.seconds)})")
+                          f"{len(plan.missing)} to run ({plan.estimate(_duration)})")
         with progress_bar(plan.steps, "sweep", grid=[task.grid for task in plan.tasks]) as advance:
             report = run_sweep(sweep_spec, db, executor=runner, progress=advance, plan=plan)
         err_console.print(f"wrote {report.written} result(s) to {store}" + (f"; {report.raced} were written first by another sweep" if report.raced else ""))

@@ -267,5 +267,21 @@ def make_tasks(configs: list[SweepConfig], done: set[str] | frozenset[str] = fro
 
 
 def estimate_seconds(configs: list[SweepConfig], seconds_per_token: dict[str, float | None]) -> float:
-    """A rough wall time: measured seconds per token of this model in the store, else the default."""
+    """A rough wall time of the window passes: measured seconds per token of this model in the store, else the default."""
     return sum(c.tokens * (seconds_per_token.get(c.model_sha256) or DEFAULT_SECONDS_PER_TOKEN) for c in configs)
+
+
+def untimed_steps(tasks: list[GridTask]) -> tuple[str, ...]:
+    """What :func:`estimate_seconds` cannot price before anything runs, in the cost classes the run's
+    ETA times apart (``display.StepCosts``, ``display.grids_classes``): calibrated weight builds and KV
+    calibrations, each minutes where a pass takes seconds, and loading each model (a GGUF's first
+    load converts it). A dry run names them beside a lower bound rather than print a sum of passes
+    as the time (12 s said for a sweep that took 2:59, issue 42)."""
+    from wkvlab.display import grids_classes
+
+    pairs, calibrations = grids_classes([task.grid for task in tasks])
+    calibrated = sum(1 for _, kind in pairs if kind == "calibrated")
+    models = len({c.model_sha256 for task in tasks for c in task.configs})
+    parts = [f"{calibrated} calibrated weight build(s) (GPTQ/AWQ/SmoothQuant)"] if calibrated else []
+    parts += [f"{calibrations} KV calibration(s)"] if calibrations else []
+    return (*parts, f"loading {models} model(s)") if models else tuple(parts)

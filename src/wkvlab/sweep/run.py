@@ -13,7 +13,7 @@ from wkvlab.errors import DataError
 from wkvlab.eval.runner import Progress
 from wkvlab.store import ResultStore, open_store
 from wkvlab.sweep.executor import Executor, InProcessExecutor
-from wkvlab.sweep.plan import GridTask, SweepConfig, estimate_seconds, expand, make_tasks
+from wkvlab.sweep.plan import GridTask, SweepConfig, estimate_seconds, expand, make_tasks, untimed_steps
 from wkvlab.sweep.spec import SweepSpec, load_spec
 
 
@@ -23,7 +23,14 @@ class SweepPlan:
     configs: tuple[SweepConfig, ...]
     done: frozenset[str]
     tasks: tuple[GridTask, ...]
-    seconds: float  # estimated wall time of the missing configs
+    seconds: float  # estimated wall time of the missing configs' window passes
+    untimed: tuple[str, ...] = ()  # what that estimate leaves out (sweep.plan.untimed_steps): then a lower bound
+
+    def estimate(self, duration) -> str:
+        """``about 1m10s``, or ``at least 0m12s (not timed yet: 2 calibrated weight build(s) ...)``."""
+        if not self.untimed:
+            return f"about {duration(self.seconds)}"
+        return f"at least {duration(self.seconds)} (window passes; not timed yet: {', '.join(self.untimed)})"
 
     @property
     def missing(self) -> list[SweepConfig]:
@@ -34,7 +41,7 @@ class SweepPlan:
         return sum(t.steps for t in self.tasks)
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec.to_dict(), "estimated_seconds": self.seconds, "tasks": len(self.tasks),
+        return {"spec": self.spec.to_dict(), "estimated_seconds": self.seconds, "untimed": list(self.untimed), "tasks": len(self.tasks),
                 "configs": [{"config_id": c.config_id, "label": c.label, "done": c.config_id in self.done} for c in self.configs]}
 
 
@@ -58,7 +65,8 @@ def plan_sweep(spec: SweepSpec | str | Path, store: ResultStore | None) -> Sweep
     done = frozenset(store.done(c.config_id for c in configs)) if store is not None else frozenset()
     missing = [c for c in configs if c.config_id not in done]
     speeds = {fp: store.seconds_per_token(fp) if store is not None else None for fp in {c.model_sha256 for c in missing}}
-    return SweepPlan(spec, tuple(configs), done, tuple(make_tasks(missing, grid=spec.grid)), estimate_seconds(missing, speeds))
+    tasks = tuple(make_tasks(missing, grid=spec.grid))
+    return SweepPlan(spec, tuple(configs), done, tasks, estimate_seconds(missing, speeds), untimed_steps(list(tasks)))
 
 
 def _fresh_tasks(plan: SweepPlan, store: ResultStore, tick: Progress):

@@ -392,13 +392,22 @@ def quantize_with_progress(model: torch.nn.Module, spec: WeightSpec, calibration
                            originals=None, tokenizer=None) -> QuantizedWeights:
     """:func:`quantize_model_weights` as exactly one progress step: per-layer fractions while a
     calibrated method runs, the rest when the copy is ready (all of it when cached or plain RTN)."""
-    done, start = [0.0], time.monotonic()
+    done, start, first = [0.0], time.monotonic(), []
 
     def layer(description: str, fraction: float) -> None:
         # The grid's ETA averages over steps of very different cost (a GPTQ build is worth dozens of
-        # window passes); this step's own rate says when the build itself ends.
+        # window passes); this step's own rate says when the build itself ends. Its first layer also
+        # gathers the calibration inputs: projected from it, a 9-minute GPTQ build read "51:51 left"
+        # (issue 42), so the rate comes from the layers after it.
         done[0] += fraction
-        left = (time.monotonic() - start) / done[0] * max(0.0, 1.0 - done[0])
+        spent = time.monotonic() - start
+        if not first:
+            first.append((done[0], spent))
+            tick(f"quantizing {spec.label}: {description}, estimating the time left in this step", fraction)
+            return
+        (first_done, first_spent), left = first[0], 0.0
+        if done[0] > first_done:
+            left = (spent - first_spent) / (done[0] - first_done) * max(0.0, 1.0 - done[0])
         tick(f"quantizing {spec.label}: {description}, about {int(left // 60)}:{int(left % 60):02d} left in this step", fraction)
 
     built = quantize_model_weights(model, spec, calibration, model_key=model_key, progress=layer, in_place=in_place,
