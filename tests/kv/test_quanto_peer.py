@@ -36,7 +36,7 @@ def caches() -> dict[str, torch.Tensor]:
     boundary[0, 0, 1] = 0.0  # a zero group
     boundary[0, 1, 0] = torch.arange(64) % 16 * 0.25  # exact 4-bit grid, min 0, scale 0.25: codes exact
     boundary[0, 1, 1] = (torch.arange(64) % 16 * 0.25).flip(0)
-    boundary[0, 1, 1, 3] = 0.125 * 15  # ties (k + 0.5 steps) under the 4-bit grid
+    boundary[0, 1, 1, 3:7] = torch.tensor([13, 5, 17, 15]) * 0.125  # ties on the 4-bit grid: 6.5, 2.5, 8.5, 7.5 steps (half to even)
     boundary[0, 1, 2] = torch.randn(64, generator=g) * 1e-30  # tiny groups
     boundary[0, 1, 3] = torch.randn(64, generator=g) * 1e30  # huge groups
     return {"normal": normal, "outliers": outliers, "boundary": boundary}
