@@ -1,4 +1,4 @@
-"""iq4_nl against compiled ggml itself (the slow tier: llama-cpp-python builds it, ``make test-all``).
+"""iq4_nl and q8_K against compiled ggml itself (the slow tier: llama-cpp-python builds it, ``make test-all``).
 
 gguf-py only dequantizes IQ4_NL, so the quantizer's peer is ggml's C: ``quantize_iq4_nl`` (llama-quantize's
 scale search, ntry 7) and ``quantize_row_iq4_nl_ref`` (the CPU backend's ``from_float``: a KV cache
@@ -6,7 +6,10 @@ of type iq4_nl, ntry -1), both ``GGML_API`` exports of ``libggml-base`` from ``g
 called through ctypes on random, outlier-heavy and boundary blocks, from float32 and bf16 inputs, byte
 for byte. llama-cpp-python builds ggml with ``GGML_NATIVE=OFF`` (the Makefile): x86-64 code without FMA, the
 strict-IEEE build wkvlab's encoder reproduces (see :mod:`wkvlab.formats._iq4nl`). ``WKVLAB_GGML_LIB``
-names another library holding the two functions (e.g. ggml-quants.c compiled alone)."""
+names another library holding these functions (e.g. ggml-quants.c compiled alone, with -DNDEBUG as a
+release build: ``nearest_int``'s assert would stop a block whose ``iscale`` overflows). q8_K (the matmul
+input of K-quant weights, never in a file, so gguf-py has no port) goes through ``quantize_row_q8_K_ref`` and
+``dequantize_row_q8_K``, compared value for value."""
 from __future__ import annotations
 
 import ctypes
@@ -32,8 +35,9 @@ def _library() -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
     lib.quantize_iq4_nl.restype = ctypes.c_size_t
     lib.quantize_iq4_nl.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    lib.quantize_row_iq4_nl_ref.restype = None
-    lib.quantize_row_iq4_nl_ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for name in ("quantize_row_iq4_nl_ref", "quantize_row_q8_K_ref", "dequantize_row_q8_K"):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
 
 
@@ -76,3 +80,30 @@ def test_iq4_nl_bytes_match_compiled_ggml(ntry, dtype):
             got[zero_scale, 2:] = want[zero_scale, 2:] = 0
         blocks = (got != want).any(axis=1)
         assert not blocks.any(), f"{name}: {int(blocks.sum())} of {blocks.size} blocks differ"
+
+
+QK_K, Q8_K_BYTES = 256, 4 + 256 + 2 * 16  # block_q8_K: float d, int8 qs[256], int16 bsums[16]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q8_K_values_match_compiled_ggml(dtype):
+    from wkvlab.formats import fake_quant_q8_K
+
+    lib = _library()
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(24, 512, generator=g)
+    x[0, :256] = 0.0
+    x[1, :256] = torch.randn(256, generator=g) * 1e-38  # iscale = -127/max overflows: values ±0 (0 * inf: NaN unless handled)
+    x[1, 5] = 0.0
+    x[2, 7], x[2, 9] = 4.0, -4.0  # a +a/-a tie for the largest magnitude (the first wins)
+    x[3] = torch.randn(512, generator=g) ** 3 * 100
+    x[4, :256] = (torch.arange(256) % 9 - 4) * 127 / 4.0 / 127  # codes on exact ties
+    x = x.to(dtype).float()
+    src = np.ascontiguousarray(x.numpy())
+    blocks = np.zeros(src.size // QK_K * Q8_K_BYTES, dtype=np.uint8)
+    out = np.zeros_like(src)
+    lib.quantize_row_q8_K_ref(src.ctypes.data, blocks.ctypes.data, src.size)
+    lib.dequantize_row_q8_K(blocks.ctypes.data, out.ctypes.data, src.size)
+    got = fake_quant_q8_K(x).numpy()
+    assert np.array_equal(got, out)  # -0.0 == 0.0: the sign of a zero is not compared
