@@ -208,6 +208,21 @@ def _exl3_kernel():
     return exl3
 
 
+def _quanto_format(bits: int) -> KVFormat:
+    """``quanto<b>``: optimum-quanto's qint<b> in groups of 64 along head_dim (QuantoQuantizedLayer's axis 0,
+    q_group_size 64), computed in the cache's dtype as quanto does (:mod:`wkvlab.formats.quanto`); in float32
+    the same values as ``int<b>-g64-asym``. Bytes: b bits of code plus a scale and a shift in the cache dtype
+    (2 bytes each) per group."""
+
+    def quantize(x: "torch.Tensor") -> "torch.Tensor":
+        from wkvlab.formats.quanto import fake_quant_quanto
+
+        return fake_quant_quanto(x, bits, 64)
+
+    return KVFormat(f"quanto{bits}", f"optimum-quanto qint{bits}, groups of 64 along head_dim, arithmetic in the cache dtype",
+                    quantize, lambda d: d * bits / 8 + 4.0 * d / 64, 64)
+
+
 HQQ_BITS = (1, 2, 3, 4, 8)  # HQQQuantizedLayer's nbits check (transformers 5.24 cache_utils.py)
 
 
@@ -305,6 +320,9 @@ def get_kv_format(name: str) -> KVFormat:
     match = re.fullmatch(r"exl3_([2-8])", key)
     if match:
         return _exl3_format(int(match.group(1)))
+    match = re.fullmatch(r"quanto([24])", key)
+    if match:
+        return _quanto_format(int(match.group(1)))
     match = re.fullmatch(r"hqq(\d+)(?:-g(\d+))?", key)
     if match:
         bits, group = int(match.group(1)), int(match.group(2) or 64)

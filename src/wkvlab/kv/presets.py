@@ -213,14 +213,10 @@ def _vllm_fa3(rest: str) -> Preset:
                   "FP8 casts as for vllm:fp8 (cast kernels not read)")
 
 
-# 16-bit arithmetic the presets do not model (measured by the commands in docs/kv.md, "16-bit arithmetic")
+# 16-bit arithmetic a preset does not model (measured by benchmarks/sixteen_bit.py, docs/kv.md "16-bit arithmetic")
 KIVI_DIFFERS = ("KIVI quantizes in the model's dtype (fp16: min, max, (max-min)/(2^b-1), (x-min)/scale, round, q*scale+min "
                 "in quant/new_pack.py); here in float32 and rounded once: on random fp16 K-like tensors 0.06-0.3% of codes "
                 "and 62-74% of dequantized values differ by a 16-bit rounding (bf16: 0.5-2.4% of codes)")
-QUANTO_DIFFERS = ("a bf16 model's quanto computes scale, shift, codes and dequantized values in bf16 (here float32, rounded "
-                  "once): on random bf16 K-like tensors 69-78% of values differ by a bf16 rounding and 0.5% (int2) to 2.5% (int4) "
-                  "by half a quantization step or more; float32 runs are bit-exact with optimum-quanto "
-                  "(tests/kv/test_quanto_peer.py); scale and shift are stored in the model dtype (counted as fp16)")
 
 
 def _kivi(bits: str) -> Preset:
@@ -319,15 +315,15 @@ def _build_preset(text: str) -> Preset | None:
         # QuantoQuantizedLayer): optimum-quanto 0.2.7 MaxOptimizer + quantize_affine with axis=0 and
         # q_group_size 64 — groups of 64 consecutive values of a token (along head_dim), scale
         # (max - min)/(2^b - 1), float shift -min, codes round((x + shift)/scale) half to even,
-        # dequantized scale*q - shift: int<b>-g64-asym's arithmetic. The first update quantizes the
+        # dequantized scale*q - shift, in the cache's dtype (quanto<b>; in float32 int<b>-g64-asym). The first update quantizes the
         # prompt but returns it unquantized; decoded tokens pile up to residual_length 128, then the
         # whole cache is re-quantized (near-idempotent: the replay test matches to 1e-6). prefill=1:
         # decoding from a one-token prompt, as every preset here measures; +prefill=L for a prompt of L.
         bits = rest[-1]
-        spec = KVSpec(k=f"int{bits}-g64-asym", v=f"int{bits}-g64-asym", residual=128, prefill=1, name=f"hf-quanto:{rest}")
+        spec = KVSpec(k=f"quanto{bits}", v=f"quanto{bits}", residual=128, prefill=1, name=f"hf-quanto:{rest}")
         return Preset(spec, "transformers 5.24 src/transformers/cache_utils.py QuantizedLayer.update + QuantoQuantizedLayer; "
                       "optimum-quanto 0.2.7 MaxOptimizer, quantize_affine (tests/kv/test_quantized_cache_replay.py replays it)",
-                      "source-faithful", QUANTO_DIFFERS)
+                      "source-faithful")
     elif engine == "hf-hqq" and rest in tuple(f"int{b}" for b in HQQ_BITS):
         # transformers 5.24 QuantizedCache(backend="hqq") with its defaults (cache_utils.py HQQQuantizedLayer:
         # nbits, axis_key = axis_value = 0, q_group_size 64, residual_length 128): hqq 0.2.8.post1's
