@@ -58,6 +58,7 @@ KV_GRAMMAR = (
     Form("int<b>-c<G>[-sym|-asym]", "int2-c32", "per channel over groups of G tokens (KIVI's keys)"),
     Form("K<b>V<b> | KV<b>", "K8V4", "KVTuner's bit pairs (8/4/2 bits: int8/int4/int2; 16: the model's precision)"),
     Form("hqq<b>[-g<G>]", "hqq4+residual=128", "HQQ (1/2/3/4/8 bits) on the whole cache, re-quantized at each flush: needs residual=R (hf-hqq:int<b>)"),
+    Form("quanto<b>", "quanto4+residual=128", "optimum-quanto qint2/qint4 in groups of 64, computed in the cache's dtype (hf-quanto:int<b>)"),
     Form("nuq<b>[-c]", "kvquant:3", "KVQuant non-uniform codebooks (calibrated), through the kvquant:<b> presets"),
     Form("@<file>.yaml | @<file>.json", "@plan.yaml", "a KVSpec file, e.g. written by 'wkvlab search --out'"),
 )

@@ -27,6 +27,7 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | nvfp4-sm100 | nvfp4 with k_scale 6 (SGLang multiplies the scales by 6 on SM100), read exactly | SGLang ``fp4_e2m1`` + ``--fp4-kv-cache-recipe nvfp4`` decoding on SM100 (``nvfp4``: on SM120) |
 | nvfp4-fp8read[-sm100] | nvfp4's store, read back through bf16 into SGLang's FP8-E4M3 workspace; -sm100: k_scale 6 | SGLang's extend over a cached prefix with recipe nvfp4 (``dequantize_prev_kv``) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
+| quanto<b>   | b ∈ {2, 4}: optimum-quanto's qint<b> in groups of 64 along head_dim, every operation in the cache's dtype (float32: ``int<b>-g64-asym``) | transformers ``QuantizedCache(backend="quanto")`` (:mod:`wkvlab.formats.quanto`) |
 | hqq<b>[-g<G>] | b ∈ {1, 2, 3, 4, 8} bits, groups of G (64) values taken across the WHOLE cache (HQQ axis 0), scale + zero in the cache dtype per group, HQQ's proximal zero-point solver; re-quantized whole at every flush | transformers ``QuantizedCache(backend="hqq")`` (:mod:`wkvlab.formats.hqq`) |
 
 HQQ's formats are the other exception: transformers' ``QuantizedCache`` hands hqq the whole cache,
@@ -345,4 +346,4 @@ def get_kv_format(name: str) -> KVFormat:
             raise ConfigError(f"group size must be positive in KV format {name!r}")
         symmetric = match.group(3) == "sym" if match.group(3) else bits == 8
         return _affine_format(bits, group, symmetric)
-    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), hqq<b>[-g<G>] (HQQ, b = 1, 2, 3, 4, 8) or exl3_<b> (ExLlamaV3, b = 2..8)")
+    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), hqq<b>[-g<G>] (HQQ, b = 1, 2, 3, 4, 8), quanto<b> (optimum-quanto, b = 2, 4) or exl3_<b> (ExLlamaV3, b = 2..8)")
