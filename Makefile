@@ -25,13 +25,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) -e '.[report]'
 	touch $(STAMP)
 
-# What only the tests need: pytest, selenium and Ray (the `test` extra), and Chromium with its
+# What only the tests need: pytest, selenium, Ray and the peers' quantizers (the `test` extra; DISABLE_CUDA=1: hqq
+# builds without its CUDA extension), and Chromium with its
 # driver for the report's browser test: Debian's packages, installed only as root on a Debian or
 # Ubuntu machine (CI runs as root). Anyone else without them gets one line saying so, and that one
 # test is skipped (outside CI). The networking flags the test passes keep Chromium from phoning home.
 TEST_STAMP := $(VENV)/.wkvlab-test-installed
 $(TEST_STAMP): $(STAMP)
-	$(PIP) -e '.[test]'
+	DISABLE_CUDA=1 $(PIP) -e '.[test]'
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \

@@ -61,6 +61,7 @@ KV_GRAMMAR = (
     Form("<engine>@<release>:<dtype>", "vllm@0.23:int8_per_token_head",
          "a vLLM, SGLang or llama.cpp preset as that release stores it (the engine releases table); without @: the newest modelled"),
     Form("hqq<b>[-g<G>]", "hqq4+residual=128", "HQQ (1/2/3/4/8 bits) on the whole cache, re-quantized at each flush: needs residual=R (hf-hqq:int<b>)"),
+    Form("quanto<b>", "quanto4+residual=128", "optimum-quanto qint2/qint4 in groups of 64, computed in the cache's dtype (hf-quanto:int<b>)"),
     Form("nuq<b>[-c]", "kvquant:3", "KVQuant non-uniform codebooks (calibrated), through the kvquant:<b> presets"),
     Form("@<file>.yaml | @<file>.json", "@plan.yaml", "a KVSpec file, e.g. written by 'wkvlab search --out'"),
 )

@@ -58,26 +58,103 @@ def _datasets() -> dict[str, torch.Tensor]:
     negmax[5, 32:] = 3.0  # a constant block
     tiny = torch.randn(2, 64, generator=g) * 1e-20  # subnormal-range fp16 scales
     big = torch.randn(2, 64, generator=g) * 1e4
-    return {"normal": normal, "outliers": outliers, "zeros": zeros, "ties": ties, "negmax": negmax, "tiny": tiny, "big": big}
+    # blocks whose 1/d overflows float32 (max below ~3.7e-37 for q8_0, ~2.4e-38 for q4_0, ~4.4e-38 for
+    # q4_1): x*id is ±inf, or NaN where x is 0; gguf (and ggml's C) store code 0 and a zero fp16 scale
+    overflow = torch.randn(8, 32, generator=g) * torch.tensor([1e-36, 3.6e-37, 3.8e-37, 2e-38, 2.5e-38, 1e-38, 1e-40, 1e-45]).unsqueeze(1)
+    overflow[2:, 5] = 0.0
+    overflow[3, 7] = -0.0
+    subnormal = torch.randint(-64, 64, (4, 32), generator=g).float() * 2.0**-149  # float32 subnormals, exact
+    subnormal[1, :16] = 0.0
+    # huge values: fp16 scales overflow to inf (d*0 is NaN in gguf too), max - min overflows float32
+    huge = torch.randn(4, 32, generator=g) * torch.tensor([1e5, 1e30, 1e38, 3e38]).unsqueeze(1)
+    huge[3, 0], huge[3, 1] = 3.4e38, -3.4e38
+    # outlier-heavy: a Student-t-like tail, one channel 1e3 times larger
+    heavy = torch.randn(8, 128, generator=g) ** 3
+    heavy[:, 17] *= 1e3
+    return {"normal": normal, "outliers": outliers, "zeros": zeros, "ties": ties, "negmax": negmax, "tiny": tiny, "big": big,
+            "overflow": overflow, "subnormal": subnormal, "huge": huge, "heavy": heavy}
 
 
 DATA = _datasets()
 
 
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """Float32 arrays equal bit for bit: the sign of every zero counts, NaN matches NaN (any payload)."""
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    bad = got.view(np.uint32)[~nan] != want.view(np.uint32)[~nan]
+    assert not bad.any(), f"{bad.sum()} of {bad.size} values differ, e.g. {got[~nan][bad][:4]} vs {want[~nan][bad][:4]}"
+
+
+def _zero_min_unsigned(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """q4_1/q5_1 bytes with the sign of a zero ``m`` cleared. A block whose smallest values are +0 and
+    -0 stores either: ggml's C loop keeps the first (``if (v < min)``), numpy's and torch's SIMD
+    reductions do not say which. It never changes a value (``d*q + m`` is +0 either way)."""
+    if type_name not in ("q4_1", "q5_1"):
+        return raw
+    blocks = raw.reshape(-1, ggml_block_shape(type_name)[1]).copy()
+    zero_m = (blocks[:, 2] == 0) & ((blocks[:, 3] & 0x7F) == 0)
+    blocks[zero_m, 3] = 0
+    return blocks.reshape(raw.shape)
+
+
 @pytest.mark.parametrize("type_name", LINEAR)
 @pytest.mark.parametrize("data", list(DATA))
-def test_bit_identical_to_gguf(type_name: str, data: str) -> None:
-    x = DATA[data]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bit_identical_to_gguf(type_name: str, data: str, dtype: torch.dtype) -> None:
+    # gguf-py (llama.cpp's numpy port of ggml-quants.c, the installed gguf package) is the peer: its
+    # bytes, its dequantized values, and wkvlab's direct fake-quant path, bit for bit
+    x = DATA[data].to(dtype)
     qt = _qt(type_name)
-    ref_bytes = quantize(x.numpy(), qt)
+    with np.errstate(all="ignore"):  # gguf's own overflow warnings on the tiny and huge blocks
+        ref_bytes = quantize(x.float().numpy(), qt)
+        ref_vals = dequantize(ref_bytes, qt)
     raw = ggml_quantize(x, type_name)
     assert raw.dtype == torch.uint8 and raw.shape == ref_bytes.shape
-    assert np.array_equal(raw.numpy(), ref_bytes)
-    ref_vals = dequantize(ref_bytes, qt)
-    assert np.array_equal(ggml_dequantize(torch.from_numpy(ref_bytes), type_name).numpy(), ref_vals)
+    assert np.array_equal(_zero_min_unsigned(raw.numpy(), type_name), _zero_min_unsigned(ref_bytes, type_name))
+    assert_same_bits(ggml_dequantize(torch.from_numpy(ref_bytes), type_name).numpy(), ref_vals)
     y = fake_quant_ggml(x, type_name)
     assert y.dtype == torch.float32 and y.shape == x.shape
-    assert np.array_equal(y.numpy(), ref_vals)  # also sign of zero
+    assert_same_bits(y.numpy(), ref_vals)
+
+
+@pytest.mark.parametrize("data", list(DATA))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_iq4_nl_values_are_what_gguf_decodes(data: str, dtype: torch.dtype) -> None:
+    # gguf-py has no IQ4_NL quantizer (its IQ4_NL class only dequantizes), so for iq4_nl the peer
+    # checks the decode side: gguf's values of wkvlab's bytes are wkvlab's fake-quant values, for
+    # both llama-quantize's scale search (ntry 7) and the KV cache's runtime path (ntry -1)
+    x = DATA[data].to(dtype)
+    for ntry in (7, -1):
+        raw = ggml_quantize(x, "iq4_nl", ntry=ntry)
+        with np.errstate(all="ignore"):
+            ref = dequantize(raw.numpy(), GGMLQuantizationType.IQ4_NL)
+        assert_same_bits(fake_quant_ggml(x, "iq4_nl", ntry=ntry).numpy(), ref)
+        assert_same_bits(ggml_dequantize(raw, "iq4_nl").numpy(), ref)
+
+
+@pytest.mark.parametrize("type_name", [*GGML_TYPES, "q8_0-x86", "q8_K"])
+def test_tiny_blocks_give_zero_not_nan(type_name: str) -> None:
+    # 1/d overflows to inf for these blocks (gguf-py and ggml's C: id = d ? 1/d : 0 = inf), so x*id is
+    # ±inf, and NaN where x == 0; the stored fp16 scale is 0 and every value comes back as a zero.
+    # q8_0-x86 (id = 127/max) and q8_K (iscale = -127/max) overflow below 127/FLT_MAX = 3.7e-37 too.
+    from wkvlab.formats import fake_quant_q8_K
+    from wkvlab.formats.ggml_x86 import fake_quant_q8_0_x86
+
+    # (q8_K keeps a float32 scale: only blocks of 256 whose max is below 3.7e-37 come back as zeros)
+    for scale in (1e-38, 1e-40, 1e-45) if type_name == "q8_K" else (3.6e-37, 1e-38, 1e-40, 1e-45):
+        x = torch.randn(8, 256, generator=torch.Generator().manual_seed(7)) * scale
+        x[:, ::9] = 0.0
+        if type_name == "q8_0-x86":
+            y = fake_quant_q8_0_x86(x)
+        elif type_name == "q8_K":
+            y = fake_quant_q8_K(x)
+        else:
+            y = fake_quant_ggml(x, type_name)
+        assert torch.equal(y, torch.zeros_like(x)), (scale, y.isnan().sum())  # -0.0 == 0.0: only the value is asserted
+    if type_name == "q8_0-x86":  # code -128 (cvtps_epi32's 0x80000000, saturated by packs) times a zero scale: -0
+        assert torch.signbit(fake_quant_q8_0_x86(torch.full((1, 32), 1e-38))).all()
 
 
 @pytest.mark.parametrize("type_name", LINEAR)
@@ -124,7 +201,7 @@ def test_idempotent(type_name: str) -> None:
     torch.manual_seed(4)
     x = torch.randn(64, 256)
     x[0, 3] = 30.0
-    for data in [x, *DATA.values()]:
+    for data in [x, *(v for k, v in DATA.items() if k != "huge")]:  # huge: inf scales give NaN (as in gguf)
         y = fake_quant_ggml(data, type_name)
         assert torch.equal(fake_quant_ggml(y, type_name), y)
 

@@ -1,6 +1,9 @@
-"""iq4_nl: gguf only dequantizes it, so quantization is checked against a scalar transcription
-of ggml's C reference (quantize_row_iq4_nl_impl, read from ggml/src/ggml-quants.c) evaluated
-with numpy float32 scalars, one operation at a time in C order."""
+"""iq4_nl: gguf only dequantizes it, so in the fast tier quantization is checked against a scalar
+transcription of ggml's C reference (quantize_row_iq4_nl_impl, read from ggml/src/ggml-quants.c)
+evaluated with numpy float32 scalars, one operation at a time in C order. The peer itself — ggml's
+compiled quantize_iq4_nl / quantize_row_iq4_nl_ref from llama-cpp-python's libggml-base — runs in the
+slow tier (tests/formats/test_ggml_compiled.py), which found that C leaves a zero-scale block's runtime
+codes unwritten (values 0 either way)."""
 from __future__ import annotations
 
 import numpy as np

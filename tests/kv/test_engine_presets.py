@@ -72,6 +72,39 @@ def test_vllm_int4_hand_computed():
     assert KVSpec.parse("vllm:int4_per_token_head").bytes_per_token(layers=1, kv_heads=1, head_dim=64) == 2 * (32 + 4)
 
 
+def test_vllm_int4_rounds_the_rotated_head_to_a_16bit_input_dtype():
+    # vLLM: y = single_rht(key.float()).to(key.dtype) before the INT4 kernel (which computes in float32):
+    # integer heads x = D ⊙ v give exact integer y = H·v, and 9-bit integers are not bf16 (spacing 2 above 256)
+    d = 16
+    signs = rht_signs(d)
+    h = torch.tensor([[(-1) ** bin(i & j).count("1") for j in range(d)] for i in range(d)], dtype=torch.float32)
+    v = torch.tensor([[200.0, 57.0, 3.0, 1.0] + [0.0] * 12, [300.0, -41.0, 9.0, 0.0, 5.0] + [0.0] * 11])
+    x = (signs * v).to(torch.bfloat16)
+    y32 = (x.float() * signs) @ h  # exact integers
+    y16 = y32.to(torch.bfloat16).float()
+    assert not torch.equal(y16, y32)
+
+    def kernel(y):  # _reshape_cache_int4_kernel, then the read's (q - zp) * truncated scale, rotated back
+        lo, hi = torch.aminmax(y, dim=-1, keepdim=True)
+        scale = torch.clamp((hi - lo) / 15.0, min=1e-6)
+        zp = torch.where(-lo / scale >= 0, torch.trunc(-lo / scale + 0.5), torch.trunc(-lo / scale - 0.5)).clamp(0, 15)
+        t = y * (1.0 / scale) + zp
+        q = torch.where(t >= 0, torch.trunc(t + 0.5), torch.trunc(t - 0.5)).clamp(0, 15)
+        return (((q - zp) * (scale.view(torch.int32) & -16).view(torch.float32)) @ h) * signs / d
+
+    got = fake_quant_vllm_int4(x)
+    assert torch.equal(got, kernel(y16).to(torch.bfloat16))
+    assert not torch.equal(got, kernel(y32).to(torch.bfloat16))  # float32 rotated values store other codes
+    assert torch.equal(fake_quant_vllm_int4(x.float()), kernel(y32))  # a float32 run keeps float32 rotated values
+
+
+def test_kivi_and_quanto_labels_state_their_16bit_arithmetic():
+    kivi = describe_preset("kivi2")
+    assert kivi.fidelity == "source-faithful" and "fp16" in kivi.differs and "0.06-0.3% of codes" in kivi.differs
+    quanto = describe_preset("hf-quanto:int4")  # quanto's 16-bit arithmetic is modelled (quanto<b>): nothing to state
+    assert quanto.fidelity == "source-faithful" and not quanto.differs and quanto.spec.k == "quanto4"
+
+
 def test_vllm_int4_is_not_plain_int4():
     torch.manual_seed(1)
     x = torch.randn(8, 64)
@@ -217,9 +250,15 @@ def _expected_label(name: str, spec: KVSpec) -> str | None:
     band, checks = _recorded()
     if spec.is_identity:
         return "identity"
-    if any(c["preset"] == name and c["spec"] == spec.canonical() and abs(c["ratio"] - 1) <= band for c in checks):
+    if any(c["preset"] == name and c["spec"] == spec.canonical() and _inside(c, band) for c in checks):
         return "engine-checked"
     return None
+
+
+def _inside(check: dict, band: float) -> bool:
+    """The recorded 95% interval of the ratio lies inside 1 ± band (a point ratio alone backs nothing)."""
+    lo, hi = check.get("interval") or (0.0, float("inf"))
+    return 1 - band <= lo and hi <= 1 + band
 
 
 def test_every_recorded_check_is_complete_and_still_names_the_current_spec():
@@ -247,11 +286,29 @@ def test_every_listed_label_follows_from_the_recorded_checks():
             checked.add(name) if want == "engine-checked" else None
         else:
             assert not label.startswith(("engine-checked", "identity", "bit-exact")), (name, label)
-    assert checked == {c["preset"] for c in _recorded()[1]}  # every recorded check is shown on its own row
+    band, checks = _recorded()
+    assert checked == {c["preset"] for c in checks if _inside(c, band)}  # every check that backs the label, on its own row
+
+
+def test_engine_checked_only_where_the_interval_lies_inside_the_band():
+    # fidelity_checks.json: q4_0's intervals [0.87, 1.161] (SmolLM2) and [0.982, 1.22] (Gemma) leave 1 ± 0.15,
+    # so do Gemma's q4_1 [0.847, 1.039] and the x86 rows (point ratios, no interval); the label says which
+    # model and interval back it, and names the measurements that do not
+    q4_0 = fidelity_of(KVSpec.parse("llamacpp:q4_0"))
+    assert q4_0["label"] == "source-faithful"
+    assert "1.05 [0.87, 1.161] on SmolLM2-135M" in q4_0["differs"] and "1.07 [0.982, 1.22] on Gemma-3-270M" in q4_0["differs"]
+    q4_1 = fidelity_of(KVSpec.parse("llamacpp:q4_1"))
+    assert q4_1["label"] == "engine-checked"
+    backed, _, not_backed = q4_1["differs"].partition(";")
+    assert "1.03 [0.959, 1.127] on SmolLM2-135M" in backed and "Gemma" not in backed
+    assert "0.93 [0.847, 1.039] on Gemma-3-270M" in not_backed and "not engine-checked" in not_backed
+    q8_0 = fidelity_of(KVSpec.parse("llamacpp:q8_0"))
+    assert q8_0["label"] == "engine-checked" and "[0.922, 1.026] on SmolLM2-135M" in q8_0["differs"] and "[0.983, 1.026] on Gemma" in q8_0["differs"]
+    assert fidelity_of(KVSpec.parse("llamacpp-x86:q8_0"))["label"] == "source-faithful"
+    assert "point ratio" in fidelity_of(KVSpec.parse("llamacpp-x86:q8_0"))["differs"]
 
 
 def test_labels_of_the_cases_the_review_found():
-    assert fidelity_of(KVSpec.parse("llamacpp:q4_0"))["label"] == "engine-checked"
     assert fidelity_of(KVSpec.parse("llamacpp:q4_0+norot"))["label"] == "source-faithful"  # no ratio without rotation
     assert fidelity_of(KVSpec.parse("llamacpp:q5_1"))["label"] == "source-faithful"
     assert fidelity_of(KVSpec.parse("llamacpp:f16/q4_0"))["label"] == "source-faithful"  # only q8_0/q4_0 among pairs
@@ -305,7 +362,8 @@ def test_llamacpp_x86_presets_use_the_x86_writer_for_cache_and_q():
     spec = KVSpec.parse("llamacpp-x86:q8_0/q4_0")
     assert (spec.k, spec.v, spec.q, spec.rotate) == ("q8_0-x86", "q4_0", "q8_0-x86", -2)
     assert KVSpec.parse("llamacpp-x86:q4_1").q == "q8_0-x86"  # q8_1's x86 writer gives the same codes
-    assert fidelity_of(spec)["label"] == "engine-checked"  # its ratio was measured (fidelity_checks.json)
+    assert fidelity_of(spec)["label"] == "source-faithful"  # its ratio was measured, but as a point (no interval)
+    assert "0.97 (a point ratio" in fidelity_of(spec)["differs"]
     assert fidelity_of(KVSpec.parse("llamacpp-x86:q4_0"))["label"] == "source-faithful"  # this one's was not
 
 

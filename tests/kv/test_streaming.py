@@ -87,12 +87,13 @@ def test_generate_runs_through_the_cache():
     assert out.shape == (1, 16)
 
 
-# issue #25's presets and options: QuantizedCache's prefill offset, ExLlamaV3's flash-attn path, the
+# issue #25's presets and options: QuantizedCache's prefill offset (and, one token on one KV head of 64, quanto's
+# exact single-group prompt: issue #39), ExLlamaV3's flash-attn path, the
 # x86 q8_0 writer, SGLang's FP4 — the cache and the teacher-forced pass agree. vLLM's truncating int8
 # is left out on purpose: a vector's largest element lands on 127 +- 1 ulp (126.99999 truncates to
 # 126, tests/formats/test_vllm_pth.py), so the last-ulp differences between a one-token and a
 # whole-window K projection move whole codes; its rounding variant stands in for the machinery.
-@pytest.mark.parametrize("text", ["hf-quanto:int4+residual=4+prefill=5", "exl3-fa:k4v4", "llamacpp-x86:q8_0",
+@pytest.mark.parametrize("text", ["hf-quanto:int4+residual=4+prefill=5", "hf-quanto:int2+residual=4", "exl3-fa:k4v4", "llamacpp-x86:q8_0",
                                   "llamacpp:f16/q4_0", "int8_pth-round", "vllm:fp8_per_token_head", "sglang:fp4_e2m1"])
 def test_streaming_equals_teacher_forced_new_presets(text):
     test_streaming_equals_teacher_forced_llama(text)

@@ -164,3 +164,29 @@ def test_quantized_cache_prefill_timing_by_hand():
     assert [k_policy.quantized_prefix(t, 1) for t in range(12)] == quantized_below
     with pytest.raises(ConfigError, match="needs residual"):
         KVSpec.parse("int4+prefill=3")
+
+
+def test_quanto_exact_prompt_only_for_one_group_on_hf_quanto():
+    # optimum-quanto keeps a prompt tensor of exactly one group of 64 exact: kv_heads · prefill · head_dim == 64
+    from types import SimpleNamespace
+
+    from transformers import FalconConfig, LlamaConfig
+
+    from wkvlab.kv.override import model_kv_heads
+    from wkvlab.kv.tokens import quanto_prompt_exact
+
+    assert quanto_prompt_exact(1 * 1 * 64, 64) and not quanto_prompt_exact(2 * 1 * 64, 64) and not quanto_prompt_exact(64, None)
+    one_head = {s.k_policy.prompt_exact for s in layer_stores(tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=1,
+                                                                       hidden_size=128), KVSpec.parse("hf-quanto:int4"))}
+    two_heads = {s.k_policy.prompt_exact for s in layer_stores(tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=2,
+                                                                        hidden_size=128), KVSpec.parse("hf-quanto:int4"))}
+    longer = {s.v_policy.prompt_exact for s in layer_stores(tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=1,
+                                                                     hidden_size=128), KVSpec.parse("hf-quanto:int4+prefill=2"))}
+    plain = {s.k_policy.prompt_exact for s in layer_stores(tiny_llama(head_dim=64, num_attention_heads=2, num_key_value_heads=1,
+                                                                    hidden_size=128), KVSpec.parse("int4-g64-asym+residual=128+prefill=1"))}
+    assert one_head == {True} and two_heads == longer == plain == {False}
+    # Falcon-7B: multi_query on the original decoder builds one K/V head whatever num_kv_heads says (71 by default)
+    model = lambda cfg: SimpleNamespace(config=cfg)  # noqa: E731
+    assert model_kv_heads(model(FalconConfig(hidden_size=4544, num_attention_heads=71, multi_query=True))) == 1
+    assert model_kv_heads(model(FalconConfig(hidden_size=8192, num_attention_heads=128, new_decoder_architecture=True, num_kv_heads=8))) == 8
+    assert model_kv_heads(model(LlamaConfig(num_attention_heads=8, num_key_value_heads=2))) == 2

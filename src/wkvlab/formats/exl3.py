@@ -1,24 +1,30 @@
 """ExLlamaV3's quantized KV cache: Hadamard-rotated groups of 32 on a midpoint grid.
 
 Read in turboderp-org/exllamav3 @4f8ad0121f483ba66a5336244a4c3b6d7210385e,
-``exllamav3/exllamav3_ext/cache/q_cache_kernels.cuh`` (``quant_block_x4`` / ``dequant_block_x4``)
-and ``exllamav3/cache/quant.py`` (``CacheLayer_quant``). Per group of 32 consecutive values of a
-token (groups never cross heads: head_dim is a multiple of 32):
+``exllamav3/exllamav3_ext/cache/q_cache_kernels.cuh`` (``had_4_inreg``, ``had_8_subgroup``,
+``quant_block_x4`` / ``dequant_block_x4``; last changed in 7858de86) and ``exllamav3/cache/quant.py``
+(``CacheLayer_quant``). Per group of 32 consecutive values of a token (groups never cross heads:
+head_dim is a multiple of 32), all in float32:
 
-1. ``y = H32 · x / sqrt(32)`` — Sylvester Hadamard (an in-register H4 times a 3-round shuffle H8,
-   the same matrix), orthonormal;
-2. ``s = max|y| + 1e-10`` (float32), stored as fp16 (``__float2half_rn``); codes use the unrounded
-   ``1/s``;
-3. ``q = clamp(floor(y/s · m + m), 0, 2^b − 1)`` with ``m = 2^(b−1)`` (``fmaf`` then
-   ``__float2int_rd``) — a midpoint grid: the 2^b levels sit at ``(q − m + 0.5) / m`` of the scale,
-   symmetric, without zero ("~5% lower MSE than the rounding grid");
-4. dequantized ``ŷ = (q − m + 0.5) · fp16(s) / m`` and rotated back by the same H32.
+1. rotation: the unnormalized H32 as the kernel computes it — butterflies ``(a, b) → (a + b, a − b)``
+   over index strides 1 and 2 (``had_4_inreg``: lane-local values 4l..4l+3), then 4, 8, 16
+   (``had_8_subgroup``: ``__shfl_xor`` over lanes 1, 2, 4; the upper lane computes ``−own + partner``,
+   the same float as ``partner − own``) — then each value times ``r32 = 0.17677669529663688110f``;
+2. ``s = max|y| + 1e-10f``, stored as fp16 (``__float2half_rn``); codes use the unrounded ``1/s``;
+3. ``q = clamp(floor(fmaf(y·(1/s), m, m)), 0, 2^b − 1)`` with ``m = 2^(b−1)`` — a midpoint grid: the
+   2^b levels sit at ``(q − m + 0.5) / m`` of the scale, symmetric, without zero. ``y·(1/s)·m`` is
+   exact (m is a power of two), so the fused and the two-step form round alike;
+4. dequantized ``v = (q − (m − 0.5)) · ((fp16(s) · r32) · (1/m))``, rotated back by the same
+   unnormalized butterflies (r32 is already inside the scale), written as fp16.
 
-Storage: ``b`` uint32 words (b bits per value) plus one fp16 scale per group, i.e.
-``(b + 0.5) / 8`` bytes per value (``CacheLayer_quant.storage_size``). The cubic compander
-(``compand_a > 0``, off by default) is not simulated. ExLlamaV3 computes in fp16 and writes fp16;
-here the arithmetic is float32 and the rotation is one matrix product instead of butterflies, so
-values agree to float rounding, not bit for bit.
+Butterflies, not a matrix product: on structured data (constant or integer-valued groups) many rotated
+values are exact zeros, i.e. exactly on the code boundary ``floor(m)``; a matrix product leaves them
+±1 ulp off and flips such codes a full step. With the butterfly order every float operation is the
+kernel's, so an fp16 input (what the kernel reads: ``const half* in``) gives the kernel's fp16 output
+bit for bit. A float32 input is rotated as is and the result stays float32 (the kernel would round
+both ends to fp16). Storage: ``b`` uint32 words (b bits per value) plus one fp16 scale per group,
+i.e. ``(b + 0.5) / 8`` bytes per value (``CacheLayer_quant.storage_size``). The cubic compander
+(``compand_a > 0``, off by default) is not simulated.
 """
 from __future__ import annotations
 
@@ -26,10 +32,37 @@ import torch
 from torch import Tensor
 
 from wkvlab.errors import ConfigError
-from wkvlab.formats._checks import check_float_tensor
-from wkvlab.formats.hadamard import rotate
+from wkvlab.formats._checks import check_float_tensor, const_like
 
 from wkvlab.formats.sizes import EXL3_GROUP, exl3_bytes_per_vector  # noqa: F401 - sizes live torch-free
+
+R32 = 0.17677669529663688110  # the kernel's float constant 1/sqrt(32) (rounded to float32 where it is used)
+
+
+def kernel_hadamard32(x: Tensor) -> Tensor:
+    """Unnormalized H32 on groups of 32 along the last dim, in the kernel's butterfly order.
+
+    Strides 1, 2 (``had_4_inreg``: ``s0 = v0 + v1, d0 = v0 − v1, …; v0 = s0 + s1, v1 = d0 + d1,
+    v2 = s0 − s1, v3 = d0 − d1``) then 4, 8, 16 (``had_8_subgroup``): at every stage the lower index
+    becomes ``lo + hi`` and the upper ``lo − hi``, each one float32 rounding, in ``x``'s dtype."""
+    shape = x.shape
+    y = x.reshape(-1, EXL3_GROUP)
+    for stride in (1, 2, 4, 8, 16):
+        pairs = y.reshape(-1, EXL3_GROUP // (2 * stride), 2, stride)
+        lo, hi = pairs[:, :, 0], pairs[:, :, 1]
+        y = torch.stack((lo + hi, lo - hi), dim=2).reshape(-1, EXL3_GROUP)
+    return y.reshape(shape)
+
+
+def exl3_encode(x: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """(float32 codes ``[..., D/32, 32]``, float32 unrounded scales ``[..., D/32, 1]``) of ``x``'s groups."""
+    work = torch.promote_types(x.dtype, torch.float32)  # float32 (the kernel's); a float64 tensor stays float64
+    y = kernel_hadamard32(x.to(work)) * const_like(x, R32).to(work)
+    groups = y.reshape(*y.shape[:-1], -1, EXL3_GROUP)
+    scale = groups.abs().amax(dim=-1, keepdim=True) + const_like(x, 1e-10).to(work)
+    m = const_like(x, float(1 << (bits - 1))).to(work)
+    q = torch.floor((groups * (1.0 / scale)) * m + m).clamp_(0, (1 << bits) - 1)
+    return q, scale
 
 
 def fake_quant_exl3(x: Tensor, bits: int) -> Tensor:
@@ -39,14 +72,9 @@ def fake_quant_exl3(x: Tensor, bits: int) -> Tensor:
         raise ConfigError(f"ExLlamaV3 caches hold 2 to 8 bits, got {bits}")
     if x.shape[-1] % EXL3_GROUP:
         raise ConfigError(f"ExLlamaV3 quantizes groups of {EXL3_GROUP}; head_dim {x.shape[-1]} is not a multiple of {EXL3_GROUP}")
-    work = torch.promote_types(x.dtype, torch.float32)  # float32 (the kernel's); a float64 tensor stays float64
-    y = rotate(x.to(work), EXL3_GROUP)
-    groups = y.reshape(*y.shape[:-1], -1, EXL3_GROUP)
-    scale = groups.abs().amax(dim=-1, keepdim=True) + 1e-10
+    q, scale = exl3_encode(x, bits)
+    work = q.dtype
     m = float(1 << (bits - 1))
-    q = torch.floor((groups * (1.0 / scale)) * m + m).clamp_(0, (1 << bits) - 1)
-    stored = scale.to(torch.float16).to(work)
-    values = (q - (m - 0.5)) * (stored / m)
-    return rotate(values.reshape(y.shape), EXL3_GROUP, inverse=True).to(x.dtype)
-
-
+    step = (scale.to(torch.float16).to(work) * const_like(x, R32).to(work)) * const_like(x, 1.0 / m).to(work)  # sm = s16·r32·inv_mf
+    values = (q - const_like(x, m - 0.5).to(work)) * step
+    return kernel_hadamard32(values.reshape(x.shape)).to(x.dtype)

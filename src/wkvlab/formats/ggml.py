@@ -20,6 +20,12 @@ tested byte-for-byte against it. Details that matter for bit-identity:
 * iq4_nl: a 16-entry non-uniform codebook with a fp16 scale found by search; see ``_iq4nl``.
 * q8_K (matmul inputs of K-quant weights only, never stored in a file): blocks of 256 with a
   float32 scale, see :func:`fake_quant_q8_K`.
+* Tiny blocks: when the scale is so small that ``1/d`` overflows to inf (a block max below
+  ~3.7e-37 for q8_0, ~2.4e-38 for q4_0), ``x*id`` is ±inf or NaN (``0*inf``). C converts those to
+  an integer with x86's "integer indefinite" 0x80000000, whose low byte is 0, and gguf-py's numpy
+  ``astype`` gives 0 too; the fp16 scale of such a block is 0, so every value dequantizes to ±0.
+  Here a non-finite code becomes 0 (:func:`stored_codes`) — never NaN, which would poison a whole
+  softmax row — and the bytes and the sign of each zero match gguf-py's.
 
 Divisions use device tensors as divisors (see ``_checks.const_like``): on CUDA a Python-number
 divisor is turned into a multiplication by its reciprocal, which is not bit-identical.
@@ -69,6 +75,13 @@ def _to_blocks(x: Tensor) -> Tensor:
     return x.float().reshape(-1, QK)
 
 
+def stored_codes(q: Tensor, fill: float = 0.0) -> Tensor:
+    """Float codes as the integers C stores: ±inf/NaN become ``fill`` (x86's float→int conversion
+    leaves 0x80000000, low byte 0, when ``1/d`` overflowed; see the module docstring), and -0.0
+    becomes +0 (an int8 has no negative zero, so ``d * q`` of a small negative value is +0 in gguf)."""
+    return torch.where(torch.isfinite(q), q, torch.full_like(q, fill)) + 0.0
+
+
 def _encode(b: Tensor, t: str, ntry: int) -> tuple[Tensor, Tensor | None, Tensor]:
     """(fp16 scale [n,1], fp16 min [n,1] or None, float32 integer-valued codes [n,32])."""
     one = const_like(b, 1.0)
@@ -80,19 +93,19 @@ def _encode(b: Tensor, t: str, ntry: int) -> tuple[Tensor, Tensor | None, Tensor
         imax = b.abs().argmax(dim=-1, keepdim=True)
         d = b.gather(-1, imax) / const_like(b, -half)
         inv = torch.where(d == 0, torch.zeros_like(d), one / d)
-        q = torch.trunc(b * inv + (half + 0.5)).clamp_(0, 2 * half - 1)
+        q = stored_codes(torch.trunc(b * inv + (half + 0.5))).clamp_(0, 2 * half - 1)
         return d.to(torch.float16), None, q
     if t in ("q4_1", "q5_1"):
         levels = 15 if t == "q4_1" else 31
         mn, mx = torch.aminmax(b, dim=-1, keepdim=True)
         d = (mx - mn) / const_like(b, levels)
         inv = torch.where(d == 0, torch.zeros_like(d), one / d)
-        q = torch.trunc((b - mn) * inv + 0.5).clamp_(0, levels)
+        q = stored_codes(torch.trunc((b - mn) * inv + 0.5)).clamp_(0, levels)
         return d.to(torch.float16), mn.to(torch.float16), q
     # q8_0
     d = b.abs().amax(dim=-1, keepdim=True) / const_like(b, 127)
     inv = torch.where(d == 0, torch.zeros_like(d), one / d)
-    q = round_with(b * inv, "half_away")
+    q = stored_codes(round_with(b * inv, "half_away"))
     return d.to(torch.float16), None, q
 
 
@@ -210,7 +223,10 @@ def fake_quant_q8_K(x: Tensor) -> Tensor:
     is the element of largest magnitude (the first on ties), ``iscale = -127 / max`` in float32,
     codes ``nearest_int(iscale * x)`` — round half to EVEN, ggml's magic-number trick — capped at
     127, the scale stored as the float32 ``d = 1 / iscale``; values are ``d * q``. An all-zero
-    block stays zero. Unlike q8_0 there is no fp16 rounding of the scale.
+    block stays zero. Unlike q8_0 there is no fp16 rounding of the scale. A block whose max is below
+    ~3.7e-37 overflows ``iscale`` to inf: ``nearest_int`` of ±inf/NaN keeps only mantissa bits
+    (``(i & 0x007fffff) - 0x00400000``), whose int8 store is 0, and ``d = 1/iscale`` is ±0 — so
+    its values are ±0, never NaN.
     """
     check_float_tensor(x)
     if x.shape[-1] % QK_K != 0:
@@ -220,6 +236,6 @@ def fake_quant_q8_K(x: Tensor) -> Tensor:
     peak = b.gather(-1, imax)
     zero = peak == 0
     iscale = const_like(b, -127.0) / torch.where(zero, torch.ones_like(peak), peak)
-    q = torch.round(iscale * b).clamp_(-128, 127)
+    q = stored_codes(torch.round(iscale * b)).clamp_(-128, 127)
     d = torch.where(zero, torch.zeros_like(iscale), const_like(b, 1.0) / iscale)
     return (d * q).reshape(x.shape)

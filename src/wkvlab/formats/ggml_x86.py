@@ -15,6 +15,9 @@ Two differences, then: ``127/max`` and ``1/(max/127)`` can differ in the last bi
 whose product lands within an ulp of a half; and exact ties go to the even code. The stored scale
 is the same. Only q8_0 has an x86-specific writer among the cache types (q4_0 … iq4_nl use the
 reference code on every CPU); q8_1 (Q for q4_1/q5_1 keys) has its own, not modelled here.
+
+A block whose max is below ~3.7e-37 overflows ``id`` to inf: ``_mm256_cvtps_epi32`` turns ±inf/NaN
+into 0x80000000, which the two ``packs`` saturate to -128, times the fp16 scale 0: every value is -0.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch
 from torch import Tensor
 
 from wkvlab.formats._checks import check_float_tensor, const_like
+from wkvlab.formats.ggml import stored_codes
 from wkvlab.formats.sizes import QK
 
 
@@ -36,5 +40,5 @@ def fake_quant_q8_0_x86(x: Tensor) -> Tensor:
     amax = b.abs().amax(dim=-1, keepdim=True)
     d16 = (amax / const_like(b, 127.0)).to(torch.float16).float()
     inv = torch.where(amax == 0, torch.zeros_like(amax), const_like(b, 127.0) / amax)
-    q = torch.round(b * inv).clamp_(-128, 127)
+    q = stored_codes(torch.round(b * inv), -128.0).clamp_(-128, 127)
     return (q * d16).reshape(x.shape)

@@ -21,10 +21,13 @@ applied (``reshape_and_cache_int4`` → ``single_rht``). Re-read again at
 @1882959479bb377c897b99315dd829ae3314ff63, where the mode moved to
 ``vllm/v1/attention/ops/triton_quant_kv/int4_per_token_head.py``: the same ``single_rht`` (signs seeded
 ``0x9E3779B9 + round_idx · 0x517CC1B7``, round 0), the same ``_reshape_cache_int4_kernel`` lines and
-zero point in the scale's low bits, the same Q rotation and ``softmax_scale / head_size`` on read. Not modelled: ``single_rht(key.float())``
-casts its result back to the model dtype before the INT4 kernel, and on CUDA sm80+ the transform
-itself runs through hadacore in bf16 ("fp32 → bf16 round-trip; precision loss is irrelevant before
-INT4 quantization"); here everything is float32.
+zero point in the scale's low bits, the same Q rotation and ``softmax_scale / head_size`` on read.
+``single_rht(key.float())`` casts its result back to the model dtype before the INT4 kernel: a 16-bit
+input's rotated values are rounded to that dtype here too, then quantized in float32 as the kernel
+does (on random bf16 heads of 128 this moves 1.3% of the codes against float32 rotated values; a float32
+run is unchanged). Not modelled: on CUDA sm80+ the transform itself runs through hadacore in bf16
+("fp32 → bf16 round-trip; precision loss is irrelevant before INT4 quantization"), whose summation
+order was not read; here the rotation is one float32 matrix product.
 """
 from __future__ import annotations
 
@@ -70,6 +73,8 @@ def fake_quant_vllm_int4(x: Tensor) -> Tensor:
     signs = device_constant(("vllm_rht_signs", d), x.device, lambda device: rht_signs(d).to(device))
     h = device_constant(("hadamard_pm1", d), x.device, lambda device: (hadamard_matrix(d) * d**0.5).to(torch.float32).to(device))  # entries ±1
     y = (x.float() * signs) @ h
+    if x.dtype in (torch.float16, torch.bfloat16):  # single_rht(key.float()).to(key.dtype): the kernel reads 16-bit values
+        y = y.to(x.dtype).float()
     lo, hi = torch.aminmax(y, dim=-1, keepdim=True)
     scale = torch.clamp((hi - lo) / 15.0, min=1e-6)
     zp = _kernel_round(-lo / scale).clamp_(0, 15)

@@ -49,7 +49,7 @@ def sliding_selection(window: int) -> Selection:
     return select
 
 
-def flush_selection(residual: int, prefill: int = 0) -> Selection:
+def flush_selection(residual: int, prefill: int = 0, prompt_exact: bool = False) -> Selection:
     """KIVI's and HF QuantizedCache's residual: full-precision tokens pile up and are quantized
     all at once when ``residual`` of them have accumulated.
 
@@ -57,7 +57,9 @@ def flush_selection(residual: int, prefill: int = 0) -> Selection:
     attending, a full residual is flushed. So query t sees keys below ``(t // residual) * residual``
     quantized — between 0 and ``residual - 1`` recent tokens stay full precision, not a fixed window.
     With ``prefill=L`` (QuantizedCache after an L-token prompt) the prompt attends unquantized and
-    query t >= L sees keys below ``L + ((t - L) // residual) * residual`` quantized.
+    query t >= L sees keys below ``L + ((t - L) // residual) * residual`` quantized; with
+    ``prompt_exact`` (quanto's single-group prompt, :func:`wkvlab.kv.tokens.quanto_prompt_exact`)
+    nothing is quantized before the first flush at ``L + residual``.
     """
 
     def select(query_pos: torch.Tensor, n_keys: int) -> torch.Tensor:
@@ -65,6 +67,8 @@ def flush_selection(residual: int, prefill: int = 0) -> Selection:
         if prefill:
             decoded = query_pos[:, None] >= prefill
             bound = prefill + torch.div(query_pos[:, None] - prefill, residual, rounding_mode="floor") * residual
+            if prompt_exact:
+                decoded = decoded & (bound > prefill)
             return decoded & (key_pos[None, :] < bound)
         return key_pos[None, :] < (query_pos[:, None] // residual) * residual
 

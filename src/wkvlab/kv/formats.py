@@ -28,6 +28,7 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | nvfp4-sm100 | nvfp4 with k_scale 6 (SGLang <= 0.5.20 multiplies an uncalibrated model's scales by 6 on SM100), read exactly | SGLang 0.5.20 ``--kv-cache-dtype nvfp4`` decoding on SM100 (``nvfp4``: on SM120, and on SM100 from 0.5.21) |
 | nvfp4-fp8read[-sm100] | nvfp4's store, read back through bf16 into SGLang's FP8-E4M3 workspace; -sm100: k_scale 6 | SGLang's extend over a cached prefix with recipe nvfp4 (``dequantize_prev_kv``) |
 | nuq<b>-c, nuq<b> | b-bit non-uniform codebook; keys per channel (static calibrated ranges), values per token (+4 B range) | KVQuant |
+| quanto<b>   | b ∈ {2, 4}: optimum-quanto's qint<b> in groups of 64 along head_dim, every operation in the cache's dtype (float32: ``int<b>-g64-asym``) | transformers ``QuantizedCache(backend="quanto")`` (:mod:`wkvlab.formats.quanto`) |
 | hqq<b>[-g<G>] | b ∈ {1, 2, 3, 4, 8} bits, groups of G (64) values taken across the WHOLE cache (HQQ axis 0), scale + zero in the cache dtype per group, HQQ's proximal zero-point solver; re-quantized whole at every flush | transformers ``QuantizedCache(backend="hqq")`` (:mod:`wkvlab.formats.hqq`) |
 
 HQQ's formats are the other exception: transformers' ``QuantizedCache`` hands hqq the whole cache,
@@ -210,6 +211,21 @@ def _exl3_kernel():
     return exl3
 
 
+def _quanto_format(bits: int) -> KVFormat:
+    """``quanto<b>``: optimum-quanto's qint<b> in groups of 64 along head_dim (QuantoQuantizedLayer's axis 0,
+    q_group_size 64), computed in the cache's dtype as quanto does (:mod:`wkvlab.formats.quanto`); in float32
+    the same values as ``int<b>-g64-asym``. Bytes: b bits of code plus a scale and a shift in the cache dtype
+    (2 bytes each) per group."""
+
+    def quantize(x: "torch.Tensor") -> "torch.Tensor":
+        from wkvlab.formats.quanto import fake_quant_quanto
+
+        return fake_quant_quanto(x, bits, 64)
+
+    return KVFormat(f"quanto{bits}", f"optimum-quanto qint{bits}, groups of 64 along head_dim, arithmetic in the cache dtype",
+                    quantize, lambda d: d * bits / 8 + 4.0 * d / 64, 64)
+
+
 HQQ_BITS = (1, 2, 3, 4, 8)  # HQQQuantizedLayer's nbits check (transformers 5.24 cache_utils.py)
 
 
@@ -311,6 +327,9 @@ def get_kv_format(name: str) -> KVFormat:
     match = re.fullmatch(r"exl3_([2-8])", key)
     if match:
         return _exl3_format(int(match.group(1)))
+    match = re.fullmatch(r"quanto([24])", key)
+    if match:
+        return _quanto_format(int(match.group(1)))
     match = re.fullmatch(r"hqq(\d+)(?:-g(\d+))?", key)
     if match:
         bits, group = int(match.group(1)), int(match.group(2) or 64)
@@ -333,4 +352,4 @@ def get_kv_format(name: str) -> KVFormat:
             raise ConfigError(f"group size must be positive in KV format {name!r}")
         symmetric = match.group(3) == "sym" if match.group(3) else bits == 8
         return _affine_format(bits, group, symmetric)
-    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), hqq<b>[-g<G>] (HQQ, b = 1, 2, 3, 4, 8) or exl3_<b> (ExLlamaV3, b = 2..8)")
+    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), hqq<b>[-g<G>] (HQQ, b = 1, 2, 3, 4, 8), quanto<b> (optimum-quanto, b = 2, 4) or exl3_<b> (ExLlamaV3, b = 2..8)")

@@ -22,14 +22,14 @@ from wkvlab.kv.attention import mixed_attention
 from wkvlab.errors import ConfigError
 from wkvlab.kv.calibrate import KVStats
 from wkvlab.kv.requant import flush_attention
-from wkvlab.kv.override import attention_devices, attention_inputs, attention_override, model_head_dim, sliding_layers
+from wkvlab.kv.override import attention_devices, attention_inputs, attention_override, model_head_dim, model_kv_heads, sliding_layers
 from wkvlab.kv.readprec import mask_to
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
 
 
 def layer_stores(model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = None) -> list[LayerStore]:
-    head_dim = model_head_dim(model)
+    head_dim, kv_heads = model_head_dim(model), model_kv_heads(model)
     spec.check_model(head_dim, model.config.get_text_config().num_hidden_layers)
     sliding = sliding_layers(model)
     devices = attention_devices(model) if stats is not None else {}
@@ -38,7 +38,7 @@ def layer_stores(model: torch.nn.Module, spec: KVSpec, stats: KVStats | None = N
             raise ConfigError(f"{spec.label}: transformers' QuantizedCache supports only full-attention models and layer {i} "
                               "has a sliding window; add +skip=sliding_window to keep those layers at model precision")
     return [
-        LayerStore(spec, i, *spec.formats_for(i, sliding[i] if i < len(sliding) else False), head_dim, stats, devices.get(i))
+        LayerStore(spec, i, *spec.formats_for(i, sliding[i] if i < len(sliding) else False), head_dim, stats, devices.get(i), kv_heads)
         for i in range(model.config.get_text_config().num_hidden_layers)
     ]
 

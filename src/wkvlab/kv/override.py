@@ -37,6 +37,16 @@ def model_head_dim(model: torch.nn.Module) -> int:
     return int(head_dim) if head_dim else cfg.hidden_size // cfg.num_attention_heads
 
 
+def model_kv_heads(model: torch.nn.Module) -> int:
+    """K/V heads per layer as the model's attention builds them. Falcon's original decoder with
+    ``multi_query`` has one, whatever ``num_kv_heads`` says (transformers 5.24 modeling_falcon.py
+    ``FalconAttention``: ``config.num_kv_heads if (new_decoder_architecture or not multi_query) else 1``)."""
+    cfg = model.config.get_text_config()
+    if getattr(cfg, "multi_query", False) and not getattr(cfg, "new_decoder_architecture", False):
+        return 1
+    return int(getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_kv_heads", None) or cfg.num_attention_heads)
+
+
 def sliding_layers(model: torch.nn.Module) -> tuple[bool, ...]:
     """Which decoder layers use sliding-window attention (Gemma 2/3, Mistral with a window)."""
     cfg = model.config.get_text_config()

@@ -23,6 +23,8 @@ Order of operations, each optional, mirroring the engines:
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from wkvlab.errors import ConfigError
@@ -36,6 +38,10 @@ from wkvlab.kv.override import apply_rope, undo_rope
 from wkvlab.kv.readprec import engine_read_dtype, work_dtype
 from wkvlab.kv.requant import FlushChain
 from wkvlab.kv.spec import KVSpec
+from wkvlab.kv.tokens import quanto_prompt_exact
+
+# preset families whose QuantizedCache backend stores a one-group prompt exactly (optimum-quanto 0.2.7)
+SINGLE_GROUP_EXACT = ("hf-quanto",)
 
 _FP8 = {"fp8_e4m3": ("e4m3", 448.0), "fp8_e5m2": ("e5m2", 57344.0)}
 # vLLM's runtime rule (vllm/attention/layer.py ``calc_kv_scales`` @5d4420da, constants in vllm/envs.py):
@@ -68,7 +74,7 @@ class LayerStore:
     """Built once per layer and spec; applied on every forward."""
 
     def __init__(self, spec: KVSpec, layer: int, k_fmt: KVFormat, v_fmt: KVFormat, head_dim: int, stats: KVStats | None,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, kv_heads: int | None = None) -> None:
         # calibrated tensors (scales, λ, codebooks) live where the layer runs: stats read back from
         # the disk cache are CPU tensors, and a model spread over GPUs has layers on each
         layer_stats = stats.layer(layer, device) if stats is not None else None
@@ -80,6 +86,11 @@ class LayerStore:
         self.read = engine_read_dtype(spec.name) if not (k_fmt.is_identity and v_fmt.is_identity) else None
         self.rot_v = v_block if not v_fmt.is_identity else 0
         self.k_policy, self.v_policy = spec.token_policies(k_fmt, v_fmt)
+        if kv_heads and spec.prefill and spec.name.partition(":")[0].strip().lower() in SINGLE_GROUP_EXACT:
+            # one sequence per generate (batch 1): the prompt tensor holds kv_heads · prefill · head_dim values
+            exact = lambda fmt: quanto_prompt_exact(kv_heads * spec.prefill * head_dim, fmt.block)  # noqa: E731
+            self.k_policy = replace(self.k_policy, prompt_exact=exact(k_fmt))
+            self.v_policy = replace(self.v_policy, prompt_exact=exact(v_fmt))
         self.sinks = spec.sinks
         self.sink_peak = spec.sink_ratio * float(layer_stats.hidden_peak_median) if spec.sink_ratio and stats is not None else 0.0
         # Q follows K's dot-product type where K is quantized; llama.cpp's fp16 Q (f16 K) wherever K or V is

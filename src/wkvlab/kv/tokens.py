@@ -18,6 +18,11 @@ decoded included. Methods that keep recent tokens at model precision differ in *
   unquantized, so the prompt attends at model precision; decoded tokens then pile up in the
   residual, and when R have (``residual + new >= residual_length``) the whole cache is re-quantized.
   Query t >= L sees keys below ``L + R * ((t - L) // R)`` quantized, query t < L none.
+  ``prompt_exact``: with the quanto backend, a prompt tensor of exactly one quantization group
+  (``batch · kv_heads · L · head_dim == q_group_size``, e.g. a one-token prompt on one KV head of
+  64, Falcon-7B's shape) goes through optimum-quanto's degenerate path and is stored exactly (see
+  :func:`quanto_prompt_exact`): the prompt is first quantized at the first flush, so query t sees
+  nothing quantized before ``L + R``.
 
 Per-channel formats (KIVI's ``int<b>-c<G>`` keys) need a closed group of G tokens before it can be
 quantized, so a side holding one is flushed in multiples of G. Everything here is a pure function
@@ -42,6 +47,7 @@ class TokenPolicy:
     window: int = 0
     pastonly: bool = False
     prefill: int = 0  # with a residual: the prompt length of transformers' QuantizedCache
+    prompt_exact: bool = False  # with prefill: the prefill quantization kept the prompt exact (quanto's single group)
 
     @property
     def depends_on_query(self) -> bool:
@@ -53,7 +59,7 @@ class TokenPolicy:
             return None
         from wkvlab.kv.attention import flush_selection, past_only, sliding_selection
 
-        base = sliding_selection(self.window) if self.window else flush_selection(self.residual, self.prefill) if self.residual else None
+        base = sliding_selection(self.window) if self.window else flush_selection(self.residual, self.prefill, self.prompt_exact) if self.residual else None
         return past_only(base) if self.pastonly else base
 
     def quantized_prefix(self, position: int, n_new: int) -> int:
@@ -65,7 +71,8 @@ class TokenPolicy:
         if self.window:
             return max(0, position - self.window + 1)
         if self.residual and self.prefill:
-            return 0 if position < self.prefill else self.prefill + (position - self.prefill) // self.residual * self.residual
+            bound = 0 if position < self.prefill else self.prefill + (position - self.prefill) // self.residual * self.residual
+            return 0 if (self.prompt_exact and bound == self.prefill) else bound
         if self.residual:
             return (position // self.residual) * self.residual
         return position if self.pastonly else position + n_new
@@ -77,6 +84,22 @@ def side_policy(residual: int, window: int, pastonly: bool, token_group: int | N
         residual = token_group
     return TokenPolicy(residual=residual, window=window, pastonly=pastonly, prefill=prefill if residual else 0)
 
+
+
+def quanto_prompt_exact(prompt_values: int, group: int | None) -> bool:
+    """Whether optimum-quanto stores a QuantizedCache prompt of ``prompt_values`` values (batch ·
+    kv_heads · prompt length · head_dim) exactly, given the format's group of ``group`` values.
+
+    huggingface/optimum-quanto v0.2.7 (@089d86ef), ``optimum/quanto/tensor/optimizers/affine_optimizer.py``
+    ``AffineOptimizer.__call__``: after ``group(base, axis=0, group_size)`` reshapes the tensor to
+    ``[numel / group_size, group_size]``, ``if axis is not None and base.shape[axis] == 1: axis = None``;
+    ``MaxOptimizer.optimize`` then reduces over dim 0 only (``list(range(0, base.ndim - 1))``), so every
+    value is its own min and max: ``scale = 0``, ``shift = -x``. ``library/quantize.py``
+    ``quantize_affine``: ``round((x + shift) / scale)`` is ``round(0/0)``, NaN, stored as code 0;
+    ``tensor/qbits.py`` ``QBitsDequantizer``: ``scale * 0 - shift`` = x, exactly. transformers 5.24
+    ``QuantoQuantizedLayer._quantize`` calls it on the whole prompt ``[batch, kv_heads, L, head_dim]``.
+    """
+    return bool(group) and prompt_values == group
 
 
 def token_group_multiple(spec) -> int:
