@@ -27,7 +27,8 @@ from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.listing import kv_help, weights_help
 from wkvlab.plan.cli import optional_probe_value, plan_command
-from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, check_weight_groups, check_weights_for_model, parse_configs
+from wkvlab.preflight import (check_calibration, check_device, check_grid, check_memory_budget, check_model, check_tokens_in_text, parse_configs,
+                              text_shortfall)
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
@@ -104,6 +105,9 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     run = run or RunFlags()
     with status(f"loading {model} and {data} text"):
         work = api.prepare(model, data, ctx=ctx, tokens=tokens, score=score, device=run.device, dtype=run.dtype)
+    shortfall = text_shortfall(tokens, ctx, work.windows.n_windows)
+    if shortfall is not None:  # said before the first pass, not only in the results' token count
+        err_console.print(f"[yellow]note:[/] {escape(shortfall)}")
     api.check_kv_specs(work.loaded.model, kv_specs)
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk, plan=run.plan,
                               interleave=run.interleave, max_memory=run.max_memory)
@@ -227,25 +231,29 @@ def eval_command(
     weight_specs, kv_specs = parse_configs(weights or ["none"], kv or ["fp16"])
     if dry_run:  # nothing loads: the model may be a published model's name the planner knows
         from wkvlab.data.windows import check_window_options
+        from wkvlab.eval.baseline_rules import baseline_kind
 
         check_window_options(ctx, score)
+        baseline_kind(baseline, model, weight_specs, kv_specs)
     else:
-        check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
-        check_weights_for_model(weight_specs, model)
-        check_weight_groups(weight_specs, model)
+        check_grid(model, weight_specs, kv_specs, check_model(model, ctx, tokens, score), baseline)
         if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
             check_data(data)
+            check_tokens_in_text(data, ctx, tokens)
+        check_device(device)  # a dry run may plan for a GPU this machine lacks
     check_calibration(calib, calib_samples, calib_len)
     check_output_file(json_out, "--json")
     check_run_flags(chunk, reference, topk, store)
-    if baseline not in ("auto", "float", "engine"):
-        raise ConfigError(f"unknown --baseline {baseline!r}; use auto, float or engine")
     if max_memory is not None and max_memory <= 0:
         raise ConfigError(f"--max-memory {max_memory} must be a positive number of GiB")
+    max_bytes = int(max_memory * 2**30) if max_memory is not None else None
+    if not dry_run:
+        check_memory_budget(model, weight_specs, kv_specs, ctx=ctx, tokens=tokens, score=score, dtype=dtype, device=device, chunk=chunk,
+                            stored_reference=reference is not None, plan=memory_plan, max_memory=max_bytes,
+                            calibration=(calib_samples, calib_len), topk=topk)
     start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache)
     calibration = CalibrationSpec(calib, calib_samples, calib_len)
-    run = RunFlags(device, dtype, chunk, reference, topk, store, baseline, memory_plan,
-                   max_memory=int(max_memory * 2**30) if max_memory is not None else None)
+    run = RunFlags(device, dtype, chunk, reference, topk, store, baseline, memory_plan, max_memory=max_bytes)
     run = memory_preflight(model, weight_specs, kv_specs, ctx, tokens, score, run, calibration, dry_run)
     if dry_run:
         return
@@ -267,8 +275,8 @@ def demo_command(
     from wkvlab.report.output import check_folder as check_report_folder
 
     weight_specs, kv_specs = parse_configs(DEMO_WEIGHTS, DEMO_KV)
-    check_kv_for_model(kv_specs, check_model(model, ctx, tokens))
-    check_weights_for_model(weight_specs, model)
+    check_grid(model, weight_specs, kv_specs, check_model(model, ctx, tokens), "auto")
+    check_tokens_in_text("default", ctx, tokens)
     check_output_file(json_out, "--json")
     if report is not None:
         check_report_folder(report)  # before the grid: a refused folder must not cost the whole run
