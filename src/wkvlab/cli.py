@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.markup import escape
 
+from wkvlab.cache_cli import cache_app
 from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table, status
 from wkvlab.engines.cli import engine_app
@@ -27,8 +28,9 @@ from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.listing import kv_help, weights_help
 from wkvlab.plan.cli import optional_probe_value, plan_command
+from wkvlab.models.cache_writes import planned_writes
 from wkvlab.preflight import (check_calibration, check_device, check_grid, check_memory_budget, check_model, check_tokens_in_text, parse_configs,
-                              text_shortfall)
+                              resolved_dtype, text_shortfall)
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
@@ -251,7 +253,8 @@ def eval_command(
         check_memory_budget(model, weight_specs, kv_specs, ctx=ctx, tokens=tokens, score=score, dtype=dtype, device=device, chunk=chunk,
                             stored_reference=reference is not None, plan=memory_plan, max_memory=max_bytes,
                             calibration=(calib_samples, calib_len), topk=topk)
-    start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache,
+              writes=None if dry_run else lambda: planned_writes(model, weight_specs, resolved_dtype(dtype, device)))
     calibration = CalibrationSpec(calib, calib_samples, calib_len)
     run = RunFlags(device, dtype, chunk, reference, topk, store, baseline, memory_plan, max_memory=max_bytes)
     run = memory_preflight(model, weight_specs, kv_specs, ctx, tokens, score, run, calibration, dry_run)
@@ -280,7 +283,8 @@ def demo_command(
     check_output_file(json_out, "--json")
     if report is not None:
         check_report_folder(report)  # before the grid: a refused folder must not cost the whole run
-    start_run("demo", threads, _grid_facts(model, "default", ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    start_run("demo", threads, _grid_facts(model, "default", ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache,
+              writes=lambda: planned_writes(model, weight_specs, resolved_dtype("auto", "auto")))
     results = _run_and_print(model, "default", ctx, tokens, weight_specs, kv_specs, "all", "demo")
     if report is not None:
         from wkvlab.report import write_report
@@ -366,6 +370,8 @@ app.add_typer(engine_app, name="engine")
 app.command("findings")(findings_command)
 # Stored references: the reference's per-token distributions on disk (docs/scale.md).
 app.add_typer(reference_app, name="reference")
+# The disk cache: what it holds, and pruning it (docs/cli.md); the commands live in wkvlab.cache_cli.
+app.add_typer(cache_app, name="cache")
 
 
 def _usage_line(exc: click_errors.UsageError) -> str:

@@ -173,6 +173,16 @@ def resolved_device(device: str) -> str | None:
     return key
 
 
+def resolved_dtype(dtype: str, device: str) -> str | None:
+    """``--dtype`` as the run will resolve it (wkvlab.models.loading.resolve_dtype's rule: auto is
+    bfloat16 on a GPU, float32 on the CPU); None when that needs torch to say where ``auto`` runs."""
+    key = dtype.strip().lower()
+    if key != "auto":
+        return key
+    where = resolved_device(device)
+    return None if where is None else "bfloat16" if where.startswith("cuda") else "float32"
+
+
 def check_memory_budget(model: str, weight_specs: list[WeightSpec], kv_specs: list[KVSpec], *, ctx: int, tokens: int, score: str,
                         dtype: str, device: str, chunk: int | None, stored_reference: bool, plan: str, max_memory: int | None,
                         calibration: tuple[int, int], topk: int) -> None:
@@ -180,11 +190,9 @@ def check_memory_budget(model: str, weight_specs: list[WeightSpec], kv_specs: li
     of :func:`wkvlab.eval.memory.choose_plan` (the run re-checks with the device's own numbers)."""
     from wkvlab.eval.memory import grid_estimate
 
-    where = resolved_device(device)
-    if max_memory is None or where is None:
+    where, resolved = resolved_device(device), resolved_dtype(dtype, device)
+    if max_memory is None or where is None or resolved is None:
         return
-    # wkvlab.models.loading.resolve_dtype's rule: auto is bfloat16 on a GPU, float32 on the CPU
-    resolved = dtype.strip().lower() if dtype.strip().lower() != "auto" else ("bfloat16" if where.startswith("cuda") else "float32")
     try:
         grid_estimate(model, weight_specs, kv_specs, ctx=ctx, tokens=tokens, score=score, dtype=resolved, device=where, chunk=chunk,
                       stored_reference=stored_reference, plan=plan, budget=max_memory, calibration=calibration, topk=topk)

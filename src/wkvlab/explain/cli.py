@@ -153,7 +153,11 @@ def explain_command(
         check_context_fits(max_ctx, None, facts.max_context, model, option="--max-ctx")
     _check_explain_data(data, tokens, ctx)
     check_output_file(json_out, "--json")
-    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    from wkvlab.models.cache_writes import planned_writes
+    from wkvlab.preflight import resolved_dtype
+
+    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir,
+                       weight_cache=not no_weight_cache, writes=lambda: planned_writes(model, weight_specs, resolved_dtype("auto", "auto")))
     from wkvlab.explain.run import explain
 
     total = planned_steps(options, max(1, tokens // ctx))
