@@ -75,6 +75,8 @@ def size_of(path: Path) -> int:
 
 
 def gib(n: float) -> str:
+    if n < 2**10:
+        return f"{n:.0f} B"
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
