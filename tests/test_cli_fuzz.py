@@ -25,6 +25,8 @@ TRUNCATED_GGUF = "{truncated_gguf}"
 FAKE_GGUF = "{fake_gguf}"
 SLIDING = "{sliding}"
 RANDOM_GGUF = "{random_gguf}"
+SWEEP_SKIP = "{sweep_skip}"
+SWEEP_HQQ = "{sweep_hqq}"
 
 # Each answer, in the one warm interpreter; a case that loads or contacts the hub first takes far longer.
 ANSWER_SECONDS = 3.0
@@ -139,6 +141,8 @@ CASES = [
     (["eval", "--kv", "q4_0", "--data", TEXT, "--ctx", "64", "--tokens", "4096"], "has 24 bytes: fewer than one window of 64 tokens", {}),
     (["demo", "--tokens", "10000000"], "--tokens 10,000,000 needs", {}),
     (["explain", "--weights", "int4", "--kv", "int4", "--tokens", "100000000"], "--tokens 100,000,000 needs", {}),
+    (["sweep", SWEEP_SKIP, "--store", OUT + "/r.db"], "--weights awq-int4-g128+skip=40: layer 40 does not exist", {}),
+    (["sweep", SWEEP_HQQ, "--store", OUT + "/r.db"], "has sliding-window layers", {}),
 ]
 
 RUNNER = textwrap.dedent('''
@@ -207,12 +211,14 @@ def test_every_bad_input_is_one_fast_line_and_leaves_nothing(tmp_path):
     (inputs / "random.gguf").write_bytes(os.urandom(4096))
     _write_truncated_gguf(inputs / "cut.gguf")
     (inputs / "fake.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little") + b"\xff" * 64)
+    (inputs / "skip.yaml").write_text("ctx: 64\ntokens: 128\nweights: [awq-int4-g128+skip=40]\nkv: [fp16]\n")
     sliding = inputs / "gemma-like"
     sliding.mkdir()
     (sliding / "config.json").write_text(json.dumps({
         "model_type": "gemma3_text", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 256,
         "head_dim": 64, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 8192,
         "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 512}))
+    (inputs / "hqq.yaml").write_text(f"models: [{sliding}]\nctx: 64\ntokens: 128\nkv: [hf-hqq:int4]\n")
     before = {p: p.read_bytes() for p in inputs.iterdir() if p.is_file()}
     cases = []
     for i, (args, fragment, env) in enumerate(CASES):
@@ -220,7 +226,8 @@ def test_every_bad_input_is_one_fast_line_and_leaves_nothing(tmp_path):
         cwd.mkdir()
         paths = {"out": str(cwd), "binary": str(inputs / "random.bin"), "text": str(inputs / "notes.txt"),
                  "spec": str(inputs / "grid.yaml"), "foreign_db": str(inputs / "other.db"), "empty": str(inputs / "empty.txt"),
-                 "truncated_gguf": str(inputs / "cut.gguf"), "fake_gguf": str(inputs / "fake.gguf"), "sliding": str(sliding), "random_gguf": str(inputs / "random.gguf")}
+                 "truncated_gguf": str(inputs / "cut.gguf"), "fake_gguf": str(inputs / "fake.gguf"), "sliding": str(sliding), "random_gguf": str(inputs / "random.gguf"),
+                 "sweep_skip": str(inputs / "skip.yaml"), "sweep_hqq": str(inputs / "hqq.yaml")}
         cases.append({"args": [_fill(a, paths) for a in args], "cwd": str(cwd), "env": {k: _fill(v, paths) for k, v in env.items()},
                       "fragment": _fill(fragment, paths)})
     cache = tmp_path / "cache"  # every case's --cache-dir: a refusal writes nothing there either

@@ -326,3 +326,28 @@ def check_weight_groups(specs: Iterable[WeightSpec], model: str) -> None:
             raise ConfigError(f"--weights {spec.label}: groups of {group} are wider than every layer input of {model} ({listed}); {hint}")
         if all(w % group for w in widths):
             raise ConfigError(f"--weights {spec.label}: groups of {group} divide none of {model}'s layer input widths ({listed}); {hint}")
+
+
+def check_sweep(spec, device: bool = True) -> None:
+    """A sweep spec's models, grids, texts, device and calibration text, checked as ``wkvlab eval``
+    checks its options (:func:`check_grid` per model, ``--tokens`` per text), before the store opens."""
+    from wkvlab.data.corpora import is_selfgen
+
+    weights, kv = list(spec.weights), list(spec.kv)
+    for model in spec.models:
+        facts = None
+        for ctx in spec.ctx:
+            for tokens in spec.tokens:
+                for score in spec.score:
+                    facts = check_model(model, ctx, tokens, score)
+        check_grid(model, weights, kv, facts)
+    for data in spec.data:
+        if not is_selfgen(data):
+            check_data(data)
+            for ctx in spec.ctx:
+                for tokens in spec.tokens:
+                    check_tokens_in_text(data, ctx, tokens)
+    if device:
+        check_device(spec.device)
+    if any(w.needs_calibration for w in weights):
+        check_calibration(spec.calibration.data)
