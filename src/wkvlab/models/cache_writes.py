@@ -53,18 +53,21 @@ def _build_bytes(model: str, dtype: str) -> int | None:
     return sum(x.params for x in linear_inventory(desc)) * _DTYPE_BYTES[dtype]
 
 
-def planned_writes(model: str, weight_specs, dtype: str | None) -> str:
-    """``may write: a float32 copy of m.gguf 2.4 GiB (models/), 2 calibrated builds ≤ 1.3 GiB each
-    (quantized/)`` — or ``writes nothing large``. ``dtype``: the reference's, None when only torch can
+def planned_writes(model: str | list[str], weight_specs, dtype: str | None) -> str:
+    """``may write a float32 copy of m.gguf 513 MiB (models/), 2 calibrated build(s) ≤ 405 MiB each
+    unless cached (quantized/)`` — or ``writes nothing large to the cache``. ``model``: one, or a
+    sweep's several (builds counted per model); ``dtype``: the reference's, None when only torch can
     tell (the larger, float32, is stated)."""
     where = dtype or "float32"
     parts = []
-    copy = _copy_write(model, where)
-    if copy is not None:
-        parts.append(copy)
     builds = [w for w in weight_specs if w.needs_calibration and not w.is_checkpoint]
-    if builds and weight_cache_enabled():
-        size = _build_bytes(model, where)
-        each = f" ≤ {gib(size)} each" if size else ""
-        parts.append(f"{len(builds)} calibrated build(s){each} unless cached (quantized/)")
+    for name in [model] if isinstance(model, str) else model:
+        copy = _copy_write(name, where)
+        if copy is not None:
+            parts.append(copy)
+        if builds and weight_cache_enabled():
+            size = _build_bytes(name, where)
+            each = f" ≤ {gib(size)} each" if size else ""
+            of = f" of {Path(name).name}" if not isinstance(model, str) else ""
+            parts.append(f"{len(builds)} calibrated build(s){of}{each} unless cached (quantized/)")
     return ("may write " + ", ".join(parts)) if parts else "writes nothing large to the cache"
