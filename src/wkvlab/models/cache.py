@@ -93,8 +93,10 @@ def hold_cache() -> None:
     """Hold a shared lock on the cache for the rest of this process, so 'wkvlab cache prune' keeps
     what this run may be writing or reading. Only an existing root is locked: creating it here
     would leave a folder behind a run that writes nothing."""
-    import fcntl
-
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no advisory locks; prune then relies on temporary names and last use
+        return
     root = cache_dir()
     if _held or not root.is_dir():
         return

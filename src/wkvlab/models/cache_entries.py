@@ -242,8 +242,11 @@ def remove_entry(entry: Entry) -> None:
 def pruning_lock(root: Path | None = None) -> Iterator[bool]:
     """Hold ``<root>/.lock`` exclusively while pruning when no run holds it (runs starting meanwhile
     wait the moment it takes); yields whether a run holds it (then prune keeps what it may use)."""
-    import fcntl
-
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: assume a run may be active (keep partial, recent and restore/ entries)
+        yield True
+        return
     lock = (cache_dir() if root is None else root) / LOCK_NAME
     if not lock.parent.is_dir():
         yield False
