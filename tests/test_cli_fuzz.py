@@ -263,7 +263,7 @@ def test_every_bad_input_is_one_fast_line_and_leaves_nothing(tmp_path):
     assert {p: p.read_bytes() for p in inputs.iterdir() if p.is_file()} == before  # inputs untouched (a spec given as --store included)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["eval", "--help"], ["engine", "eval", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["eval", "--help"], ["engine", "eval", "--help"], ["cache", "prune", "--help"]])
 def test_help_is_plain_and_has_no_bool_metavar(args):
     proc = subprocess.run([sys.executable, "-m", "wkvlab.cli", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "120"})
