@@ -143,6 +143,7 @@ CASES = [
     (["explain", "--weights", "int4", "--kv", "int4", "--tokens", "100000000"], "--tokens 100,000,000 needs", {}),
     (["sweep", SWEEP_SKIP, "--store", OUT + "/r.db"], "--weights awq-int4-g128+skip=40: layer 40 does not exist", {}),
     (["sweep", SWEEP_HQQ, "--store", OUT + "/r.db"], "has sliding-window layers", {}),
+    (["tasks", "--tasks", "x", "--weights", "int4+skip=40", "--store", OUT + "/r.db"], "layer 40 does not exist", {}),
 ]
 
 RUNNER = textwrap.dedent('''
