@@ -193,12 +193,17 @@ def check_memory_budget(model: str, weight_specs: list[WeightSpec], kv_specs: li
     where, resolved = resolved_device(device), resolved_dtype(dtype, device)
     if max_memory is None or where is None or resolved is None:
         return
+    from wkvlab.plan.source import resolve_source
+
+    try:
+        resolve_source(model)
+    except ConfigError:  # shapes the planner cannot read: the run goes on without an estimate (cli.memory_preflight)
+        return
     try:
         grid_estimate(model, weight_specs, kv_specs, ctx=ctx, tokens=tokens, score=score, dtype=resolved, device=where, chunk=chunk,
                       stored_reference=stored_reference, plan=plan, budget=max_memory, calibration=calibration, topk=topk)
     except ConfigError as exc:
-        if "GiB" in str(exc):  # a plan that does not fit; shapes the planner cannot read are the run's business
-            raise ConfigError(f"--max-memory {max_memory / 2**30:g} GiB: {exc}") from None
+        raise ConfigError(f"--max-memory {max_memory / 2**30:g} GiB: {exc}") from None
 
 
 def check_grid(model: str, weight_specs: list[WeightSpec], kv_specs: list[KVSpec], facts: ModelFacts | None,
