@@ -85,3 +85,21 @@ def test_eval_help_names_the_grammar_presets_lists():
     for name in [*PRESETS, "+a=", "+wo", "+skip=", "+override=", "+rot", "+sinks=", "+residual="]:
         assert name in text, name
     assert all(form.pattern in text for form in listing.WEIGHT_NAMES)
+
+
+@pytest.mark.slow
+def test_tokens_beyond_the_text_are_said_before_the_first_pass(tmp_path):
+    """Issue #42: --tokens more than the text holds (but fewer than its bytes) ran what the text held while
+    the header still said the number asked; now one note says what runs, before the progress starts."""
+    text = tmp_path / "short.txt"
+    text.write_text(" ".join(f"word{i} and some more prose, number {i}." for i in range(80)))
+    assert 2016 < len(text.read_bytes())  # the preflight's byte bound lets --tokens 2048 through
+    proc = _run("eval", "--data", str(text), "--kv", "q8_0", "--ctx", "64", "--tokens", "2048", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    note = next(line for line in proc.stderr.splitlines() if "the text holds" in line)
+    windows = int(note.split("the text holds ")[1].split(" ")[0])
+    assert 1 <= windows < 32 and f"not the 32 that --tokens 2,048 asks for: evaluating {windows * 64:,} tokens" in note
+    import re
+
+    first_progress = re.search(r"\d\d:\d\d:\d\d eval: [\d.]+ steps", proc.stderr).start()
+    assert proc.stderr.index("the text holds") < first_progress  # said before the progress starts

@@ -21,6 +21,12 @@ TEXT = "{text}"
 SPEC = "{spec}"
 FOREIGN_DB = "{foreign_db}"
 EMPTY = "{empty}"
+TRUNCATED_GGUF = "{truncated_gguf}"
+FAKE_GGUF = "{fake_gguf}"
+SLIDING = "{sliding}"
+RANDOM_GGUF = "{random_gguf}"
+SWEEP_SKIP = "{sweep_skip}"
+SWEEP_HQQ = "{sweep_hqq}"
 
 # Each answer, in the one warm interpreter; a case that loads or contacts the hub first takes far longer.
 ANSWER_SECONDS = 3.0
@@ -51,7 +57,6 @@ CASES = [
     (["eval", "--kv", "q4_0", "--score", "third"], "unknown scoring mode", {}),
     (["eval", "--kv", "q4_0", "--json", OUT + "/missing/x.json"], "does not exist", {}),
     (["eval", "--kv", "q4_0", "--json", OUT], "is a folder", {}),
-    (["eval", "--weights", "gptq-int4-g128", "--calib", "/no/calib.txt"], "data file not found", {}),
     (["eval", "--weights", "gptq-int4-g128", "--calib-samples", "0"], "calibration needs at least 1 sample", {}),
     (["eval", "--kv", "q4_0", "--threads", "0"], "--threads 0 must be at least 1", {}),
     (["eval", "--kv", "q4_0"], "WKVLAB_THREADS 'many' is not a whole number", {"WKVLAB_THREADS": "many"}),
@@ -116,6 +121,31 @@ CASES = [
     (["tasks", "--tasks", "x", "--include-path", "/no/such/dir", "--store", OUT + "/r.db"], "is not a folder of lm-eval task YAMLs", {}),
     (["tasks", "--kv", "int9", "--tasks", "x", "--store", OUT + "/r.db"], "unknown KV format 'int9'", {}),
     (["tasks", "--tasks", "x", "--store", "/sys/r.db"], "folder /sys does not take new files", {}),
+    # issue #42: each of these was refused only after loading the model (8 s to 78 s), or not at all
+    (["eval", "--weights", "awq-int4-g128+skip=40"], "--weights awq-int4-g128+skip=40: layer 40 does not exist: the model has layers 0..29", {}),
+    (["explain", "--weights", "int4+skip=30", "--kv", "int4"], "layer 30 does not exist", {}),
+    (["eval", "--baseline", "engine", "--weights", "int8"], "--baseline engine simulates llama.cpp running the GGUF's own weights, and --weights int8", {}),
+    (["eval", "--baseline", "engine", "--kv", "int4"], "int4 is not a llamacpp: preset", {}),
+    (["eval", "--baseline", "bogus", "--kv", "int4"], "unknown --baseline 'bogus'", {}),
+    (["eval", "--model", SLIDING, "--kv", "hf-hqq:int4"], "has sliding-window layers; add +skip=sliding_window", {}),
+    (["explain", "--model", SLIDING, "--weights", "int8", "--kv", "hf-hqq:int2"], "has sliding-window layers", {}),
+    (["eval", "--model", TRUNCATED_GGUF, "--kv", "q4_0"], TRUNCATED_GGUF + " is truncated: tensor blk.0.ffn_down.weight ends at byte", {}),
+    (["eval", "--model", FAKE_GGUF, "--kv", "q4_0"], FAKE_GGUF + ": the GGUF header ends early", {}),
+    (["eval", "--model", RANDOM_GGUF, "--kv", "q4_0"], "random.gguf is not a GGUF file (no GGUF magic)", {}),
+    (["eval", "--kv", "q4_0", "--device", "cuda"], "--device cuda: CUDA_VISIBLE_DEVICES='' hides every GPU", {"CUDA_VISIBLE_DEVICES": ""}),
+    (["eval", "--kv", "q4_0", "--device", "cuda:0"], "hides every GPU; use --device cpu", {"CUDA_VISIBLE_DEVICES": "-1"}),
+    (["eval", "--kv", "q4_0", "--device", "tpu"], "unknown --device 'tpu'", {}),
+    (["eval", "--kv", "q4_0", "--device", "cpu", "--max-memory", "0.5"], "--max-memory 0.5 GiB: ", {}),
+    (["eval", "--kv", "q4_0", "--max-memory", "0.5"], "--max-memory 0.5 GiB: ", {"CUDA_VISIBLE_DEVICES": ""}),  # auto: no GPU visible, so the CPU
+    (["eval", "--weights", "gptq-int4-g128", "--calib", "/no/calib.txt"], "--calib file not found: /no/calib.txt; use --calib prose, code, math", {}),
+    (["eval", "--weights", "gptq-int4-g128", "--calib", BINARY], "--calib: " + BINARY + " is not UTF-8 text", {}),
+    (["eval", "--kv", "q4_0", "--tokens", "100000000"], "--tokens 100,000,000 needs 99,902,088 tokens of text", {}),
+    (["eval", "--kv", "q4_0", "--data", TEXT, "--ctx", "64", "--tokens", "4096"], "has 24 bytes: fewer than one window of 64 tokens", {}),
+    (["demo", "--tokens", "10000000"], "--tokens 10,000,000 needs", {}),
+    (["explain", "--weights", "int4", "--kv", "int4", "--tokens", "100000000"], "--tokens 100,000,000 needs", {}),
+    (["sweep", SWEEP_SKIP, "--store", OUT + "/r.db"], "--weights awq-int4-g128+skip=40: layer 40 does not exist", {}),
+    (["sweep", SWEEP_HQQ, "--store", OUT + "/r.db"], "has sliding-window layers", {}),
+    (["tasks", "--tasks", "x", "--weights", "int4+skip=40", "--store", OUT + "/r.db"], "layer 40 does not exist", {}),
 ]
 
 RUNNER = textwrap.dedent('''
@@ -146,6 +176,26 @@ RUNNER = textwrap.dedent('''
 ''')
 
 
+def _write_truncated_gguf(path: Path) -> None:
+    """A small llama GGUF whose last tensor's data is cut short, as an interrupted download leaves it."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", 1), ("context_length", 256), ("embedding_length", 64), ("head_count", 4), ("head_count_kv", 2)):
+        getattr(writer, f"add_{key}")(value)
+    writer.add_feed_forward_length(128)
+    writer.add_token_list([f"t{i}" for i in range(64)])
+    writer.add_tensor("token_embd.weight", np.zeros((64, 64), dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((64, 128), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    data = path.read_bytes()
+    path.write_bytes(data[:-1000])
+
+
 def _fill(arg: str, paths: dict[str, str]) -> str:
     return arg.format(**paths)
 
@@ -161,21 +211,37 @@ def test_every_bad_input_is_one_fast_line_and_leaves_nothing(tmp_path):
 
     with sqlite3.connect(inputs / "other.db") as conn:
         conn.execute("CREATE TABLE notes (x)")
-    before = {p: p.read_bytes() for p in inputs.iterdir()}
+    (inputs / "random.gguf").write_bytes(os.urandom(4096))
+    _write_truncated_gguf(inputs / "cut.gguf")
+    (inputs / "fake.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little") + b"\xff" * 64)
+    (inputs / "skip.yaml").write_text("ctx: 64\ntokens: 128\nweights: [awq-int4-g128+skip=40]\nkv: [fp16]\n")
+    sliding = inputs / "gemma-like"
+    sliding.mkdir()
+    (sliding / "config.json").write_text(json.dumps({
+        "model_type": "gemma3_text", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 256,
+        "head_dim": 64, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 8192,
+        "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 512}))
+    (inputs / "hqq.yaml").write_text(f"models: [{sliding}]\nctx: 64\ntokens: 128\nkv: [hf-hqq:int4]\n")
+    before = {p: p.read_bytes() for p in inputs.iterdir() if p.is_file()}
     cases = []
-    for i, (args, _, env) in enumerate(CASES):
+    for i, (args, fragment, env) in enumerate(CASES):
         cwd = tmp_path / f"case{i}"
         cwd.mkdir()
         paths = {"out": str(cwd), "binary": str(inputs / "random.bin"), "text": str(inputs / "notes.txt"),
-                 "spec": str(inputs / "grid.yaml"), "foreign_db": str(inputs / "other.db"), "empty": str(inputs / "empty.txt")}
-        cases.append({"args": [_fill(a, paths) for a in args], "cwd": str(cwd), "env": {k: _fill(v, paths) for k, v in env.items()}})
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+                 "spec": str(inputs / "grid.yaml"), "foreign_db": str(inputs / "other.db"), "empty": str(inputs / "empty.txt"),
+                 "truncated_gguf": str(inputs / "cut.gguf"), "fake_gguf": str(inputs / "fake.gguf"), "sliding": str(sliding), "random_gguf": str(inputs / "random.gguf"),
+                 "sweep_skip": str(inputs / "skip.yaml"), "sweep_hqq": str(inputs / "hqq.yaml")}
+        cases.append({"args": [_fill(a, paths) for a in args], "cwd": str(cwd), "env": {k: _fill(v, paths) for k, v in env.items()},
+                      "fragment": _fill(fragment, paths)})
+    cache = tmp_path / "cache"  # every case's --cache-dir: a refusal writes nothing there either
+    env = {**os.environ, "WKVLAB_CACHE": str(cache), "COLUMNS": "200", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
     env.pop("WKVLAB_THREADS", None)
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(cases)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     failures = []
-    for (args, fragment, _), case, result in zip(CASES, cases, results):
+    for (args, _, _), case, result in zip(CASES, cases, results):
+        fragment = case["fragment"]
         lines = [line for line in result["stderr"].splitlines() if line.strip()]
         problems = []
         if result["code"] in (0, None):
@@ -196,10 +262,11 @@ def test_every_bad_input_is_one_fast_line_and_leaves_nothing(tmp_path):
         if problems:
             failures.append(f"{args}: {', '.join(problems)} -> {result['stderr'].strip()[:300]!r}")
     assert not failures, "\n".join(failures)
-    assert {p: p.read_bytes() for p in inputs.iterdir()} == before  # inputs untouched (a spec given as --store included)
+    assert not cache.exists() or not any(cache.rglob("*")), sorted(str(p) for p in cache.rglob("*"))
+    assert {p: p.read_bytes() for p in inputs.iterdir() if p.is_file()} == before  # inputs untouched (a spec given as --store included)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["eval", "--help"], ["engine", "eval", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["eval", "--help"], ["engine", "eval", "--help"], ["cache", "prune", "--help"]])
 def test_help_is_plain_and_has_no_bool_metavar(args):
     proc = subprocess.run([sys.executable, "-m", "wkvlab.cli", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "120"})

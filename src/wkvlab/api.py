@@ -132,7 +132,7 @@ def memory_estimate(model: str, weights: list[WeightSpec], kv: list[KVSpec], *, 
     prints the table first). See :mod:`wkvlab.eval.memory`."""
     import torch
 
-    from wkvlab.eval.memory import GridShape, estimate_memory
+    from wkvlab.eval.memory import grid_estimate
     from wkvlab.models.loading import resolve_dtype
     from wkvlab.runtime import available_memory
 
@@ -140,16 +140,12 @@ def memory_estimate(model: str, weights: list[WeightSpec], kv: list[KVSpec], *, 
     if key == "auto":
         key = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = resolve_dtype(dtype, key)
-    desc = describe_model(model)
-    windows = tokens // ctx
-    scored = windows * (ctx - 1 - (0 if score == "all" else ctx // 2))
     calib = calibration or CalibrationSpec()
-    grid = GridShape(tuple(weights), tuple(kv), ctx=ctx, tokens=scored, dtype=dtype, device=key, chunk=chunk,
-                     calibration=(calib.samples, calib.length), topk=topk)
     visible = key == "cpu" or torch.cuda.is_available()
     budget = max_memory if max_memory is not None else (available_memory(key) if visible else None)
-    estimate = estimate_memory(desc, grid, budget_bytes=budget, requested=plan, stored_reference=reference is not None, choose=choose)
-    return estimate
+    return grid_estimate(model, weights, kv, ctx=ctx, tokens=tokens, score=score, dtype=dtype, device=key, chunk=chunk,
+                         stored_reference=reference is not None, plan=plan, budget=budget, calibration=(calib.samples, calib.length),
+                         topk=topk, choose=choose)
 
 
 def total_steps(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], options: RunOptions) -> int:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.markup import escape
 
+from wkvlab.cache_cli import cache_app
 from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table, status
 from wkvlab.engines.cli import engine_app
@@ -27,7 +28,9 @@ from wkvlab.findings.cli import findings_command
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.listing import kv_help, weights_help
 from wkvlab.plan.cli import optional_probe_value, plan_command
-from wkvlab.preflight import check_calibration, check_kv_for_model, check_model, check_weight_groups, check_weights_for_model, parse_configs
+from wkvlab.models.cache_writes import planned_writes
+from wkvlab.preflight import (check_calibration, check_device, check_grid, check_memory_budget, check_model, check_tokens_in_text, parse_configs,
+                              resolved_dtype, text_shortfall)
 from wkvlab.report.cli import report_command
 from wkvlab.search.cli import profile_command, search_command
 from wkvlab.sweep.cli import results_command, sweep_command
@@ -110,6 +113,9 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     net = work.loaded.model  # a vision-language class runs its text decoder alone (models.loading.model_class)
     err_console.print(escape(f"model: {type(net).__name__} on {work.loaded.placement}, {work.loaded.dtype}, "
                              f"{net.config._attn_implementation or 'eager'} attention"), highlight=False, soft_wrap=True)
+    shortfall = text_shortfall(tokens, ctx, work.windows.n_windows)
+    if shortfall is not None:  # said before the first pass, not only in the results' token count
+        err_console.print(f"[yellow]note:[/] {escape(shortfall)}")
     api.check_kv_specs(work.loaded.model, kv_specs)
     options = api.run_options(work, weight_specs, chunk=run.chunk, reference=run.reference, topk=run.topk, plan=run.plan,
                               interleave=run.interleave, max_memory=run.max_memory)
@@ -244,26 +250,31 @@ def eval_command(
     weight_specs, kv_specs = parse_configs(weights or ["none"], kv or ["fp16"])
     if dry_run:  # nothing loads: the model may be a published model's name the planner knows
         from wkvlab.data.windows import check_window_options
+        from wkvlab.eval.baseline_rules import baseline_kind
 
         check_window_options(ctx, score)
+        baseline_kind(baseline, model, weight_specs, kv_specs)
     else:
-        check_kv_for_model(kv_specs, check_model(model, ctx, tokens, score))
-        check_weights_for_model(weight_specs, model)
-        check_weight_groups(weight_specs, model)
+        check_grid(model, weight_specs, kv_specs, check_model(model, ctx, tokens, score), baseline)
         if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
             check_data(data)
+            check_tokens_in_text(data, ctx, tokens)
+        check_device(device)  # a dry run may plan for a GPU this machine lacks
     check_calibration(calib, calib_samples, calib_len)
     check_output_file(json_out, "--json")
     check_run_flags(chunk, reference, topk, store)
-    if baseline not in ("auto", "float", "engine"):
-        raise ConfigError(f"unknown --baseline {baseline!r}; use auto, float or engine")
     if max_memory is not None and max_memory <= 0:
         raise ConfigError(f"--max-memory {max_memory} must be a positive number of GiB")
     check_placement(device_map, attn, device, dtype, kv_specs)
-    start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    max_bytes = int(max_memory * 2**30) if max_memory is not None else None
+    if not dry_run:
+        check_memory_budget(model, weight_specs, kv_specs, ctx=ctx, tokens=tokens, score=score, dtype=dtype, device=device, chunk=chunk,
+                            stored_reference=reference is not None, plan=memory_plan, max_memory=max_bytes,
+                            calibration=(calib_samples, calib_len), topk=topk)
+    start_run("eval", threads, _grid_facts(model, data, ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache,
+              writes=None if dry_run else lambda: planned_writes(model, weight_specs, resolved_dtype(dtype, device)))
     calibration = CalibrationSpec(calib, calib_samples, calib_len)
-    run = RunFlags(device, dtype, chunk, reference, topk, store, baseline, memory_plan,
-                   max_memory=int(max_memory * 2**30) if max_memory is not None else None, device_map=device_map, attn=attn)
+    run = RunFlags(device, dtype, chunk, reference, topk, store, baseline, memory_plan, max_memory=max_bytes, device_map=device_map, attn=attn)
     run = memory_preflight(model, weight_specs, kv_specs, ctx, tokens, score, run, calibration, dry_run)
     if dry_run:
         return
@@ -285,12 +296,13 @@ def demo_command(
     from wkvlab.report.output import check_folder as check_report_folder
 
     weight_specs, kv_specs = parse_configs(DEMO_WEIGHTS, DEMO_KV)
-    check_kv_for_model(kv_specs, check_model(model, ctx, tokens))
-    check_weights_for_model(weight_specs, model)
+    check_grid(model, weight_specs, kv_specs, check_model(model, ctx, tokens), "auto")
+    check_tokens_in_text("default", ctx, tokens)
     check_output_file(json_out, "--json")
     if report is not None:
         check_report_folder(report)  # before the grid: a refused folder must not cost the whole run
-    start_run("demo", threads, _grid_facts(model, "default", ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    start_run("demo", threads, _grid_facts(model, "default", ctx, tokens, weight_specs, kv_specs), cache_dir=cache_dir, weight_cache=not no_weight_cache,
+              writes=lambda: planned_writes(model, weight_specs, resolved_dtype("auto", "auto")))
     results = _run_and_print(model, "default", ctx, tokens, weight_specs, kv_specs, "all", "demo")
     if report is not None:
         from wkvlab.report import write_report
@@ -383,6 +395,8 @@ app.add_typer(engine_app, name="engine")
 app.command("findings")(findings_command)
 # Stored references: the reference's per-token distributions on disk (docs/scale.md).
 app.add_typer(reference_app, name="reference")
+# The disk cache: what it holds, and pruning it (docs/cli.md); the commands live in wkvlab.cache_cli.
+app.add_typer(cache_app, name="cache")
 
 
 def _usage_line(exc: click_errors.UsageError) -> str:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
+from rich.markup import escape
 
 from wkvlab.display import run_header
 from wkvlab.threads import ENV, ThreadChoice, apply_threads, choose_threads
@@ -32,16 +33,26 @@ NoWeightCacheOption = Annotated[bool, typer.Option(
 
 
 def start_run(command: str, threads: int | None, facts: str = "", cache_dir: Path | None = None,
-              weight_cache: bool = True) -> ThreadChoice:
+              weight_cache: bool = True, writes: Callable[[], str] | None = None) -> ThreadChoice:
     """Choose and set the threads, apply ``--cache-dir`` / ``--no-weight-cache``, print the header
-    line (with the cache's size); call after all checks, before heavy work."""
-    from wkvlab.models.cache import describe_cache, use_cache
+    line (with the cache's size and, from ``writes``, what the run may add to it) and a warning when
+    the cache is past its threshold; hold the cache for the run (prune keeps what it uses). Call
+    after all checks, before heavy work."""
+    from wkvlab.display import err_console
+    from wkvlab.models.cache import describe_cache, hold_cache, use_cache
 
     use_cache(cache_dir, weight_cache)
-    facts = f"{facts}; {describe_cache()}" if facts else describe_cache()
+    chosen = choose_threads(threads)  # the last refusal: nothing is hashed or locked before it
+    hold_cache()
+    cache, warning = describe_cache()
+    if writes is not None:
+        cache = f"{cache}; this run {writes()}"
+    facts = f"{facts}; {cache}" if facts else cache
     # transformers' GGUF converter draws a tqdm bar that our status line already says; tqdm reads
     # TQDM_DISABLE only when it is imported, so it must be set before the API imports transformers.
     os.environ.setdefault("TQDM_DISABLE", "1")
-    choice = apply_threads(choose_threads(threads))
+    choice = apply_threads(chosen)
     run_header(command, choice, facts)
+    if warning is not None:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     return choice

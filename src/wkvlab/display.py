@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
@@ -25,10 +26,67 @@ if TYPE_CHECKING:
     from wkvlab.eval.result import EvalResult
     from wkvlab.threads import ThreadChoice
 
-# When output goes to a file or pipe rich assumes 80 columns and wraps every cell; the results
-# table needs about 110, so give non-terminals room instead of mangling the numbers.
-console = Console(width=None if Console().is_terminal else 140)
-err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 140)
+LOG_WIDTH = 140  # text lines in a log or pipe when $COLUMNS does not say (tables take the width they need)
+
+
+class TableConsole(Console):
+    """A console whose tables never lose a digit.
+
+    In a log or pipe (not a terminal) a table is printed at its natural width, however wide: rich
+    otherwise cuts it to the console's fixed width (``PPL 12.9…``), and nobody reads a log through a
+    window that needs it narrower. On a terminal narrower than a table, its columns wrap (long cells
+    fold onto more lines: names first, numbers only if that is not enough) instead of being cut
+    with "…" or dropped."""
+
+    def print(self, *objects, **kwargs) -> None:  # noqa: A003  (rich's name)
+        tables = [o for o in objects if isinstance(o, Table)]
+        natural = max((self.measure(t, options=self.options.update_width(1 << 16)).maximum for t in tables), default=0)
+        if natural <= self.width:
+            super().print(*objects, **kwargs)
+        elif self.is_terminal:
+            for table in tables:
+                _fit_columns(table, self.width, lambda r: self.measure(r).maximum)
+            super().print(*objects, **kwargs)
+        else:  # print's own width= is capped at the console's, so widen the console for this call
+            saved, self.width = self.width, natural
+            try:
+                super().print(*objects, **kwargs)
+            finally:
+                self.width = saved
+
+
+def _fit_columns(table: Table, width: int, measure: Callable[[object], int]) -> None:
+    """Make ``table`` fit ``width`` columns by wrapping, never by cutting: lighter rules (one space
+    between columns), headers wrap at their spaces, numbers stay whole while the names still get
+    4 characters a column, names fold into the rest; when even that does not fit, every column
+    folds into an equal share. rich, left alone, shrinks every column alike and cuts with "…" or
+    drops one, since a name's longest "word" (awq-int4-g128+skip=0,1) is its minimum width."""
+    table.box, table.padding, table.show_edge = box.SIMPLE_HEAD, (0, 0), False
+    columns = table.columns
+    room = width - (len(columns) - 1)
+    numbers = [c for c in columns if c.justify == "right"]
+    names = [c for c in columns if c.justify != "right"]
+    need = {id(c): max(measure(Group(*c._cells)) if c._cells else 0, *(len(w) for w in str(c.header).split()), 1) for c in numbers}
+    spare = room - sum(need.values())
+    whole = not names or spare >= 4 * len(names)
+    for column in columns:
+        column.no_wrap, column.overflow = False, "fold"
+        if whole:
+            column.min_width = column.max_width = need[id(column)] if column in numbers else max(1, spare // len(names))
+        else:
+            column.min_width, column.max_width = None, max(1, room // len(columns))
+
+
+def _console(stderr: bool = False) -> TableConsole:
+    """stdout's or stderr's console: the terminal's width, else $COLUMNS, else :data:`LOG_WIDTH` (rich's
+    default for a pipe is 80 columns, and a fixed width used to ignore $COLUMNS)."""
+    terminal = Console(stderr=stderr).is_terminal
+    columns = os.environ.get("COLUMNS", "")
+    return TableConsole(stderr=stderr, width=None if terminal else int(columns) if columns.isdigit() and int(columns) > 0 else LOG_WIDTH)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 PROGRESS_ENV = "WKVLAB_PROGRESS_SECONDS"
 Advance = Callable[[str, float], None]  # (description of the step just done, steps advanced; fractions allowed)

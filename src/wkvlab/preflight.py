@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable
 
 from wkvlab.data.corpora import check_data
 from wkvlab.data.windows import check_window_options
-from wkvlab.errors import ConfigError
+from wkvlab.errors import ConfigError, DataError
 from wkvlab.kv.spec import SLIDING, KVSpec, split_kv_list
-from wkvlab.models.facts import ModelFacts, check_model_source, model_facts
+from wkvlab.models.facts import ModelFacts, _existing_file, check_model_source, model_facts
 from wkvlab.weights.parse import split_weight_list
 from wkvlab.weights.spec import WeightSpec
 
@@ -70,13 +72,154 @@ def parse_configs(weights: Iterable[str], kv: Iterable[str]) -> tuple[list[Weigh
 
 
 def check_calibration(calib: str, samples: int | None = None, length: int | None = None) -> None:
-    """The calibration text (a domain or a file) and its sample shape, before any model loads."""
+    """The calibration text (a domain or a file) and its sample shape, before any model loads; a
+    missing file is named as ``--calib``'s (not told to pass ``--data``)."""
+    from wkvlab.data.corpora import is_named_text
     from wkvlab.weights.calibration import DOMAINS, CalibrationSpec
 
     if samples is not None and length is not None:
         CalibrationSpec(calib, samples, length)
-    if calib not in DOMAINS:
+    if calib in DOMAINS:
+        return
+    if not is_named_text(calib) and not Path(calib).expanduser().exists():
+        raise DataError(f"--calib file not found: {calib}; use --calib {', '.join(DOMAINS)}, or an existing UTF-8 .txt/.jsonl file")
+    try:
         check_data(calib)
+    except DataError as exc:
+        raise DataError(f"--calib: {exc}") from None
+
+
+def check_tokens_in_text(data: str, ctx: int, tokens: int) -> None:
+    """Refuse ``--tokens`` the text cannot hold, from its length alone (no tokenizer): a token covers
+    at least one byte, so a text of B bytes holds at most B tokens (plus one per document for a
+    tokenizer's leading marker). Texts that hold more bytes than that but fewer tokens are cut after
+    tokenizing, and the run says so before its first pass (:func:`text_shortfall`)."""
+    from wkvlab.data.corpora import text_size
+
+    size = text_size(data)
+    if size is None:
+        return
+    nbytes, documents = size
+    needed = max(1, tokens // ctx) * (ctx - 1)  # the windows' text tokens (a BOS may take one place each)
+    if ctx - 1 > nbytes + documents:  # the words of wkvlab.data.windows.make_windows, which says it after tokenizing
+        raise DataError(f"the text {data!r} has {nbytes:,} bytes: fewer than one window of {ctx} tokens; use a longer text or a smaller --ctx")
+    if needed > nbytes + documents:
+        raise ConfigError(f"--tokens {tokens:,} needs {needed:,} tokens of text in windows of {ctx}, and {data!r} has {nbytes:,} bytes, "
+                          f"so fewer than {nbytes + documents:,} tokens; ask for fewer --tokens or give a longer --data")
+
+
+def text_shortfall(asked: int, ctx: int, windows: int) -> str | None:
+    """The line a run prints when the text held fewer windows than ``--tokens`` asked for (None when it held them)."""
+    wanted = max(1, asked // ctx)
+    if windows >= wanted:
+        return None
+    return (f"the text holds {windows} window(s) of {ctx} tokens, not the {wanted} that --tokens {asked:,} asks for: "
+            f"evaluating {windows * ctx:,} tokens")
+
+
+# torch's build facts, read from torch/version.py without importing torch (a second of start-up)
+_TORCH_BUILD = re.compile(r"^(cuda|hip)\s*(?::[^=]*)?=\s*(.+)$", re.M)
+
+
+def _torch_gpu_build() -> bool | None:
+    """Whether the installed torch was built with CUDA or ROCm (None when its files do not say)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return None
+    found = dict(_TORCH_BUILD.findall(text))
+    if not found:
+        return None
+    return any(value.strip() not in ("None", "''", '""') for value in found.values())
+
+
+def cuda_refusal() -> str | None:
+    """Why no CUDA device can be visible to torch, known without importing it (None: maybe one is)."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
+    if _torch_gpu_build() is False:
+        return "this torch build has no CUDA (a CPU-only build)"
+    if sys.platform.startswith("linux") and Path("/dev").is_dir() and not any(Path("/dev").glob("nvidia[0-9]*")) \
+            and not Path("/dev/dxg").exists() and not Path("/dev/kfd").exists():
+        return "no GPU device is present (/dev has no nvidia<N>, dxg or kfd)"
+    return None
+
+
+def check_device(device: str) -> None:
+    """``--device``: a known name, and for ``cuda``/``cuda:N`` a GPU torch could see — refused in a
+    second where torch's own check (:func:`wkvlab.models.loading.resolve_device`) comes after its import."""
+    key = device.strip().lower()
+    if key in ("auto", "cpu"):
+        return
+    if not (key == "cuda" or (key.startswith("cuda:") and key[5:].isdigit())):
+        raise ConfigError(f"unknown --device {device!r}; use auto, cpu, cuda or cuda:<N>")
+    refusal = cuda_refusal()
+    if refusal is not None:
+        raise ConfigError(f"--device {device}: {refusal}; use --device cpu (or auto)")
+
+
+def resolved_device(device: str) -> str | None:
+    """``--device`` as the run will resolve it, where that is known without torch (``auto`` on a
+    machine that cannot have CUDA: ``cpu``); None when only torch can say."""
+    key = device.strip().lower()
+    if key == "auto":
+        return "cpu" if cuda_refusal() is not None else None
+    return key
+
+
+def resolved_dtype(dtype: str, device: str) -> str | None:
+    """``--dtype`` as the run will resolve it (wkvlab.models.loading.resolve_dtype's rule: auto is
+    bfloat16 on a GPU, float32 on the CPU); None when that needs torch to say where ``auto`` runs."""
+    key = dtype.strip().lower()
+    if key != "auto":
+        return key
+    where = resolved_device(device)
+    return None if where is None else "bfloat16" if where.startswith("cuda") else "float32"
+
+
+def check_memory_budget(model: str, weight_specs: list[WeightSpec], kv_specs: list[KVSpec], *, ctx: int, tokens: int, score: str,
+                        dtype: str, device: str, chunk: int | None, stored_reference: bool, plan: str, max_memory: int | None,
+                        calibration: tuple[int, int], topk: int) -> None:
+    """``--max-memory`` below what every plan needs, refused before torch is imported, in the words
+    of :func:`wkvlab.eval.memory.choose_plan` (the run re-checks with the device's own numbers)."""
+    from wkvlab.eval.memory import grid_estimate
+
+    where, resolved = resolved_device(device), resolved_dtype(dtype, device)
+    if max_memory is None or where is None or resolved is None:
+        return
+    from wkvlab.plan.source import resolve_source
+
+    try:
+        resolve_source(model)
+    except ConfigError:  # shapes the planner cannot read: the run goes on without an estimate (cli.memory_preflight)
+        return
+    try:
+        grid_estimate(model, weight_specs, kv_specs, ctx=ctx, tokens=tokens, score=score, dtype=resolved, device=where, chunk=chunk,
+                      stored_reference=stored_reference, plan=plan, budget=max_memory, calibration=calibration, topk=topk)
+    except ConfigError as exc:
+        raise ConfigError(f"--max-memory {max_memory / 2**30:g} GiB: {exc}") from None
+
+
+def check_grid(model: str, weight_specs: list[WeightSpec], kv_specs: list[KVSpec], facts: ModelFacts | None,
+               baseline: str = "float") -> None:
+    """Everything a weights × KV grid on ``model`` can be refused for from the model's files:
+    KV formats and layers, weight ``skip=`` layers, architecture support, group sizes, and the baseline."""
+    from wkvlab.eval.baseline_rules import baseline_kind
+
+    check_kv_for_model(kv_specs, facts)
+    if facts is not None:
+        for spec in weight_specs:
+            spec.check_layers(facts.layers)
+    check_weights_for_model(weight_specs, model)
+    check_weight_groups(weight_specs, model)
+    source = _existing_file(model)
+    baseline_kind(baseline, str(source) if source is not None else model, weight_specs, kv_specs)
 
 
 def require_store(path: Path, create: bool = False) -> None:
@@ -145,7 +288,7 @@ def layer_input_widths(model: str) -> tuple[int, ...]:
     hidden size (q/k/v, gate/up), attention output (heads × head_dim into o_proj), MLP width (down_proj)."""
     import json
 
-    from wkvlab.models.facts import _existing_file, gguf_metadata
+    from wkvlab.models.facts import gguf_metadata
 
     source = _existing_file(model)
     try:
@@ -188,3 +331,28 @@ def check_weight_groups(specs: Iterable[WeightSpec], model: str) -> None:
             raise ConfigError(f"--weights {spec.label}: groups of {group} are wider than every layer input of {model} ({listed}); {hint}")
         if all(w % group for w in widths):
             raise ConfigError(f"--weights {spec.label}: groups of {group} divide none of {model}'s layer input widths ({listed}); {hint}")
+
+
+def check_sweep(spec, device: bool = True) -> None:
+    """A sweep spec's models, grids, texts, device and calibration text, checked as ``wkvlab eval``
+    checks its options (:func:`check_grid` per model, ``--tokens`` per text), before the store opens."""
+    from wkvlab.data.corpora import is_selfgen
+
+    weights, kv = list(spec.weights), list(spec.kv)
+    for model in spec.models:
+        facts = None
+        for ctx in spec.ctx:
+            for tokens in spec.tokens:
+                for score in spec.score:
+                    facts = check_model(model, ctx, tokens, score)
+        check_grid(model, weights, kv, facts)
+    for data in spec.data:
+        if not is_selfgen(data):
+            check_data(data)
+            for ctx in spec.ctx:
+                for tokens in spec.tokens:
+                    check_tokens_in_text(data, ctx, tokens)
+    if device:
+        check_device(spec.device)
+    if any(w.needs_calibration for w in weights):
+        check_calibration(spec.calibration.data)

@@ -47,7 +47,7 @@ def test_choice_rules_and_refusals(tmp_path):
         choose_baseline("engine", model=model, source=gguf, weights=NONE, kv=[KVSpec.parse("kivi2")])
     with pytest.raises(ConfigError, match="not a GGUF"):
         choose_baseline("engine", model=model, source="/some/hf/folder", weights=NONE, kv=presets)
-    with pytest.raises(ConfigError, match="unknown baseline"):
+    with pytest.raises(ConfigError, match="unknown --baseline"):
         choose_baseline("llama", model=model, source=gguf, weights=NONE, kv=presets)
 
 

@@ -161,7 +161,7 @@ def test_cache_dir_is_stated_with_its_size_and_the_weight_cache_can_be_skipped(f
     cache = tmp_path / "cache"
     assert f"cache {cache}: empty; " in header("--cache-dir", str(cache))
     assert (cache / "quantized").is_dir()
-    assert f"cache {cache}: quantized weights " in header("--cache-dir", str(cache))  # the build is there now, with its size
+    assert f"cache {cache}: calibrated weight builds " in header("--cache-dir", str(cache))  # the build is there now, with its size
     other = tmp_path / "other"
     assert "quantized weights not cached (--no-weight-cache)" in header("--cache-dir", str(other), "--no-weight-cache")
     assert not (other / "quantized").exists()

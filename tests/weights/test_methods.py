@@ -101,7 +101,7 @@ def test_overrides_skips_and_bytes():
     assert {n.split(".")[2] for n in targets} == {"0"}
     assert targets["model.layers.0.self_attn.q_proj"][1].format == "fp8_e4m3"
     assert targets["model.layers.0.mlp.up_proj"][1].format == "nvfp4"
-    with pytest.raises(ConfigError, match="do not exist"):
+    with pytest.raises(ConfigError, match="layer 9 does not exist: the model has layers 0..1"):
         resolve_linears(model, WeightSpec.parse("int4;skip=9"))
     first_last = resolve_linears(model, WeightSpec.parse("int4;skip-first=1"))
     assert all(".layers.1." in n for n in first_last)

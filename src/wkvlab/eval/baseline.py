@@ -21,10 +21,9 @@ from typing import Iterable, Iterator
 
 import torch
 
-from wkvlab.errors import ConfigError
+from wkvlab.eval.baseline_rules import LLAMACPP_PRESETS, baseline_kind
 from wkvlab.weights.activations import ActivationQuant, attach_activation_quantizers
 
-BASELINE_CHOICES = ("auto", "float", "engine")
 LLAMACPP_LABEL = "llama.cpp's own f16 cache (ggml q8 activations)"
 
 
@@ -85,13 +84,6 @@ def llamacpp_baseline(model: torch.nn.Module, gguf: str | Path) -> Baseline:
     return Baseline("engine", LLAMACPP_LABEL, "llamacpp", tuple(sorted(plan.items())), tuple(sorted(outputs.items())), description)
 
 
-_LLAMACPP_PRESETS = ("llamacpp:", "llamacpp-x86:")  # the reference and the x86-writer variants (wkvlab.kv.presets)
-
-
-def _is_llamacpp(kv) -> bool:
-    return kv.name.startswith(_LLAMACPP_PRESETS) or kv.is_identity
-
-
 def choose_baseline(requested: str, *, model: torch.nn.Module, source: str, weights: Iterable, kv: Iterable) -> tuple[Baseline, list[str]]:
     """The baseline for a run, and notes for the user.
 
@@ -99,28 +91,15 @@ def choose_baseline(requested: str, *, model: torch.nn.Module, source: str, weig
     GGUF's own weights, as llama.cpp runs them) and every KV config is a ``llamacpp:`` preset (or
     the 16-bit cache); otherwise the float reference, with a note when a ``llamacpp:`` preset is
     measured against it. ``engine`` refuses a run it cannot make faithful; ``float`` never attaches
-    anything.
+    anything. The rule itself is :func:`wkvlab.eval.baseline_rules.baseline_kind` (the preflight's too).
     """
-    if requested not in BASELINE_CHOICES:
-        raise ConfigError(f"unknown baseline {requested!r}; use one of {', '.join(BASELINE_CHOICES)}")
     weights, kv = list(weights), list(kv)
-    is_gguf = Path(source).suffix.lower() == ".gguf"
-    own_weights = all(w.is_identity for w in weights)
-    all_llamacpp = all(_is_llamacpp(k) for k in kv)
-    any_llamacpp = any(k.name.startswith(_LLAMACPP_PRESETS) for k in kv)
-    if requested == "engine":
-        if not is_gguf:
-            raise ConfigError("--baseline engine simulates llama.cpp running a GGUF; this model is not a GGUF, use --baseline float")
-        if not own_weights:
-            raise ConfigError("--baseline engine simulates llama.cpp running the GGUF's own weights; use --weights none or --baseline float")
-        if not all_llamacpp:
-            other = next(k.label for k in kv if not _is_llamacpp(k))
-            raise ConfigError(f"--baseline engine simulates llama.cpp, and {other} is not a llamacpp: preset; run it with --baseline float")
-        return llamacpp_baseline(model, source), []
-    if requested == "auto" and is_gguf and own_weights and all_llamacpp and any_llamacpp:
-        return llamacpp_baseline(model, source), [
+    if baseline_kind(requested, source, weights, kv) == "engine":
+        notes = [] if requested == "engine" else [
             f"KLD against {LLAMACPP_LABEL}: llamacpp: presets on a GGUF are measured the way llama.cpp runs them "
             "(--baseline float measures the cache alone)"]
+        return llamacpp_baseline(model, source), notes
+    any_llamacpp = any(k.name.startswith(LLAMACPP_PRESETS) for k in kv)
     notes = []
     if any_llamacpp and requested == "auto":
         notes.append("llamacpp: presets measured against the float reference: the cache alone. llama.cpp's own KLD also includes "

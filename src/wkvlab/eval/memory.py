@@ -254,6 +254,21 @@ def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: in
     return MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes, choose_plan(desc, estimate, requested, stored_reference))
 
 
+def grid_estimate(model: str, weights, kv, *, ctx: int, tokens: int, score: str, dtype: str, device: str, chunk: int | None,
+                  stored_reference: bool, plan: str, budget: int | None, calibration: tuple[int, int], topk: int,
+                  choose: bool = True) -> MemoryEstimate:
+    """:func:`estimate_memory` for a grid as the CLI states it (``tokens`` asked, whole windows of
+    ``ctx`` scored as ``score`` says), with ``dtype`` and ``device`` already resolved — the one
+    computation behind :func:`wkvlab.api.memory_estimate` and the torch-free preflight."""
+    from wkvlab.plan.source import resolve_source
+
+    desc = resolve_source(model)[0]
+    scored = (tokens // ctx) * (ctx - 1 - (0 if score == "all" else ctx // 2))
+    grid = GridShape(tuple(weights), tuple(kv), ctx=ctx, tokens=scored, dtype=dtype, device=device, chunk=chunk,
+                     calibration=calibration, topk=topk)
+    return estimate_memory(desc, grid, budget_bytes=budget, requested=plan, stored_reference=stored_reference, choose=choose)
+
+
 def choose_plan(desc: ModelDescription, estimate: MemoryEstimate, requested: str = "auto", stored_reference: bool = False) -> PlanEstimate:
     """The plan to run: ``copies`` (exact KLD) when asked or, under ``auto``, when it fits; else
     ``one-model`` with as many caches side by side as fit. Refuses in one line, naming what fits."""

@@ -12,7 +12,7 @@ from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import DataError
 from wkvlab.explain.options import STEPS, ExplainOptions, planned_grids, planned_steps
 from wkvlab.io import check_output_file, write_json_atomic
-from wkvlab.preflight import check_kv_for_model, check_model, check_one_config, check_weight_groups, parse_configs, require_store
+from wkvlab.preflight import check_grid, check_model, check_one_config, parse_configs, require_store
 
 if TYPE_CHECKING:  # the explain pipeline (torch) is imported by the commands, after their checks
     from wkvlab.explain.compare import Comparison
@@ -146,15 +146,18 @@ def explain_command(
     weight_specs, kv_specs = parse_configs([weights], [kv])
     check_one_config(weight_specs, kv_specs, "explain")
     facts = check_model(model, ctx, tokens)
-    check_kv_for_model(kv_specs, facts)
-    check_weight_groups(weight_specs, model)
+    check_grid(model, weight_specs, kv_specs, facts)
     if facts is not None and options.runs("context"):
         from wkvlab.preflight import check_context_fits
 
         check_context_fits(max_ctx, None, facts.max_context, model, option="--max-ctx")
-    _check_explain_data(data, tokens)
+    _check_explain_data(data, tokens, ctx)
     check_output_file(json_out, "--json")
-    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    from wkvlab.models.cache_writes import planned_writes
+    from wkvlab.preflight import resolved_dtype
+
+    choice = start_run("explain", threads, f"{weights} × {kv} on {model}/{data}, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir,
+                       weight_cache=not no_weight_cache, writes=lambda: planned_writes(model, weight_specs, resolved_dtype("auto", "auto")))
     from wkvlab.explain.run import explain
 
     total = planned_steps(options, max(1, tokens // ctx))
@@ -167,11 +170,13 @@ def explain_command(
         err_console.print(f"wrote {json_out}")
 
 
-def _check_explain_data(data: str, tokens: int) -> None:
+def _check_explain_data(data: str, tokens: int, ctx: int) -> None:
     from wkvlab.data.corpora import check_data, is_selfgen
+    from wkvlab.preflight import check_tokens_in_text
 
     if not is_selfgen(data):  # self-generated text is checked once the model that writes it is loaded
         check_data(data)
+        check_tokens_in_text(data, ctx, tokens)
 
 
 def _resolve(db, ident: str) -> str:

@@ -165,6 +165,9 @@ def cached_kv_stats(model: torch.nn.Module, tokens: torch.Tensor, key: str, sour
     versioned = f"kv-stats-v4|{key}"  # bump when KVStats gains fields: old files are then never read
     path = cache_dir() / "kv-stats" / (hashlib.sha256(versioned.encode()).hexdigest()[:24] + ".safetensors")
     if path.is_file():
+        from wkvlab.models.cache import mark_used
+
+        mark_used(path)
         return KVStats.load(path)
     stats = collect_kv_stats(model, tokens, dict(source or {}, key=key), progress)
     path.parent.mkdir(parents=True, exist_ok=True)

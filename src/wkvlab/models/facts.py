@@ -43,6 +43,10 @@ def check_model_source(spec: str) -> None:
         raise ModelError(f"model not found: {spec!r}; use 'default', 'gemma3-270m', a .gguf file, a Hugging Face model folder or id (org/name)")
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
+    if path.is_file():  # before transformers' conversion, which fails on a truncated file after seconds, naming the folder
+        from wkvlab.plan.gguf import check_gguf_file
+
+        check_gguf_file(path)
     if path.is_dir() and not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json; pass a Hugging Face model folder or a .gguf file")
 

@@ -27,7 +27,7 @@ def _stat_key(path: Path) -> dict:
 
 
 def _memo_file(path: Path) -> Path:
-    from wkvlab.models.loading import cache_dir
+    from wkvlab.models.cache import cache_dir  # not models.loading: that imports torch
 
     return cache_dir() / "fingerprints" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32] + ".json")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from wkvlab.errors import ModelError
-from wkvlab.models.cache import cache_dir  # noqa: F401  (imported from here by the caches)
+from wkvlab.models.cache import cache_dir, mark_used  # noqa: F401  (cache_dir: imported from here by the caches)
 from wkvlab.models.facts import check_model_source
 from wkvlab.models.fingerprint import file_sha256, folder_fingerprint
 from wkvlab.models.packaged import canonical_name, packaged_gguf
@@ -204,6 +204,7 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
     fingerprint = _sha256(path)
     cached = cache_dir() / "models" / f"{fingerprint[:16]}-{dtype}"
     if use_cache and (cached / "wkvlab-source.json").is_file():
+        mark_used(cached)  # the last use 'wkvlab cache' lists and prune orders by
         model, tokenizer = _from_pretrained(cached, torch_dtype, device=device, device_map=device_map, attn=attn, name=path.name)
     else:
         mapping = None

@@ -19,65 +19,147 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _STRING, _ARRAY = 8, 9
 # llama_ftype (general.file_type) of the files the planner can name
 FILE_TYPES = {0: "fp32", 1: "fp16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 8: "q5_0", 9: "q5_1", 32: "bf16"}
+DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT (ggml/include/gguf.h); general.alignment overrides it
 
 
-def _read(f: BinaryIO, fmt: str) -> Any:
-    size = struct.calcsize("<" + fmt)
-    data = f.read(size)
-    if len(data) != size:
-        raise ConfigError("GGUF header ends early; the file is truncated or not a GGUF")
-    return struct.unpack("<" + fmt, data)[0]
+class _Truncated(Exception):
+    """The header asks for more bytes than the file holds; :func:`read_directory` names the file."""
 
 
-def _string(f: BinaryIO) -> str:
-    n = _read(f, "Q")
-    return f.read(n).decode("utf-8", errors="replace")
+class _Cursor:
+    """Reads the header from a memory map: a tokenizer's 150k strings are skipped by their lengths
+    without a system call each (0.05 s, where file reads took 0.5 s)."""
+
+    def __init__(self, buf) -> None:
+        self.buf, self.pos, self.length = buf, 0, len(buf)
+
+    def read(self, fmt: str) -> Any:
+        size = struct.calcsize("<" + fmt)
+        if self.pos + size > self.length:
+            raise _Truncated
+        value = struct.unpack_from("<" + fmt, self.buf, self.pos)[0]
+        self.pos += size
+        return value
+
+    def skip(self, n: int) -> None:
+        """Move ``n`` bytes on, refusing a length beyond the file (a fake header's 2^60-byte string)."""
+        if self.pos + n > self.length:
+            raise _Truncated
+        self.pos += n
+
+    def string(self, keep: bool = True) -> str | None:
+        n = self.read("Q")
+        start = self.pos
+        self.skip(n)
+        return bytes(self.buf[start:self.pos]).decode("utf-8", errors="replace") if keep else None
+
+    def value(self, kind: int, keep: bool) -> Any:
+        if kind in _SCALARS:
+            return self.read(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string(keep)
+        if kind == _ARRAY:
+            item, count = self.read("I"), self.read("Q")
+            if item in _SCALARS and not keep:
+                self.skip(count * struct.calcsize("<" + _SCALARS[item]))
+                return count
+            if count > self.length:  # every item takes at least a byte
+                raise _Truncated
+            if item == _STRING and not keep:
+                for _ in range(count):
+                    self.skip(self.read("Q"))
+                return count
+            values = [self.value(item, keep) for _ in range(count)]
+            return values if keep else count
+        raise ConfigError(f"unknown GGUF value type {kind}; the file is not a GGUF this reader knows")
 
 
-def _value(f: BinaryIO, kind: int, keep: bool) -> Any:
-    if kind in _SCALARS:
-        return _read(f, _SCALARS[kind])
-    if kind == _STRING:
-        if keep:
-            return _string(f)
-        f.seek(_read(f, "Q"), 1)
-        return None
-    if kind == _ARRAY:
-        item, count = _read(f, "I"), _read(f, "Q")
-        if item in _SCALARS and not keep:
-            f.seek(count * struct.calcsize("<" + _SCALARS[item]), 1)
-            return count
-        values = [_value(f, item, keep) for _ in range(count)]
-        return values if keep else count
-    raise ConfigError(f"unknown GGUF value type {kind}; the file is not a GGUF this reader knows")
+def read_directory(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[int, tuple[int, ...], int]], int]:
+    """(metadata, tensors, data start): scalar/string metadata (arrays as their length), tensor name ->
+    (type id, dims, offset in the data section), and the byte where the data section begins. Every
+    refusal names the file."""
+    import mmap
 
-
-def read_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[str, tuple[int, ...]]]]:
-    """(metadata, tensors): scalar/string metadata (arrays as their length), tensor name -> (type id, dims)."""
     path = Path(path)
     try:
         with path.open("rb") as f:
             if f.read(4) != b"GGUF":
                 raise ConfigError(f"{path} is not a GGUF file (no GGUF magic); pass a .gguf, a config.json or a model name")
-            version = _read(f, "I")
-            if version < 2:
-                raise ConfigError(f"{path} is GGUF version {version}; convert it with a current llama.cpp")
-            n_tensors, n_kv = _read(f, "Q"), _read(f, "Q")
-            meta: dict[str, Any] = {}
-            for _ in range(n_kv):
-                key = _string(f)
-                kind = _read(f, "I")
-                meta[key] = _value(f, kind, keep=not key.startswith("tokenizer.ggml."))
-            tensors = {}
-            for _ in range(n_tensors):
-                name = _string(f)
-                dims = tuple(_read(f, "Q") for _ in range(_read(f, "I")))
-                ttype = _read(f, "I")
-                _read(f, "Q")  # offset
-                tensors[name] = (ttype, dims)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path} ({exc}); check the path") from None
-    return meta, tensors
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                c = _Cursor(buf)
+                c.skip(4)
+                version = c.read("I")
+                if version < 2:
+                    raise ConfigError(f"{path} is GGUF version {version}; convert it with a current llama.cpp")
+                n_tensors, n_kv = c.read("Q"), c.read("Q")
+                meta: dict[str, Any] = {}
+                for _ in range(n_kv):
+                    key = c.string()
+                    kind = c.read("I")
+                    meta[key] = c.value(kind, not key.startswith("tokenizer.ggml."))
+                if n_tensors > c.length:
+                    raise _Truncated
+                tensors = {}
+                for _ in range(n_tensors):
+                    name = c.string()
+                    dims = tuple(c.read("Q") for _ in range(c.read("I")))
+                    tensors[name] = (c.read("I"), dims, c.read("Q"))
+                alignment = int(meta.get("general.alignment") or DEFAULT_ALIGNMENT)
+                start = -(-c.pos // alignment) * alignment
+    except _Truncated:
+        raise ConfigError(f"{path}: the GGUF header ends early; the file is truncated or not a GGUF (download it again)") from None
+    except (OSError, ValueError) as exc:  # mmap of an empty file: ValueError
+        raise ConfigError(f"cannot read {path} as a GGUF ({exc}); check the path") from None
+    return meta, tensors, start
+
+
+def read_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[str, tuple[int, ...]]]]:
+    """(metadata, tensors): scalar/string metadata (arrays as their length), tensor name -> (type id, dims)."""
+    meta, tensors, _ = read_directory(path)
+    return meta, {name: (ttype, dims) for name, (ttype, dims, _) in tensors.items()}
+
+
+def tensor_bytes(name: str, ttype: int, dims: tuple[int, ...], path: str | Path) -> int:
+    """Bytes a tensor's data takes in the file (ggml's block sizes, gguf-py GGML_QUANT_SIZES)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+    except (ValueError, KeyError):
+        raise ConfigError(f"{path}: tensor {name} has ggml type {ttype}, which gguf {_gguf_version()} does not know; "
+                          "the file is damaged or needs a newer gguf package") from None
+    count = 1
+    for d in dims:
+        count *= d
+    if count % block:
+        raise ConfigError(f"{path}: tensor {name} has {count} values, not a whole number of blocks of {block}; the file is damaged")
+    return count // block * size
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import version
+
+    return version("gguf")
+
+
+def check_gguf_file(path: str | Path) -> int:
+    """The integrity a header can prove before any conversion: the header reads to its end, every
+    tensor's type is known, and every tensor's data lies inside the file (a truncated download ends
+    mid-tensor). Returns the bytes of the tensor data; refusals name the file."""
+    path = Path(path)
+    meta, tensors, start = read_directory(path)
+    length = path.stat().st_size
+    total = 0
+    for name, (ttype, dims, offset) in tensors.items():
+        nbytes = tensor_bytes(name, ttype, dims, path)
+        end = start + offset + nbytes
+        if end > length:
+            raise ConfigError(f"{path} is truncated: tensor {name} ends at byte {end:,} and the file has {length:,} bytes; "
+                              "download or convert it again")
+        total += nbytes
+    if not tensors:
+        raise ConfigError(f"{path} holds no tensors; it is not a model GGUF")
+    return total
 
 
 def gguf_config(path: str | Path) -> tuple[dict[str, Any], str]:

@@ -13,7 +13,7 @@ from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, Th
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import ConfigError
 from wkvlab.io import check_output_file, write_json_atomic
-from wkvlab.preflight import check_calibration, check_model, parse_configs
+from wkvlab.preflight import check_calibration, check_grid, check_model, parse_configs
 from wkvlab.weights.calibration import CalibrationSpec
 
 if TYPE_CHECKING:  # the search API (torch) is imported by the commands, after their checks
@@ -57,12 +57,21 @@ def _check_common(model: str, data: str, weights: str, formats: str | None, ctx:
     from wkvlab.data.corpora import check_data
     from wkvlab.search.choices import parse_choices
 
-    parse_configs([weights], [])
+    weight_specs, _ = parse_configs([weights], [])
     choices = parse_choices(formats)
     facts = check_model(model, ctx)
+    check_grid(model, weight_specs, [], facts)
     check_data(data)
     check_calibration(calib)
     return choices, facts
+
+
+def _writes(model: str, weights: str):
+    """The run header's planned cache writes (wkvlab.models.cache_writes): the model on the CPU or its GPU's dtype."""
+    from wkvlab.models.cache_writes import planned_writes
+    from wkvlab.preflight import resolved_dtype
+
+    return lambda: planned_writes(model, parse_configs([weights], [])[0], resolved_dtype("auto", "auto"))
 
 
 def profile_command(
@@ -82,7 +91,8 @@ def profile_command(
     """Per-layer K and V sensitivity under a weight config, per-layer/per-module weight sensitivity, sinks, outlier channels."""
     _check_common(model, data, weights, formats, ctx, calib)
     check_output_file(json_out, "--json")
-    start_run("profile", threads, f"{model} on {data} under {weights} weights, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    start_run("profile", threads, f"{model} on {data} under {weights} weights, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir,
+              weight_cache=not no_weight_cache, writes=_writes(model, weights))
     from wkvlab.search import api
 
     prof = api.profile(model, data, weights=weights, formats=formats, ctx=ctx, tokens=tokens, weight_profile=weight_profile,
@@ -174,7 +184,8 @@ def search_command(
     check_output_file(json_out, "--json")
     what = (f"budget {budget:,.0f} B/token" if budget is not None else f"{len(curve)} budgets {min(curve):,.0f}–{max(curve):,.0f} B/token"
             if curve else f"GPU {gpu}")
-    choice = start_run("search", threads, f"{model} on {data} under {weights} weights, {what}", cache_dir=cache_dir, weight_cache=not no_weight_cache)
+    choice = start_run("search", threads, f"{model} on {data} under {weights} weights, {what}", cache_dir=cache_dir,
+                       weight_cache=not no_weight_cache, writes=_writes(model, weights))
     from wkvlab.search import api
 
     result = api.search(model, data, budget=budget, budgets=curve, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats,

@@ -15,7 +15,7 @@ from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, s
 from wkvlab.display import console, err_console, progress_bar, status
 from wkvlab.errors import ConfigError
 from wkvlab.io import check_output_file, write_json_atomic
-from wkvlab.preflight import require_store
+from wkvlab.preflight import check_sweep, require_store
 from wkvlab.sweep.spec import load_spec
 from wkvlab.units import mib
 
@@ -85,9 +85,16 @@ def sweep_command(
 ) -> None:
     """Run every weights × KV config of a spec that the store lacks; resumes after a crash without redoing finished configs."""
     sweep_spec = load_spec(spec)  # before the executor: a typo in the spec must not start a Ray cluster
+    check_sweep(sweep_spec, device=not dry_run)  # what each model's files tell, as wkvlab eval checks it
     require_store(store, create=True)  # a folder, a missing folder or a foreign file: refused before the run starts
     runner = make_executor(executor, address=address, cpus_per_task=cpus_per_task, gpus_per_task=gpus_per_task, max_workers=max_workers)
-    start_run("sweep", threads, f"{spec} into {store}", cache_dir=cache_dir, weight_cache=not no_weight_cache)  # this process; Ray workers set their own (--cpus-per-task)
+    from wkvlab.models.cache_writes import planned_writes
+    from wkvlab.preflight import resolved_dtype
+
+    writes = None if dry_run else lambda: planned_writes(list(sweep_spec.models), sweep_spec.weights,
+                                                         resolved_dtype(sweep_spec.dtype, sweep_spec.device))
+    # this process; Ray workers set their own (--cpus-per-task)
+    start_run("sweep", threads, f"{spec} into {store}", cache_dir=cache_dir, weight_cache=not no_weight_cache, writes=writes)
     from wkvlab.store import open_store
     from wkvlab.sweep.run import plan_sweep, run_sweep
 

@@ -37,13 +37,14 @@ def tasks_command(
 ) -> None:
     """Downstream accuracy next to KLD: lm-eval tasks for every weights × KV config, both into the store."""
     # torch-free checks first (wkvlab.preflight): a typo is one line in a second, not after torch's import
-    from wkvlab.preflight import check_calibration, parse_configs, require_store
+    from wkvlab.preflight import check_calibration, check_grid, check_model, parse_configs, require_store
     from wkvlab.tasks.spec import TaskRunSpec, lm_eval_version
 
     weight_specs, kv_specs = parse_configs(weights or ["none"], kv or ["fp16"])
     spec = TaskRunSpec(tuple(_items(tasks)), include_path, limit, num_fewshot)
     if tokens < 0:
         raise ConfigError(f"--tokens must be 0 (no KLD) or more, got {tokens}")
+    check_grid(model, weight_specs, kv_specs, check_model(model, ctx, tokens or None))  # what the model's files tell
     check_calibration(calib, calib_samples, calib_len)
     require_store(store, create=True)
     lm_eval_version()  # a missing lm-eval is one line, before any model loads

@@ -78,9 +78,7 @@ def _resolve(model: torch.nn.Module, spec: WeightSpec, named: list[tuple[str, ob
     if spec.is_identity:
         return {}
     n_layers = len(decoder_layers(model))
-    bad = [i for i in spec.skip_layers if i >= n_layers]
-    if bad:
-        raise ConfigError(f"skip layers {bad} do not exist: the model has layers 0..{n_layers - 1}")
+    spec.check_layers(n_layers)
     out = {}
     for name, target in named:
         sub = spec.for_linear(name, _layer_of(name, prefix), n_layers)

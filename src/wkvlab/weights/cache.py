@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from wkvlab.models.cache import mark_used
 from wkvlab.models.loading import cache_dir
 from wkvlab.weights.activations import ActivationQuant, attach_activation_quantizers
 from wkvlab.weights.calibration import CalibrationSet
@@ -53,7 +54,7 @@ def _changed_tensors(reference, quantized: torch.nn.Module) -> dict[str, torch.T
     return changed
 
 
-def save_entry(target: Path, reference, built) -> None:
+def save_entry(target: Path, reference, built, model_key: str = "") -> None:
     from safetensors.torch import save_file
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +65,8 @@ def save_entry(target: Path, reference, built) -> None:
         meta = {"weight_bytes": built.weight_bytes, "lossless": built.lossless, "notes": built.notes,
                 "quantized_fraction": built.quantized_fraction,
                 "activations": {k: v.to_dict() for k, v in built.activations.items()}, "calibration": built.calibration,
-                "untied": head is not None and head.weight is not emb.weight and _was_tied(reference)}
+                "untied": head is not None and head.weight is not emb.weight and _was_tied(reference),
+                "model": model_key}  # the model's fingerprint: 'wkvlab cache' lists and prunes by it
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         if target.exists():
             shutil.rmtree(tmp)
@@ -108,7 +110,8 @@ def cached_quantize(model: torch.nn.Module, spec: WeightSpec, calibration: Calib
     build is in place, and this snapshot of the original weights is what it changed from."""
     target = entry_dir(cache_key(model_key, spec, calibration))
     if (target / "meta.json").is_file():
+        mark_used(target)
         return load_entry(target, model, spec, in_place=originals is not None)
     built = build(model, spec, calibration)
-    save_entry(target, originals if originals is not None else model, built)
+    save_entry(target, originals if originals is not None else model, built, model_key)
     return built

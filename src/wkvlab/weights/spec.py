@@ -128,6 +128,14 @@ class WeightSpec:
                                              or self.quantize_embeddings or self.quantize_lm_head):
             raise ConfigError("a checkpoint carries its own layout; skips, overrides, emb and head do not apply to checkpoint:<path>")
 
+    def check_layers(self, n_layers: int) -> None:
+        """Refuse ``skip=`` layers the model does not have (the same words as the KV grammar's
+        :meth:`wkvlab.kv.spec.KVSpec.check_model`): called from the preflight with the layer count
+        the model's files give, and again on the loaded model."""
+        bad = [i for i in self.skip_layers if i >= n_layers]
+        if bad:
+            raise ConfigError(f"--weights {self.label}: layer {bad[0]} does not exist: the model has layers 0..{n_layers - 1}")
+
     @property
     def is_checkpoint(self) -> bool:
         return self.method == "checkpoint"
