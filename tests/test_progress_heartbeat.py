@@ -125,7 +125,7 @@ def _grid_under_progress(timeline, weights: str, kv: str, seconds_per_op: float 
 
 
 @pytest.mark.parametrize("weights, kv", [("gptq-int4-g32", "fp16"), ("awq-int4-g32", "fp16"), ("w8a8-int8", "fp16"),
-                                         ("none", "vllm:fp8_e4m3+scales=calculate")])
+                                         ("none", "vllm@0.27:fp8_e4m3+scales=calculate")])
 def test_no_long_step_is_silent_for_more_than_10_s(timeline, monkeypatch, tmp_path, weights, kv):
     monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path))  # built and calibrated now, not read back
     _grid_under_progress(timeline, weights, kv)
@@ -138,7 +138,7 @@ def test_kv_statistics_report_each_sample(timeline, monkeypatch, tmp_path):
     monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path))
     reported = []
     monkeypatch.setattr(display.StepCosts, "advance", lambda self, d, s, real=display.StepCosts.advance: (reported.append((d, s)), real(self, d, s)))
-    _grid_under_progress(timeline, "none", "vllm:fp8_e4m3+scales=calculate")
+    _grid_under_progress(timeline, "none", "vllm@0.27:fp8_e4m3+scales=calculate")
     samples = [(d, s) for d, s in reported if d.startswith("calibrated KV statistics under none: sample")]
     assert [d.rsplit(" ", 1)[1] for d, _ in samples] == [f"{i}/8" for i in range(1, 9)]
     assert sum(s for _, s in samples) == pytest.approx(1.0)
