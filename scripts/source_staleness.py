@@ -22,8 +22,20 @@ path is also looked up with its leading folders dropped, one at a time.
         --source turboderp-org/exllamav3=/work/.mirror/turboderp-org+exllamav3/repo@HEAD \\
         --json docs/runs/source-staleness.json --md docs/runs/source-staleness.md [--check]
 
-``--check`` exits 1 when any checked record is not ``unchanged`` (for CI); otherwise the exit code
-is 0 whenever the report was written. Every bad argument is a one-line error.
+Records of engine presets name the release they model (``"models": "vllm@0.34"``), a key of the
+``versions:`` table of ``src/wkvlab/plan/data/engines.yaml`` (:mod:`wkvlab.engine_releases`): the
+commit (or, for a release with no commit, the release) comes from that table, so the record and the
+table cannot name two sources. A record that cites another commit says why in ``read_elsewhere``
+(the release's source was not at hand). Loading the record fails, in one line, when a record names
+no release for an engine preset, a release the table lacks, a release other than the one its
+presets resolve to (``vllm:...`` the table's default, ``vllm@0.23:...`` 0.23), or a commit that is
+not the release's without a reason: a new default release makes every record of the old one fail
+until its lines are re-read.
+
+``--check`` exits 1 when any checked record of a current release is not ``unchanged`` (for CI; a
+record of an older release, kept reachable by ``@version``, is expected to differ from the newest
+source); otherwise the exit code is 0 whenever the report was written. Every bad argument is a
+one-line error.
 """
 from __future__ import annotations
 
@@ -36,6 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RECORD = Path(__file__).resolve().parents[1] / "src" / "wkvlab" / "kv" / "source_lines.json"
+sys.path.insert(0, str(RECORD.parents[2]))  # wkvlab's release table, also when run from a clone without an install
+from wkvlab.engine_releases import PRESET_ENGINES, engine_table, find_release  # noqa: E402
+from wkvlab.errors import ConfigError  # noqa: E402
 STATUSES = ("unchanged", "changed", "moved", "moved+changed", "missing", "not checked")
 
 
@@ -156,7 +171,10 @@ def _missing(lines: list[str], text: str) -> list[dict]:
 
 def check_record(record: dict, tree: Tree | None) -> dict:
     """The status of one record against ``tree`` (None: no source given for its repository)."""
-    result = {key: record.get(key, "") for key in ("id", "presets", "repo", "commit", "release", "path")}
+    result = {key: record.get(key, "") for key in ("id", "presets", "models", "repo", "commit", "release", "path", "read_elsewhere")}
+    result = {key: value for key, value in result.items() if value or key in ("commit", "release")}
+    if record.get("models") and not record["models"].endswith("@" + str(engine_table()[record["models"].partition("@")[0]]["default_version"])):
+        result["older_release"] = True  # kept reachable by @version: the newest source need not hold its lines
     if tree is None:
         return {**result, "status": "not checked", "why": "no source given for this repository"}
     lines = record["lines"]
@@ -186,15 +204,65 @@ def check_record(record: dict, tree: Tree | None) -> dict:
     return {**result, "status": "moved" if not gone else "moved+changed", "at": at, "lines_missing": gone}
 
 
+def _preset_release_key(preset: str) -> str | None:
+    """``vllm@0.23:int8_per_token_head`` -> "vllm@0.23", ``vllm:fp8`` -> "vllm@0.34" (the default), None for
+    presets that follow no release table (exl3, kivi, ...)."""
+    engine, sep, _ = preset.strip().lower().partition(":")
+    name, _, version = engine.partition("@")
+    if not sep or name not in PRESET_ENGINES:
+        return None
+    table = PRESET_ENGINES[name]
+    release = find_release(table, version or None)
+    return f"{table}@{release.key}"
+
+
+def _follow_table(record: dict, path: Path) -> dict:
+    """``record`` with the commit (or release) of the release it models, or a one-line SystemExit where the
+    record and the release table disagree."""
+    where = f"{path}: record {record['id']}"
+    try:
+        wanted = {key for key in map(_preset_release_key, record["presets"]) if key}
+    except ConfigError as exc:
+        raise SystemExit(f"{where}: {exc}") from None
+    models = record.get("models")
+    if not models:
+        if wanted:
+            raise SystemExit(f"{where} lists engine presets but no \"models\": add \"models\": \"{sorted(wanted)[0]}\" "
+                             "(the release of engines.yaml whose source its lines were read from)")
+        return record
+    engine, _, key = models.partition("@")
+    if engine not in engine_table() or not key:
+        raise SystemExit(f"{where}: models {models!r} is not <engine>@<release> of engines.yaml ({', '.join(engine_table())})")
+    try:
+        release = find_release(engine, key)
+    except ConfigError as exc:
+        raise SystemExit(f"{where}: {exc}") from None
+    if release.key != key:
+        raise SystemExit(f"{where}: write models {engine}@{release.key}, the table's key")
+    if wanted != {models}:
+        raise SystemExit(f"{where} models {models} but its presets resolve to {', '.join(sorted(wanted)) or 'no release'}: "
+                         "re-read the lines in the release the presets now model, or split the record")
+    table_commit = release.commit if release.commit and all(c in "0123456789abcdef" for c in release.commit) else ""
+    cited = record.get("commit", "")
+    if not cited:
+        return {**record, "commit": table_commit, "release": record.get("release") or (release.label if not table_commit else "")}
+    if not (table_commit and (cited.startswith(table_commit) or table_commit.startswith(cited))) and not record.get("read_elsewhere"):
+        raise SystemExit(f"{where} cites @{cited[:10]} but models {release.describe()}: drop \"commit\" after re-reading the lines "
+                         "in that release, or say in \"read_elsewhere\" why they were read at another commit")
+    return record
+
+
 def load_records(path: Path = RECORD) -> list[dict]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    records = data["records"]
-    for record in records:
-        missing = {"id", "presets", "repo", "commit", "path", "lines"} - set(record)
-        if not missing and not (record["commit"] or record.get("release")):
-            missing = {"commit (or release)"}
+    records = []
+    for record in data["records"]:
+        missing = {"id", "presets", "repo", "path", "lines"} - set(record)
         if missing or not record["lines"]:
             raise SystemExit(f"{path}: record {record.get('id', '?')} lacks {', '.join(sorted(missing)) or 'lines'}")
+        record = _follow_table({"commit": "", **record}, path)
+        if not (record["commit"] or record.get("release")):
+            raise SystemExit(f"{path}: record {record['id']} lacks a commit (or release, or models)")
+        records.append(record)
     return records
 
 
@@ -212,11 +280,16 @@ def markdown(report: dict) -> str:
     for repo, source in report["sources"].items():
         rev = source.get("commit", "")[:12] + (f" ({source['commit_date'][:10]})" if source.get("commit_date") else "")
         out.append(f"| {repo} | {source['kind']}: `{source['path']}` | {rev or source.get('version', '')} |")
-    out += ["", "## Records", "", "| record | presets | cited at | status | where now |", "|---|---|---|---|---|"]
+    out += ["", "## Records", "",
+            "`models`: the release of engines.yaml the presets model; an older release (kept by `@version`) is expected to differ "
+            "from the newest source. `*`: read at another commit than the release's (see the JSON's `read_elsewhere`).", "",
+            "| record | presets | models | cited at | status | where now |", "|---|---|---|---|---|---|"]
     for r in report["records"]:
-        cited = f"{r['repo']}@{r['commit'][:8]}" if r["commit"] else f"{r['repo']} ({r['release']})"
+        cited = f"{r['repo']}@{r['commit'][:9]}" if r["commit"] else f"{r['repo']} ({r['release']})"
+        cited += "*" if r.get("read_elsewhere") else ""
         where = f"`{r['at']}`" if r.get("at") else r.get("why", "")
-        out.append(f"| {r['id']} | {', '.join(r['presets'])} | {cited} `{r['path']}` | {r['status']} | {where} |")
+        status = r["status"] + (" (older release)" if r.get("older_release") and r["status"] != "unchanged" else "")
+        out.append(f"| {r['id']} | {', '.join(r['presets'])} | {r.get('models', '')} | {cited} `{r['path']}` | {status} | {where} |")
     details = [r for r in report["records"] if r.get("lines_missing")]
     if details:
         out += ["", "## Lines no longer there", ""]
@@ -252,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.md).write_text(markdown(report), encoding="utf-8")
     for r in report["records"]:
         print(f"{r['status']:>13}  {r['id']}" + (f"  -> {r['at']}" if r.get("at") and r["at"] != r["path"] else ""))
-    stale = any(r["status"] not in ("unchanged", "not checked") for r in report["records"])
+    stale = any(r["status"] not in ("unchanged", "not checked") and not r.get("older_release") for r in report["records"])
     return 1 if args.check and stale else 0
 
 

@@ -24,7 +24,8 @@ from wkvlab.errors import ConfigError
 TABLE_FILE = Path(__file__).parent / "plan" / "data" / "engines.yaml"
 # KV preset engines -> the engine whose releases they follow (presets of other engines and papers
 # cite one commit in their source and take no @version)
-PRESET_ENGINES = {"vllm": "vllm", "vllm-fa3": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp", "llamacpp-x86": "llama.cpp"}
+PRESET_ENGINES = {"vllm": "vllm", "vllm-fa3": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp", "llamacpp-x86": "llama.cpp",
+                  "exl3-fa": "exllamav3"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,7 +38,7 @@ def engine_table() -> dict[str, Any]:
 class Release:
     """One release of one engine, as the table records it."""
 
-    engine: str  # the table's engine name: vllm, sglang, llama.cpp, trtllm
+    engine: str  # the table's engine name: vllm, sglang, llama.cpp, trtllm, exllamav3
     key: str  # what --engine-version and @ take: "0.34", "0.5.23", "main"
     label: str
     release: str = ""  # the full version: 0.34.0

@@ -90,7 +90,7 @@ KV_OPTIONS = (
 )
 
 # Presets whose name is a pattern: the example parsed for them.
-KV_PRESET_EXAMPLES = {"llamacpp:<k>/<v>": "llamacpp:q8_0/q4_0", "llamacpp-x86:<k>/<v>": "llamacpp-x86:q8_0", "exl3:k<b>v<b>": "exl3:k4v4", "exl3-fa:k<b>v<b>": "exl3-fa:k4v4", "K<b>V<b>": "K8V4", "KV<b>": "KV4"}
+KV_PRESET_EXAMPLES = {"llamacpp:<k>/<v>": "llamacpp:q8_0/q4_0", "llamacpp-x86:<k>/<v>": "llamacpp-x86:q8_0", "exl3:k<b>v<b>": "exl3:k4v4", "exl3-fa:k<b>v<b>": "exl3-fa:k4v4", "exl3-fa@0.0.28:k<b>v<b>": "exl3-fa@0.0.28:k4v4", "K<b>V<b>": "K8V4", "KV<b>": "KV4"}
 
 
 def _options(forms: tuple[Form, ...]) -> str:
@@ -143,7 +143,7 @@ def _pattern_members(pattern: str) -> list[str]:
         members = [f"llamacpp:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES if k != v]
     elif pattern == "llamacpp-x86:<k>/<v>":
         members = [f"llamacpp-x86:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES]
-    elif pattern in ("exl3:k<b>v<b>", "exl3-fa:k<b>v<b>"):
+    elif pattern in ("exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "exl3-fa@0.0.28:k<b>v<b>"):
         members = [f"{pattern.split(':')[0]}:k{k}v{v}" for k in range(2, 9) for v in range(2, 9)]
     elif pattern == "K<b>V<b>":
         members = [f"K{k}V{v}" for k in (16, 8, 4, 2) for v in (16, 8, 4, 2)]

@@ -16,17 +16,21 @@ from wkvlab.kv.store import LayerStore
 
 # ---- ExLlamaV3 (exllamav3_ext/cache/q_cache_kernels.cuh) -------------------------------------
 
+@pytest.mark.parametrize("grid, fmt, top", [("midpoint", "exl3_{}", lambda m: (m - 0.5) / m), ("nearest", "exl3rn_{}", lambda m: (m - 1) / m)])
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
-def test_exl3_unit_vector_hand_computed(bits):
-    # H32·e0/√32 is 1/√32 everywhere: every value sits at the group's absmax, q = 2^b − 1 (clamped
-    # from floor(2m)), level (m − 0.5)/m; rotated back the group is e0 · √32 · fp16(1/√32 + 1e-10) · (m − 0.5)/m
+def test_exl3_unit_vector_hand_computed(bits, grid, fmt, top):
+    # H32·e0/√32 is 1/√32 everywhere: every value sits at the group's absmax, s = 1/√32 + 1e-10.
+    # midpoint (v1.0.0 on): q = 2^b − 1 (clamped from floor(2m)), level (m − 0.5)/m;
+    # nearest (v0.0.28 quant_block: v /= s, lrintf(v·m) = m, q = 2m clamped to 2m − 1), level (q − m)/m = (m − 1)/m.
+    # Rotated back the group is e0 · √32 · fp16(s) · level
     x = torch.zeros(1, 32)
     x[0, 0] = 1.0
     m = 2 ** (bits - 1)
     s16 = float(torch.tensor(1 / math.sqrt(32) + 1e-10).to(torch.float16))
     want = torch.zeros(1, 32)
-    want[0, 0] = math.sqrt(32) * s16 * (m - 0.5) / m
-    torch.testing.assert_close(fake_quant_exl3(x, bits), want, rtol=1e-6, atol=1e-6)
+    want[0, 0] = math.sqrt(32) * s16 * top(m)
+    torch.testing.assert_close(fake_quant_exl3(x, bits, grid), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(get_kv_format(fmt.format(bits)).quantize(x), want, rtol=1e-6, atol=1e-6)
 
 
 def test_exl3_constant_group_hand_computed():
@@ -38,6 +42,23 @@ def test_exl3_constant_group_hand_computed():
     for g in (0, 32):
         assert out[g].item() == pytest.approx(8.5 * s16 / math.sqrt(32), rel=1e-6)
         torch.testing.assert_close(out[g + 1 : g + 32], torch.full((31,), 0.5 * s16 / math.sqrt(32)), rtol=1e-6, atol=1e-6)
+
+
+def test_exl3_nearest_grid_of_0_0_x_hand_computed_in_the_rotated_domain():
+    # choose the rotated group y directly (x = H32·y/√32, H32 its own inverse): max|y| = 1 = s (1 + 1e-10 is 1 in
+    # float32, exact in fp16). 2 bits, m = 2: y·2 = 2, 0.4, 0.6, -0.6, 1.4, -1.6, 0.2, -0.2 -> lrintf 2, 0, 1, -1, 1, -2, 0, 0
+    # -> q = rint + 2 clamped to [0, 3]: 3, 2, 3, 1, 3, 0, 2, 2 -> (q - 2)/2: 0.5, 0, 0.5, -0.5, 0.5, -1, 0, 0.
+    # The midpoint grid (v1.0.0 on): floor(y·2 + 2) = 3 (clamped from 4), 2, 2, 1, 3, 0, 2, 1 -> (q - 1.5)/2.
+    from wkvlab.formats.hadamard import rotate
+
+    y = torch.tensor([[1.0, 0.2, 0.3, -0.3, 0.7, -0.8, 0.1, -0.1] + [0.05] * 24])
+    x = rotate(y, 32, inverse=True)
+    nearest = rotate(fake_quant_exl3(x, 2, grid="nearest"), 32)[0, :8]
+    midpoint = rotate(fake_quant_exl3(x, 2), 32)[0, :8]
+    torch.testing.assert_close(nearest, torch.tensor([0.5, 0, 0.5, -0.5, 0.5, -1, 0, 0]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(midpoint, torch.tensor([0.75, 0.25, 0.25, -0.25, 0.75, -0.75, 0.25, -0.25]), rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="midpoint, nearest"):
+        fake_quant_exl3(x, 2, grid="floor")
 
 
 def test_exl3_preset_uses_the_kernel_format_and_its_bytes():
@@ -453,24 +474,40 @@ def test_nvfp4_presets_quantize_a_model_layer_by_the_kernel_formula():
     assert out[0, 0, 0, :5].tolist() == [1.5, 0.5, -1.0, 0.125, 0.75]
 
 
-def test_exl3_flash_attn_path_lets_the_current_token_see_its_own_kv_unquantized():
-    # exllamav3/modules/attn.py @00ad26e8: flash_attn_with_kvcache(q, k, v, k_cache=dequantized old, ...) and
-    # only then update_layer quantizes the new K/V. With one token there is no old cache: exl3-fa gives
-    # exactly the unquantized logits; exl3 (the quant-direct view) quantizes the token's own K/V.
+def test_exl3_fa_0_0_28_lets_the_current_token_see_its_own_kv_unquantized():
+    # ExLlamaV3 0.0.28 exllamav3/modules/attn.py: flash_attn_with_kvcache(q, k, v, k_cache=dequantized old, ...) and
+    # only then update_layer quantizes the new K/V. With one token there is no old cache: exl3-fa@0.0.28 gives
+    # exactly the unquantized logits; 1.6.5 (exl3-fa:, the default) quantizes the chunk's own K/V first.
     from wkvlab.kv.hook import kv_quantization
 
     model = tiny_llama()
     ids = torch.tensor([[5, 9, 17]])
     with torch.no_grad():
         ref = model(ids).logits
+        with kv_quantization(model, KVSpec.parse("exl3-fa@0.0.28:k2v2")):
+            old = model(ids).logits
         with kv_quantization(model, KVSpec.parse("exl3-fa:k2v2")):
-            fa = model(ids).logits
-        with kv_quantization(model, KVSpec.parse("exl3:k2v2")):
             direct = model(ids).logits
-    assert KVSpec.parse("exl3-fa:k2v2").pastonly and not KVSpec.parse("exl3:k2v2").pastonly
-    torch.testing.assert_close(fa[0, 0], ref[0, 0], rtol=0, atol=1e-6)  # the first token sees only itself
+    assert KVSpec.parse("exl3-fa@0.0.28:k2v2").pastonly and not KVSpec.parse("exl3-fa:k2v2").pastonly
+    torch.testing.assert_close(old[0, 0], ref[0, 0], rtol=0, atol=1e-6)  # the first token sees only itself
     assert not torch.allclose(direct[0, 0], ref[0, 0], atol=1e-4)
-    assert not torch.allclose(fa[0, 2], ref[0, 2], atol=1e-4)  # later tokens see the earlier ones quantized
+    assert not torch.allclose(old[0, 2], ref[0, 2], atol=1e-4)  # later tokens see the earlier ones quantized
+
+
+def test_exl3_fa_follows_the_exllamav3_releases_of_the_table():
+    # 1.6.5 (attn_dispatch -> update_kv_direct, then the qc kernels with k=None, v=None): the exl3: spec, midpoint grid;
+    # 0.0.28: the old read (+pastonly) and that release's lrintf grid (engines.yaml kv_formats exl3_<b> -> exl3rn_<b>)
+    new, old, same = (describe_preset(n) for n in ("exl3-fa:k4v2", "exl3-fa@0.0.28:k4v2", "exl3-fa@1.6.5:k4v2"))
+    assert (new.spec.k, new.spec.v, new.spec.pastonly) == ("exl3_4", "exl3_2", False)
+    assert (old.spec.k, old.spec.v, old.spec.pastonly) == ("exl3rn_4", "exl3rn_2", True)
+    assert new.spec.canonical() == KVSpec.parse("exl3:k4v2").canonical() == same.spec.canonical()
+    assert (new.release.label, old.release.label, old.release.commit) == ("ExLlamaV3 1.6.5", "ExLlamaV3 0.0.28", "ea87af6ea")
+    assert "update_kv_direct" in new.source and "fp16 queries" in new.differs and "get_layer" in old.source
+    assert KVSpec.parse("exl3-fa@0.0.28:k4v4").bytes_per_token(layers=1, kv_heads=1, head_dim=128) == 2 * (128 * 4 / 8 + 8)
+    with pytest.raises(ConfigError, match="ExLlamaV3 version '0.0.5' is not modelled; use one of: 1.6.5, 0.0.28"):
+        KVSpec.parse("exl3-fa@0.0.5:k4v4")
+    with pytest.raises(ConfigError, match="presets take @<release> for exl3-fa"):
+        KVSpec.parse("exl3@1.6.5:k4v4")
 
 
 def test_per_token_head_presets_name_the_revision_they_were_re_read_at():

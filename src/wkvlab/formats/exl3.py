@@ -25,6 +25,14 @@ bit for bit. A float32 input is rotated as is and the result stays float32 (the 
 both ends to fp16). Storage: ``b`` uint32 words (b bits per value) plus one fp16 scale per group,
 i.e. ``(b + 0.5) / 8`` bytes per value (``CacheLayer_quant.storage_size``). The cubic compander
 (``compand_a > 0``, off by default) is not simulated.
+
+ExLlamaV3 0.0.x (tags v0.0.1 to v0.0.43; read at v0.0.28 @ea87af6ea8e8a8ec00164afd1aa19d996611defe,
+the same file, ``quant_block`` / ``dequant_block``) rounds onto the integer grid instead
+(``grid="nearest"``, the formats ``exl3rn_<b>``): ``v /= s; v *= mf; int q = lrintf(v) + m`` clamped to
+``[0, 2^b − 1]`` — round half to even, levels at ``(q − m) / m`` of the scale (zero is one; the top level
+``+1`` is clipped to ``(m − 1)/m``) — dequantized ``(q − m)/m · fp16(s)`` and rotated back, here by the
+same butterflies as the midpoint grid. v1.0.0 replaced it with the midpoint grid. The 0.0.x grid is
+modelled to float rounding, not claimed bit for bit.
 """
 from __future__ import annotations
 
@@ -54,27 +62,38 @@ def kernel_hadamard32(x: Tensor) -> Tensor:
     return y.reshape(shape)
 
 
-def exl3_encode(x: Tensor, bits: int) -> tuple[Tensor, Tensor]:
-    """(float32 codes ``[..., D/32, 32]``, float32 unrounded scales ``[..., D/32, 1]``) of ``x``'s groups."""
+GRIDS = ("midpoint", "nearest")
+
+
+def exl3_encode(x: Tensor, bits: int, grid: str = "midpoint") -> tuple[Tensor, Tensor]:
+    """(float32 codes ``[..., D/32, 32]``, float32 unrounded scales ``[..., D/32, 1]``) of ``x``'s groups:
+    ``grid`` "midpoint" (v1.0.0 on: ``floor(y·(1/s)·m + m)``) or "nearest" (v0.0.x: ``lrintf(y/s·m) + m``)."""
     work = torch.promote_types(x.dtype, torch.float32)  # float32 (the kernel's); a float64 tensor stays float64
     y = kernel_hadamard32(x.to(work)) * const_like(x, R32).to(work)
     groups = y.reshape(*y.shape[:-1], -1, EXL3_GROUP)
     scale = groups.abs().amax(dim=-1, keepdim=True) + const_like(x, 1e-10).to(work)
     m = const_like(x, float(1 << (bits - 1))).to(work)
-    q = torch.floor((groups * (1.0 / scale)) * m + m).clamp_(0, (1 << bits) - 1)
+    if grid == "nearest":  # v /= s (a division, not a reciprocal), v *= m, lrintf: half to even
+        q = (torch.round((groups / scale) * m) + m).clamp_(0, (1 << bits) - 1)
+    else:
+        q = torch.floor((groups * (1.0 / scale)) * m + m).clamp_(0, (1 << bits) - 1)
     return q, scale
 
 
-def fake_quant_exl3(x: Tensor, bits: int) -> Tensor:
-    """``x`` (``[..., D]``, D a multiple of 32) as ExLlamaV3's ``bits``-bit cache returns it."""
+def fake_quant_exl3(x: Tensor, bits: int, grid: str = "midpoint") -> Tensor:
+    """``x`` (``[..., D]``, D a multiple of 32) as ExLlamaV3's ``bits``-bit cache returns it: ``grid``
+    "midpoint" (v1.0.0 on, ``exl3_<b>``) or "nearest" (v0.0.x, ``exl3rn_<b>``)."""
     check_float_tensor(x)
+    if grid not in GRIDS:
+        raise ConfigError(f"ExLlamaV3 cache grid {grid!r}: use one of {', '.join(GRIDS)}")
     if not 2 <= bits <= 8:
         raise ConfigError(f"ExLlamaV3 caches hold 2 to 8 bits, got {bits}")
     if x.shape[-1] % EXL3_GROUP:
         raise ConfigError(f"ExLlamaV3 quantizes groups of {EXL3_GROUP}; head_dim {x.shape[-1]} is not a multiple of {EXL3_GROUP}")
-    q, scale = exl3_encode(x, bits)
+    q, scale = exl3_encode(x, bits, grid)
     work = q.dtype
     m = float(1 << (bits - 1))
     step = (scale.to(torch.float16).to(work) * const_like(x, R32).to(work)) * const_like(x, 1.0 / m).to(work)  # sm = s16·r32·inv_mf
-    values = (q - const_like(x, m - 0.5).to(work)) * step
+    offset = m if grid == "nearest" else m - 0.5  # levels at (q − m)/m or (q − m + 0.5)/m of the scale
+    values = (q - const_like(x, offset).to(work)) * step
     return kernel_hadamard32(values.reshape(x.shape)).to(x.dtype)

@@ -22,6 +22,7 @@ windows, skipped layers, rotation) lives in :class:`wkvlab.kv.spec.KVSpec`.
 | int8_pth-round | int8_pth with codes rounded half to even | not an engine: differs from int8_pth on exact ties only |
 | int4_pth    | D/2 bytes + fp32 scale/zero point: randomized Hadamard over the head, asymmetric INT4 | vLLM ``int4_per_token_head`` (:mod:`wkvlab.formats.vllm_int4`) |
 | exl3_<b>    | b bits per value + fp16 scale per 32: H32-rotated groups on a midpoint grid | ExLlamaV3 cache (:mod:`wkvlab.formats.exl3`) |
+| exl3rn_<b>  | the same on the rounding grid of ExLlamaV3 0.0.x (lrintf, levels (q - m)/m) | ExLlamaV3 0.0.28's cache (exl3-fa@0.0.28) |
 | int<b>-c<G>[-sym/-asym] | per CHANNEL, groups of G consecutive tokens; fp16 scale + min per channel and group | KIVI's keys |
 | fp4_e2m1    | E2M1 values, blocks of 16 along D with a power-of-two (UE8M0) scale rounded up (ties up) | SGLang ``--kv-cache-dtype fp4_e2m1`` (recipes mxfp4, blockfp4) |
 | nvfp4, nvfp4_4over6 | E2M1 values (ties to even), FP8-E4M3 scale per 16, fp32 k_scale per layer (1.0); 4over6 picks max/6 or max/4 per block | vLLM ``--kv-cache-dtype nvfp4``, ``nvfp4_4over6`` (:mod:`wkvlab.formats.nvfp4_kv`) |
@@ -314,9 +315,11 @@ FP4_KV_RECIPES = {"mxfp4": "fp4_e2m1", "blockfp4": "fp4_e2m1", "nvfp4": "nvfp4",
 _ALIASES = {"none": "fp16", "f16": "fp16", "auto": "fp16", "bf16": "fp16", "bfloat16": "fp16", "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3"}
 
 
-def _exl3_format(bits: int) -> KVFormat:
-    return KVFormat(f"exl3_{bits}", f"ExLlamaV3 {bits}-bit: H32-rotated groups of 32, midpoint grid, fp16 scale",
-                    lambda x: _exl3_kernel().fake_quant_exl3(x, bits), lambda d: exl3_bytes_per_vector(d, bits), EXL3_GROUP)
+def _exl3_format(bits: int, nearest: bool = False) -> KVFormat:
+    grid = "nearest" if nearest else "midpoint"
+    return KVFormat(f"exl3{'rn' if nearest else ''}_{bits}",
+                    f"ExLlamaV3 {'0.0.x ' if nearest else ''}{bits}-bit: H32-rotated groups of 32, {grid} grid, fp16 scale",
+                    lambda x: _exl3_kernel().fake_quant_exl3(x, bits, grid), lambda d: exl3_bytes_per_vector(d, bits), EXL3_GROUP)
 
 
 def get_kv_format(name: str) -> KVFormat:
@@ -324,9 +327,9 @@ def get_kv_format(name: str) -> KVFormat:
     key = _ALIASES.get(key, key)
     if key in KV_FORMATS:
         return KV_FORMATS[key]
-    match = re.fullmatch(r"exl3_([2-8])", key)
+    match = re.fullmatch(r"exl3(rn)?_([2-8])", key)
     if match:
-        return _exl3_format(int(match.group(1)))
+        return _exl3_format(int(match.group(2)), nearest=bool(match.group(1)))
     match = re.fullmatch(r"quanto([24])", key)
     if match:
         return _quanto_format(int(match.group(1)))
@@ -352,4 +355,4 @@ def get_kv_format(name: str) -> KVFormat:
             raise ConfigError(f"group size must be positive in KV format {name!r}")
         symmetric = match.group(3) == "sym" if match.group(3) else bits == 8
         return _affine_format(bits, group, symmetric)
-    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), hqq<b>[-g<G>] (HQQ, b = 1, 2, 3, 4, 8), quanto<b> (optimum-quanto, b = 2, 4) or exl3_<b> (ExLlamaV3, b = 2..8)")
+    raise ConfigError(f"unknown KV format {name!r}; use one of {', '.join(KV_FORMATS)}, int<b>[-g<G>][-sym|-asym], int<b>-c<G> (per channel over G tokens), hqq<b>[-g<G>] (HQQ, b = 1, 2, 3, 4, 8), quanto<b> (optimum-quanto, b = 2, 4) or exl3_<b> / exl3rn_<b> (ExLlamaV3 / its 0.0.x grid, b = 2..8)")

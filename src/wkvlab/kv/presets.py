@@ -273,22 +273,40 @@ def _sglang_fp8(dtype: str, engine: str) -> Preset:
 
 
 EXL3_SOURCE = "ExLlamaV3 cache: turboderp-org/exllamav3@4f8ad012 exllamav3_ext/cache/q_cache_kernels.cuh"
+EXL3_QUANT_DIRECT = ("attention (ExLlamaV3 1.6.5 wheel): modules/attention_fn/dispatch.py attn_dispatch quantizes the chunk's own K/V "
+                     "into the cache first (update_kv_direct) and reads the packed cache with k=None, v=None "
+                     "(triton_paged.py fn_triton_paged_attn_{decode,prefill}_qc, _qc_load_kt/_qc_load_v)")
+EXL3_QUANT_DIRECT_DIFFERS = ("1.6.5 takes this path for fp16 queries, head_dim a multiple of 32 up to 512, no compander and no varlen "
+                             "batch; otherwise it dequantizes with get_kv and attends the chunk's own K/V at fp16 (the read of "
+                             "exl3-fa@0.0.28, with 1.6.5's midpoint grid). Its kernels rotate q and the output by H32/sqrt(32) in fp16 "
+                             "instead of dequantizing K/V back (equal in exact arithmetic), and prefill stages the window through an "
+                             "fp16 scratch: fp16 rounding not modelled")
+EXL3_OLD_READ = ("ExLlamaV3 0.0.28 (turboderp-org/exllamav3@ea87af6e): exllamav3/modules/attn.py get_layer dequantizes the old cache "
+                 "to fp16, flash_attn_with_kvcache(k=, v=) attends the chunk's own K/V unquantized, update_layer quantizes it after "
+                 "(read at @00ad26e8, unchanged to v0.0.28); cache: exllamav3_ext/cache/q_cache_kernels.cuh quant_block, lrintf "
+                 "onto the integer grid (exl3rn_<b>)")
 
 
-def _exl3(rest: str, flash_attn_path: bool = False) -> Preset | None:
+def _exl3(rest: str, release: Release | None = None, typed: str = "exl3-fa") -> Preset | None:
     """``exl3:k<b>v<b>``: every token, the current one included, attends to quantized K/V.
-    ``exl3-fa:``: ExLlamaV3's ``flash_attn_with_kvcache`` path (exllamav3/modules/attn.py
-    @00ad26e8): the old cache is dequantized to fp16 (``get_layer``), the chunk's own K/V are passed
-    unquantized and quantized only afterwards (``update_layer``) — in decoding, ``+pastonly``."""
+
+    ``exl3-fa:`` follows ExLlamaV3's releases (the ``exllamav3`` entry of engines.yaml): 1.6.5 (the default)
+    quantizes a chunk's own K/V into the cache before the attention reads it (feature
+    ``exl3_quant_direct_attention``), the spec of ``exl3:``; ``exl3-fa@0.0.28:`` is the older read — the old cache
+    dequantized to fp16, the chunk's own K/V attended unquantized and quantized only afterwards (in
+    decoding, ``+pastonly``) — with that release's rounding grid (its ``kv_formats``)."""
     match = re.fullmatch(r"k([2-8])v([2-8])", rest)
     if not match:
         return None
     kb, vb = match.groups()
-    engine = "exl3-fa" if flash_attn_path else "exl3"
-    spec = KVSpec(k=f"exl3_{kb}", v=f"exl3_{vb}", pastonly=flash_attn_path, name=f"{engine}:{rest}")
-    source = EXL3_SOURCE + ("; attention: exllamav3/modules/attn.py @00ad26e8 (get_layer, flash_attn_with_kvcache(k=, v=), "
-                            "update_layer)" if flash_attn_path else "")
-    return Preset(spec, source, "source-faithful")
+    if release is None:
+        spec = KVSpec(k=f"exl3_{kb}", v=f"exl3_{vb}", name=f"exl3:{rest}")
+        return Preset(spec, EXL3_SOURCE, "source-faithful")
+    direct = "exl3_quant_direct_attention" in release.features
+    spec = KVSpec(k=release.kv_format(f"exl3_{kb}"), v=release.kv_format(f"exl3_{vb}"), pastonly=not direct, name=f"{typed}:{rest}")
+    if direct:
+        return Preset(spec, f"{EXL3_SOURCE}; {EXL3_QUANT_DIRECT}", "source-faithful", EXL3_QUANT_DIRECT_DIFFERS)
+    return Preset(spec, EXL3_OLD_READ, "source-faithful")
 
 
 def lookup_preset(text: str) -> KVSpec | None:
@@ -387,7 +405,7 @@ def _preset_of(key: str, engine: str, typed: str, release: Release | None) -> Pr
         return Preset(spec, "QServe KV4: SmoothAttention (λ = max|K|^0.5, RoPE pairs shared) + per-head asymmetric INT4", "approximate",
                       "from the QServe paper; its kernels (scale/zero layout, rounding) were not read")
     elif engine in ("exl3", "exl3-fa"):
-        preset = _exl3(rest, flash_attn_path=engine == "exl3-fa")
+        preset = _exl3(rest, release, typed)
         if preset is not None:
             return preset
     raise ConfigError(f"unknown KV preset {key!r}; known: {', '.join(preset_names())}")
@@ -402,7 +420,7 @@ def preset_names() -> list[str]:
         + ["vllm-fa3:fp8_e4m3", "vllm@0.27:fp8_e4m3+scales=calculate", "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head",
            "sglang:fp4_mx_block16", "sglang:fp4_e2m1", "sglang:nvfp4", "sglang:fp4_e2m1+recipe=nvfp4", "sglang@0.5.20:fp4_e2m1+recipe=nvfp4-sm100",
            "sglang:fp8_e4m3", "sglang:fp8_e5m2",
-           "exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
+           "exl3:k<b>v<b>", "exl3-fa:k<b>v<b>", "exl3-fa@0.0.28:k<b>v<b>", "kivi2", "kivi4", "qserve:kv4", "hf-quanto:int2", "hf-quanto:int4",
            *(f"hf-hqq:int{b}" for b in HQQ_BITS),
            "kvquant:4", "kvquant:3", "kvquant:2", "kvquant:4-1%", "kvquant:3-1%", "kvquant:2-1%", "K<b>V<b>", "KV<b>"]
     )

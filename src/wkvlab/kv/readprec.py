@@ -42,9 +42,9 @@ READ_BYTES = {"float32": 4, "float16": 2}
 
 def engine_read(spec_name: str) -> str | None:
     """The read dtype's name for the preset family ``spec_name`` belongs to (options appended keep
-    its family), or None: the model's dtype."""
+    its family, and so does a release, ``exl3-fa@0.0.28:``), or None: the model's dtype."""
     family, colon, _ = spec_name.partition(":")
-    return ENGINE_READ.get(family.strip().lower()) if colon else None
+    return ENGINE_READ.get(family.strip().lower().partition("@")[0]) if colon else None
 
 
 def engine_read_dtype(spec_name: str) -> "torch.dtype | None":

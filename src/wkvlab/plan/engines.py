@@ -73,8 +73,10 @@ class Support(JsonMixin):
 
 
 def matrix() -> dict[str, Any]:
-    """The engine table (data/engines.yaml), read once by :mod:`wkvlab.engine_releases`."""
-    return engine_table()
+    """The planner's engines of the engine table (data/engines.yaml, read once by :mod:`wkvlab.engine_releases`;
+    its exllamav3 entry holds releases for presets only)."""
+    table = engine_table()
+    return {engine: table[engine] for engine in ENGINES}
 
 
 def normalize_engine(name: str | None) -> str | None:
