@@ -35,7 +35,7 @@ import torch
 from wkvlab.data.windows import WindowSet
 from wkvlab.errors import ConfigError, OutOfMemory
 from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline
-from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows
+from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows, window_tokens
 from wkvlab.eval.logits import model_logits
 from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, estimate_memory
 from wkvlab.eval.metrics import position_buckets
@@ -187,13 +187,15 @@ def _run_cells(grid: _Grid, cells: list[_Cell], reference: LiveReference | Recor
     """The loop every plan runs: windows outside; per chunk the reference's chunk, then each cell's."""
     per_window = grid.windows.scored_per_window
     for w in range(grid.windows.n_windows):
-        tokens = grid.windows.tokens[w]
+        # one host-to-device copy per window: the chunks' ids are slices of it, and the targets
+        # slices of its copy where the logits come from (lm_head's device), so no chunk copies
+        tokens, labels = window_tokens(grid.model, grid.windows.tokens[w])
         reference.start_window(w)
         for cell in cells:
             cell.pass_.reset()
         window_parts: list[list[dict]] = [[] for _ in cells]
         for start, end in grid.bounds:
-            rows, targets = grid.targets(tokens, start, end)
+            rows, targets = grid.targets(labels, start, end)
             first = w * per_window + (start + rows.start - grid.lo)
             ref = reference.chunk(tokens, start, end, rows, targets, first)
             if isinstance(reference, LiveReference):
