@@ -50,7 +50,7 @@ from wkvlab.kv.presets import fidelity_note, fidelity_of
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
 from wkvlab.plan.models import ModelDescription
-from wkvlab.runtime import available_memory, input_device, keep_freed_memory
+from wkvlab.runtime import available_memory, input_device
 from wkvlab.weights.apply import QuantizedWeights, check_quantizable, quantize_with_progress
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.restore import WeightSnapshot
@@ -331,7 +331,6 @@ def run_grid(
     the memory plan (default :func:`memory_plan`). ``model`` is left as it came (in-place builds
     are undone, on error too).
     """
-    keep_freed_memory()
     check_kv_specs(model, kv_specs)
     check_quantizable(model, weight_specs)  # offloaded layers, MoE experts a method cannot take: before the reference pass
     grid = _Grid(model, windows, kv_specs, options, calibration, fingerprints, progress, tokenizer, baseline, notes, model_name, data_name)
