@@ -30,3 +30,32 @@ def test_a_chunks_rows_take_the_full_rows_inside_it():
     assert part.full_rows.tolist() == (window.full_rows[inside] - 4).tolist() == [0, 3, 6]
     assert torch.equal(part.full, window.full[inside]) and part.full_rows_host == (0, 3, 6)
     assert window.rows(5, 7).full.shape[0] == 0 and window.rows(16, 17).full_rows.tolist() == [0]
+
+
+def test_the_stored_kld_is_within_1e4_of_the_exact_one_at_the_defaults(tmp_path):
+    """A tiny model with a 4,096-token vocabulary, its head scaled so the reference's mass beyond
+    the default k = 1,024 is 1.6% (a language model's: SmolLM2 leaves 5% beyond k = 256): the
+    tail is sampled, and the stored reference's KLD is within 1e-4 of the in-memory (exact) KLD,
+    with a sampling standard error below 1e-4 (at the old k = 256 with 64 samples the default
+    model's was 1.5e-4 and its stored KLD 1.7e-4 off, docs/scale.md)."""
+    from tests.conftest import tiny_llama
+    from wkvlab.data.windows import make_windows
+    from wkvlab.eval.runner import RunOptions, run_grid
+    from wkvlab.kv import KVSpec
+    from wkvlab.weights.spec import WeightSpec
+
+    torch.manual_seed(0)
+    windows = make_windows(torch.randint(0, 4096, (200,)), ctx=96, n_tokens=192, bos_id=None)
+
+    def kld(**options):
+        model = tiny_llama(vocab_size=4096)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(18.0)  # peaked next-token distributions, as a trained model's
+        result = run_grid(model, windows, [WeightSpec.parse("none")], [KVSpec.parse("int2")], model_name="tiny", data_name="random",
+                          fingerprints={"model_sha256": "k", "data_sha256": "d"}, options=RunOptions(chunk=32, **options))[0]
+        return result.kld["mean"], result.run["reference"]
+
+    exact, _ = kld(plan="copies")
+    stored, info = kld(reference=tmp_path / "ref.safetensors")
+    assert info["k"] == 1024 and info["samples"] == 256 and 0.01 < info["reference_tail_mass_mean"] < 0.03
+    assert abs(stored - exact) <= 1e-4 and info["sampling_se"] < 1e-4, (exact, stored, info["sampling_se"])

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from wkvlab.errors import ConfigError
+from wkvlab.eval.constants import DEFAULT_SAMPLES, DEFAULT_TOPK
 from wkvlab.kv.readprec import READ_BYTES, engine_read
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
@@ -73,8 +74,8 @@ class GridShape:
     device: str = "cpu"
     chunk: int | None = None  # None: auto_chunk
     calibration: tuple[int, int] = (16, 512)  # samples × tokens per sample, for calibrated configs
-    topk: int = 256
-    samples: int = 64
+    topk: int = DEFAULT_TOPK
+    samples: int = DEFAULT_SAMPLES
 
     def chunk_for(self, vocab: int) -> int:
         return self.chunk or auto_chunk(vocab, self.ctx, list(self.kv))

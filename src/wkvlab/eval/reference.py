@@ -11,15 +11,17 @@ is 8.6 GB in float32). A :class:`StoredReference` keeps per scored token what ev
   over the other tokens (``P_t`` their reference mass);
 * ``samples`` tail tokens per position drawn from the reference's own tail distribution, with
   their reference log-probabilities: the tail's mean over them is an unbiased estimate of the
-  tail term, so KLD = head + estimated tail is unbiased. The top-k lower bound (both sides'
-  tails merged into one bucket, :mod:`wkvlab.eval.topk`) is kept beside it: on the default model
-  the bound alone is 1.6e-3 nats low for a q4_0 cache at k = 1024 and needs k ≈ 16,384 — a third
-  of the vocabulary — to come within 1e-4, while head + 64 tail samples at k = 256 is within
-  ~1e-4 (docs/scale.md);
+  tail term, so KLD = head + estimated tail is unbiased. Its error is sampling alone (stored in
+  float32, the top-k head plus the exact tail reproduces the in-memory KLD to 1e-17), with a
+  standard error that falls with the tail's mass and the samples: on the default model (q4_0,
+  ctx 512, 1,022 tokens) 1.5e-4 at k = 256 with 64 samples, 3.0e-5 at the defaults k = 1,024
+  with 256 (:mod:`wkvlab.eval.constants`). The top-k lower bound (both sides' tails merged into
+  one bucket, :mod:`wkvlab.eval.topk`) is kept beside it: there it is 1.6e-3 nats low at k = 1,024
+  and needs k ≈ 16,384 — a third of the vocabulary — to come within 1e-4 (docs/scale.md);
 * for a sample of positions (every ``full_every``-th scored token) the full log-probabilities,
   so each run measures its own error: exact KLD minus the estimate (and minus the bound) there.
 
-Per token that is ``8 (k + samples) + 12`` bytes (2,572 B at k = 256, 64 samples), against
+Per token that is ``8 (k + samples) + 12`` bytes (10,252 B at k = 1,024, 256 samples), against
 llama.cpp's ``--kl-divergence-base`` file, which keeps the full vocabulary in 16 bits (2 × vocab
 bytes: 98 kB per token for SmolLM2, 524 kB for Gemma 3). The file is a safetensors archive with a
 JSON header naming the model, text and window fingerprints, so it is refused with anything else.
