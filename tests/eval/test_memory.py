@@ -159,3 +159,14 @@ def test_the_attention_term_is_repeat_kvs_expanded_keys_and_values_not_a_score_b
     grid = GridShape((WeightSpec.parse("none"),), (KVSpec.parse("q4_0"),), ctx=32768, tokens=32767, dtype="bfloat16", device="cuda", chunk=512)
     parts = {p.name: p.bytes for p in estimate_memory(desc, grid).plan("one-model", 1).parts}
     assert parts["activations (one chunk)"] == 512 * (6 * 4096 + 3 * 14336) * 2 + (512 << 20)
+
+
+def test_one_window_of_the_per_token_reference_is_counted_on_the_device():
+    """The recorder keeps a window's record on the device until it reads it back, and the
+    comparison moves a window's record there: ctx × (8 (k + samples) + 12) bytes plus every 256th
+    token's full distribution."""
+    desc = ModelDescription.from_name("llama-3-8b")
+    grid = GridShape((WeightSpec.parse("none"),), (KVSpec.parse("q4_0"),), ctx=32768, tokens=65534, dtype="bfloat16", device="cuda", chunk=512)
+    parts = {(p.name, p.where): p.bytes for p in estimate_memory(desc, grid).plan("one-model", 1).parts}
+    assert parts[("per-token reference (one window)", "device")] == 32768 * (8 * (1024 + 256) + 12) + 128 * 128256 * 4
+    assert parts[("per-token reference", "host")] == 65534 * (8 * (1024 + 256) + 12) + 256 * 128256 * 4

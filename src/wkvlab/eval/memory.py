@@ -232,9 +232,11 @@ def _calibration(desc: ModelDescription, weights: tuple[WeightSpec, ...], sample
     return layer_io + forward + max(gptq, awq)
 
 
-def _reference_record(desc: ModelDescription, grid: GridShape) -> int:
+def _reference_record(desc: ModelDescription, grid: GridShape, tokens: int | None = None) -> int:
+    """The per-token reference of ``tokens`` scored tokens (default: the whole run's)."""
+    tokens = grid.tokens if tokens is None else tokens
     per_token = 8 * (grid.topk + grid.samples) + STORED_BYTES_PER_TOKEN
-    return grid.tokens * per_token + -(-grid.tokens // FULL_EVERY) * desc.vocab_size * 4
+    return tokens * per_token + -(-tokens // FULL_EVERY) * desc.vocab_size * 4
 
 
 def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: int | None = None,
@@ -271,6 +273,9 @@ def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: in
                  Part("logits (one chunk, float32)", LIVE_LOGITS["one-model"] * logits_row), *common]
         if built:
             parts.append(Part("original weights (restored per config)", weights, off_device))
+        # one window of it on the device: the recorder reads a window back at once, and the
+        # comparison takes a window's record to the device at once (wkvlab.eval.sources)
+        parts.append(Part("per-token reference (one window)", _reference_record(desc, grid, min(grid.ctx, grid.tokens))))
         parts.append(Part("per-token reference", _reference_record(desc, grid), "disk" if stored_reference else "host"))
         build = (Part("weights", weights), Part("calibration capture", calibration), common[-1])
         plans.append(PlanEstimate("one-model", interleave, tuple(parts), build))
