@@ -23,7 +23,6 @@ from wkvlab import api
 from wkvlab.eval.metrics import ReferenceTokens, compare_tokens
 from wkvlab.eval.runner import forward_logits
 from wkvlab.kv import KVSpec, kv_quantization
-from wkvlab.runtime import keep_freed_memory
 
 DEMO_WEIGHTS = ["bf16", "int8", "int4-g128"]
 DEMO_KV = ["fp16", "fp8_e4m3", "int8", "int4"]
@@ -46,7 +45,6 @@ def main() -> None:
     parser.add_argument("--kv", default="int4")
     args = parser.parse_args()
     torch.manual_seed(0)
-    keep_freed_memory()  # as run_grid does, so every timed path runs under the same allocator settings
     work = api.prepare("default", "default", ctx=args.ctx, tokens=args.tokens)
     model, windows = work.loaded.model, work.windows
     lo, hi = windows.score_from, windows.ctx - 1

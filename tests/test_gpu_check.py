@@ -29,15 +29,18 @@ def test_the_cpu_part_runs_passes_on_llama_and_says_the_rest_needs_a_gpu(gc, cap
     assert report["failed"] == [] and report["cuda"] is False
     names = [row["check"] for row in report["checks"]]
     for expected in ("b: llama: chunked logits == whole", "b: llama: identity KLD exactly 0", "b: llama: calibrated KV specs twice",
-                     "b: llama: int4-g32 quantizes the decoder", "forward calls per chunk (tiny-llama)"):
+                     "b: llama: int4-g32 quantizes the decoder", "forward calls per chunk (tiny-llama)",
+                     "b: llama: bfloat16: identity KLD exactly 0", "m: meta audit, copies plan: no host sync per chunk",
+                     "m: meta audit, one-model plan: no host sync per chunk"):
         assert expected in names
-    finite = next(r for r in report["checks"] if r["check"].endswith("give a finite KLD"))
+    finite = next(r for r in report["checks"] if r["check"].endswith("configs give a finite KLD above 0") and "bfloat16" not in r["check"])
     assert finite["configs"] == len(gc.KV_SPECS) + len(gc.WEIGHT_SPECS)
     assert len(out.err.strip().splitlines()) == 1 and "need a CUDA GPU" in out.err
 
 
 def test_a_failed_check_fails_the_run(gc, monkeypatch, capsys):
     monkeypatch.setattr(gc, "model_checks", lambda checks, *a: checks.check("planted", False))
+    monkeypatch.setattr(gc, "meta_audit", lambda checks: None)  # runs (and passes) in the test above
     assert gc.main(["--cpu", "--models", "llama"]) == 1
     assert json.loads(capsys.readouterr().out)["failed"] == ["planted"]
 
@@ -65,3 +68,90 @@ def test_the_gpu_only_code_runs_on_small_shapes_on_the_cpu(gc):
     assert len(memory) == 4 and all(r["ok"] is False and r.get("measured_gib", r.get("peak_gib")) is None for r in memory)  # CUDA measures peaks
     assert set(out["calibrated_build"]) == {"gptq-int4-g128", "awq-int4-g128"}
     assert torch.get_default_dtype() == torch.float32  # the bf16 build restored it
+
+
+def _model_checks(gc, monkeypatch, kv=("q4_0",), weights=("int8", "gptq-int4-g32")):
+    """(b) on the tiny llama with short lists (the full ones run in the test above)."""
+    monkeypatch.setattr(gc, "CALIBRATED_KV", ["int4+smooth"])
+    checks = gc.Checks()
+    gc.model_checks(checks, "llama", "cpu", list(kv), list(weights), None)
+    return {row["check"]: row for row in checks.rows}
+
+
+def _refuse_gptq(gc, monkeypatch):
+    """A planted regression: every grid with a GPTQ config refused in one line."""
+    real = gc.run_grid
+
+    def refuse_gptq(model, windows, weights, *args, **kwargs):
+        if any(w.method == "gptq" for w in weights):
+            raise gc.ConfigError("gptq-int4-g32: planted refusal")
+        return real(model, windows, weights, *args, **kwargs)
+
+    monkeypatch.setattr(gc, "run_grid", refuse_gptq)
+
+
+def test_a_refused_method_that_should_run_fails(gc, monkeypatch):
+    _refuse_gptq(gc, monkeypatch)
+    rows = _model_checks(gc, monkeypatch)
+    runs = rows["b: llama: every weight method runs (or is refused where wkvlab states it cannot)"]
+    assert runs["ok"] is False and list(runs["refused_unexpectedly"]) == ["gptq-int4-g32"]
+
+
+def test_a_stated_refusal_does_not_fail(gc, monkeypatch):
+    monkeypatch.setitem(gc.EXPECTED_REFUSALS, "llama", frozenset({"gptq-int4-g32"}))
+    _refuse_gptq(gc, monkeypatch)
+    rows = _model_checks(gc, monkeypatch, weights=("gptq-int4-g32",))
+    runs = rows["b: llama: every weight method runs (or is refused where wkvlab states it cannot)"]
+    assert runs["ok"] is True and runs["refused_as_stated"] == ["gptq-int4-g32"]
+
+
+def test_a_kv_hook_that_never_fires_fails(gc, monkeypatch):
+    """The candidate runs with a plain cache and no attention hook: its KLD is exactly 0, in float32 and in bf16."""
+    import contextlib
+
+    from transformers.cache_utils import DynamicCache
+
+    import wkvlab.eval.chunks as chunks
+
+    monkeypatch.setattr(chunks, "kv_quantization", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(chunks, "ChunkedKVCache", lambda model, spec, stores: DynamicCache(config=model.config))
+    rows = _model_checks(gc, monkeypatch, weights=("int8",))
+    for name in ("b: llama: 2 KV/weight configs give a finite KLD above 0", "b: llama: bfloat16: 1 KV configs give a finite KLD above 0"):
+        assert rows[name]["ok"] is False and rows[name]["not_above_zero"] == ["kv q4_0"], name
+    assert rows["b: llama: bfloat16: identity KLD exactly 0"]["ok"] and rows["b: llama: bfloat16: logits are float32, chunked == whole"]["ok"]
+
+
+def test_calibrated_twice_counts_the_files_of_its_own_folder(gc, monkeypatch):
+    monkeypatch.setattr(gc, "CALIBRATED_KV", ["int4+smooth"])
+    checks = gc.Checks()
+    model = gc.tiny_model("llama", "cpu")
+    gc._calibrated_twice(checks, "b: llama", model, "llama")
+    first = checks.rows[-1]
+    assert first["ok"] and first["cache_files_first"] == first["cache_files_second"] >= 1
+    monkeypatch.setattr(gc, "_grid", lambda *a, **k: [])  # a "calibration" that writes nothing: no file in its folder
+    gc._calibrated_twice(checks, "b: llama", model, "llama")
+    assert checks.rows[-1]["ok"] is False and checks.rows[-1]["cache_files_first"] == 0
+
+
+def test_the_budget_skips_what_it_cannot_start_and_exits_2(gc, monkeypatch, capsys):
+    monkeypatch.setattr(gc, "meta_audit", lambda checks: checks.check("m: planted", True))
+    monkeypatch.setattr(gc, "model_checks", lambda checks, *a: checks.check("b: planted", True))
+    monkeypatch.setattr(gc, "forward_calls", lambda checks, *a: checks.check("f: planted", True))
+    assert gc.main(["--cpu", "--models", "llama,qwen2", "--budget", "0"]) == 2
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert report["failed"] == [] and report["skipped"] == ["m: meta audit", "b: llama", "b: qwen2", "forward calls per chunk (tiny llama)"]
+    assert "left 4 group(s) unrun" in out.err
+
+
+def test_the_meta_audit_fails_on_a_per_chunk_host_copy(gc, monkeypatch):
+    """It passes on this code (the CPU-part test above); planted, the old per-chunk copy of the ids fails it."""
+    import wkvlab.eval.chunks as chunks
+
+    real = chunks.WindowPass.step  # ids from the host on every chunk and pass, as before issue 40
+    monkeypatch.setattr(chunks.WindowPass, "step", lambda self, tokens, rows=None: real(self, tokens.cpu(), rows))
+    checks = gc.Checks()
+    gc.meta_audit(checks, plans=("one-model",))
+    sync = checks.rows[0]
+    assert sync["ok"] is False and sync["extra_chunks"] == 2 and sync["per_chunk"] >= 1, sync
+    assert any(site.startswith("host to device at eval/chunks.py") for site in sync["sites"]), sync["sites"]

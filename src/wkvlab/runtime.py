@@ -1,37 +1,12 @@
-"""Process-level settings that make long CPU evaluations cheaper; nothing here changes a number.
+"""Where a model's inputs go and how much memory a run may use.
 
-An evaluation allocates several tensors of 100 MB or more per window (logits, log-probs, probs).
-glibc serves allocations that large with fresh ``mmap`` calls and unmaps them on free, so every
-window page-faults the same memory back in — measured at 10–20% of a SmolLM2 forward pass on two
-cores. Raising glibc's mmap and trim thresholds keeps freed blocks in the heap for reuse.
+glibc's allocator is left at its defaults. An earlier version raised its mmap and trim thresholds
+to 1 GiB so that the 100 MB tensors of each window were reused from the heap instead of being
+mapped afresh (10–20% of a SmolLM2 forward on two cores), but freed heap was then never returned:
+on a 3 × 4 grid of Qwen2.5-Coder-0.5B the process peaked at 12.76 GiB against 9.35 GiB without it,
+far from the memory estimate a user plans on (docs/scale.md has the measurement on the default model).
 """
 from __future__ import annotations
-
-import ctypes
-import ctypes.util
-import logging
-
-log = logging.getLogger(__name__)
-
-_M_TRIM_THRESHOLD = -1  # glibc mallopt parameter numbers (malloc.h)
-_M_MMAP_THRESHOLD = -3
-_REUSE_BYTES = 1 << 30
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc to reuse freed large blocks instead of returning them to the OS (idempotent)."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune, numbers unaffected
-        log.debug("mallopt unavailable; large allocations keep the platform default")
-        return False
-    ok = mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(_REUSE_BYTES)) == 1
-    ok = mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(_REUSE_BYTES)) == 1 and ok
-    return ok
 
 
 def input_device(model) -> "torch.device":

@@ -140,3 +140,33 @@ def test_a_16_bit_run_holds_llamacpp_layers_in_float32():
     assert cache("llamacpp:q8_0", "bfloat16") == 2 * per_token16 * 48
     assert cache("exl3:k4v4", "bfloat16") == per_token16 * 48
     assert cache("llamacpp:q8_0", "float32") == cache("q8_0", "float32") == 2 * per_token16 * 48
+
+
+def test_the_attention_term_is_repeat_kvs_expanded_keys_and_values_not_a_score_block():
+    """sdpa runs a chunk of queries against the cache without a score matrix (a mask rules out only
+    flash on CUDA; the memory-efficient kernel takes it); what grouped-query attention allocates is
+    repeat_kv's K and V expanded to every query head. Llama-3-8B, bf16, 32k keys: 2 × 32 heads ×
+    32,768 × 128 × 2 bytes = 512 MiB, where the old float32 score block (32 × 512 × 32,768 × 4) said
+    2 GiB; a spec that runs the blocked mixed-precision attention adds its score blocks."""
+    from wkvlab.eval.memory import MIXED_ATTENTION_BYTES, _attention, _query_dependent
+
+    desc = ModelDescription.from_name("llama-3-8b")
+    assert _attention(desc, 32768, 2, mixed=False) == 2 * 32 * 32768 * 128 * 2 == 512 << 20
+    assert _attention(desc, 32768, 2, mixed=True) == (512 << 20) + MIXED_ATTENTION_BYTES
+    mha = ModelDescription.from_config({**TINY, "num_key_value_heads": TINY["num_attention_heads"]}, name="mha")
+    assert _attention(mha, 4096, 4, mixed=False) == 0  # repeat_kv returns K and V as they are
+    assert _query_dependent(KVSpec.parse("int2+residual=8")) and not _query_dependent(KVSpec.parse("q4_0"))
+    grid = GridShape((WeightSpec.parse("none"),), (KVSpec.parse("q4_0"),), ctx=32768, tokens=32767, dtype="bfloat16", device="cuda", chunk=512)
+    parts = {p.name: p.bytes for p in estimate_memory(desc, grid).plan("one-model", 1).parts}
+    assert parts["activations (one chunk)"] == 512 * (6 * 4096 + 3 * 14336) * 2 + (512 << 20)
+
+
+def test_one_window_of_the_per_token_reference_is_counted_on_the_device():
+    """The recorder keeps a window's record on the device until it reads it back, and the
+    comparison moves a window's record there: ctx × (8 (k + samples) + 12) bytes plus every 256th
+    token's full distribution."""
+    desc = ModelDescription.from_name("llama-3-8b")
+    grid = GridShape((WeightSpec.parse("none"),), (KVSpec.parse("q4_0"),), ctx=32768, tokens=65534, dtype="bfloat16", device="cuda", chunk=512)
+    parts = {(p.name, p.where): p.bytes for p in estimate_memory(desc, grid).plan("one-model", 1).parts}
+    assert parts[("per-token reference (one window)", "device")] == 32768 * (8 * (1024 + 256) + 12) + 128 * 128256 * 4
+    assert parts[("per-token reference", "host")] == 65534 * (8 * (1024 + 256) + 12) + 256 * 128256 * 4

@@ -24,6 +24,16 @@ from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.store import LayerStore
 from wkvlab.runtime import input_device
 
+def window_tokens(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A window's ids where the model reads them (its embedding's device) and where its logits come
+    out (lm_head's, which differs on a model spread over devices): moved once per window, so a
+    chunk's ids and targets are slices on the device, not a host-to-device copy (a synchronization
+    on a GPU) per chunk and pass."""
+    ids = tokens.to(input_device(model))
+    head = model.get_output_embeddings()
+    return ids, ids if head is None else ids.to(head.weight.device)
+
+
 def chunk_bounds(ctx: int, chunk: int) -> list[tuple[int, int]]:
     """``[start, end)`` of each chunk of a ``ctx``-token window."""
     return [(start, min(start + chunk, ctx)) for start in range(0, ctx, chunk)]
@@ -74,6 +84,7 @@ def scored_chunks(pass_: WindowPass, tokens: torch.Tensor, chunk: int, lo: int, 
     float32 logits)`` — what a command that compares two passes zips together, so neither holds a
     window's ``[ctx, vocab]`` logits."""
     pass_.reset()
+    tokens = tokens.to(input_device(pass_.model))  # once, not per chunk
     for start, end in chunk_bounds(len(tokens), chunk):
         rows = scored_rows(start, end, lo, hi)
         yield start, rows, pass_.step(tokens[start:end], rows)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from wkvlab.errors import ConfigError
+from wkvlab.eval.constants import DEFAULT_SAMPLES, DEFAULT_TOPK
 from wkvlab.kv.readprec import READ_BYTES, engine_read
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
@@ -73,8 +74,8 @@ class GridShape:
     device: str = "cpu"
     chunk: int | None = None  # None: auto_chunk
     calibration: tuple[int, int] = (16, 512)  # samples × tokens per sample, for calibrated configs
-    topk: int = 256
-    samples: int = 64
+    topk: int = DEFAULT_TOPK
+    samples: int = DEFAULT_SAMPLES
 
     def chunk_for(self, vocab: int) -> int:
         return self.chunk or auto_chunk(vocab, self.ctx, list(self.kv))
@@ -185,11 +186,35 @@ def _cache_bytes(desc: ModelDescription, spec: KVSpec, ctx: int, chunk: int, dty
     return total
 
 
-def _activations(desc: ModelDescription, chunk: int, ctx: int, dtype_bytes: int) -> int:
-    """One chunk's forward: hidden-size tensors, the MLP's gate/up/product, one float32 score block
-    (heads × chunk × keys: eager attention or sdpa's math path; fused kernels need less)."""
+# wkvlab.kv.attention.mixed_attention (specs whose view of a key depends on the query: residual,
+# window, past-only...) keeps its scores in float32 blocks of SCORE_BLOCK_BYTES (32 MiB there):
+# the two products, their selection and the probabilities are alive at once.
+MIXED_ATTENTION_BYTES = 4 * (32 << 20)
+
+
+def _attention(desc: ModelDescription, ctx: int, dtype_bytes: int, mixed: bool) -> int:
+    """One layer's attention beyond its inputs and output. transformers' sdpa path passes a mask
+    with a chunk of queries against a longer cache, so torch's fused kernels (flash on the CPU,
+    memory-efficient on CUDA) run without a score matrix, but ``repeat_kv`` first expands K and V
+    of a grouped-query model to every query head: 2 × heads × keys × head_dim in the model's dtype.
+    The blocked mixed-precision path (``mixed``) adds its score blocks."""
+    expanded = 2 * desc.num_heads * ctx * desc.head_dim * dtype_bytes if desc.num_heads > desc.num_kv_heads else 0
+    return expanded + (MIXED_ATTENTION_BYTES if mixed else 0)
+
+
+def _activations(desc: ModelDescription, chunk: int, ctx: int, dtype_bytes: int, mixed: bool = False) -> int:
+    """One chunk's forward: hidden-size tensors, the MLP's gate/up/product, and :func:`_attention`."""
     inter = desc.moe.expert_intermediate_size * desc.moe.experts_per_token if desc.moe else desc.intermediate_size
-    return chunk * (6 * desc.hidden_size + 3 * inter) * dtype_bytes + desc.num_heads * chunk * ctx * 4
+    return chunk * (6 * desc.hidden_size + 3 * inter) * dtype_bytes + _attention(desc, ctx, dtype_bytes, mixed)
+
+
+def _query_dependent(spec: KVSpec) -> bool:
+    """Whether ``spec`` runs the blocked mixed-precision attention (some keys seen unquantized by some queries)."""
+    for sliding in (False, True):
+        k_fmt, v_fmt = spec.formats_for(0, sliding)
+        if not (k_fmt.is_identity and v_fmt.is_identity) and any(p.depends_on_query for p in spec.token_policies(k_fmt, v_fmt)):
+            return True
+    return False
 
 
 def _calibration(desc: ModelDescription, weights: tuple[WeightSpec, ...], samples: int, length: int, dtype_bytes: int) -> int:
@@ -207,9 +232,11 @@ def _calibration(desc: ModelDescription, weights: tuple[WeightSpec, ...], sample
     return layer_io + forward + max(gptq, awq)
 
 
-def _reference_record(desc: ModelDescription, grid: GridShape) -> int:
+def _reference_record(desc: ModelDescription, grid: GridShape, tokens: int | None = None) -> int:
+    """The per-token reference of ``tokens`` scored tokens (default: the whole run's)."""
+    tokens = grid.tokens if tokens is None else tokens
     per_token = 8 * (grid.topk + grid.samples) + STORED_BYTES_PER_TOKEN
-    return grid.tokens * per_token + -(-grid.tokens // FULL_EVERY) * desc.vocab_size * 4
+    return tokens * per_token + -(-tokens // FULL_EVERY) * desc.vocab_size * 4
 
 
 def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: int | None = None,
@@ -226,7 +253,8 @@ def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: in
     caches = sorted((_cache_bytes(desc, k, grid.ctx, chunk, d) for k in grid.kv), reverse=True)
     identity_cache = _cache_bytes(desc, KVSpec.parse("fp16"), grid.ctx, chunk, d)
     logits_row = chunk * desc.vocab_size * 4
-    common = [Part("activations (one chunk)", _activations(desc, chunk, grid.ctx, d)),
+    mixed = any(_query_dependent(k) for k in grid.kv)
+    common = [Part("activations (one chunk)", _activations(desc, chunk, grid.ctx, d, mixed)),
               Part("float32 head block", min(HEAD_BLOCK_BYTES, desc.vocab_size * desc.hidden_size * 4) if d != 4 else 0),
               Part("runtime (context, workspaces)", RUNTIME_BYTES)]
     calibration = _calibration(desc, grid.weights, *grid.calibration, d)
@@ -245,6 +273,9 @@ def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: in
                  Part("logits (one chunk, float32)", LIVE_LOGITS["one-model"] * logits_row), *common]
         if built:
             parts.append(Part("original weights (restored per config)", weights, off_device))
+        # one window of it on the device: the recorder reads a window back at once, and the
+        # comparison takes a window's record to the device at once (wkvlab.eval.sources)
+        parts.append(Part("per-token reference (one window)", _reference_record(desc, grid, min(grid.ctx, grid.tokens))))
         parts.append(Part("per-token reference", _reference_record(desc, grid), "disk" if stored_reference else "host"))
         build = (Part("weights", weights), Part("calibration capture", calibration), common[-1])
         plans.append(PlanEstimate("one-model", interleave, tuple(parts), build))

@@ -11,21 +11,24 @@ is 8.6 GB in float32). A :class:`StoredReference` keeps per scored token what ev
   over the other tokens (``P_t`` their reference mass);
 * ``samples`` tail tokens per position drawn from the reference's own tail distribution, with
   their reference log-probabilities: the tail's mean over them is an unbiased estimate of the
-  tail term, so KLD = head + estimated tail is unbiased. The top-k lower bound (both sides'
-  tails merged into one bucket, :mod:`wkvlab.eval.topk`) is kept beside it: on the default model
-  the bound alone is 1.6e-3 nats low for a q4_0 cache at k = 1024 and needs k ≈ 16,384 — a third
-  of the vocabulary — to come within 1e-4, while head + 64 tail samples at k = 256 is within
-  ~1e-4 (docs/scale.md);
+  tail term, so KLD = head + estimated tail is unbiased. Its error is sampling alone (stored in
+  float32, the top-k head plus the exact tail reproduces the in-memory KLD to 1e-17), with a
+  standard error that falls with the tail's mass and the samples: on the default model (q4_0,
+  ctx 512, 1,022 tokens) 1.5e-4 at k = 256 with 64 samples, 3.0e-5 at the defaults k = 1,024
+  with 256 (:mod:`wkvlab.eval.constants`). The top-k lower bound (both sides' tails merged into
+  one bucket, :mod:`wkvlab.eval.topk`) is kept beside it: there it is 1.6e-3 nats low at k = 1,024
+  and needs k ≈ 16,384 — a third of the vocabulary — to come within 1e-4 (docs/scale.md);
 * for a sample of positions (every ``full_every``-th scored token) the full log-probabilities,
   so each run measures its own error: exact KLD minus the estimate (and minus the bound) there.
 
-Per token that is ``8 (k + samples) + 12`` bytes (2,572 B at k = 256, 64 samples), against
+Per token that is ``8 (k + samples) + 12`` bytes (10,252 B at k = 1,024, 256 samples), against
 llama.cpp's ``--kl-divergence-base`` file, which keeps the full vocabulary in 16 bits (2 × vocab
 bytes: 98 kB per token for SmolLM2, 524 kB for Gemma 3). The file is a safetensors archive with a
 JSON header naming the model, text and window fingerprints, so it is refused with anything else.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -63,12 +66,23 @@ class ReferenceChunk:
     tail_logprobs: torch.Tensor
     full_rows: torch.Tensor  # [M] rows within the chunk whose full log-probabilities are kept
     full: torch.Tensor  # [M, vocab] those full log-probabilities
+    full_rows_host: tuple[int, ...] = ()  # ``full_rows`` as the host knows them (ascending)
 
     def rows(self, start: int, end: int) -> "ReferenceChunk":
-        """Rows ``start..end-1`` of this chunk (a view; the full rows re-indexed, selected on the device)."""
-        inside = (self.full_rows >= start) & (self.full_rows < end)
+        """Rows ``start..end-1`` of this chunk (a view). The full rows inside are found among the
+        host's copy of their indices and sliced: a boolean mask of the device's would make the host
+        wait for the device (its result's length depends on the data) on every chunk."""
+        a, b = bisect.bisect_left(self.full_rows_host, start), bisect.bisect_left(self.full_rows_host, end)
         return ReferenceChunk(self.nll[start:end], self.argmax[start:end], self.topk_ids[start:end], self.topk_logprobs[start:end],
-                              self.tail_ids[start:end], self.tail_logprobs[start:end], self.full_rows[inside] - start, self.full[inside])
+                              self.tail_ids[start:end], self.tail_logprobs[start:end], self.full_rows[a:b] - start, self.full[a:b],
+                              tuple(r - start for r in self.full_rows_host[a:b]))
+
+    def to(self, device: torch.device) -> "ReferenceChunk":
+        tensors = (getattr(self, f).to(device) for f in _CHUNK_TENSORS)
+        return ReferenceChunk(*tensors, full_rows_host=self.full_rows_host)
+
+
+_CHUNK_TENSORS = ("nll", "argmax", "topk_ids", "topk_logprobs", "tail_ids", "tail_logprobs", "full_rows", "full")
 
 
 @dataclass
@@ -111,7 +125,7 @@ class StoredReference:
         return ReferenceChunk(self.nll[start:end].to(device), self.argmax[start:end].to(device).long(),
                               self.topk_ids[start:end].to(device).long(), self.topk_logprobs[start:end].to(device),
                               self.tail_ids[start:end].to(device).long(), self.tail_logprobs[start:end].to(device),
-                              rows.to(device), picked.to(device))
+                              rows.to(device), picked.to(device), tuple(r for r, _ in full))
 
     def check_matches(self, expected: dict) -> None:
         """Refuse a reference made for another model, text or windows, or in another dtype or on
@@ -172,7 +186,8 @@ class ReferenceRecorder:
         if samples < 1 or full_every < 1:
             raise ConfigError(f"tail samples ({samples}) and full_every ({full_every}) must be at least 1")
         self.k, self.samples, self.full_every = k, samples, full_every
-        self.parts: dict[str, list[torch.Tensor]] = {n: [] for n in _TENSORS}
+        self.parts: dict[str, list[torch.Tensor]] = {n: [] for n in _TENSORS}  # on the host, a window per entry
+        self._window: dict[str, list[torch.Tensor]] = {n: [] for n in _TENSORS}  # this window's chunks, where the logits are
         self.count = 0
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor, seed: int = 0) -> None:
@@ -190,20 +205,30 @@ class ReferenceRecorder:
         generator = torch.Generator(device=logits.device).manual_seed(seed)
         tail_ids = torch.multinomial(tail, self.samples, replacement=True, generator=generator)
         del tail
-        rows = torch.arange(self.count, self.count + logits.shape[0])
-        sampled = (rows % self.full_every) == 0
-        self.parts["nll"].append((-logprobs.gather(-1, targets[:, None].to(logprobs.device))[:, 0]).cpu())
-        self.parts["argmax"].append(logits.argmax(-1).int().cpu())
-        self.parts["lse"].append(lse.cpu())
-        self.parts["topk_ids"].append(top.indices.int().cpu())
-        self.parts["topk_logprobs"].append(top.values.cpu())
-        self.parts["tail_ids"].append(tail_ids.int().cpu())
-        self.parts["tail_logprobs"].append(logprobs.gather(-1, tail_ids).cpu())
-        self.parts["full_rows"].append(rows[sampled])
-        self.parts["full_logprobs"].append(logprobs[sampled.to(logprobs.device)].cpu())
+        # every full_every-th token of the run: a stride the host knows, so a slice of the device's rows
+        first = min(-self.count % self.full_every, logits.shape[0])
+        part = self._window
+        part["nll"].append(-logprobs.gather(-1, targets[:, None].to(logprobs.device))[:, 0])
+        part["argmax"].append(logits.argmax(-1).int())
+        part["lse"].append(lse)
+        part["topk_ids"].append(top.indices.int())
+        part["topk_logprobs"].append(top.values)
+        part["tail_ids"].append(tail_ids.int())
+        part["tail_logprobs"].append(logprobs.gather(-1, tail_ids))
+        part["full_rows"].append(torch.arange(self.count + first, self.count + logits.shape[0], self.full_every))
+        part["full_logprobs"].append(logprobs[first :: self.full_every].clone())  # not a view pinning the chunk's [T, V]
         self.count += logits.shape[0]
 
+    def end_window(self) -> None:
+        """Read this window's chunks back to the host: one copy per kind of record per window, not
+        one per chunk (each is a synchronization on a GPU)."""
+        for name, chunks in self._window.items():
+            if chunks:
+                self.parts[name].append(torch.cat(chunks).cpu())
+            chunks.clear()
+
     def finish(self, meta: dict) -> StoredReference:
+        self.end_window()
         tensors = {n: torch.cat(parts) for n, parts in self.parts.items()}
         meta = dict(meta, format=FORMAT, k=self.k, samples=self.samples, full_every=self.full_every, tokens=self.count)
         return StoredReference(meta=meta, **tensors)
@@ -237,7 +262,7 @@ def stored_chunk_metrics(ref: ReferenceChunk, logits: torch.Tensor, targets: tor
     as tensors on the logits' device (the reference chunk is moved there if it is elsewhere)."""
     device = logits.device
     if ref.nll.device != device:  # a model spread over GPUs: its logits come from lm_head's device
-        ref = ReferenceChunk(*(getattr(ref, f).to(device) for f in ReferenceChunk.__dataclass_fields__))
+        ref = ref.to(device)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     cand_top = logprobs.gather(-1, ref.topk_ids).double()
     ref_top = ref.topk_logprobs.double()

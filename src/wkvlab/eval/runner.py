@@ -35,7 +35,7 @@ import torch
 from wkvlab.data.windows import WindowSet
 from wkvlab.errors import ConfigError, OutOfMemory
 from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline, float_baseline
-from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows
+from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows, window_tokens
 from wkvlab.eval.logits import model_logits
 from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, estimate_memory
 from wkvlab.eval.metrics import position_buckets
@@ -50,7 +50,7 @@ from wkvlab.kv.presets import fidelity_note, fidelity_of
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
 from wkvlab.plan.models import ModelDescription
-from wkvlab.runtime import available_memory, input_device, keep_freed_memory
+from wkvlab.runtime import available_memory, input_device
 from wkvlab.weights.apply import QuantizedWeights, check_quantizable, quantize_with_progress
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.restore import WeightSnapshot
@@ -193,13 +193,15 @@ def _run_cells(grid: _Grid, cells: list[_Cell], reference: LiveReference | Recor
     """The loop every plan runs: windows outside; per chunk the reference's chunk, then each cell's."""
     per_window = grid.windows.scored_per_window
     for w in range(grid.windows.n_windows):
-        tokens = grid.windows.tokens[w]
+        # one host-to-device copy per window: the chunks' ids are slices of it, and the targets
+        # slices of its copy where the logits come from (lm_head's device), so no chunk copies
+        tokens, labels = window_tokens(grid.model, grid.windows.tokens[w])
         reference.start_window(w)
         for cell in cells:
             cell.pass_.reset()
         window_parts: list[list[dict]] = [[] for _ in cells]
         for start, end in grid.bounds:
-            rows, targets = grid.targets(tokens, start, end)
+            rows, targets = grid.targets(labels, start, end)
             first = w * per_window + (start + rows.start - grid.lo)
             ref = reference.chunk(tokens, start, end, rows, targets, first)
             if isinstance(reference, LiveReference):
@@ -335,7 +337,6 @@ def run_grid(
     the memory plan (default :func:`memory_plan`). ``model`` is left as it came (in-place builds
     are undone, on error too).
     """
-    keep_freed_memory()
     baseline = baseline or float_baseline(model)
     check_kv_specs(model, kv_specs)
     check_quantizable(model, weight_specs)  # offloaded layers, MoE experts a method cannot take: before the reference pass

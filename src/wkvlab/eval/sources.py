@@ -23,7 +23,7 @@ import torch
 from wkvlab.data.windows import WindowSet
 from wkvlab.errors import ConfigError
 from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline, float_baseline
-from wkvlab.eval.chunks import WindowPass, chunk_bounds, scored_rows
+from wkvlab.eval.chunks import WindowPass, chunk_bounds, scored_rows, window_tokens
 from wkvlab.eval.metrics import ReferenceTokens, TokenMetrics, chunk_metrics, host_metrics
 from wkvlab.eval.reference import DEFAULT_TOPK, ReferenceChunk, ReferenceRecorder, StoredComparison, StoredReference, stored_chunk_metrics, windows_fingerprint
 
@@ -128,13 +128,14 @@ def record_reference(model: torch.nn.Module, windows: WindowSet, *, chunk: int, 
     reference = WindowPass(model, baseline=baseline)
     lo, hi = windows.score_from, windows.ctx - 1
     for w in range(windows.n_windows):
-        tokens = windows.tokens[w]
+        tokens, labels = window_tokens(model, windows.tokens[w])  # once per window, not per chunk
         reference.reset()
         for start, end in chunk_bounds(windows.ctx, chunk):
             rows = scored_rows(start, end, lo, hi)
             logits = reference.step(tokens[start:end], rows)
-            recorder.add(logits, tokens[start + rows.start + 1 : start + rows.stop + 1], seed=w * windows.ctx + start)
+            recorder.add(logits, labels[start + rows.start + 1 : start + rows.stop + 1], seed=w * windows.ctx + start)
             tick("reference", 1)
+        recorder.end_window()
     info = dict(meta or {}, baseline=baseline.label, windows_sha256=windows_fingerprint(windows.tokens, windows.score_from), ctx=windows.ctx,
                 n_windows=windows.n_windows, score_from=windows.score_from, **placement(model))
     return recorder.finish(info)

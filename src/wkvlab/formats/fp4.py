@@ -63,11 +63,13 @@ def nvfp4_global_scale(amax: Tensor | float) -> Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
-def fake_quant_fp4(x: Tensor, fmt: FP4Format, global_scale: Tensor | None = None) -> Tensor:
+def fake_quant_fp4(x: Tensor, fmt: FP4Format, global_scale: Tensor | float | None = None) -> Tensor:
     """Quantize ``x`` to ``fmt`` in blocks along the last dimension and back; same shape and dtype.
 
     ``global_scale`` (NVFP4 only) is the per-tensor scale; ``None`` computes it from ``x`` itself
-    (what weights use; activations pass a calibrated one, as ``input_scale`` in checkpoints).
+    (what weights use; activations pass a calibrated one, as ``input_scale`` in checkpoints). A
+    Python number is filled on ``x``'s device: an activation hook runs per linear per forward, and
+    a CPU scalar tensor moved there would be a host-to-device copy (a synchronization) each time.
     """
     check_float_tensor(x)
     if fmt not in FP4_FORMATS:
@@ -75,7 +77,12 @@ def fake_quant_fp4(x: Tensor, fmt: FP4Format, global_scale: Tensor | None = None
     xb = _blocks(x, FP4_BLOCK[fmt])
     amax = xb.abs().amax(dim=-1, keepdim=True)
     if fmt == "nvfp4":
-        g = nvfp4_global_scale(xb.abs().amax()) if global_scale is None else global_scale.float().to(x.device)
+        if global_scale is None:
+            g = nvfp4_global_scale(xb.abs().amax())
+        elif isinstance(global_scale, Tensor):
+            g = global_scale.float().to(x.device)
+        else:
+            g = torch.full((), global_scale, dtype=torch.float32, device=x.device)
         block = fake_quant_fp8(amax / const_like(x, E2M1_MAX) / g, "e4m3") * g
     else:
         # E8M0: 2**(floor(log2 amax) - 2), exponent range of E8M0 is 2**-127 .. 2**127.

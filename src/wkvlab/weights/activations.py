@@ -30,6 +30,7 @@ per-tensor scale (``1 / input_global_scale`` of compressed-tensors).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
@@ -72,6 +73,16 @@ def _llm_int8(x: Tensor, threshold: float) -> Tensor:
     return torch.where(outliers, x, quantized)
 
 
+@functools.lru_cache(maxsize=4096)
+def _nvfp4_scale(quant: ActivationQuant) -> float:
+    """NVFP4's static global scale as a float32-rounded Python number, computed once per spec on
+    the host (a CPU tensor, so no device waits): :func:`fake_quant_fp4` fills it on the input's
+    device, where a CPU scalar tensor would be copied per quantized linear per forward."""
+    if quant.scale is not None:
+        return float(torch.tensor(quant.scale, dtype=torch.float32))
+    return float(nvfp4_global_scale(quant.amax or 0.0))
+
+
 def fake_quant_activation(x: Tensor, quant: ActivationQuant) -> Tensor:
     """The input a quantized GEMM sees for ``x`` (``[..., features]``); same shape and dtype."""
     kind = quant.kind
@@ -84,8 +95,7 @@ def fake_quant_activation(x: Tensor, quant: ActivationQuant) -> Tensor:
     if kind == "int8-tensor":
         return _int8_static(x, quant.static_scale(_INT8_MAX))
     if kind == "nvfp4":
-        scale = torch.tensor(quant.scale, dtype=torch.float32) if quant.scale is not None else nvfp4_global_scale(quant.amax or 0.0)
-        return fake_quant_fp4(x, "nvfp4", scale)
+        return fake_quant_fp4(x, "nvfp4", _nvfp4_scale(quant))
     if kind == "mxfp4":
         return fake_quant_fp4(x, "mxfp4")
     if kind == "llm-int8":

@@ -6,7 +6,8 @@ build, :class:`WeightSnapshot` keeps the values of every tensor a build may chan
 decoder layers' parameters (linears, fused experts, the norms AWQ and SmoothQuant fold scales
 into, biases) and the embeddings / lm_head when a config quantizes them — in host memory for a
 model on a GPU, or in a safetensors file under the wkvlab cache (read back through a memory map)
-for a model on the CPU, where host memory *is* the model's memory. After each config,
+for a model on the CPU, where host memory *is* the model's memory (written tensor by tensor from
+the model's own, :mod:`wkvlab.tensorfile`, so no second copy exists even briefly). After each config,
 :meth:`WeightSnapshot.restore` removes its activation hooks, writes the originals back, and
 re-ties embeddings a config untied; the restored model is bit-identical to the loaded one (tested).
 """
@@ -47,28 +48,27 @@ class WeightSnapshot(Mapping[str, torch.Tensor]):
         self.where = where or ("host" if _on_accelerator(model) else "disk")
         self._alias: dict[str, str] = {}  # name -> the name its (shared) tensor is stored under
         first: dict[int, str] = {}
-        tensors: dict[str, torch.Tensor] = {}
+        live: dict[str, torch.Tensor] = {}  # the model's own tensors, not copies
         for name in self.names:
             tensor = state[name]
             key = id(tensor)
             self._alias[name] = first.setdefault(key, name)
             if first[key] == name:
-                tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
-        self.bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+                live[name] = tensor
+        self.bytes = sum(t.numel() * t.element_size() for t in live.values())
         self._folder: Path | None = None
         self._host: dict[str, torch.Tensor] | None = None
         if self.where == "host":
-            self._host = tensors
+            self._host = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in live.items()}
         else:
-            from safetensors.torch import save_file
-
             from wkvlab.models.loading import cache_dir
+            from wkvlab.tensorfile import write_state
 
             root = cache_dir() / "restore"
             root.mkdir(parents=True, exist_ok=True)
             self._folder = Path(tempfile.mkdtemp(prefix="weights-", dir=root))
-            save_file(tensors, str(self._folder / "originals.safetensors"))
-            del tensors
+            # streamed: a copy of every decoder tensor in RAM first would double a CPU model's memory
+            write_state(self._folder / "originals.safetensors", live.items())
 
     # ---- Mapping: the original of one name, on the CPU ----------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
