@@ -26,7 +26,7 @@ import numpy as np
 
 from wkvlab.stats import Interval, Resampled, resample
 from wkvlab.stats.bootstrap import Units
-from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, Margin, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, MarginRule, Verdict, decide
 
 SINK_TOKENS = 4  # = wkvlab.explain.attention.SINK_TOKENS (kept torch-free here)
 CELLS = ("w", "c", "wc", "wc_removed", "wc_sinks")  # output KLD per token of each cell and intervention
@@ -132,14 +132,18 @@ def cross_term_draws(data: CrossTermData, *, n_resamples: int = 2000, seed: int 
     windows = Units(np.arange(data.windows), "windows")
     draws["attention_interaction"] = resample(lambda m: m["wc"] - m["w"] - m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
     draws["attention_c"] = resample(lambda m: m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
+    draws["attention_w"] = resample(lambda m: m["w"], attn, windows, n_resamples=n_resamples, seed=seed)
     return draws
 
 
-def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, margin: float = DEFAULT_MARGIN) -> list[Effect]:
-    """The :data:`EFFECTS` of one pair as tests for :func:`wkvlab.stats.decide`: m = ``margin`` × KLD(C)
-    (× the C cell's attention KL for the attention-KL interaction)."""
-    m = Margin.relative_to(draws["kld_c"].estimate, "KLD(C)", margin)
-    m_attn = Margin.relative_to(draws["attention_c"].estimate, "attention KL(C)", margin)
+def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> list[Effect]:
+    """The :data:`EFFECTS` of one pair as tests for :func:`wkvlab.stats.decide`: m by ``margin``
+    (:class:`MarginRule`; by default 10% of the predicted total KLD(W)+KLD(C), for the attention-KL
+    interaction its attention-KL counterpart)."""
+    rule = MarginRule.parse(margin)
+    m = rule.interaction(draws["kld_w"].estimate - draws["kld_ref"].estimate if "kld_ref" in draws else draws["kld_w"].estimate,
+                         draws["kld_c"].estimate, "KLD")
+    m_attn = rule.interaction(draws["attention_w"].estimate, draws["attention_c"].estimate, "attention KL")
     words = {"interaction": INTERACTION, "interaction_removed": INTERACTION, "removed": DIFFERENCE, "attention_interaction": INTERACTION,
              "sinks": DIFFERENCE}
     return [Effect(f"{label}: {EFFECT_LABELS[e]}", draws[e], m_attn if e == "attention_interaction" else m, tokens, words[e])
