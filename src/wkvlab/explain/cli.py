@@ -134,7 +134,7 @@ def explain_command(
     context_docs: Annotated[int, typer.Option(help="long documents for the position curve")] = 4,
     diag_windows: Annotated[int, typer.Option(help="windows for the attention decomposition and per-layer diagnostics")] = 1,
     skip: Annotated[Optional[str], typer.Option(help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")] = None,
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples per interval")] = 2000,
+    resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
     margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
     threads: ThreadsOption = None,
@@ -188,8 +188,8 @@ def _resolve(db, ident: str) -> str:
 
 def comparison_table(c: Comparison) -> Table:
     v = c.verdicts.get("kld")
-    family = f"; verdicts: {v.adjustment}, m = {100 * v.margin.relative:g}% of {c.a}'s own effect" if v is not None else ""
-    table = _table(f"{c.b} − {c.a}: {c.tokens} tokens in {c.windows} windows (95% studentized paired bootstrap over windows{family})",
+    family = f"; verdicts: {v.adjustment}, m {v.margin.format()}" if v is not None else ""
+    table = _table(f"{c.b} − {c.a}: {c.tokens} tokens in {c.windows} windows (95% skew-robust t intervals, paired{family})",
                    ["metric", "difference [raw 95%]", "Holm-adjusted", "verdict"])
     for key, name, fmt in (("kld", "KLD", ".5f"), ("ppl", "PPL", ".4f"), ("top1", "top-1 agreement", ".3%")):
         verdict = c.verdicts.get(key)
@@ -203,7 +203,7 @@ def compare_command(
     a: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the first result")],
     b: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the second result")],
     store: Annotated[Path, typer.Option(help="results store written by 'wkvlab sweep' (it keeps the per-token arrays pairing needs)")] = Path("results.db"),
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 2000,
+    resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
     margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the comparison as JSON")] = None,
 ) -> None:

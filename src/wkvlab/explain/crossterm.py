@@ -11,9 +11,10 @@ W, C, W+C. The effects (:data:`EFFECTS`):
 * ``attention_interaction`` = KL(W+C) − KL(W) − KL(C) on the attention rows;
 * ``sinks`` = KLD(W, C+sinks) − KLD(W, C), the sinks kept at 16 bits, paired against the plain run.
 
-Each is a paired studentized bootstrap over windows (the tokens of a window resampled together,
-every cell on the same windows) and decided by :func:`wkvlab.stats.decide` with margin m = 10% of
-KLD(C) (the attention-KL interaction: 10% of the C cell's attention KL); all effects of one table
+Each is a paired interval over windows (the analytic skew-robust t of wkvlab.stats; the tokens of a window together,
+every cell on the same windows) and decided by :func:`wkvlab.stats.decide` with margin m by ``margin``
+(default 10% of the predicted total KLD(W)+KLD(C); the attention-KL interaction: of the attention KLs'
+own predicted total); all effects of one table
 form one Holm family. ``explained`` = (I − I′) / I, the share of the output interaction the term
 carries, is an interval only (a ratio: undefined when I is near 0).
 """

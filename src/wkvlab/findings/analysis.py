@@ -1,6 +1,6 @@
 """Tables of the findings, from stored per-token arrays, every number with a paired interval.
 
-All intervals come from :func:`wkvlab.stats.resample` (studentized bootstrap, windows resampled,
+All intervals come from :func:`wkvlab.stats.resample` (skew-robust t over units, analytic,
 the same windows for every config compared), and every verdict from the one decision rule
 (:func:`wkvlab.stats.decide`), as in explain, compare and the report: a table's tests are one
 family, Holm-adjusted together, and each row shows its raw and its adjusted interval, its margin

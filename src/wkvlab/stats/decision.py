@@ -170,7 +170,7 @@ def sides(test: Effect) -> tuple[Resampled, Resampled]:
     is a share of a quantity estimated on the same units (``margin_draws``), m is itself an estimate:
     θ ∓ f·R is then one statistic whose interval carries both uncertainties (their per-unit influence
     values add). Treating m as known would call "compounds" whenever the estimate of R happens to fall
-    low — in the simulated grid that alone made 15–19% of families wrong at the margin."""
+    low — in the simulated grid that alone made 12–19% of families wrong at the margin."""
     d, m = test.draws, test.margin
     md = test.margin_draws
     if md is not None and not m.stated and math.isfinite(m.relative):
