@@ -97,7 +97,7 @@ def _write_eval_json(path: Path, results) -> None:
 
 def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: list[WeightSpec], kv_specs: list[KVSpec],
                    score: str, title: str, calibration: CalibrationSpec | None = None, run: RunFlags | None = None,
-                   json_out: Path | None = None):
+                   json_out: Path | None = None, tolerance=None):
     """Evaluate, then keep the results every way asked — JSON, store, terminal — each attempted even
     when another fails (a store another wkvlab changed mid-run must not cost an hour's results); the
     first failure is raised once everything else is written."""
@@ -142,6 +142,8 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     console.print(results_table(results, describe_run(results)))
     for table in depth_tables(results):
         console.print(depth_table(table))
+    if tolerance is not None:
+        print_tolerance(results, tolerance)
     for note in dict.fromkeys([*(n for r in results for n in r.notes), *reference_notes(results)]):
         err_console.print(f"[yellow]note:[/] {escape(note)}")
     if failures:
@@ -240,6 +242,7 @@ def eval_command(
     memory_plan: Annotated[str, typer.Option("--memory-plan", help="'copies' (the reference beside a copy per weight config: exact KLD), 'one-model' (each weight config built in place on the one model, against a per-token reference), or 'auto' (copies when the estimate fits the device) — docs/scale.md")] = "auto",
     max_memory: Annotated[Optional[float], typer.Option("--max-memory", help="GiB the run may use on its device (default: what the device has free)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the memory estimate of every plan and the chosen one, load nothing (--model may also be a published model's name, e.g. llama-3-8b)")] = False,
+    tolerance: Annotated[Optional[str], typer.Option("--tolerance", help="what you can tolerate: a mean KLD in nats (0.01) or a top-1 agreement (top1=0.95); each config is then within tolerance, exceeds it or undecided, Holm-adjusted over the configs (docs/stats.md)")] = None,
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
     from wkvlab.data.corpora import check_data, is_selfgen
@@ -248,6 +251,11 @@ def eval_command(
     if not weights and not kv:
         raise ConfigError(NO_CONFIG)
     weight_specs, kv_specs = parse_configs(weights or ["none"], kv or ["fp16"])
+    ship = None
+    if tolerance is not None:  # a bad --tolerance: one line, before any model loads
+        from wkvlab.stats.tolerance import Tolerance
+
+        ship = Tolerance.parse(tolerance)
     if dry_run:  # nothing loads: the model may be a published model's name the planner knows
         from wkvlab.data.windows import check_window_options
         from wkvlab.eval.baseline_rules import baseline_kind
@@ -278,7 +286,20 @@ def eval_command(
     run = memory_preflight(model, weight_specs, kv_specs, ctx, tokens, score, run, calibration, dry_run)
     if dry_run:
         return
-    _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", calibration, run, json_out=json_out)
+    _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", calibration, run, json_out=json_out, tolerance=ship)
+
+
+def print_tolerance(results, tolerance) -> None:
+    """One line per config: within tolerance / exceeds it / undecided, with its interval, family and units."""
+    from wkvlab.stats.tolerance import tolerance_verdicts
+
+    verdicts = tolerance_verdicts(results, tolerance)
+    if not verdicts:
+        return
+    console.print(f"[bold]against your tolerance[/] ({tolerance}; one-sided non-inferiority, {verdicts[0].family_size} configs "
+                  "in one Holm family):")
+    for v in verdicts:
+        console.print(f"  {escape(v.name)}: {escape(v.describe())}")
 
 
 @app.command("demo")

@@ -20,9 +20,11 @@ ThreadsOption = Annotated[Optional[int], typer.Option(
     "--threads", help=f"CPU threads (torch, llama.cpp); default: the cores other work leaves idle, at least 1 "
                       f"(docs/threads.md); also {ENV}", show_default=False)]
 
-MarginOption = Annotated[float, typer.Option(
-    "--margin", help="the decision rule's practical margin m as a fraction: of the cache's own effect for an interaction, "
-                     "of the baseline's KLD for a difference (docs/explain.md, 'The decision rule')")]
+MarginOption = Annotated[str, typer.Option(
+    "--margin", help="the decision rule's practical margin m: a percent (10%: of the predicted total KLD(W)+KLD(C) for an "
+                     "interaction, of the baseline's value for a difference), an absolute number in the metric's units "
+                     "(0.002 nats), or cache:10% (an interaction's m as a share of the cache's own KLD(C), the rule before "
+                     "issue #38) — docs/stats.md")]
 
 
 CacheDirOption = Annotated[Optional[Path], typer.Option(

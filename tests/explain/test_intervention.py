@@ -152,8 +152,10 @@ def test_window_cells_and_the_decision_rule():
     assert x.explained.estimate == pytest.approx((k["wc"] - k["wc_removed"]) / (k["wc"] - k["w"] - k["c"]))
     for v in x.verdicts.values():
         assert v.family_size == 5 and v.family == "test" and v.raw.n_units in (8,)
-    assert x.verdicts["removed"].margin.value == pytest.approx(0.1 * k["c"]) and x.verdicts["removed"].margin.of == "KLD(C)"
-    assert x.verdicts["attention_interaction"].margin.of == "attention KL(C)"
+    # m: 10% of the predicted total KLD(W)+KLD(C) (issue #38), for the attention KL its own predicted total
+    assert x.verdicts["removed"].margin.value == pytest.approx(0.1 * (k["w"] + k["c"]))
+    assert "predicted total KLD(W)+KLD(C)" in x.verdicts["removed"].margin.of
+    assert "attention KL(W)+attention KL(C)" in x.verdicts["attention_interaction"].margin.of
     assert all(v.tokens == 8 * 23 for v in x.verdicts.values())  # what would decide an undecided one is counted in tokens too
     assert x.per_window["wc"] == pytest.approx([float(a.mean()) for a in data.kld["wc"]]) and len(x.per_window["attention_c"]) == 8
     assert (x.explained_text() == format(x.explained, ".2f")) == x.effects["interaction"].excludes_zero
@@ -174,7 +176,7 @@ def test_fewer_windows_than_the_rule_are_undecided():
 
 
 def test_cross_term_verdicts_name_the_windows_they_resample():
-    """The diagnosis windows are the unit: every cross-term verdict says "8 windows resampled", not "units"."""
+    """The diagnosis windows are the unit: every cross-term verdict says "8 windows", not "units"."""
     import numpy as np
 
     from wkvlab.explain.crossterm import CrossTermData, cross_terms
@@ -186,4 +188,4 @@ def test_cross_term_verdicts_name_the_windows_they_resample():
         data.add({"w": base, "c": base / 2, "wc": 1.6 * base, "wc_removed": 1.5 * base, "wc_sinks": 1.55 * base},
                  {"w": 0.1, "c": 0.05, "wc": 0.16})
     (cross,) = cross_terms([("int4-g128", "int4", data)], family="test")
-    assert all(v.resampling.startswith("8 windows resampled") for v in cross.verdicts.values())
+    assert all(v.resampling.startswith("8 windows, skew-robust t") for v in cross.verdicts.values())

@@ -35,7 +35,7 @@ def test_compounding_is_found_and_decided():
     assert (row.weights, row.kv) == ("int4-g128", "int4")
     assert row.interaction.estimate == pytest.approx(0.05 - 0.0, abs=0.01)  # wc − w − c, per_window counted twice in wc
     assert row.interaction.low > 0 and row.verdict.word == "compounds" and row.tokens_needed is None
-    assert row.verdict.margin.value == pytest.approx(0.1 * row.c.estimate)
+    assert row.verdict.margin.value == pytest.approx(0.1 * (row.w.estimate + row.c.estimate))  # of the predicted total
     assert row.share == pytest.approx(row.interaction.estimate / (row.w.estimate + row.c.estimate))
     assert row.share_of_cache == pytest.approx(row.interaction.estimate / row.c.estimate)
     text = additivity_markdown([row])
@@ -52,12 +52,9 @@ def test_an_interval_wider_than_the_margin_is_undecided_not_additive():
     # per-token noise 1.5 against a cache effect of 0.10: the interval holds 0 but cannot tell 0 from ±m
     (row,) = additivity(_grid(interaction=0.0, noise=1.5), n_resamples=500)
     assert row.interaction.contains(0.0) and row.verdict.outcome == "undecided"
-    # sized by the side that must clear its threshold (stats.decision._needed), by hand here
-    adj, m = row.verdict.adjusted, row.verdict.margin.value
-    est, below, above = adj.estimate, adj.estimate - adj.low, adj.high - adj.estimate
-    ratio = (max(above / (m - est), below / (est + m)) if abs(est) < m
-             else below / (est - m) if est > m else above / (-m - est))
-    assert row.tokens_needed == max(int(np.ceil(row.tokens * ratio ** 2 - 1e-9)), row.tokens + 1)
+    # sized for 80% power at this estimate (stats.decision.units_to_decide): more than it has, in whole units
+    assert row.verdict.units_needed > row.interaction.n_units
+    assert row.tokens_needed == int(np.ceil(row.tokens * row.verdict.units_needed / row.interaction.n_units))
     assert f"~{row.tokens_needed:,} tokens" in additivity_markdown([row])
 
 

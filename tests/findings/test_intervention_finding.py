@@ -56,7 +56,7 @@ def test_effects_are_paired_and_decided_as_one_family(counted):
         assert v.family_size == 5 and v.family.startswith("attention finding: 1 (W, C) pairs")
         assert v.raw.n_units == 8 and v.raw.decided
         assert v.margin.relative == 0.1
-    assert x.verdicts["sinks"].margin.value == pytest.approx(0.1 * k["c"])
+    assert x.verdicts["sinks"].margin.value == pytest.approx(0.1 * (k["w"] + k["c"]))  # of the predicted total
     # the finding's KLD(W) and KLD(C) cells are the decomposition's own passes: W+C's attention KL matches the row's
     assert rows[2].attention_kl > 0
 
@@ -67,7 +67,7 @@ def test_markdown_shows_the_fp16_row_and_the_verdicts_with_margin_and_family(cou
     rows, _ = counted
     text = attention_markdown(rows)
     assert "| int4-g32 | fp16 |" in text and "sinks at 16 bits" in text and "share of the interaction it carries" in text
-    assert "Holm over 5 tests" in text and "margin m = 10% of KLD(C)" in text
+    assert "Holm over 5 tests" in text and "margin m = 10% of the predicted total KLD(W)+KLD(C)" in text
     assert "RMS" not in text
 
 

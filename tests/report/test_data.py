@@ -69,8 +69,9 @@ def test_cross_terms_prefer_the_identity_baseline_and_resample_windows():
     (row,) = [r for r in build_report_data(grid, source="t", n_resamples=500).cross_terms if r.weights == "int8"]
     assert row.baseline_weights == "none" and row.kld_baseline == 0.0
     assert row.interaction.estimate == pytest.approx(0.017 - 0.004 - 0.01)
-    # Windows differ (0 .. +0.006 of interaction), so the interval is a real spread inside that range.
-    assert 0.0 <= row.interaction.low < row.interaction.estimate < row.interaction.high <= 0.006 + 1e-12
+    # Windows differ (0 .. +0.006 of interaction), so the interval is a real spread around it (the skewness
+    # allowance of issue #38 widens it a little beyond the range at 8 windows)
+    assert -0.001 <= row.interaction.low < row.interaction.estimate < row.interaction.high <= 0.007
 
 
 def test_kv_penalty_pairs_each_quantized_cache_with_its_16bit_twin():

@@ -2,67 +2,74 @@ import numpy as np
 import pytest
 
 from wkvlab.errors import DataError
-from wkvlab.stats import Interval, paired_interval, unit_resampling_weights
+from wkvlab.stats import Interval, paired_interval
 from wkvlab.stats.bootstrap import MIN_UNITS
 
 
-def _naive(statistic, arrays, units, n_resamples, seed):
-    """The textbook loop: draw windows with replacement, recompute token-weighted means, and the
-    jackknife SE of each resample by deleting one drawn window at a time."""
+def _naive_leave_one_out(statistic, arrays, units):
+    """The textbook jackknife: delete one unit's tokens at a time and recompute the token-weighted means."""
     labels = np.unique(units)
-    weights = unit_resampling_weights(labels.size, n_resamples, seed)
-    rows = [np.flatnonzero(units == label) for label in labels]
-
-    def value(drawn):
-        idx = np.concatenate([rows[u] for u in drawn])
-        return statistic({k: v[idx].mean() for k, v in arrays.items()})
-
-    def jackknife(drawn):
-        loo = np.array([value(drawn[:i] + drawn[i + 1:]) for i in range(len(drawn))])
-        return np.sqrt((len(drawn) - 1) / len(drawn) * ((loo - loo.mean()) ** 2).sum())
-
-    theta, se = [], []
-    for row in weights:
-        drawn = [u for u in range(labels.size) for _ in range(int(row[u]))]
-        theta.append(value(drawn))
-        se.append(jackknife(drawn))
-    everything = list(range(labels.size))
-    return value(everything), jackknife(everything), np.array(theta), np.array(se)
+    return np.array([statistic({k: v[units != label].mean() for k, v in arrays.items()}) for label in labels])
 
 
-def test_matches_naive_resampling_loop():
-    from wkvlab.stats.bootstrap import seed_for
+def test_matches_the_textbook_jackknife_and_the_formula():
+    """Estimate, jackknife SE and influence skewness by a naive loop; bounds by the formula in skewt's docstring."""
+    from wkvlab.stats.bootstrap import resample
+    from wkvlab.stats.skewt import SKEW_ALLOWANCE, sample_skewness, t_quantile
 
     rng = np.random.default_rng(1)
     units = np.repeat(np.arange(9), [3, 5, 4, 4, 2, 6, 3, 3, 5])
-    arrays = {"a": rng.random(units.size), "b": rng.random(units.size)}
+    arrays = {"a": rng.random(units.size), "b": rng.lognormal(size=units.size)}
     stat = lambda m: np.exp(m["b"]) - m["a"]  # noqa: E731 - a nonlinear function of means
-    iv = paired_interval(stat, arrays, units, n_resamples=300, seed=3)
-    point, se, theta, se_star = _naive(stat, arrays, units, 300, seed_for(arrays, units, 3))
-    t = (theta - point) / se_star
-    t_low, t_high = np.quantile(t, [0.025, 0.975])
-    assert iv.low == pytest.approx(point - t_high * se) and iv.high == pytest.approx(point - t_low * se)
-    assert iv.estimate == pytest.approx(np.exp(arrays["b"].mean()) - arrays["a"].mean())
-    assert iv.n_units == 9 and iv.decided and iv.dropped == 0
+    loo = _naive_leave_one_out(stat, arrays, units)
+    n = loo.size
+    se = np.sqrt((n - 1) / n * ((loo - loo.mean()) ** 2).sum())
+    skew = sample_skewness((n - 1) * (loo.mean() - loo))
+    draws = resample(stat, arrays, units)
+    assert draws.se == pytest.approx(se) and draws.skew == pytest.approx(skew) and draws.n_units == 9
+    iv = paired_interval(stat, arrays, units, level=0.95)
+    z = 1.959963984540054
+    k = (2 * z * z + 1) / (6 * np.sqrt(9))
+    point = np.exp(arrays["b"].mean()) - arrays["a"].mean()
+    assert iv.estimate == pytest.approx(point)
+    assert iv.low == pytest.approx(point - (t_quantile(z, 8) + max(-skew, SKEW_ALLOWANCE) * k) * se)
+    assert iv.high == pytest.approx(point + (t_quantile(z, 8) + max(skew, SKEW_ALLOWANCE) * k) * se)
+    assert iv.decided and iv.dropped == 0 and iv.n_resamples == 0 and "no Monte-Carlo error" in iv.precision
 
 
-def test_seeds_come_from_the_data_and_reproduce():
+def test_a_pure_mean_is_student_t_plus_the_allowance():
+    """For equal units the SE is s/√n and the skewness is the sample's: t_{15}(0.975) = 2.1314 by the table.
+    One far unit makes the sample's own skewness exceed the allowance: the upper side takes it, the lower the allowance."""
+    units = np.repeat(np.arange(16), 3)
+    x = np.array([1.0, 1.2, 1.4, 1.5, 1.6, 1.8, 2.0, 2.1, 2.2, 2.4, 2.5, 2.6, 2.8, 3.0, 3.1, 40.0])
+    iv = paired_interval(lambda m: m["x"], {"x": np.repeat(x, 3)}, units)
+    se = x.std(ddof=1) / 4
+    z, g = 1.959963984540054, 3.0
+    k = (2 * z * z + 1) / (6 * 4)
+    d = x - x.mean()
+    skew = float(np.sqrt(16 * 15) / 14 * np.mean(d ** 3) / np.mean(d ** 2) ** 1.5)
+    assert skew > g
+    assert iv.low == pytest.approx(x.mean() - (2.1314 + g * k) * se, abs=2e-4 * se)
+    assert iv.high == pytest.approx(x.mean() + (2.1314 + skew * k) * se, abs=2e-4 * se)
+
+
+def test_the_same_data_give_the_same_interval_whatever_the_seed():
+    """Analytic: no draws, so the seed (and n_resamples, kept for older callers) changes nothing."""
     units = np.repeat(np.arange(10), 4)
     x = np.random.default_rng(0).lognormal(size=units.size)
-    same = [paired_interval(lambda m: m["x"], {"x": x}, units) for _ in range(2)]
-    assert same[0] == same[1]
-    other = paired_interval(lambda m: m["x"], {"x": x * 2}, units)  # same shape of data, other draws
-    assert (other.low / 2, other.high / 2) != pytest.approx((same[0].low, same[0].high), rel=1e-12)
+    same = {paired_interval(lambda m: m["x"], {"x": x}, units, seed=s, n_resamples=r) for s in range(20) for r in (500, 2000)}
+    assert len(same) == 1
 
 
-def test_dropped_resamples_are_counted_and_bounds_are_not_forced():
-    """A bucket that only some windows hold: resamples missing it are non-finite, counted, dropped."""
+def test_a_unit_without_the_statistic_leaves_no_interval():
+    """A bucket only some windows hold: leaving out the only window that has it is undefined, counted, no interval."""
     units = np.repeat(np.arange(12), 5)
-    mask = (units < 3).astype(float)  # three windows of twelve hold the bucket: some resamples miss it
+    mask = (units < 1).astype(float)  # one window of twelve holds the bucket
     x = np.random.default_rng(2).random(units.size)
-    iv = paired_interval(lambda m: m["x"] / m["n"], {"x": x * mask, "n": mask}, units, n_resamples=400)
-    assert 0 < iv.dropped < 400 and "resamples dropped" in f"{iv:.3f}"
-    assert Interval.from_dict(iv.to_dict()) == iv
+    with np.errstate(invalid="ignore"):
+        iv = paired_interval(lambda m: m["x"] / m["n"], {"x": x * mask, "n": mask}, units)
+    assert iv.dropped == 1 and not iv.decided and "1 of 12 units left out" in f"{iv:.3f}"
+    assert Interval.from_dict(iv.to_dict()).decided is False
 
 
 def test_identical_configs_give_exactly_zero():
@@ -112,7 +119,7 @@ def test_a_statistic_undefined_on_every_resample_decides_nothing():
     with np.errstate(invalid="ignore"):
         iv = paired_interval(lambda m: m["a"] / m["b"], {"a": zeros, "b": zeros}, units)
     assert iv.n_units == MIN_UNITS and not iv.decided and not iv.excludes_zero and iv.contains(0.0)
-    assert f"{iv:.2f}" == "nan [no interval: undefined on 2000 of 2000 resamples]"
+    assert f"{iv:.2f}" == "nan [no interval: undefined with 8 of 8 units left out]"
     assert Interval.from_dict(iv.to_dict()).decided is False
 
 

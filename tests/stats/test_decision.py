@@ -85,7 +85,7 @@ def test_adjusted_interval_decides_exactly_when_holm_does():
 
 
 def test_p_value_is_where_the_interval_starts_deciding():
-    draws = _interaction_draws(0.02, 16, spread=0.02)
+    draws = _interaction_draws(0.03, 16, spread=0.02)
     p = p_value(draws, 0.01)
     assert 0.001 < p < 0.05
     assert classify(draws.interval(1 - p * 0.9), 0.01) == "undecided"  # a wider interval: not yet
@@ -100,20 +100,55 @@ def test_difference_words_and_a_zero_margin_point():
     assert v.word == "equivalent within ±0" and v.adjusted.low == v.adjusted.high == 0.0
 
 
-def test_tokens_needed_by_the_side_that_must_clear_the_threshold():
-    """An asymmetric interval beyond +m: the lower side must clear m. Sized by hand from that side;
-    the mean half-width would name fewer tokens than the run has (the bug this guards)."""
-    from wkvlab.stats.bootstrap import Interval
-    from wkvlab.stats.decision import _needed
+def test_units_to_decide_is_the_smallest_size_that_clears_with_80_percent_power():
+    """By its definition: at n the side facing the threshold clears multiplier + z₀.₈ standard errors, at n − 1 it does not."""
+    from statistics import NormalDist
 
-    # estimate 0.015, m 0.01: lower side 0.0075 must shrink to 0.005 → (0.0075/0.005)² = 2.25
-    iv = Interval(0.015, 0.0075, 0.017, 0.95, 16, 2000)
-    assert iv.half_width == pytest.approx(0.00475)  # (0.00475/0.005)² < 1: the old answer, fewer than present
-    assert _needed(iv, iv, 0.01, 1000) == (2250, 36)
-    # inside ±m, estimate 0.004 in [−0.002, +0.016]: the upper side 0.012 must shrink to 0.006 → 4×;
-    # the lower side 0.006 against 0.014 → 0.18×; the upper side decides
-    iv = Interval(0.004, -0.002, 0.016, 0.95, 16, 2000)
-    assert _needed(iv, iv, 0.01, 1000) == (4000, 64)
-    # never fewer than present, even when the widths say 1×
-    iv = Interval(0.0, -0.01, 0.01, 0.95, 16, 2000)
-    assert _needed(iv, iv, 0.01, 1000) == (1001, 17)
+    from wkvlab.stats.decision import units_to_decide
+    from wkvlab.stats.skewt import multiplier
+
+    z = NormalDist().inv_cdf(0.8)
+    n = units_to_decide(0.02, 0.004, 0.0, 16, -0.01, 0.01, 0.025)  # beyond +m: the low side must clear +m
+    clears = lambda k: 0.01 / 0.004 * (k / 16) ** 0.5 >= multiplier(0.025, k, 0.0) + z  # noqa: E731
+    assert clears(n) and not clears(n - 1) and n > 16
+    # inside ±m both sides must clear, each at z of 0.9: more units than one side alone
+    both = units_to_decide(0.0, 0.004, 0.0, 16, -0.01, 0.01, 0.025)
+    zz = NormalDist().inv_cdf(0.9)
+    assert 0.01 / 0.004 * (both / 16) ** 0.5 >= multiplier(0.025, both, 0.0) + zz
+    assert 0.01 / 0.004 * ((both - 1) / 16) ** 0.5 < multiplier(0.025, both - 1, 0.0) + zz
+    assert units_to_decide(0.01, 0.004, 0.0, 16, -0.01, 0.01, 0.025) is None  # on the margin: nothing decides it
+
+
+def test_the_suggested_size_decides_in_about_80_percent_of_runs():
+    """The size is for "if the effect is what was measured": simulated with the measured mean and spread,
+    runs of that size decide in ~80%. The old plug-in ("an interval this wide would decide") decided in
+    2–7 of 60 simulated runs at its suggested size (issue #38)."""
+    rng = np.random.default_rng(11)
+    n0, margin = 16, 0.01
+    x = 0.014 + 0.016 * rng.standard_normal(n0)
+    draws = resample(lambda m: m["x"], {"x": x}, np.arange(n0))
+    v = _one(draws, margin=margin, tokens=n0)
+    assert v.outcome == "undecided" and v.units_needed > n0
+    n, mean, sd = v.units_needed, draws.estimate, draws.se * np.sqrt(n0)
+    decided = sum(_one(resample(lambda m: m["x"], {"x": mean + sd * rng.standard_normal(n)}, np.arange(n)), margin=margin,
+                       tokens=n).outcome == "above" for _ in range(300))
+    print(f"\nsuggested {n} units (estimate {mean:.4f}, sd {sd:.4f}): decided in {decided}/300")
+    assert 0.72 <= decided / 300 <= 0.90
+    assert "80% power" in v.need()
+
+
+def test_the_same_data_give_the_same_verdicts_under_20_seeds():
+    """No Monte-Carlo verdicts (issue #38): a family decided under 20 seeds gives one set of verdicts and bounds."""
+    draws_by_seed = []
+    for seed in range(20):
+        rng = np.random.default_rng(99)  # the data: fixed
+        units = np.repeat(np.arange(12), 8)
+        tests = []
+        for i in range(6):
+            base = np.repeat(rng.lognormal(size=12), 8)
+            cells = {"ref": np.zeros(units.size), "w": 0.1 * base, "c": 0.05 * base,
+                     "wc": 0.15 * base + 0.004 * i + np.repeat(rng.normal(0, 0.01, 12), 8)}
+            d = resample(lambda m: m["wc"] - m["w"] - m["c"] + m["ref"], cells, units, seed=seed, n_resamples=500 + seed)
+            tests.append(Effect(str(i), d, Margin(0.01, 0.1, "KLD(C)", 0.1), 96))
+        draws_by_seed.append([(v.outcome, v.adjusted.low, v.adjusted.high) for v in decide(tests)])
+    assert all(d == draws_by_seed[0] for d in draws_by_seed)

@@ -47,7 +47,7 @@ def _coverage(trials: int = 200, n_resamples: int = 400) -> dict[str, float]:
 def test_resampling_documents_covers_where_resampling_their_windows_does_not():
     rates = _coverage()
     assert rates["documents"] >= 0.88  # 12 documents, normal difficulty: near the 95% level
-    assert rates["windows"] <= 0.75  # 48 "independent" windows: far too narrow
+    assert rates["windows"] <= 0.80  # 48 "independent" windows: far too narrow (77.5% with the skew-robust t)
     assert rates["documents"] - rates["windows"] >= 0.15
 
 
@@ -69,19 +69,19 @@ def test_token_arrays_resample_documents_when_they_have_them_and_say_so():
     assert stream.units.kind == "windows" and paired_interval(lambda m: m["k"], {"k": stream.kld}, stream.units).n_units == 12
 
 
-def test_every_verdict_prints_its_unit_margin_family_and_dropped_resamples():
+def test_every_verdict_prints_its_unit_margin_family_and_method():
     arrays = _arrays(list(range(10)))
     draws = resample(lambda m: m["k"], {"k": arrays.kld}, arrays.units, n_resamples=500)
     v = decide([Effect("kld", draws, Margin.relative_to(0.01, "KLD(C)"))], family="test")[0]
     text = v.describe()
     assert "margin ±0.001 (10% of KLD(C) 0.01)" in text and "Holm over 1 test" in text
-    assert "10 documents resampled, 0 of 500 resamples dropped" in text
-    assert v.to_dict()["resampling"] == "10 documents resampled, 0 of 500 resamples dropped"
+    assert "10 documents, skew-robust t" in text and "no Monte-Carlo error" in text
+    assert v.to_dict()["resampling"].startswith("10 documents, skew-robust t")
 
 
-def test_seeds_vary_with_the_effect_name_and_repeat_for_the_same_one():
+def test_the_interval_does_not_depend_on_a_seed_or_the_effect_name():
+    """Issue #38: no Monte-Carlo verdicts. The interval is analytic: every seed gives the same bounds."""
     arrays = _arrays(list(range(10)))
     draw = lambda seed: paired_interval(lambda m: m["k"], {"k": arrays.kld}, arrays.units, n_resamples=300, seed=seed)  # noqa: E731
-    assert draw("Δkld") == draw("Δkld") and draw("Δkld") != draw("Δppl")
-    assert draw(None) != draw("Δkld")
+    assert draw("Δkld") == draw("Δppl") == draw(None) == draw(7)
 

@@ -58,7 +58,7 @@ def test_coverage_of_the_95_interval_at_8_windows():
     print(f"\ncoverage of the 95% ratio interval, 8 windows, {trials} trials: {coverage:.1%}, median width {np.median(widths):.3f}, "
           f"{time.perf_counter() - started:.1f} s")
     assert 0.89 <= coverage <= 0.99
-    assert np.median(widths) < 0.25  # not covering by being uselessly wide
+    assert np.median(widths) < 0.30  # not covering by being uselessly wide (0.27: the skewness allowance's price)
 
 
 def test_a_fidelity_row_gives_its_ratio_interval_from_its_windows():

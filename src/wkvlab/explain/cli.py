@@ -36,10 +36,10 @@ def _two_lines(iv, fmt: str) -> str:
     return f"{iv.estimate:{fmt}}\n[{iv.low:{fmt}}, {iv.high:{fmt}}]"
 
 
-def _verdict_cell(v, fmt: str = ".3g") -> str:
+def _verdict_cell(v, fmt: str = ".3g", metric: str = "") -> str:
     """The verdict word over its margin (the adjustment is in the table title); percents for top-1."""
     if v is None:
-        return "undecided\n(stored without a rule)"
+        return "no verdict\n(scale makes −pq)" if metric == "top1" else "undecided\n(stored without a rule)"
     return f"[bold]{v.word}[/]\nm ±{v.margin.value:{fmt if fmt.endswith('%') else '.3g'}}"
 
 
@@ -47,16 +47,18 @@ def factorial_table(f: Factorial, ppl_ref: float) -> Table:
     from wkvlab.explain.factorial import METRIC_LABELS, METRICS
 
     v = f.kld.verdict
-    family = f"; verdicts: {v.adjustment}, m = {100 * v.margin.relative:g}% of the cache's own effect" if v is not None else ""
+    family = (f"; verdicts: {v.adjustment}, KLD margin {v.margin.format()}; {v.resampling}; PPL interaction on log PPL "
+              "(NLL nats), top-1 interaction not decided") if v is not None else ""
     table = _table(f"2×2 factorial: {f.weights} × {f.kv} on {f.model}/{f.data}, {f.tokens} tokens in {f.windows} windows of {f.ctx} "
-                   f"(effects vs the unquantized reference, PPL {ppl_ref:.3f}; 95% studentized paired bootstrap over windows{family})",
+                   f"(effects vs the unquantized reference, PPL {ppl_ref:.3f}; 95% intervals paired over units{family})",
                    ["metric", "W", "C", "W+C", "interaction (raw 95%)", "Holm-adjusted", "verdict", "ratio (W+C)/(W + C)"])
     for name in METRICS:
         e = f.metric(name)
         fmt = ".2%" if name == "top1" else ".4f"
         adjusted = _two_lines(e.verdict.adjusted, fmt) if e.verdict is not None else "—"
-        table.add_row(METRIC_LABELS[name], *(_two_lines(getattr(e, k), fmt) for k in ("w", "c", "wc", "interaction")),
-                      adjusted, _verdict_cell(e.verdict, fmt), _two_lines(e.ratio, ".2f"))
+        label = "PPL (interaction: NLL)" if name == "ppl" else METRIC_LABELS[name]
+        table.add_row(label, *(_two_lines(getattr(e, k), fmt) for k in ("w", "c", "wc", "interaction")),
+                      adjusted, _verdict_cell(e.verdict, fmt, name), _two_lines(e.ratio, ".2f"))
     return table
 
 
@@ -132,8 +134,8 @@ def explain_command(
     context_docs: Annotated[int, typer.Option(help="long documents for the position curve")] = 4,
     diag_windows: Annotated[int, typer.Option(help="windows for the attention decomposition and per-layer diagnostics")] = 1,
     skip: Annotated[Optional[str], typer.Option(help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")] = None,
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples per interval")] = 2000,
-    margin: MarginOption = 0.10,
+    resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
+    margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
     threads: ThreadsOption = None,
     cache_dir: CacheDirOption = None,
@@ -191,8 +193,8 @@ def _resolve(db, ident: str) -> str:
 
 def comparison_table(c: Comparison) -> Table:
     v = c.verdicts.get("kld")
-    family = f"; verdicts: {v.adjustment}, m = {100 * v.margin.relative:g}% of {c.a}'s own effect" if v is not None else ""
-    table = _table(f"{c.b} − {c.a}: {c.tokens} tokens in {c.windows} windows (95% studentized paired bootstrap over windows{family})",
+    family = f"; verdicts: {v.adjustment}, m {v.margin.format()}" if v is not None else ""
+    table = _table(f"{c.b} − {c.a}: {c.tokens} tokens in {c.windows} windows (95% skew-robust t intervals, paired{family})",
                    ["metric", "difference [raw 95%]", "Holm-adjusted", "verdict"])
     for key, name, fmt in (("kld", "KLD", ".5f"), ("ppl", "PPL", ".4f"), ("top1", "top-1 agreement", ".3%")):
         verdict = c.verdicts.get(key)
@@ -206,8 +208,8 @@ def compare_command(
     a: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the first result")],
     b: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the second result")],
     store: Annotated[Path, typer.Option(help="results store written by 'wkvlab sweep' (it keeps the per-token arrays pairing needs)")] = Path("results.db"),
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 2000,
-    margin: MarginOption = 0.10,
+    resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
+    margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the comparison as JSON")] = None,
 ) -> None:
     """Compare two stored results scored on the same tokens: b − a for KLD, PPL and top-1, with paired intervals."""

@@ -33,7 +33,7 @@ from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.eval.runner import Progress
 from wkvlab.explain.factorial import metric_arrays, metric_value
 from wkvlab.stats import Interval, resample
-from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, Effect, Margin, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, Effect, MarginRule, Verdict, decide
 
 
 def check_same_tokens(a: EvalResult, b: EvalResult) -> None:
@@ -117,7 +117,7 @@ def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None,
 
     a_name, b_name = a_label or label(a), b_label or label(b)
     draws = {m: difference(m) for m in ("kld", "ppl", "top1")}
-    effects = [Effect(f"Δ{m}", d, Margin.relative_to(_own_effect(a, m), f"{OWN_EFFECT[m]} of {a_name}", margin), a.tokens, DIFFERENCE)
+    effects = [Effect(f"Δ{m}", d, MarginRule.parse(margin).difference(_own_effect(a, m), f"{OWN_EFFECT[m]} of {a_name}"), a.tokens, DIFFERENCE)
                for m, d in draws.items()]
     verdicts = dict(zip(draws, decide(effects, family=f"{b_name} − {a_name}: KLD, PPL, top-1")))
     diff = np.abs(b.arrays.kld - a.arrays.kld)

@@ -11,9 +11,10 @@ W, C, W+C. The effects (:data:`EFFECTS`):
 * ``attention_interaction`` = KL(W+C) − KL(W) − KL(C) on the attention rows;
 * ``sinks`` = KLD(W, C+sinks) − KLD(W, C), the sinks kept at 16 bits, paired against the plain run.
 
-Each is a paired studentized bootstrap over windows (the tokens of a window resampled together,
-every cell on the same windows) and decided by :func:`wkvlab.stats.decide` with margin m = 10% of
-KLD(C) (the attention-KL interaction: 10% of the C cell's attention KL); all effects of one table
+Each is a paired interval over windows (the analytic skew-robust t of wkvlab.stats; the tokens of a window together,
+every cell on the same windows) and decided by :func:`wkvlab.stats.decide` with margin m by ``margin``
+(default 10% of the predicted total KLD(W)+KLD(C); the attention-KL interaction: of the attention KLs'
+own predicted total); all effects of one table
 form one Holm family. ``explained`` = (I − I′) / I, the share of the output interaction the term
 carries, is an interval only (a ratio: undefined when I is near 0).
 """
@@ -26,7 +27,7 @@ import numpy as np
 
 from wkvlab.stats import Interval, Resampled, resample
 from wkvlab.stats.bootstrap import Units
-from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, Margin, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, MarginRule, Verdict, decide
 
 SINK_TOKENS = 4  # = wkvlab.explain.attention.SINK_TOKENS (kept torch-free here)
 CELLS = ("w", "c", "wc", "wc_removed", "wc_sinks")  # output KLD per token of each cell and intervention
@@ -132,14 +133,18 @@ def cross_term_draws(data: CrossTermData, *, n_resamples: int = 2000, seed: int 
     windows = Units(np.arange(data.windows), "windows")
     draws["attention_interaction"] = resample(lambda m: m["wc"] - m["w"] - m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
     draws["attention_c"] = resample(lambda m: m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
+    draws["attention_w"] = resample(lambda m: m["w"], attn, windows, n_resamples=n_resamples, seed=seed)
     return draws
 
 
-def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, margin: float = DEFAULT_MARGIN) -> list[Effect]:
-    """The :data:`EFFECTS` of one pair as tests for :func:`wkvlab.stats.decide`: m = ``margin`` × KLD(C)
-    (× the C cell's attention KL for the attention-KL interaction)."""
-    m = Margin.relative_to(draws["kld_c"].estimate, "KLD(C)", margin)
-    m_attn = Margin.relative_to(draws["attention_c"].estimate, "attention KL(C)", margin)
+def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> list[Effect]:
+    """The :data:`EFFECTS` of one pair as tests for :func:`wkvlab.stats.decide`: m by ``margin``
+    (:class:`MarginRule`; by default 10% of the predicted total KLD(W)+KLD(C), for the attention-KL
+    interaction its attention-KL counterpart)."""
+    rule = MarginRule.parse(margin)
+    m = rule.interaction(draws["kld_w"].estimate - draws["kld_ref"].estimate if "kld_ref" in draws else draws["kld_w"].estimate,
+                         draws["kld_c"].estimate, "KLD")
+    m_attn = rule.interaction(draws["attention_w"].estimate, draws["attention_c"].estimate, "attention KL")
     words = {"interaction": INTERACTION, "interaction_removed": INTERACTION, "removed": DIFFERENCE, "attention_interaction": INTERACTION,
              "sinks": DIFFERENCE}
     return [Effect(f"{label}: {EFFECT_LABELS[e]}", draws[e], m_attn if e == "attention_interaction" else m, tokens, words[e])

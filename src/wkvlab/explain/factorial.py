@@ -12,10 +12,21 @@ For top-1 the effect is the *loss* of agreement (1 − agreement), so positive i
 Every number comes with a paired bootstrap interval (:mod:`wkvlab.stats`) over documents where the
 text has them, windows otherwise (:attr:`wkvlab.eval.TokenArrays.units`): all four cells were
 scored on the same tokens, and one resample draws the same units for all of them.
-Each interaction is decided by the one rule (:func:`wkvlab.stats.decide`): margin ±m = 10% (the
-``margin`` argument) of the cache's own effect on that metric, and the three interactions of one
-factorial (KLD, PPL, top-1) form one Holm family. Without an interval (fewer than 8 units) the
-verdict is *undecided*, never *additive*.
+Interactions are decided by the one rule (:func:`wkvlab.stats.decide`) only on scales where
+"additive" means "the two errors do not interact" (issue #38):
+
+* **KLD** — as measured; margin ±m from ``margin`` (:class:`~wkvlab.stats.decision.MarginRule`: by
+  default 10% of the predicted total KLD(W) + KLD(C));
+* **PPL** — on its log, the mean NLL: log PPL(W+C) − log PPL(W) − log PPL(C) + log PPL(ref). On
+  PPL itself two errors that each multiply PPL by e^b and e^c, independently, show an "interaction"
+  e^a(e^b − 1)(e^c − 1): a property of the exponential, not of the errors. The W, C, W+C columns stay
+  in PPL; the interaction, its ratio and its verdict are in nats of NLL;
+* **top-1** — no verdict: two independent errors that flip a token with probabilities p and q lose
+  p + q − pq of the agreement, an "interaction" of −pq from the scale alone. The interaction is
+  printed as a description, never decided.
+
+The KLD and NLL interactions of one factorial form one Holm family. Without an interval (fewer than
+8 units) the verdict is *undecided*, never *additive*.
 One ``run_grid`` call with weights ``[none, W]`` and KV ``[fp16, C]`` yields the four cells; the
 identity cell is computed too (its KLD is exactly zero when the hook is exact — a built-in check).
 """
@@ -30,12 +41,16 @@ from wkvlab.errors import DataError
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, Resampled, resample
-from wkvlab.stats.decision import DEFAULT_MARGIN, INTERACTION, Effect, Margin, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, INTERACTION, Effect, MarginRule, Verdict, decide
 from wkvlab.weights.spec import WeightSpec
 
 CELLS = ("ref", "w", "c", "wc")  # grid order of run_grid([none, W], [fp16, C])
 METRICS = ("kld", "ppl", "top1")
 METRIC_LABELS = {"kld": "KLD", "ppl": "PPL", "top1": "top-1 loss"}
+DECIDED = ("kld", "ppl")  # metrics whose interaction is decided (PPL's on the NLL scale); top-1: described only
+INTERACTION_LABELS = {"kld": "KLD", "ppl": "NLL (log PPL)", "top1": "top-1 loss"}
+NO_TOP1_VERDICT = ("no verdict: on top-1 agreement two independent errors lose p + q − pq, an interaction of −pq that "
+                   "the scale makes, not the errors")
 
 
 def factorial_specs(weights: WeightSpec, kv: KVSpec) -> tuple[list[WeightSpec], list[KVSpec]]:
@@ -118,17 +133,26 @@ def effect_draws(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: i
         return lambda m: f(m[name]) - f(m["ref"])
 
     w, c, wc = effect("w"), effect("c"), effect("wc")
-    statistics = {"w": w, "c": c, "wc": wc, "interaction": lambda m: wc(m) - w(m) - c(m),
-                  "ratio": lambda m: wc(m) / (w(m) + c(m))}  # NaN when both effects are 0
+    # the interaction and its ratio on the additive scale: the mean NLL (log PPL) for PPL, see the module docstring
+    log = (lambda name: lambda m: m[name] - m["ref"]) if metric == "ppl" else effect
+    lw, lc, lwc = log("w"), log("c"), log("wc")
+    statistics = {"w": w, "c": c, "wc": wc, "interaction": lambda m: lwc(m) - lw(m) - lc(m),
+                  "ratio": lambda m: lwc(m) / (lw(m) + lc(m)),  # NaN when both effects are 0
+                  "w_log": lw, "c_log": lc, "total": lambda m: lw(m) + lc(m)}  # total: what the default margin is a share of
     return {name: resample(stat, arrays, units, n_resamples=n_resamples, seed=seed) for name, stat in statistics.items()}
 
 
-def interaction_effect(draws: Mapping[str, Resampled], metric: str, tokens: int, margin: float = DEFAULT_MARGIN,
+def interaction_effect(draws: Mapping[str, Resampled], metric: str, tokens: int, margin: "float | str | MarginRule" = DEFAULT_MARGIN,
                        name: str | None = None) -> Effect:
-    """The interaction as an effect for :func:`wkvlab.stats.decide`: m = ``margin`` × |effect(C)|."""
-    label = METRIC_LABELS[metric]
-    return Effect(name or f"{label} interaction", draws["interaction"], Margin.relative_to(draws["c"].estimate, f"{label}(C)", margin),
-                  tokens, INTERACTION)
+    """The interaction as an effect for :func:`wkvlab.stats.decide`, m by ``margin`` (:class:`MarginRule`)
+    from the single effects on the interaction's own scale (NLL for PPL)."""
+    label = INTERACTION_LABELS[metric].split(" ")[0]
+    w_draws, c_draws = (draws["w_log"], draws["c_log"]) if "w_log" in draws else (draws["w"], draws["c"])
+    rule = MarginRule.parse(margin)
+    # the margin's reference from the same units, so that its own uncertainty is in the test (stats.decision.sides)
+    reference = {"total": draws.get("total"), "cache": c_draws}.get(rule.kind)
+    return Effect(name or f"{INTERACTION_LABELS[metric]} interaction", draws["interaction"],
+                  rule.interaction(w_draws.estimate, c_draws.estimate, label), tokens, INTERACTION, margin_draws=reference)
 
 
 def _effects(metric: str, reference: float, draws: Mapping[str, Resampled], verdict: Verdict | None) -> Effects:
@@ -140,10 +164,11 @@ def _reference_value(cells: Mapping[str, EvalResult], metric: str) -> float:
 
 
 def effects(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int | None = None,
-            margin: float = DEFAULT_MARGIN) -> Effects:
-    """Effects of W, C, W+C and their interaction for one metric; the interaction decided alone (a family of one)."""
+            margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> Effects:
+    """Effects of W, C, W+C and their interaction for one metric; the interaction decided alone (a family
+    of one), except top-1's, which is never decided (see the module docstring)."""
     draws = effect_draws(cells, metric, n_resamples=n_resamples, seed=seed)
-    verdict = decide([interaction_effect(draws, metric, cells["ref"].tokens, margin)])[0]
+    verdict = decide([interaction_effect(draws, metric, cells["ref"].tokens, margin)])[0] if metric in DECIDED else None
     return _effects(metric, _reference_value(cells, metric), draws, verdict)
 
 
@@ -177,10 +202,10 @@ class Factorial:
 
 
 def factorial(cells: Mapping[str, EvalResult], *, n_resamples: int = 2000, seed: int | None = None,
-              margin: float = DEFAULT_MARGIN) -> Factorial:
+              margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> Factorial:
     """The factorial from four results scored on the same tokens (see :func:`cells_from_grid`).
 
-    The three interactions (KLD, PPL, top-1) are one family: Holm-adjusted together."""
+    The KLD and NLL (log PPL) interactions are one family, Holm-adjusted together; top-1's is described only."""
     from wkvlab.explain.compare import check_same_tokens  # one definition of "same tokens"
 
     missing = [name for name in CELLS if name not in cells]
@@ -190,8 +215,9 @@ def factorial(cells: Mapping[str, EvalResult], *, n_resamples: int = 2000, seed:
         check_same_tokens(cells["ref"], cells[name])
     ref, wc = cells["ref"], cells["wc"]
     draws = {m: effect_draws(cells, m, n_resamples=n_resamples, seed=seed) for m in METRICS}
-    verdicts = decide([interaction_effect(draws[m], m, ref.tokens, margin) for m in METRICS],
-                      family=f"{wc.weights} × {wc.kv}: KLD, PPL, top-1 interactions")
+    decided = decide([interaction_effect(draws[m], m, ref.tokens, margin) for m in DECIDED],
+                     family=f"{wc.weights} × {wc.kv}: KLD and NLL (log PPL) interactions")
+    verdicts = [dict(zip(DECIDED, decided)).get(m) for m in METRICS]
     return Factorial(
         model=ref.model, data=ref.data, weights=wc.weights, kv=wc.kv, ctx=ref.ctx, tokens=ref.tokens,
         windows=int(np.unique(ref.arrays.window).size),

@@ -30,7 +30,7 @@ from wkvlab.eval.result import EvalResult
 from wkvlab.kv.formats import get_kv_format
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, paired_interval, resample
-from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, Margin, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, MarginRule, Verdict, decide
 
 SINK_TOKENS = 4
 HIGH_PRECISION_BITS = 7.0  # a K format under this many bits per value gets an 8-bit sibling
@@ -209,7 +209,7 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
             share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.units,
                              n_resamples=n_resamples, seed=seed)
         # the share is already relative to the excess: m = 10% of all of it
-        effects.append(Effect(f"{candidate.name}: share recovered", share, Margin.relative_to(1.0, "the cache's excess (share)", margin),
+        effects.append(Effect(f"{candidate.name}: share recovered", share, MarginRule.parse(margin).difference(1.0, "the cache's excess (share)"),
                               wc.tokens, RECOVERY))
         rows.append(MitigationResult(candidate.name, candidate.kv.label, candidate.why, result.kv_bytes_per_token,
                                      kld=interval(lambda s, m=m: s[m]), recovered=share.interval(),
@@ -221,6 +221,6 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
     rows.sort(key=lambda r: r.kld.estimate)
     excess = resample(lambda s: s["wc"] - s["w"], arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)
     (excess_verdict,) = decide([Effect("cache excess KLD(W+C) − KLD(W)", excess,
-                                       Margin.relative_to(float(wc.arrays.kld.mean()) if wc.tokens else 0.0, "KLD(W+C)", margin),
+                                       MarginRule.parse(margin).difference(float(wc.arrays.kld.mean()) if wc.tokens else 0.0, "KLD(W+C)", "nats"),
                                        wc.tokens, EXCESS)], family="cache excess over the quantized weights")
     return Mitigations(w.weights, wc.kv, wc.kv_bytes_per_token, excess.interval(), tuple(rows), excess_verdict)

@@ -36,7 +36,7 @@ class ExplainOptions:
     skip: tuple = ()
     n_resamples: int = 2000
     seed: int = 0
-    margin: float = 0.10  # the decision rule's m, as a fraction of the cache's own effect (wkvlab.stats.decision)
+    margin: "float | str" = "10%"  # the decision rule's m (wkvlab.stats.decision.MarginRule: 10%, 0.002, cache:10%)
 
     def __post_init__(self) -> None:
         skip = tuple(sorted({s.strip() for s in self.skip if s.strip()}))
@@ -47,8 +47,9 @@ class ExplainOptions:
         for name in ("ctx", "tokens", "max_ctx", "context_docs", "diag_windows", "n_resamples"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not self.margin >= 0:
-            raise ConfigError(f"--margin is a fraction of the cache's own effect (0.1 = 10%) and cannot be negative, got {self.margin}")
+        from wkvlab.stats.decision import MarginRule
+
+        MarginRule.parse(self.margin)  # a bad --margin is a one-line error before any model loads
         # Known before any model loads: the steps that use --max-ctx need room (the model's own limit
         # is checked by the CLI from the model's files, and again after loading).
         if self.runs("retrieval") and self.max_ctx < RETRIEVAL_MIN_CTX:

@@ -10,7 +10,7 @@ only of an interaction the rule did not decide.
 """
 from __future__ import annotations
 
-from wkvlab.explain.factorial import Effects, Factorial
+from wkvlab.explain.factorial import NO_TOP1_VERDICT, Effects, Factorial
 
 HEADS = {"above": "Compounds: {w} with {c} costs more than the sum of the two alone",
          "below": "Sub-additive: {w} with {c} costs less than the sum of the two alone",
@@ -30,9 +30,13 @@ def additivity(f: Factorial) -> list[str]:
 
 def _others(e: Effects, name: str, tokens: int, windows: int) -> str:
     fmt = ".4f" if name == "PPL" else ".2%"
-    rule = e.verdict.describe(fmt) if e.verdict is not None else f"{e.interaction:{fmt}} (no verdict)"
-    return (f"{name}: W {e.w.estimate:+{fmt}}, C {e.c.estimate:+{fmt}}, W+C {e.wc.estimate:+{fmt}}; interaction {rule} "
-            f"({tokens} tokens, {windows} windows, studentized paired bootstrap)")
+    if name == "PPL":  # decided on the log scale: the interaction is in nats of NLL
+        scale = "interaction on log PPL (mean NLL, nats) "
+        rule = e.verdict.describe(".4f") if e.verdict is not None else f"{e.interaction:.4f} (no verdict)"
+    else:
+        scale, rule = "interaction ", f"{e.interaction:{fmt}} ({NO_TOP1_VERDICT})"
+    return (f"{name}: W {e.w.estimate:+{fmt}}, C {e.c.estimate:+{fmt}}, W+C {e.wc.estimate:+{fmt}}; {scale}{rule} "
+            f"({tokens} tokens, {windows} windows)")
 
 
 def noise_floor(report) -> list[str]:

@@ -1,6 +1,6 @@
 """Tables of the findings, from stored per-token arrays, every number with a paired interval.
 
-All intervals come from :func:`wkvlab.stats.resample` (studentized bootstrap, windows resampled,
+All intervals come from :func:`wkvlab.stats.resample` (skew-robust t over units, analytic,
 the same windows for every config compared), and every verdict from the one decision rule
 (:func:`wkvlab.stats.decide`), as in explain, compare and the report: a table's tests are one
 family, Holm-adjusted together, and each row shows its raw and its adjusted interval, its margin
@@ -22,7 +22,7 @@ from wkvlab.explain.compare import check_same_tokens
 from wkvlab.explain.factorial import effect_draws, interaction_effect
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, resample
-from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, Effect, Margin, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, Effect, MarginRule, Verdict, decide
 from wkvlab.weights.spec import WeightSpec
 
 
@@ -187,7 +187,7 @@ def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000
                 # one basis text for the family: the table's footnote states it once, and each row's margin column
                 # gives that row's m (naming the first row's cache there read as if it held for every row)
                 found.append((kv, a, b, Effect(f"{kv}: penalty under {a} − under {b}", draws,
-                                               Margin.relative_to(scale, "KLD(C), the row's cache under unquantized weights", margin), ref.tokens,
+                                               MarginRule.parse(margin).difference(scale, "KLD(C), the row's cache under unquantized weights", "nats"), ref.tokens,
                                                DIFFERENCE)))
     verdicts = decide([e for *_, e in found], family=f"{ref.model} weight-method differences")
     return [MethodDifference(kv, a, b, e.draws.interval(), v) for (kv, a, b, e), v in zip(found, verdicts)]
@@ -238,7 +238,7 @@ def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, n_r
             mismatch = {c: resample(lambda m, c=c: m[c] - m[own], arrays, units, n_resamples=n_resamples)
                         for c in cells if c != own and own in cells}
             tests = {c: Effect(f"{weights} on {data}: calibrated on {c} − on {own}", d,
-                               Margin.relative_to(kld[own].estimate, f"KLD calibrated on {own}", margin), first.tokens, DIFFERENCE)
+                               MarginRule.parse(margin).difference(kld[own].estimate, f"KLD calibrated on {own}", "nats"), first.tokens, DIFFERENCE)
                      for c, d in mismatch.items()}
             found.append((weights, data, own, kld, mismatch, tests))
     flat = [t for *_, tests in found for t in tests.values()]

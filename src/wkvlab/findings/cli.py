@@ -18,7 +18,7 @@ def findings_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<N>")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
     markdown: Annotated[Optional[Path], typer.Option(help="also write the finding's tables as Markdown here")] = None,
-    margin: MarginOption = 0.10,
+    margin: MarginOption = "10%",
     threads: ThreadsOption = None,
     cache_dir: CacheDirOption = None,
     no_weight_cache: NoWeightCacheOption = False,
@@ -36,8 +36,9 @@ def findings_command(
         raise ConfigError(f"--markdown {markdown} is a folder; give a file name such as {markdown / (name + '.md')}")
     if markdown is not None and not markdown.parent.is_dir():
         raise ConfigError(f"folder {markdown.parent} does not exist; create it or choose another --markdown")
-    if not margin >= 0:
-        raise ConfigError(f"--margin is a fraction (0.1 = 10%) and cannot be negative, got {margin}")
+    from wkvlab.stats.decision import MarginRule
+
+    margin = MarginRule.parse(margin)  # a bad --margin: one line, before any model loads
     grids.check_size(name, model, ctx=ctx, tokens=tokens)
     start_run("findings", threads, f"{name} on {model} (store {store})", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.findings.run import run_finding

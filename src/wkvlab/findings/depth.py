@@ -31,7 +31,7 @@ import numpy as np
 from wkvlab.errors import DataError
 from wkvlab.stats import Interval, resample
 from wkvlab.stats.bootstrap import MIN_UNITS, Units
-from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, Margin, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, MarginRule, Verdict, decide
 
 DEPTH_DATA = "code-long"
 DEPTH_TARGET = 512
@@ -113,8 +113,8 @@ def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, n_resamples
                 growth = draws.interval()
                 relative = resample(lambda m, n=name: m[n] / m[base] - 1.0, arrays, doc_units, n_resamples=n_resamples).interval()
                 effects.append((len(rows), Effect(f"{kv}: prefix {length} − prefix {first}", draws,
-                                                  Margin.relative_to(float(cells[first].arrays.kld.mean()), f"the penalty at prefix {first}",
-                                                                     margin), int(units.size), GROWTH_WORDS)))
+                                                  MarginRule.parse(margin).difference(float(cells[first].arrays.kld.mean()),
+                                                                                      f"the penalty at prefix {first}", "nats"), int(units.size), GROWTH_WORDS)))
             rows.append(DepthRow(kv, length, int(units.size), penalty, growth, relative))
     verdicts = decide([e for _, e in effects], family="depth: every cache × prefix length against the shortest")
     from dataclasses import replace

@@ -30,10 +30,16 @@ def _rule_note(verdicts, unit: str = "windows", margin_of: str | None = None) ->
     if not verdicts:
         return ""
     v = verdicts[0]
-    return (f"\n\nVerdicts: the one decision rule (docs/explain.md, 'The decision rule'): margin m = {100 * v.margin.relative:g}% of "
-            f"{margin_of or v.margin.of.split(' of ')[0]}; {v.adjustment}; an interval beyond ±m compounds (or is higher/lower), one inside ±m is "
-            "additive (or equivalent) within ±m, anything else is undecided with the tokens that would decide it. Raw intervals are "
-            f"95% studentized paired bootstrap over {unit}; adjusted ones are the same bootstrap at Holm's level.")
+    margin = (f"±{v.margin.value:.3g} ({v.margin.of})" if v.margin.stated
+              else f"{100 * v.margin.relative:g}% of {margin_of or v.margin.of.split(' of ')[0] if not v.margin.of.startswith('the predicted') else v.margin.of}")
+    if v.raw.method:  # decided under issue #38's rule: say its interval and power
+        method = (f"Raw intervals are 95% {v.raw.method}, over {unit}; adjusted ones are the same interval at Holm's level; the tokens "
+                  "that would decide an undecided one are for 80% power at its estimate (docs/stats.md).")
+    else:  # a record stored before issue #38: what it was decided with
+        method = f"Raw intervals are 95% studentized paired bootstrap over {unit}; adjusted ones are the same bootstrap at Holm's level."
+    return (f"\n\nVerdicts: the one decision rule (docs/explain.md, 'The decision rule'): margin m = {margin}; {v.adjustment}; an interval "
+            "beyond ±m compounds (or is higher/lower), one inside ±m is additive (or equivalent) within ±m, anything else is undecided "
+            f"with the tokens that would decide it. {method}")
 
 
 def _decision(v) -> str:
@@ -126,8 +132,10 @@ def attention_markdown(rows) -> str:
         "'change': the intervened KLD(W+C) minus the plain one (lower: the term, or the sinks' quantization, raised it); 'share "
         "it carries': (I − I′) / I, I the output interaction, I′ the same with the term removed (shown only where I's interval "
         "excludes 0: a ratio to a near-zero I says nothing); 'attention-KL interaction': "
-        "KL(W+C) − KL(W) − KL(C) of the attention rows, margin 10% of the C cell's attention KL. Intervals: 95% studentized paired "
-        f"bootstrap over windows; verdicts by the one rule at the Holm-adjusted level, {first.adjustment}."
+        "KL(W+C) − KL(W) − KL(C) of the attention rows, margin "
+        + (f"{first.margin.format()} for the output KLD and the same rule on the attention KLs. Intervals: 95% {first.raw.method} "
+           if first.raw.method else "10% of the C cell's attention KL. Intervals: 95% studentized paired bootstrap ")
+        + f"over windows; verdicts by the one rule at the Holm-adjusted level, {first.adjustment}."
         + _rule_note(v for x in crossed for v in x.verdicts.values()))
 
 

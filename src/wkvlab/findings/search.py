@@ -215,7 +215,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
     from wkvlab.search.measure import Scorer
     from wkvlab.search.pareto import Point, pareto_front
     from wkvlab.search.predict import predictor_from_profile, spearman
-    from wkvlab.stats.decision import Effect, Margin, decide
+    from wkvlab.stats.decision import Effect, MarginRule, decide
     from wkvlab.stats.twostage import MIN_PROFILES, two_stage
     from wkvlab.weights.apply import quantize_model_weights
     from wkvlab.weights.calibration import CalibrationSpec, calibration_corpus, calibration_set
@@ -333,7 +333,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
                              else "KVTuner's rule (approx.)" if rival == "kvtuner" else f"the {rival} plans")
                     mine[rival] = len(effects)
                     effects.append(Effect(f"{text}/{share:.0%}/{held}: aware − {label}", draws,
-                                          Margin.relative_to(kld[rival], f"KLD of {label}", margin), tokens, SEARCH_WORDS))
+                                          MarginRule.parse(margin).difference(kld[rival], f"KLD of {label}", "nats"), tokens, SEARCH_WORDS))
                 rows.append((PlanRow(text, budget, share, held, kld["aware"], kld["unaware"], uni_name, kld.get("uniform", float("nan")),
                                      tokens, R, kld["greedy"], kld["random"], step, kld["kvtuner"], spent, diffs), mine))
     verdicts = decide(effects, family="search finding: every aware − rival difference at equal memory")

@@ -139,8 +139,9 @@ def cross_term_table(data: ReportData) -> Table:
         _number("kld_baseline", "kld_baseline", ".5f", "KLD of the baseline (baseline weights, 16-bit cache)"),
         Column("baseline_weights", lambda r: r.baseline_weights, doc="the 16-bit weight config the factorial is measured against"),
     )
-    return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% studentized paired bootstrap interval; "
-                 "verdict: the one decision rule (m = 10% of the cache's own KLD, Holm over the group's cross terms)",
+    return Table("cross_terms", "Cross-terms: KLD(W+C) − KLD(W) − KLD(C) + KLD(baseline), 95% skew-robust t interval paired over windows (analytic, "
+                 "docs/stats.md); verdict: the one decision rule (m = 10% of the predicted total KLD(W)+KLD(C), Holm over the group's "
+                 "cross terms)",
                  columns, data.cross_terms)
 
 

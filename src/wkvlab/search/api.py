@@ -32,7 +32,7 @@ from wkvlab.search.measure import Score, Scorer, paired_draws
 from wkvlab.search.pareto import Point, pareto_front
 from wkvlab.search.predict import Predictor, predictor_from_profile, spearman
 from wkvlab.search.profile import SensitivityProfile, collect_profile, profile_key, profile_steps
-from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, Margin, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, MarginRule, Verdict, decide
 from wkvlab.weights.apply import model_weight_bytes, quantize_model_weights
 from wkvlab.weights.calibration import CalibrationSet, CalibrationSpec, calibration_corpus, calibration_set
 from wkvlab.weights.spec import WeightSpec
@@ -507,7 +507,7 @@ def _decide(rows: list[Row], budgets: list[float], step: float, uniform_of: dict
             draws = paired_draws(chosen.score, score)
             if draws is not None:
                 where.append((len(points), len(comps) - 1))
-                effects.append(Effect(f"{b:,.0f} B/token: plan − {label}", draws, Margin.relative_to(score.kld, f"KLD of {label}", margin),
+                effects.append(Effect(f"{b:,.0f} B/token: plan − {label}", draws, MarginRule.parse(margin).difference(score.kld, f"KLD of {label}", "nats"),
                                       chosen.score.tokens, SEARCH_WORDS))
         points.append(BudgetPoint(b, step, chosen.name if chosen else "", chosen.kld if chosen else math.nan,
                                   chosen.kv_bytes_per_token if chosen else math.nan, comps, uniform_of.get(b, ""), notes.get(b, [])))
@@ -530,7 +530,7 @@ def _verdict_text(point: BudgetPoint) -> str:
             continue
         need = v.need()
         text += (f"; minus {c.label} ({c.kld:.5f}): {format(v.raw, '+.5f')} → {v.word} (m ±{v.margin.value:.2g}, "
-                 f"{100 * v.margin.relative:g}% of its KLD; {v.adjustment})" + (f", {need}" if need else ""))
+                 + ("stated" if v.margin.stated else f"{100 * v.margin.relative:g}% of its KLD") + f"; {v.adjustment})" + (f", {need}" if need else ""))
     for note in point.notes:
         text += f"; {note}"
     return text
@@ -541,10 +541,13 @@ def _curve_text(points: list[BudgetPoint], family: str) -> str:
     verdicts = [c.verdict for p in points for c in p.comparisons if c.verdict is not None]
     counts = {w: sum(v.outcome == o for v in verdicts) for o, w in zip(("below", "above", "within", "undecided"),
                                                                          ("better", "worse", "equivalent", "undecided"))}
+    if not verdicts:
+        return f"over {len(points)} budgets: no paired comparison"
+    m = verdicts[0].margin
+    rule = f"m = ±{m.value:.3g} nats, stated" if m.stated else f"m = {100 * m.relative:g}% of each rival's KLD"
     return (f"over {len(points)} budgets the plan is better in {counts['better']}, worse in {counts['worse']}, equivalent in "
             f"{counts['equivalent']} and undecided in {counts['undecided']} of {len(verdicts)} comparisons "
-            f"(m = {100 * verdicts[0].margin.relative:g}% of each rival's KLD; Holm over {len(verdicts)} tests)" if verdicts
-            else f"over {len(points)} budgets: no paired comparison")
+            f"({rule}; Holm over {len(verdicts)} tests)")
 
 
 def search(model: str | LoadedModel = "default", data: str = "default", *, budget: float | None = None, gpu: str | None = None,

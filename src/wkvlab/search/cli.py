@@ -159,7 +159,7 @@ def search_command(
     recipe: Annotated[Optional[Path], typer.Option(help="write the layer-wise recipe JSON (KVTuner bits, ModelOpt quant_cfg)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the full result as JSON")] = None,
     calib: Annotated[str, typer.Option(help="calibration text for gptq/awq weights")] = "prose",
-    margin: MarginOption = 0.10,
+    margin: MarginOption = "10%",
     threads: ThreadsOption = None,
     cache_dir: CacheDirOption = None,
     no_weight_cache: NoWeightCacheOption = False,
@@ -182,6 +182,9 @@ def search_command(
     check_output_file(out, "--out", SPEC_SUFFIXES)
     check_output_file(recipe, "--recipe")
     check_output_file(json_out, "--json")
+    from wkvlab.stats.decision import MarginRule
+
+    margin = MarginRule.parse(margin)  # a bad --margin: one line, before any model loads
     what = (f"budget {budget:,.0f} B/token" if budget is not None else f"{len(curve)} budgets {min(curve):,.0f}–{max(curve):,.0f} B/token"
             if curve else f"GPU {gpu}")
     choice = start_run("search", threads, f"{model} on {data} under {weights} weights, {what}", cache_dir=cache_dir,

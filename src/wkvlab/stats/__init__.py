@@ -5,7 +5,7 @@ from __future__ import annotations
 from wkvlab.lazy import lazy_exports, names
 
 _EXPORTS = {
-    **names("bootstrap", "Interval", "Resampled", "paired_interval", "resample", "unit_resampling_weights"),
+    **names("bootstrap", "Interval", "Resampled", "paired_interval", "resample"),
     **names("ratio", "window_ratio"),
     **names("decision", "Margin", "Effect", "Verdict", "decide", "DEFAULT_MARGIN"),
 }
