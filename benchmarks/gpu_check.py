@@ -95,7 +95,7 @@ KV_SPECS = [
     "int2+residual=8", "int4+window=5+sinks=2", "int4+pastonly", "int2-c4/int2+residual=8", "int4+skip=0",
     "int2-c4/int2-g32-asym+k_residual=8+v_window=9",  # KIVI's rule at a small scale
 ]
-CALIBRATED_KV = ["int4+smooth", "qserve:kv4", "kvquant:4", "kvquant:3-1%", "vllm:fp8_e4m3+scales=calculate",
+CALIBRATED_KV = ["int4+smooth", "qserve:kv4", "kvquant:4", "kvquant:3-1%", "vllm@0.27:fp8_e4m3+scales=calculate",
                  "vllm:fp8_e4m3+scales=amax448-head", "int4+sinks=auto"]
 WEIGHT_SPECS = ["bf16", "int8", "int4-g32", "int4-g32-sym", "q4_0", "fp8", "fp8-wo", "fp8-static", "nvfp4", "nvfp4-wo", "mxfp4",
                 "llm-int8", "int8+a=int8", "w8a8-int8", "gptq-int4-g32", "awq-int4-g32"]

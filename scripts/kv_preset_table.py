@@ -24,7 +24,7 @@ SPECS = [
     "llamacpp:q8_0/q4_0", "llamacpp:q4_0+norot", "llamacpp-x86:q8_0", "llamacpp:f16/q4_0",
     "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head", "vllm@0.23:int8_per_token_head", "int8_pth-round", "vllm:fp8_per_token_head", "vllm:int4_per_token_head",
     "exl3:k8v8", "exl3:k6v6", "exl3:k4v4", "exl3:k4v2", "exl3:k3v3", "exl3:k2v2", "exl3-fa:k4v4", "exl3-fa:k2v2",
-    "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head", "vllm:fp8_e4m3+scales=calculate", "vllm-fa3:fp8_e4m3",
+    "vllm:fp8_e4m3+scales=amax448", "vllm:fp8_e4m3+scales=amax448-head", "vllm@0.27:fp8_e4m3+scales=calculate", "vllm-fa3:fp8_e4m3",
     "sglang:fp4_e2m1", "nvfp4-fp8read", "nvfp4-fp8read-sm100", "vllm:nvfp4", "vllm:nvfp4_4over6",  # +recipe=nvfp4 is vllm:nvfp4
     "kivi4", "kivi2", "kvquant:4", "kvquant:4-1%", "kvquant:3", "kvquant:3-1%", "kvquant:2-1%",
     "qserve:kv4", "hf-quanto:int4", "hf-quanto:int2", "hf-hqq:int8", "hf-hqq:int4", "hf-hqq:int2",

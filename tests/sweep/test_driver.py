@@ -78,7 +78,7 @@ def test_dry_run_names_what_its_estimate_leaves_out(tmp_path):
     """The passes are priced; the builds and calibrations the run's ETA times apart (display.StepCosts) are
     named, and the time is a lower bound, not 12 s for a sweep of minutes (issue 42)."""
     spec = SweepSpec.from_dict({"ctx": 64, "tokens": 128, "weights": ["int8", "gptq-int4-g128", "awq-int4-g128"],
-                                "kv": ["fp16", "vllm:fp8_e4m3+scales=calculate"]})
+                                "kv": ["fp16", "vllm@0.27:fp8_e4m3+scales=calculate"]})
     plan = api.sweep(spec, tmp_path / "new.db", dry_run=True)
     assert plan.untimed == ("2 calibrated weight build(s) (GPTQ/AWQ/SmoothQuant)", "3 KV calibration(s)", "loading 1 model(s)")
     text = plan.estimate(lambda s: f"{s:.0f}s")
