@@ -47,28 +47,27 @@ class WeightSnapshot(Mapping[str, torch.Tensor]):
         self.where = where or ("host" if _on_accelerator(model) else "disk")
         self._alias: dict[str, str] = {}  # name -> the name its (shared) tensor is stored under
         first: dict[int, str] = {}
-        tensors: dict[str, torch.Tensor] = {}
+        tensors: dict[str, torch.Tensor] = {}  # the model's own tensors, each once
         for name in self.names:
             tensor = state[name]
             key = id(tensor)
             self._alias[name] = first.setdefault(key, name)
             if first[key] == name:
-                tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
+                tensors[name] = tensor.detach()
         self.bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         self._folder: Path | None = None
         self._host: dict[str, torch.Tensor] | None = None
         if self.where == "host":
-            self._host = tensors
+            self._host = {name: t.to("cpu", copy=True).contiguous() for name, t in tensors.items()}
         else:
-            from safetensors.torch import save_file
-
             from wkvlab.models.loading import cache_dir
+            from wkvlab.weights.stream import save_streamed
 
             root = cache_dir() / "restore"
             root.mkdir(parents=True, exist_ok=True)
             self._folder = Path(tempfile.mkdtemp(prefix="weights-", dir=root))
-            save_file(tensors, str(self._folder / "originals.safetensors"))
-            del tensors
+            save_streamed(tensors, self._folder / "originals.safetensors")  # one tensor in RAM at a time, not the model
+        del tensors
 
     # ---- Mapping: the original of one name, on the CPU ----------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
