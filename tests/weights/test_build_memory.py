@@ -53,6 +53,24 @@ def test_build_peak_is_within_15_percent_of_the_estimate(bench, case):
     assert got["build_peak_gib"] >= 0.4 * got["peak_gib"]  # the build's own part is much of the peak: the ratio tests it
 
 
+def test_a_planted_extra_hessian_breaks_the_bound(bench, monkeypatch):
+    """The check can fail: one more Hessian kept per input group (what a linear keeping its own
+    Hessian did) puts the emulated GPTQ build past +15% of the estimate."""
+    from wkvlab.weights import gptq
+
+    real, kept = gptq.hessian_of, []
+
+    def keeping_a_copy(layer, hidden, kwargs, module):
+        hessian = real(layer, hidden, kwargs, module)
+        kept.append(hessian.clone())
+        return hessian
+
+    monkeypatch.setattr(gptq, "hessian_of", keeping_a_copy)
+    shape, layers, spec = CASES["llama-gptq"]
+    got = bench.emulate_build({**bench.SHAPES[shape], **FAST, "num_hidden_layers": layers}, spec, samples=8, length=512)
+    assert got["ratio"] > 1 + MARGIN, got
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["llama-70b-slice:gptq-int4-g128", "llama-70b-slice:awq-int4-g128", "mixtral-8x7b-layer:gptq-int4-g128"])
 def test_the_issues_shapes_peak_within_15_percent_of_the_estimate(bench, case):
