@@ -199,21 +199,21 @@ AWQ_CLIP_TOKENS = 512  # input rows AWQ keeps per linear for its clipping search
 def _gptq_groups(desc: ModelDescription) -> list[tuple[int, int, bool]]:
     """``(in, out, stacked)`` of each matrix GPTQ quantizes at once: q/k/v (every attention linear
     reading the hidden size) stacked, gate and up stacked, each expert's gate/up and down alone."""
-    groups = []
-    for layer in sorted({lin.layer for lin in linear_inventory(desc)}):
-        attention_in = [lin for lin in linear_inventory(desc) if lin.layer == layer and lin.name.startswith("attn.")
-                        and lin.in_features == desc.hidden_size]
+    groups = set()
+    inventory = linear_inventory(desc)
+    for layer in sorted({lin.layer for lin in inventory}):
+        linears = [lin for lin in inventory if lin.layer == layer]
+        attention_in = [lin for lin in linears if lin.name.startswith("attn.") and lin.in_features == desc.hidden_size]
         if attention_in:
-            groups.append((desc.hidden_size, sum(lin.out_features for lin in attention_in), len(attention_in) > 1))
-        for lin in linear_inventory(desc):
-            if lin.layer != layer or lin in attention_in:
+            groups.add((desc.hidden_size, sum(lin.out_features for lin in attention_in), len(attention_in) > 1))
+        for lin in linears:
+            if lin in attention_in:
                 continue
             if lin.routed_expert:  # one expert's matrix (gate and up of one expert are one matrix)
-                groups.append((lin.in_features, lin.out_features * (2 if lin.name.endswith("gate_up_proj") else 1), False))
+                groups.add((lin.in_features, lin.out_features * (2 if lin.name.endswith("gate_up_proj") else 1), False))
             else:
-                groups.append((lin.in_features, lin.out_features * lin.count, lin.count > 1))
-        break  # every decoder layer has the same matrices (the first one stands for them)
-    return groups
+                groups.add((lin.in_features, lin.out_features * lin.count, lin.count > 1))
+    return sorted(groups)
 
 
 def _gptq_build(desc: ModelDescription, tokens: int, dtype_bytes: int) -> int:
