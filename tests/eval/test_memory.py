@@ -53,13 +53,28 @@ def test_the_planners_description_of_a_loaded_model_counts_its_parameters(make):
 
 
 def test_calibrated_builds_add_their_capture():
+    """By hand for TINY (float32, 2 × 32 calibration tokens): what wkvlab.weights holds while it builds.
+    Whether these terms are what a build really holds is tested on meta (tests/weights/test_build_memory.py)."""
     desc = ModelDescription.from_config(TINY, name="tiny")
-    plain = estimate_memory(desc, _grid(weights=("int4-g32",))).plan("one-model", 1)
-    gptq = estimate_memory(desc, _grid(weights=("gptq-int4-g32",), calibration=(2, 32))).plan("one-model", 1)
-    capture = next(p.bytes for p in gptq.build_parts if p.name == "calibration capture")
-    # one layer's inputs and outputs, a calibration row's logits, the Hessian of the widest input and its inverse
-    assert capture == 2 * 2 * 32 * 64 * 4 + 32 * 128 * 4 + 2 * 128 * 128 * 4
-    assert next(p.bytes for p in plain.build_parts if p.name == "calibration capture") == 0
+
+    def capture(weights, calibration=(2, 32)):
+        plan = estimate_memory(desc, _grid(weights=weights, calibration=calibration)).plan("one-model", 1)
+        return next(p.bytes for p in plan.build_parts if p.name == "calibration capture")
+
+    tokens, d = 2 * 32, 4
+    hidden = tokens * 64 * d  # one layer's hidden states
+    forward = 4 * 32 * (6 * 64 + 3 * 128) * d + 4 * (4 * 32) * 32 * 4  # one chunk of 4 samples through a layer
+    # GPTQ's largest group: q/k/v stacked (in 64, out 128 + 64 + 64): the 16-bit stack, then in the column loop
+    # the inverse factor (in²) and three [out, in] float32 copies — more than 3 × in² + one copy while inverting
+    gptq = hidden + 64 * 256 * d + max(3 * 64 * 64 * 4 + 64 * 256 * 4, 64 * 64 * 4 + 3 * 64 * 256 * 4)
+    # AWQ: the outputs, every inspected module's recorded inputs and outputs (attention 64 + 64, the MLP 64 + 64,
+    # down_proj 128 + 64 features per token) and four float32 copies of q_proj beside k and v's candidates
+    awq = hidden + (128 + 128 + 192) * tokens * d + 4 * 128 * 64 * 4 + 2 * 64 * 64 * d
+    assert capture(("gptq-int4-g32",)) == max(hidden + forward, gptq)
+    assert capture(("awq-int4-g32",)) == max(hidden + forward, awq)
+    many = 64 * 32 * 64 * d  # 64 samples: the hidden states grow, the Hessian part does not
+    assert capture(("gptq-int4-g32",), calibration=(64, 32)) == max(many + forward, many + gptq - hidden)
+    assert capture(("int4-g32",)) == 0
 
 
 def test_llama_3_8b_grid_fits_24_gib_in_one_model():

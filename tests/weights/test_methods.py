@@ -54,10 +54,11 @@ def test_awq_search_without_quantization_leaves_logits_allclose(make):
     ref = _logits(model)
     spec = WeightSpec.parse("awq-int4-g32;noclip;grid=4")
     specs = {n: s for n, (_, s) in resolve_linears(model, spec).items()}
-    calls = capture_layer_inputs(model, _calibration().tokens, all_layers=True)
+    calls = capture_layer_inputs(model, _calibration().tokens)
     notes: set[str] = set()
+    hidden = calls.hidden[0]
     for index, (name, layer) in enumerate(decoder_layers(model)):
-        awq_layer(layer, name, calls.hidden[index], calls.kwargs[index], specs, architecture_of(model), notes)
+        hidden = awq_layer(layer, name, hidden, calls.kwargs[index], specs, architecture_of(model), notes)
     assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), make().state_dict().values()))
     torch.testing.assert_close(_logits(model), ref, atol=1e-4, rtol=1e-4)
 

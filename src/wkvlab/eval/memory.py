@@ -217,19 +217,80 @@ def _query_dependent(spec: KVSpec) -> bool:
     return False
 
 
+CAPTURE_CHUNK = 4  # calibration samples per forward (wkvlab.weights.capture.capture_layer_inputs)
+AWQ_CLIP_TOKENS = 512  # input rows AWQ keeps per linear for its clipping search (wkvlab.weights.awq.CLIP_TOKENS)
+
+
+def _gptq_groups(desc: ModelDescription) -> list[tuple[int, int, bool]]:
+    """``(in, out, stacked)`` of each matrix GPTQ quantizes at once: q/k/v (every attention linear
+    reading the hidden size) stacked, gate and up stacked, each expert's gate/up and down alone."""
+    groups = set()
+    inventory = linear_inventory(desc)
+    for layer in sorted({lin.layer for lin in inventory}):
+        linears = [lin for lin in inventory if lin.layer == layer]
+        attention_in = [lin for lin in linears if lin.name.startswith("attn.") and lin.in_features == desc.hidden_size]
+        if attention_in:
+            groups.add((desc.hidden_size, sum(lin.out_features for lin in attention_in), len(attention_in) > 1))
+        for lin in linears:
+            if lin in attention_in:
+                continue
+            if lin.routed_expert:  # one expert's matrix (gate and up of one expert are one matrix)
+                groups.add((lin.in_features, lin.out_features * (2 if lin.name.endswith("gate_up_proj") else 1), False))
+            else:
+                groups.add((lin.in_features, lin.out_features * lin.count, lin.count > 1))
+    return sorted(groups)
+
+
+def _gptq_build(desc: ModelDescription, tokens: int, dtype_bytes: int) -> int:
+    """GPTQ (wkvlab.weights.gptq) beside the weights: the layer's input hidden states, an MoE
+    layer's recorded expert inputs (as large), and the largest group's quantization: its rows
+    stacked (16-bit), a float32 copy of them and either three in² float32 matrices while the
+    Cholesky factor is inverted (the factor, ``cholesky_inverse``'s working copy — CUDA's solves
+    against an identity, as its meta kernel does — and the result) or, in the column loop, the
+    inverse factor with the quantized copy and the lazy update's product (in² + 2 more copies)."""
+    hidden = tokens * desc.hidden_size * dtype_bytes
+    experts = hidden if desc.moe else 0
+    worst = 0
+    for n_in, n_out, stacked in _gptq_groups(desc):
+        rows = n_in * n_out
+        worst = max(worst, (rows * dtype_bytes if stacked else 0) + max(3 * n_in * n_in * 4 + rows * 4, n_in * n_in * 4 + 3 * rows * 4))
+    return hidden + experts + worst
+
+
+def _awq_build(desc: ModelDescription, tokens: int, dtype_bytes: int) -> int:
+    """AWQ (wkvlab.weights.awq, AutoAWQ's search) beside the weights, one layer at a time: the
+    layer's outputs (the next layer's inputs), the recorded inputs and outputs of each inspected
+    module — attention, o_proj where K/V heads equal query heads, the MLP, down_proj — each freed
+    once its balance is searched, and per scale candidate one balanced linear's float32
+    temporaries (the scaled weights, their grid and dequantized copy: four of its size, measured)
+    beside the group's other candidate weights (16-bit)."""
+    h, i = desc.hidden_size, desc.intermediate_size
+    q_out, kv_out = desc.num_heads * desc.head_dim, desc.num_kv_heads * desc.head_dim
+    # (features recorded for this balance's inspected module, each balanced linear's out x in), in search order
+    balances = [(h + h, [q_out * h, kv_out * h, kv_out * h])]
+    if kv_out == q_out:
+        balances.append((q_out + h, [h * q_out]))
+    balances += [(h + h, [i * h, i * h]), (i + h, [h * i])]
+    worst = 0
+    for index, (_, linears) in enumerate(balances):
+        recorded = sum(features for features, _ in balances[index:]) * tokens * dtype_bytes
+        worst = max(worst, recorded + 4 * max(linears) * 4 + (sum(linears) - max(linears)) * dtype_bytes)
+    return tokens * h * dtype_bytes + worst
+
+
 def _calibration(desc: ModelDescription, weights: tuple[WeightSpec, ...], samples: int, length: int, dtype_bytes: int) -> int:
-    """What a calibrated build holds besides the weights: one layer's inputs and outputs (captured a
-    layer at a time), and GPTQ's Hessian and its inverse in float32 for the widest input, or AWQ's
-    float32 activations of the widest linear group."""
+    """What a calibrated build holds besides the weights (measured against a counting ``meta``
+    emulation of the build: benchmarks/build_memory.py, docs/weights.md): one layer's hidden
+    states and one chunk's forward for every calibrated method, plus GPTQ's or AWQ's own part."""
     methods = {w.method for w in weights}
     if not methods & {"gptq", "awq", "smoothquant"} and not any(w.activations != "none" for w in weights):
         return 0
-    widest = max(lin.in_features for lin in linear_inventory(desc))
-    layer_io = 2 * samples * length * desc.hidden_size * dtype_bytes
-    forward = length * desc.vocab_size * dtype_bytes  # one calibration row's logits (the rows run one at a time)
-    gptq = 2 * widest * widest * 4 if "gptq" in methods else 0
-    awq = 2 * samples * length * widest * 4 if "awq" in methods else 0
-    return layer_io + forward + max(gptq, awq)
+    tokens = samples * length
+    forward = _activations(desc, CAPTURE_CHUNK * length, length, dtype_bytes)
+    base = tokens * desc.hidden_size * dtype_bytes + forward
+    gptq = _gptq_build(desc, tokens, dtype_bytes) if "gptq" in methods else 0
+    awq = _awq_build(desc, tokens, dtype_bytes) if "awq" in methods else 0
+    return max(base, gptq, awq)
 
 
 def _reference_record(desc: ModelDescription, grid: GridShape, tokens: int | None = None) -> int:

@@ -364,15 +364,18 @@ def run_grid(
                 built, seconds = grid.build(weight_specs[w_index], snapshot)
                 active = built if built.model is model and not built.spec.is_identity else active
                 cells += grid.cells(w_index, built, seconds)
+            batch: list[_Cell] = []
             for batch in _batches(cells, plan):
                 running = batch
                 _run_cells(grid, batch, reference)
                 finished.update({cell.index: _result(grid, cell, reference, run) for cell in batch})
+                for cell in batch:
+                    cell.pass_.cache = None  # measured: its KV cache must not sit beside the next batch's or build
                 running = []
             if active is not None:
                 snapshot.restore(model, active.hooks)  # the next weight config starts from the original weights
                 active = None
-            del cells, built
+            del cells, built, batch  # the loop variable would keep the last batch (a copy's weights too) through the next build
             gc.collect()
     except Exception as exc:
         if active is not None:

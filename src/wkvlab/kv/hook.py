@@ -122,7 +122,11 @@ def kv_quantization(
                     weights = None
             if store.rot_v:
                 out = rotate(out, store.rot_v, inverse=True)
+            inputs.pop(module.layer_idx, None)  # this layer's hidden states are used: not kept until the next chunk
             return out.to(run_dtype), weights
 
-        with attention_override(model, attention):
-            yield
+        try:
+            with attention_override(model, attention):
+                yield
+        finally:
+            inputs.clear()  # a cache outliving the block holds this dict: no hidden states in it

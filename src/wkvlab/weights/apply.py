@@ -221,13 +221,13 @@ def _calibrated_steps(model, targets, experts, calibration: CalibrationSet, note
         smooth_model(model, layers, tokens, {n: s.alpha for n, s in by_method["smoothquant"].items()}, architecture_of(model))
     if by_method["awq"]:
         arch = architecture_of(model)
-        calls = capture_layer_inputs(model, tokens, all_layers=True)
-        found: set[str] = set()
-        for index, (name, layer) in enumerate(layers):
-            awq_layer(layer, name, calls.hidden[index], calls.kwargs[index], by_method["awq"], arch, found)
+        calls = capture_layer_inputs(model, tokens)
+        hidden, found = calls.hidden[0], set()
+        for index, (name, layer) in enumerate(layers):  # layer by layer: one layer's inputs alive at a time
+            hidden = awq_layer(layer, name, hidden, calls.kwargs[index], by_method["awq"], arch, found, last=index + 1 == len(layers))
             tick(f"AWQ layer {index + 1}/{len(layers)}", share)
         notes.extend(sorted(found))
-        del calls
+        del calls, hidden
     for name, (module, sub) in targets.items():
         if sub.method != "gptq":
             _keep_rtn_input(record, name, module)
@@ -235,7 +235,7 @@ def _calibrated_steps(model, targets, experts, calibration: CalibrationSet, note
     _round_experts({n: e for n, e in experts.items() if e[1].method != "gptq"})
     gptq_experts = {n: s for n, (_, s) in experts.items() if s.method == "gptq"}
     if by_method["gptq"] or gptq_experts:
-        gptq_layers(model, layers, capture_layer_inputs(model, tokens, all_layers=False), {**by_method["gptq"], **gptq_experts}, record,
+        gptq_layers(model, layers, capture_layer_inputs(model, tokens), {**by_method["gptq"], **gptq_experts}, record,
                     on_layer=lambda index: tick(f"GPTQ layer {index + 1}/{len(layers)}", share), notes=notes)
 
 

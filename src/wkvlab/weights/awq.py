@@ -14,7 +14,9 @@ Follows AutoAWQ's ``AwqQuantizer`` (the authors' implementation):
   clamp ``±max|w|`` by ``i/20`` for i < 10 and keep the one with the smallest error of the
   group's partial outputs on 512 subsampled tokens.
 
-Every layer is calibrated on the unquantized model's activations, as AutoAWQ does.
+Every layer is calibrated on the unquantized model's activations, as AutoAWQ does, captured layer by
+layer as AutoAWQ's ``_get_input_feat`` does: the layer's outputs before its scales are folded are
+the next layer's inputs, so one layer's hidden states are held, not every layer's.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from torch import Tensor
 
 from wkvlab.formats import fake_quant_affine
 from wkvlab.weights.arch import Architecture, fold_scales, resolve
-from wkvlab.weights.capture import layer_output, observe_inputs, record_calls, run_layer
+from wkvlab.weights.capture import advance_layer, layer_output, observe_inputs, record_calls
 from wkvlab.weights.rtn import group_spans, quantize_weight
 from wkvlab.weights.spec import WeightSpec
 
@@ -36,11 +38,15 @@ _NO_CLIP = ("q_proj", "k_proj")  # AutoAWQ avoid_clipping: errors in q/k are amp
 
 def weight_mean(weights: list[Tensor], group_size: int | None) -> Tensor:
     """AutoAWQ's ``w_mean``: |w| normalized by its group's max, averaged over all rows."""
-    w = torch.cat([x.float() for x in weights], dim=0).abs()
-    normalized = torch.empty_like(w)
+    w = weights[0].new_empty((sum(x.shape[0] for x in weights), weights[0].shape[1]), dtype=torch.float32)
+    row = 0
+    for x in weights:  # one float32 buffer for the balanced linears, normalized in place
+        w[row:row + x.shape[0]].copy_(x)
+        row += x.shape[0]
+    w.abs_()
     for lo, hi in group_spans(w.shape[1], group_size):
-        normalized[:, lo:hi] = w[:, lo:hi] / (w[:, lo:hi].amax(dim=1, keepdim=True) + 1e-6)
-    return normalized.mean(0)
+        w[:, lo:hi] /= w[:, lo:hi].amax(dim=1, keepdim=True) + 1e-6
+    return w.mean(0)
 
 
 def candidate_scales(x_mean: Tensor, w_mean: Tensor, ratio: float) -> Tensor:
@@ -50,13 +56,13 @@ def candidate_scales(x_mean: Tensor, w_mean: Tensor, ratio: float) -> Tensor:
 
 def scaled_fake_quant(w: Tensor, s: Tensor, spec: WeightSpec) -> Tensor:
     """``Q(W · s) / s``: what the quantized linear computes on unscaled inputs."""
-    return quantize_weight(w.float() * s[None, :], spec) / s[None, :]
+    return quantize_weight(w.to(torch.float32, copy=True).mul_(s[None, :]), spec) / s[None, :]
 
 
 @torch.no_grad()
 def search_scales(linears: list[torch.nn.Linear], x_mean: Tensor, spec: WeightSpec, loss_of) -> tuple[Tensor, list[float]]:
     """Grid search over ``ratio``; ``loss_of()`` runs the inspected module with the linears' current weights."""
-    originals = [m.weight.data.clone() for m in linears]
+    originals = [m.weight.data for m in linears]  # each candidate replaces .data, never writes into it: no copy needed
     w_mean = weight_mean(originals, spec.group_size)
     best, best_loss, losses = None, float("inf"), []
     try:
@@ -109,12 +115,16 @@ def _inspect_loss(module: torch.nn.Module, calls) -> float:
 
 @torch.no_grad()
 def awq_layer(layer: torch.nn.Module, layer_name: str, hidden: list[Tensor], kwargs: list[dict],
-              specs: dict[str, WeightSpec], arch: Architecture, notes: set[str]) -> None:
-    """Search, fold and clip the AWQ scales of one decoder layer in place (weights stay unquantized)."""
+              specs: dict[str, WeightSpec], arch: Architecture, notes: set[str], *, last: bool = False) -> list[Tensor]:
+    """Search, fold and clip the AWQ scales of one decoder layer in place (weights stay unquantized).
+
+    Returns the layer's outputs from before its scales were folded — the next layer's inputs, as
+    AutoAWQ feeds them (none when ``last``) — and consumes ``hidden`` (emptied as each chunk runs).
+    """
     modules = dict(layer.named_modules())
     linears = {n: m for n, m in modules.items() if f"{layer_name}.{n}" in specs}
     if not linears:
-        return
+        return advance_layer(layer, hidden, kwargs, keep=not last)
     plans = []
     for balance in arch.balances:
         found = resolve(layer, balance)
@@ -128,17 +138,22 @@ def awq_layer(layer: torch.nn.Module, layer_name: str, hidden: list[Tensor], kwa
     with ExitStack() as stack:
         entered = {id(p[3]): stack.enter_context(record_calls(p[3])) for p in plans}
         stats = stack.enter_context(observe_inputs(linears, keep_every=keep_every))
-        run_layer(layer, hidden, kwargs)
+        outputs = advance_layer(layer, hidden, kwargs, keep=not last)
     inputs = {name: torch.cat(stats[name].samples) for name in linears}
-    for prev, targets, names, inspect in plans:
+    means = {name: stats[name].abs_mean for name in linears}
+    del stats
+    for i, (prev, targets, names, inspect) in enumerate(plans):
         spec = specs[f"{layer_name}.{names[0]}"]
         calls = entered[id(inspect)]
-        scales, _ = search_scales(targets, stats[names[0]].abs_mean, spec, lambda: _inspect_loss(inspect, calls))
+        scales, _ = search_scales(targets, means[names[0]], spec, lambda: _inspect_loss(inspect, calls))
         fold_scales(prev, targets, scales, arch.norm_offset)
         for name in names:
             inputs[name] = inputs[name] / scales[None, :]
         # The producer may itself be a balanced linear (v_proj, up_proj): its recorded input is unchanged.
+        if all(p[3] is not inspect for p in plans[i + 1:]):
+            calls.clear()  # this module's recorded inputs and outputs are not replayed again
     for name, module in linears.items():
         spec = specs[f"{layer_name}.{name}"]
         if spec.clip and not name.endswith(_NO_CLIP):
             module.weight.data = clip_weight(module.weight.data, inputs[name], spec).to(module.weight.dtype)
+    return outputs

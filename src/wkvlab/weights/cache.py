@@ -3,7 +3,8 @@
 GPTQ, AWQ and SmoothQuant take minutes on a CPU; a sweep that evaluates the same weights on
 other text, contexts or KV configs must not redo them. The key hashes the model's fingerprint,
 the full spec (:meth:`WeightSpec.to_dict`), the calibration tokens' key and a format version.
-Only tensors that differ from the reference model are stored (safetensors, exact float32 bytes),
+Only tensors that differ from the reference model are stored (safetensors, exact bytes, written and
+read back one tensor at a time: :mod:`wkvlab.tensorfile`),
 plus a JSON file with the activation plan, notes and byte count; reloading copies the reference,
 writes those tensors back and re-attaches the activation hooks, so the result is bit-identical
 (tested). Files are written to a temporary folder and renamed, so a half-written entry is never read.
@@ -26,6 +27,7 @@ from wkvlab.models.loading import cache_dir
 from wkvlab.weights.activations import ActivationQuant, attach_activation_quantizers
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.spec import WeightSpec
+from wkvlab.tensorfile import write_state
 
 CACHE_VERSION = 2  # 2: quantized_fraction in meta.json, fused MoE experts quantized
 
@@ -41,27 +43,26 @@ def entry_dir(key: str) -> Path:
 
 def _changed_tensors(reference, quantized: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Tensors of ``quantized`` that differ from ``reference`` (a model, or an in-place build's
-    :class:`~wkvlab.weights.restore.WeightSnapshot`: only the tensors it holds can have changed)."""
+    :class:`~wkvlab.weights.restore.WeightSnapshot`: only the tensors it holds can have changed),
+    as the model holds them: nothing is copied (the file is written one tensor at a time)."""
     snapshot = not isinstance(reference, torch.nn.Module)
     ref = reference if snapshot else reference.state_dict()
     changed = {}
     for k, v in quantized.state_dict().items():
         if k not in ref:
             if not snapshot:
-                changed[k] = v.detach().contiguous().cpu()
+                changed[k] = v.detach()
         elif not torch.equal(ref[k].to(v.device), v):
-            changed[k] = v.detach().contiguous().cpu()
+            changed[k] = v.detach()
     return changed
 
 
 def save_entry(target: Path, reference, built, model_key: str = "") -> None:
-    from safetensors.torch import save_file
-
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         emb, head = built.model.get_input_embeddings(), built.model.get_output_embeddings()
-        save_file(_changed_tensors(reference, built.model), str(tmp / "tensors.safetensors"))
+        write_state(tmp / "tensors.safetensors", _changed_tensors(reference, built.model).items())
         meta = {"weight_bytes": built.weight_bytes, "lossless": built.lossless, "notes": built.notes,
                 "quantized_fraction": built.quantized_fraction,
                 "activations": {k: v.to_dict() for k, v in built.activations.items()}, "calibration": built.calibration,
@@ -84,20 +85,19 @@ def _was_tied(reference) -> bool:
 
 
 def load_entry(target: Path, reference: torch.nn.Module, spec: WeightSpec, in_place: bool = False):
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     from wkvlab.weights.apply import QuantizedWeights
 
     meta = json.loads((target / "meta.json").read_text())
-    tensors = load_file(str(target / "tensors.safetensors"))
     model = reference if in_place else copy.deepcopy(reference)
     if meta["untied"]:
         head = model.get_output_embeddings()
         head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
     state = model.state_dict()
-    with torch.no_grad():
-        for name, value in tensors.items():
-            state[name].copy_(value)
+    with torch.no_grad(), safe_open(str(target / "tensors.safetensors"), "pt") as handle:
+        for name in handle.keys():  # one tensor on the host at a time
+            state[name].copy_(handle.get_tensor(name))
     plan = {k: ActivationQuant(**v) for k, v in meta["activations"].items()}
     hooks = attach_activation_quantizers(model, plan)
     return QuantizedWeights(spec, model, meta["weight_bytes"], meta["lossless"], list(meta["notes"]), plan, meta["calibration"], cached=True,

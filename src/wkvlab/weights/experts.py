@@ -21,21 +21,22 @@ module's ``_apply_gate`` (``act_fn`` without a gate) that transformers' ``batche
 ``grouped_mm`` experts forwards feed to ``down_proj`` — wrapped per module instance
 (:func:`wrap_gated`). The eager forward computes the gate inline, so there it is refused.
 
-For GPTQ, :func:`observe_expert_inputs` gives each expert matrix the Hessian of the inputs it
-sees: the tokens routed to that expert (``top_k_index``) for ``gate_up_proj``, and the gated
-activations of those tokens, computed with the expert's own (unquantized) gate/up weights, for
-``down_proj`` — the computation of transformers' ``batched_mm_experts_forward``.
+For GPTQ, :func:`expert_hessian` gives each expert matrix the Hessian of the inputs it sees: the
+tokens routed to that expert (``top_k_index``) for ``gate_up_proj``, and the gated activations of
+those tokens, computed with the expert's own (unquantized) gate/up weights, for ``down_proj`` —
+the computation of transformers' ``batched_mm_experts_forward``. The module's inputs are recorded
+once per layer (:func:`record_expert_inputs`) and each Hessian is built from them when its matrix
+is quantized, so one expert matrix's Hessian is alive at a time, not every expert's.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 from torch import Tensor
 
-from wkvlab.weights.capture import accumulate_hessian
+from wkvlab.weights.capture import accumulate_hessian, new_hessian, run_until
 
 EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")
 GATED = ".gated"  # an activation-plan name: ``<experts module>.gated`` quantizes down_proj's input
@@ -103,54 +104,63 @@ def _linear(x: Tensor, w: Tensor, transposed: bool) -> Tensor:
     return x @ w if transposed else torch.nn.functional.linear(x, w)
 
 
-def expert_inputs(module: torch.nn.Module, hidden: Tensor, top_k_index: Tensor) -> Iterator[tuple[int, Tensor, Tensor]]:
-    """``(expert, input of its gate/up matrix, input of its down matrix)`` for each expert that got tokens."""
+def _routed(hidden: Tensor, top_k_index: Tensor, expert: int) -> Tensor | None:
+    """The tokens of ``hidden`` routed to ``expert`` (None when there are none)."""
     x = hidden.reshape(-1, hidden.shape[-1])
-    index = top_k_index.reshape(x.shape[0], -1)
-    transposed = bool(getattr(module, "is_transposed", False))
+    rows = (top_k_index.reshape(x.shape[0], -1) == expert).any(dim=1)
+    return x[rows] if bool(rows.any()) else None
+
+
+def _gated(module: torch.nn.Module, xe: Tensor, expert: int) -> Tensor:
+    """What the expert's down matrix reads for tokens ``xe``: its gate/up output through the gate."""
     has_gate = bool(getattr(module, "has_gate", True))
     first = module.gate_up_proj if has_gate else module.up_proj
     bias = getattr(module, "gate_up_proj_bias" if has_gate else "up_proj_bias", None) if getattr(module, "has_bias", False) else None
+    up = _linear(xe, first[expert].to(xe.dtype), bool(getattr(module, "is_transposed", False)))
+    if bias is not None:
+        up = up + bias[expert]
+    return module._apply_gate(up) if has_gate else module.act_fn(up)
+
+
+def expert_inputs(module: torch.nn.Module, hidden: Tensor, top_k_index: Tensor) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """``(expert, input of its gate/up matrix, input of its down matrix)`` for each expert that got tokens."""
+    first = module.gate_up_proj if getattr(module, "has_gate", True) else module.up_proj
     for e in range(first.shape[0]):
-        rows = (index == e).any(dim=1)
-        if not bool(rows.any()):
+        xe = _routed(hidden, top_k_index, e)
+        if xe is not None:
+            yield e, xe, _gated(module, xe, e)
+
+
+@torch.no_grad()
+def record_expert_inputs(layer: torch.nn.Module, hidden: list[Tensor], kwargs: list[dict],
+                         module: torch.nn.Module) -> list[tuple[Tensor, Tensor]]:
+    """``(hidden states, top_k_index)`` the experts module receives on every chunk, running each
+    chunk of ``layer`` only as far as the module: the one copy of its inputs the per-expert
+    Hessians are accumulated from (as large as one layer's hidden states)."""
+    inputs: list[tuple[Tensor, Tensor]] = []
+
+    def see(args, kwargs):
+        hidden_states = args[0] if args else kwargs["hidden_states"]
+        inputs.append((hidden_states.detach(), args[1] if len(args) > 1 else kwargs["top_k_index"]))
+
+    run_until(layer, hidden, kwargs, module, see)
+    return inputs
+
+
+@torch.no_grad()
+def expert_hessian(module: torch.nn.Module, inputs: list[tuple[Tensor, Tensor]], expert: int, *, gated: bool) -> Tensor | None:
+    """The Hessian of one expert matrix's inputs over the recorded chunks: the tokens routed to
+    ``expert`` (its gate/up matrix) or, ``gated``, their gated activations computed with its
+    unquantized gate/up weights (its down matrix). None when no token reached it."""
+    hessian, count = None, 0
+    for hidden, top_k in inputs:
+        x = _routed(hidden, top_k, expert)
+        if x is None:
             continue
-        xe = x[rows]
-        up = _linear(xe, first[e].to(xe.dtype), transposed)
-        if bias is not None:
-            up = up + bias[e]
-        inner = module._apply_gate(up) if has_gate else module.act_fn(up)
-        yield e, xe, inner
-
-
-@contextmanager
-def observe_expert_inputs(modules: dict[str, torch.nn.Module]) -> Iterator[dict[str, tuple[Tensor, int]]]:
-    """Hessians ``(H, rows)`` of every expert matrix's inputs while the layer runs, by matrix name
-    (``<module>.<param>.<expert>``); experts that no token reached are absent."""
-    stats: dict[str, tuple[Tensor, int]] = {}
-
-    def add(key: str, x: Tensor) -> None:
-        h, n = stats.get(key, (x.new_zeros(x.shape[-1], x.shape[-1], dtype=torch.float32), 0))
-        stats[key] = accumulate_hessian(h, n, x)
-
-    handles = []
-    for name, module in modules.items():
-        first = "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
-
-        def hook(mod, args, kwargs, name=name, first=first):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            top_k = args[1] if len(args) > 1 else kwargs["top_k_index"]
-            with torch.no_grad():
-                for e, xe, inner in expert_inputs(mod, hidden.detach(), top_k):
-                    add(f"{name}.{first}.{e}", xe)
-                    add(f"{name}.down_proj.{e}", inner)
-
-        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        yield stats
-    finally:
-        for handle in handles:
-            handle.remove()
+        if gated:
+            x = _gated(module, x, expert)
+        hessian, count = accumulate_hessian(hessian if hessian is not None else new_hessian(x), count, x)
+    return hessian
 
 
 _MISSING = object()

@@ -45,8 +45,8 @@ import torch
 from torch import Tensor
 
 from wkvlab.formats import affine_dequantize, affine_qparams, affine_quantize
-from wkvlab.weights.capture import observe_inputs, run_layer
-from wkvlab.weights.experts import expert_matrices, is_fused_experts, observe_expert_inputs
+from wkvlab.weights.capture import advance_layer, hessian_of, input_groups
+from wkvlab.weights.experts import expert_hessian, expert_matrices, is_fused_experts, record_expert_inputs
 from wkvlab.weights.rtn import quantize_weight
 from wkvlab.weights.spec import WeightSpec
 
@@ -81,6 +81,32 @@ def affine_quantizer(spec: WeightSpec) -> tuple[QParams, FakeQuant]:
     return qparams, fake
 
 
+def block_columns(w: Tensor, hinv: Tensor, q: Tensor, i1: int, i2: int, qparams: QParams, fake: FakeQuant,
+                  group_size: int | None, params: list, group_of: Tensor | None = None) -> Tensor:
+    """Columns ``i1:i2`` of one lazy-update block, one at a time: each is quantized into ``q`` and
+    its error pushed onto the block's later columns; returns the block's errors ``[rows, i2 - i1]``
+    (what updates the columns after the block). With groups, a group's grid is computed from ``w``
+    as its first column is reached and appended to ``params``. With ``group_of`` (the host-side group
+    index of each column), ``params`` holds every grid already, found before the loop (fixed grids,
+    and the one per-row grid without groups)."""
+    w1, hinv1 = w[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
+    err1 = torch.zeros_like(w1)
+    scale, zero = params[-1] if params else (None, None)
+    for i in range(i2 - i1):
+        col = i1 + i
+        if group_of is not None:
+            scale, zero = params[int(group_of[col])]
+        elif group_size is not None and col % group_size == 0:
+            scale, zero = qparams(w[:, col:col + group_size])  # outer w, as the reference does
+            params.append((scale, zero))
+        qcol = fake(w1[:, i], scale, zero)
+        q[:, col] = qcol
+        e = (w1[:, i] - qcol) / hinv1[i, i]
+        w1[:, i:] -= e[:, None] @ hinv1[i, i:][None, :]
+        err1[:, i] = e
+    return err1
+
+
 @torch.no_grad()
 def gptq_quantize(
     weight: Tensor,
@@ -94,6 +120,7 @@ def gptq_quantize(
     act_order: bool = False,
     grid: str = "updated",
     record: dict | None = None,
+    consume: bool = False,
 ) -> Tensor:
     """GPTQ-quantized copy of ``weight`` (``[out, in]``) for inputs whose Hessian is ``hessian``.
 
@@ -101,11 +128,15 @@ def gptq_quantize(
     llm-compressor; module docstring). With ``record`` (a dict), the grid is kept for writing a
     checkpoint: ``record["params"]`` lists each group's ``(scale, zero)`` in group-index order,
     ``record["g_idx"]`` the group of each input column, ``record["perm"]`` the act-order permutation.
+    ``consume=True`` works in the float32 ``hessian`` itself, as the reference does (``H = self.H;
+    del self.H``), instead of a copy: the caller passes its only reference (``held.pop()``), so
+    at most two Hessian-sized buffers are alive (one while each Cholesky step writes the next).
     """
     if grid not in GRIDS:
         raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
-    w = weight.detach().float().clone()
-    h = hessian.detach().float().clone()
+    w = weight.detach().to(torch.float32, copy=True)
+    h = hessian.detach().float() if consume else hessian.detach().to(torch.float32, copy=True)
+    del hessian
     columns = w.shape[1]
     # Grids found before the column loop see the weight as it came, dead inputs included: per row,
     # as IST-DASLab's find_params(W) before its dead-column line; per group with grid="original",
@@ -117,33 +148,25 @@ def gptq_quantize(
     perm = None
     if act_order:
         perm = torch.argsort(torch.diag(h), descending=True)
-        w, h = w[:, perm], h[perm][:, perm]
-    h += damp * torch.mean(torch.diag(h)) * torch.eye(columns, dtype=h.dtype, device=h.device)
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+        w = w[:, perm]
+        h = h[perm]
+        h = h[:, perm]
+    h.diagonal().add_(damp * torch.mean(torch.diag(h)))  # the reference's H[diag, diag] += damp, no identity matrix
+    h = torch.linalg.cholesky(h)
+    h = torch.cholesky_inverse(h)
+    hinv = torch.linalg.cholesky(h, upper=True)
+    del h
     q = torch.zeros_like(w)
     params = fixed if fixed is not None else []
     # group of each column in processing order: fixed grids keep the original column's group
     # (llm-compressor's g_idx[perm]); updated grids number groups as the loop meets them
     position = torch.arange(columns) if perm is None else perm.cpu()
     group_of = (position if fixed is not None else torch.arange(columns)) // (group_size or columns)
-    scale, zero = params[0] if fixed is not None else (None, None)
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
-        w1, hinv1 = w[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
-        err1 = torch.zeros_like(w1)
-        for i in range(i2 - i1):
-            col = i1 + i
-            if fixed is not None:
-                scale, zero = params[int(group_of[col])]
-            elif col % group_size == 0:
-                scale, zero = qparams(w[:, col:col + group_size])  # outer w, as the reference does
-                params.append((scale, zero))
-            qcol = fake(w1[:, i], scale, zero)
-            q[:, col] = qcol
-            e = (w1[:, i] - qcol) / hinv1[i, i]
-            w1[:, i:] -= e[:, None] @ hinv1[i, i:][None, :]
-            err1[:, i] = e
+        err1 = block_columns(w, hinv, q, i1, i2, qparams, fake, group_size, params, group_of=group_of if fixed is not None else None)
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+    del w, hinv
     if perm is not None:
         q = q[:, torch.argsort(perm)]
         group_of = group_of[torch.argsort(perm.cpu())]
@@ -167,22 +190,17 @@ def _method_key(spec: WeightSpec) -> tuple:
             spec.grid_from)
 
 
-def shared_input_groups(names: list[str], hessians: dict[str, Tensor], specs: dict[str, WeightSpec]) -> list[list[str]]:
-    """Linears that saw the same inputs (equal Hessians: q/k/v, gate/up) and share a spec, in order.
+def same_spec_groups(names: list[str], specs: dict[str, WeightSpec]) -> list[list[str]]:
+    """Linears that read the same input (one Hessian: q/k/v, gate/up) split by spec, in order.
 
-    GPTQ treats the rows of a weight independently given the Hessian, so such linears can be
-    quantized as one matrix stacked along the rows: one column loop instead of one per linear.
+    GPTQ treats the rows of a weight independently given the Hessian, so linears with one input
+    and one spec can be quantized as one matrix stacked along the rows: one column loop instead
+    of one per linear (bit-identical, tested).
     """
-    groups: list[list[str]] = []
+    groups: dict[tuple, list[str]] = {}
     for name in names:
-        for group in groups:
-            first = group[0]
-            if _method_key(specs[first]) == _method_key(specs[name]) and torch.equal(hessians[first], hessians[name]):
-                group.append(name)
-                break
-        else:
-            groups.append([name])
-    return groups
+        groups.setdefault(_method_key(specs[name]), []).append(name)
+    return list(groups.values())
 
 
 def _split_record(record: dict, names: list[str], rows: list[int], kept: dict) -> None:
@@ -194,21 +212,69 @@ def _split_record(record: dict, names: list[str], rows: list[int], kept: dict) -
         start += count
 
 
-def _gptq_experts(matrices: dict, hessians: dict, specs: dict[str, WeightSpec]) -> int:
-    """GPTQ of each expert matrix on the Hessian of the tokens routed to it; an expert no
-    calibration token reached has no Hessian (GPTQ would zero it) and is rounded to nearest.
-    Returns how many were rounded."""
+def _quantize_linears(targets: dict[str, torch.nn.Module], names: list[str], held: list[Tensor], specs: dict[str, WeightSpec],
+                      record: dict | None, *, last: bool) -> None:
+    """GPTQ of ``names`` stacked on the Hessian in ``held`` (popped, and so freed, by the ``last`` user)."""
+    spec = specs[names[0]]
+    qparams, fake = affine_quantizer(spec)
+    weights = [targets[n].weight.data for n in names]
+    kept = None if record is None else {}
+    stacked = gptq_quantize(torch.cat(weights) if len(weights) > 1 else weights[0], held.pop() if last else held[0], qparams, fake,
+                            group_size=spec.group_size, block_size=spec.block_size, damp=spec.damp, act_order=spec.act_order,
+                            grid=spec.grid_from, record=kept, consume=last)
+    rows = [w.shape[0] for w in weights]
+    del weights
+    for n, part in zip(names, torch.split(stacked, rows)):
+        targets[n].weight.data = part.contiguous()
+    if kept is not None:
+        _split_record(record, names, rows, kept)
+
+
+def _gptq_matrix(matrix, hessian: Tensor | None, spec: WeightSpec) -> bool:
+    """GPTQ of one expert matrix on ``hessian`` (consumed); an expert no calibration token reached
+    has none (GPTQ would zero it) and is rounded to nearest: returns whether it was."""
+    if hessian is None:
+        matrix.set(quantize_weight(matrix.get(), spec))
+        return True
+    held = [hessian]
+    del hessian
+    qparams, fake = affine_quantizer(spec)
+    matrix.set(gptq_quantize(matrix.get(), held.pop(), qparams, fake, group_size=spec.group_size, block_size=spec.block_size,
+                             damp=spec.damp, act_order=spec.act_order, grid=spec.grid_from, consume=True))
+    return False
+
+
+def _gptq_experts(layer: torch.nn.Module, hidden: list[Tensor], kwargs: list[dict], name: str, module: torch.nn.Module,
+                  specs: dict[str, WeightSpec]) -> int:
+    """GPTQ of each expert matrix of one experts module on the Hessian of the tokens routed to it,
+    one expert and one matrix at a time: the module's inputs are recorded once, then each Hessian
+    is accumulated from them, used and freed. down_proj goes first: its input is computed with the
+    expert's unquantized gate/up weights. Returns how many matrices were rounded instead."""
+    inputs = record_expert_inputs(layer, hidden, kwargs, module)
     rounded = 0
-    for name, matrix in matrices.items():
-        spec = specs[name]
-        if name not in hessians:
-            matrix.set(quantize_weight(matrix.get(), spec))
-            rounded += 1
-            continue
-        qparams, fake = affine_quantizer(spec)
-        matrix.set(gptq_quantize(matrix.get(), hessians[name][0], qparams, fake, group_size=spec.group_size,
-                                 block_size=spec.block_size, damp=spec.damp, act_order=spec.act_order, grid=spec.grid_from))
+    for key, matrix in sorted(expert_matrices(name, module), key=lambda kv: (kv[1].expert, kv[1].param != "down_proj")):
+        if key in specs:
+            rounded += _gptq_matrix(matrix, expert_hessian(module, inputs, matrix.expert, gated=matrix.param == "down_proj"), specs[key])
     return rounded
+
+
+def _gptq_input_group(layer: torch.nn.Module, hidden: list[Tensor], kwargs: list[dict], names: list[str],
+                      targets: dict[str, torch.nn.Module], specs: dict[str, WeightSpec], record: dict | None) -> int:
+    """GPTQ of the linears ``names`` that read one input, on its one Hessian; a linear the layer
+    never calls on calibration data has none and is rounded to nearest. Returns how many were."""
+    if not names:
+        return 0
+    held = [hessian_of(layer, hidden, kwargs, targets[names[0]])]
+    if held[0] is None:
+        for name in names:
+            if record is not None:
+                record[name] = {"method": "rtn", "weight": targets[name].weight.detach().clone()}
+            targets[name].weight.data = quantize_weight(targets[name].weight.data, specs[name])
+        return len(names)
+    groups = same_spec_groups(names, specs)
+    for i, group in enumerate(groups):
+        _quantize_linears(targets, group, held, specs, record, last=i == len(groups) - 1)
+    return 0
 
 
 @torch.no_grad()
@@ -217,42 +283,31 @@ def gptq_layers(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]
     """Quantize, in place and layer by layer, every linear named in ``specs`` (full module names)
     and every fused expert matrix named there (``<experts>.<param>.<expert>``, :mod:`wkvlab.weights.experts`).
 
-    ``calls`` is :func:`capture_layer_inputs` output with layer 0's inputs; each layer is run once
-    to accumulate Hessians and once more, quantized, to feed the next layer. Linears with the same
-    inputs and spec are quantized stacked (:func:`shared_input_groups`). ``on_layer(index)`` is
-    called as each layer is done (progress); ``notes`` hears of experts no calibration token reached.
+    ``calls`` is :func:`capture_layer_inputs` output with layer 0's inputs. In each layer the
+    linears are grouped by the tensor they read (:func:`wkvlab.weights.capture.input_groups`), and
+    the groups are done last-called first: a group's input depends only on the groups called
+    before it, still unquantized then, so every Hessian is the unquantized layer's, as in the
+    reference's ``llama_sequential`` — but only one group's Hessian is alive at a time, accumulated
+    by a pass that stops at the group. Linears of one group and spec are quantized stacked
+    (:func:`same_spec_groups`). The quantized layer then runs once more to feed the next layer.
+    ``on_layer(index)`` is called as each layer is done (progress); ``notes`` hears of experts no
+    calibration token reached.
     """
     hidden = calls.hidden[0]
     rounded = 0
     for index, (layer_name, layer) in enumerate(layers):
         kwargs = calls.kwargs[index]
         targets = {f"{layer_name}.{n}": m for n, m in layer.named_modules() if f"{layer_name}.{n}" in specs}
-        experts = {f"{layer_name}.{n}": m for n, m in layer.named_modules() if is_fused_experts(m)}
-        matrices = {k: v for name, module in experts.items() for k, v in expert_matrices(name, module) if k in specs}
-        if targets or matrices:
-            with observe_inputs(targets, hessian=True) as stats, observe_expert_inputs(experts if matrices else {}) as expert_stats:
-                run_layer(layer, hidden, kwargs)
-            rounded += _gptq_experts(matrices, expert_stats, specs)
-            del expert_stats
-            hessians = {n: stats[n].hessian for n in targets}
-            for names in shared_input_groups(list(targets), hessians, specs):
-                spec = specs[names[0]]
-                qparams, fake = affine_quantizer(spec)
-                weights = [targets[n].weight.data for n in names]
-                kept = None if record is None else {}
-                stacked = gptq_quantize(torch.cat(weights), hessians[names[0]], qparams, fake,
-                                        group_size=spec.group_size, block_size=spec.block_size,
-                                        damp=spec.damp, act_order=spec.act_order, grid=spec.grid_from, record=kept)
-                rows = [w.shape[0] for w in weights]
-                for n, part in zip(names, torch.split(stacked, rows)):
-                    targets[n].weight.data = part.contiguous()
-                if kept is not None:
-                    _split_record(record, names, rows, kept)
-            del stats, hessians
+        experts = {f"{layer_name}.{n}": m for n, m in layer.named_modules()
+                   if is_fused_experts(m) and any(k in specs for k, _ in expert_matrices(f"{layer_name}.{n}", m))}
+        if (targets or experts) and hidden:
+            for names in reversed(input_groups(layer, {**targets, **experts}, hidden[0], kwargs[0])):
+                rounded += sum(_gptq_experts(layer, hidden, kwargs, n, experts[n], specs) for n in names if n in experts)
+                rounded += _gptq_input_group(layer, hidden, kwargs, [n for n in names if n in targets], targets, specs, record)
         if index + 1 < len(layers):
-            hidden = run_layer(layer, hidden, kwargs)
+            hidden = advance_layer(layer, hidden, kwargs)
         if on_layer is not None:
             on_layer(index)
     if rounded and notes is not None:
-        notes.append(f"GPTQ: {rounded} expert matrices saw no calibration token and were rounded to nearest instead "
+        notes.append(f"GPTQ: {rounded} expert matrices (or linears) saw no calibration token and were rounded to nearest instead "
                      "(GPTQ zeroes the columns of inputs it never saw); more --calib-samples reach more experts")

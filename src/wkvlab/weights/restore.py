@@ -48,18 +48,18 @@ class WeightSnapshot(Mapping[str, torch.Tensor]):
         self.where = where or ("host" if _on_accelerator(model) else "disk")
         self._alias: dict[str, str] = {}  # name -> the name its (shared) tensor is stored under
         first: dict[int, str] = {}
-        live: dict[str, torch.Tensor] = {}  # the model's own tensors, not copies
+        tensors: dict[str, torch.Tensor] = {}  # the model's own tensors, each once: not copies
         for name in self.names:
             tensor = state[name]
             key = id(tensor)
             self._alias[name] = first.setdefault(key, name)
             if first[key] == name:
-                live[name] = tensor
-        self.bytes = sum(t.numel() * t.element_size() for t in live.values())
+                tensors[name] = tensor.detach()
+        self.bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         self._folder: Path | None = None
         self._host: dict[str, torch.Tensor] | None = None
         if self.where == "host":
-            self._host = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in live.items()}
+            self._host = {name: t.to("cpu", copy=True).contiguous() for name, t in tensors.items()}
         else:
             from wkvlab.models.loading import cache_dir
             from wkvlab.tensorfile import write_state
@@ -67,8 +67,9 @@ class WeightSnapshot(Mapping[str, torch.Tensor]):
             root = cache_dir() / "restore"
             root.mkdir(parents=True, exist_ok=True)
             self._folder = Path(tempfile.mkdtemp(prefix="weights-", dir=root))
-            # streamed: a copy of every decoder tensor in RAM first would double a CPU model's memory
-            write_state(self._folder / "originals.safetensors", live.items())
+            # streamed, one tensor on the host at a time: a copy of every decoder tensor in RAM first would double a CPU model's memory
+            write_state(self._folder / "originals.safetensors", tensors.items())
+        del tensors
 
     # ---- Mapping: the original of one name, on the CPU ----------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
