@@ -63,7 +63,7 @@ def test_calibrated_builds_add_their_capture():
 
     tokens, d = 2 * 32, 4
     hidden = tokens * 64 * d  # one layer's hidden states
-    forward = 4 * 32 * (6 * 64 + 3 * 128) * d + 4 * (4 * 32) * 32 * 4  # one chunk of 4 samples through a layer
+    forward = 4 * 32 * (6 * 64 + 3 * 128) * d + 2 * 4 * (4 * 32) * 32 * d  # one chunk of 4 samples: activations, repeat_kv's K/V of 4 × 32 keys
     # GPTQ's largest group: q/k/v stacked (in 64, out 128 + 64 + 64): the 16-bit stack, then in the column loop
     # the inverse factor (in²) and three [out, in] float32 copies — more than 3 × in² + one copy while inverting
     gptq = hidden + 64 * 256 * d + max(3 * 64 * 64 * 4 + 64 * 256 * 4, 64 * 64 * 4 + 3 * 64 * 256 * 4)

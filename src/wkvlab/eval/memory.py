@@ -286,7 +286,7 @@ def _calibration(desc: ModelDescription, weights: tuple[WeightSpec, ...], sample
     if not methods & {"gptq", "awq", "smoothquant"} and not any(w.activations != "none" for w in weights):
         return 0
     tokens = samples * length
-    forward = _activations(desc, CAPTURE_CHUNK * length, length, dtype_bytes)
+    forward = _activations(desc, CAPTURE_CHUNK * length, CAPTURE_CHUNK * length, dtype_bytes)  # repeat_kv expands every sample's keys
     base = tokens * desc.hidden_size * dtype_bytes + forward
     gptq = _gptq_build(desc, tokens, dtype_bytes) if "gptq" in methods else 0
     awq = _awq_build(desc, tokens, dtype_bytes) if "awq" in methods else 0
