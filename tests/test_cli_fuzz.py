@@ -116,6 +116,11 @@ CASES = [
     (["tasks", "--tasks", "x", "--include-path", "/no/such/dir", "--store", OUT + "/r.db"], "is not a folder of lm-eval task YAMLs", {}),
     (["tasks", "--kv", "int9", "--tasks", "x", "--store", OUT + "/r.db"], "unknown KV format 'int9'", {}),
     (["tasks", "--tasks", "x", "--store", "/sys/r.db"], "folder /sys does not take new files", {}),
+    # issue 41: plan checks its inputs like eval (one grammar, one check), before any probe loads the model
+    (["plan", "-m", "default", "-g", "h100", "-b", "1", "-c", "1024", "-w", "gptq-int4-g100"], "groups of 100 divide none of smollm2's", {}),
+    (["plan", "-m", "default", "-g", "h100", "-b", "1", "-c", "1024", "--tp", "3"], "--tp 3 does not divide --gpus 1", {}),
+    (["plan", "-m", "default", "-g", "h100", "-b", "1", "-c", "1024", "--gpus", "4", "-e", "vllm"],
+     "9 attention heads are not divisible by tp 4", {}),
 ]
 
 RUNNER = textwrap.dedent('''
