@@ -106,3 +106,24 @@ def test_a_quantized_gguf_is_never_requantized_up():
     assert not any(r.weights in ("q8_0", "q4_0") for r in result.rows)
     assert any("not planned: q4_0, q8_0 — re-quantizing the Q4_K_M file" in n for n in result.notes)
     assert not any("--allow-requantize" in " ".join(rec.command.prepare) for rec in result.recommendations)
+
+
+def test_a_combination_an_engine_would_launch_unmeasured_is_measured_too(model_dir):
+    """The probe measures halves; where an engine is left with only an unmeasured product, that product is probed next."""
+    calls = []
+
+    class FakeProbe:
+        notes: list = []
+
+        def __call__(self, model, source, kv, weights, context):
+            calls.append(("halves", [k.label for k in kv]))
+            return [_m("none", "int8", 0.002, 0.0002)]
+
+        def pairs(self, model, source, pairs, context):
+            calls.append(("pairs", [(w.label, k.label) for w, k in pairs]))
+            return [_m("int8", "int8", 0.004, 0.0003)]
+
+    result = plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", weights=["int8"], kv=["int8"], probe=FakeProbe())
+    assert calls == [("halves", ["int8"]), ("pairs", [("int8", "int8")])]
+    rec = result.recommendations[0]
+    assert (rec.weights, rec.kv) == ("int8", "int8") and rec.verified
