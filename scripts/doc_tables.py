@@ -382,7 +382,7 @@ class Table:
 
 PLAN_70B = ["--model", "Llama-3-70B", "--gpu", "A100-80GB", "--batch", "16", "--context", "8192", "--gpus", "1,2,4"]
 PLAN_L40S = ["--model", "Llama-3-70B", "--gpu", "L40S", "--batch", "16", "--context", "8192", "--gpus", "4", "--engine", "vllm"]
-PLAN_DEMO = ["--model", "default", "--gpu", "rtx-4090", "--batch", "8", "--ctx", "8192", "--results", "RUN"]
+PLAN_DEMO = ["--model", "default", "--gpu", "rtx-4090", "--batch", "8", "--ctx", "8192", "--results", "RUN", "--no-probe"]
 
 TABLES = {t.name: t for t in [
     Table("demo", "docs/results.md", "the demo grid: PPL, KLD, top-1, sizes", demo_table, measured=True),

@@ -146,6 +146,11 @@ CASES = [
     (["sweep", SWEEP_SKIP, "--store", OUT + "/r.db"], "--weights awq-int4-g128+skip=40: layer 40 does not exist", {}),
     (["sweep", SWEEP_HQQ, "--store", OUT + "/r.db"], "has sliding-window layers", {}),
     (["tasks", "--tasks", "x", "--weights", "int4+skip=40", "--store", OUT + "/r.db"], "layer 40 does not exist", {}),
+    # issue 41: plan checks its inputs like eval (one grammar, one check), before any probe loads the model
+    (["plan", "-m", "default", "-g", "h100", "-b", "1", "-c", "1024", "-w", "gptq-int4-g100"], "groups of 100 divide none of smollm2's", {}),
+    (["plan", "-m", "default", "-g", "h100", "-b", "1", "-c", "1024", "--tp", "3"], "--tp 3 does not divide --gpus 1", {}),
+    (["plan", "-m", "default", "-g", "h100", "-b", "1", "-c", "1024", "--gpus", "4", "-e", "vllm"],
+     "9 attention heads are not divisible by tp 4", {}),
 ]
 
 RUNNER = textwrap.dedent('''

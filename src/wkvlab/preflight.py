@@ -318,8 +318,14 @@ def check_weight_groups(specs: Iterable[WeightSpec], model: str) -> None:
     shorter group). A group that fits some layers runs, with a note for the others (weights/rtn.py:
     ragged_group_note), as GPTQ's reference allows: int4-g128 on SmolLM2 (1536 fits, 576 does not)."""
     checked = [s for s in specs if s.format == "int" and s.group_size is not None and s.method in ("rtn", "gptq", "awq")]
-    widths = layer_input_widths(model) if checked else ()
-    if not widths:
+    check_group_widths(checked, layer_input_widths(model) if checked else (), model)
+
+
+def check_group_widths(specs: Iterable[WeightSpec], widths: tuple[int, ...], model: str) -> None:
+    """:func:`check_weight_groups` against known layer input ``widths`` (sorted; from the files, or from a
+    planner's description of a model known by name): the one check eval and plan share."""
+    checked = [s for s in specs if s.format == "int" and s.group_size is not None and s.method in ("rtn", "gptq", "awq")]
+    if not widths or not checked:
         return
     common = math.gcd(*widths)
     fits = [g for g in range(8, common + 1, 8) if common % g == 0] or [common]

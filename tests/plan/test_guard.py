@@ -41,17 +41,24 @@ def test_per_token_low_bit_keys_are_the_risky_ones():
     assert {kv for kv, name in risky.items() if name} == {"int4", "q4_0", "llamacpp:q4_0", "q4_0/q8_0", "int2"}
 
 
-def test_without_a_probe_every_per_token_4bit_key_row_says_unmeasured(model_dir):
+def test_without_a_probe_every_prior_row_says_unmeasured_and_none_is_recommended(model_dir):
+    """Issue 41: 8-bit and FP8 caches collapse on large enough key outliers, so no prior row is recommended."""
     result = plan(str(model_dir), "RTX-4090", 4, 1024)
     for row in result.rows:
-        risky = row.kv in ("int4", "llamacpp:q4_0")
-        assert (UNMEASURED in row.quality.shown) == risky, (row.weights, row.kv, row.quality.shown)
+        exact = row.weights == "bf16" and row.kv == "bf16"
+        assert (UNMEASURED in row.quality.shown) != exact, (row.weights, row.kv, row.quality.shown)
+        assert row.recommendable == exact
+        if row.kv in ("int4", "llamacpp:q4_0"):
+            assert "keys per token" in row.quality.caution
     text = text_of(result)
-    table_rows = [line for line in text.splitlines() if re.search(r"│ (int4|llamacpp:q4_0) +│", line)]
+    table_rows = [line for line in text.splitlines() if re.search(r"│ (int8|fp8_e4m3|int4|llamacpp:q4_0) +│", line)]
     assert table_rows and all(UNMEASURED in line for line in table_rows)  # whole, on the row's own line
-    # a launch line for a 4-bit per-token key cache says it in its comments
-    only = plan(str(model_dir), "RTX-4090", 4, 1024, kv=["int4"], engine="vllm")
-    assert only.recommendations and any(UNMEASURED in line for line in only.recommendations[0].why)
+    assert all(r.verified == (r.kv == "bf16" and r.weights == "bf16") for r in result.recommendations)
+    # a plan with nothing but an unmeasured cache: its launch line is labelled unverified, with how to measure it
+    only = plan(str(model_dir), "RTX-4090", 4, 1024, kv=["int8"], engine="vllm")
+    rec = only.recommendations[0]
+    assert not rec.verified and any("UNVERIFIED ON THIS MODEL" in line for line in rec.why)
+    assert "unverified on this model" in text_of(only) and "wkvlab plan --model" in only.measure_hint
 
 
 def test_measured_unsafe_is_never_recommended_and_the_launch_lines_say_why(model_dir):
@@ -65,9 +72,10 @@ def test_measured_unsafe_is_never_recommended_and_the_launch_lines_say_why(model
     # the cache alone collapses: every combination holding it is unsafe too, and no longer "unmeasured"
     assert rows[("fp8", "int4")].rank is None and "KV int4 alone" in rows[("fp8", "int4")].quality.unsafe
     assert UNMEASURED not in rows[("fp8", "int4")].quality.shown
-    assert rows[("bf16", "int8")].rank == 1  # the safe measured one ranks first
+    # the checkpoint itself fits: memory is not the constraint, so the exact row ranks first, then the safe measured one
+    assert rows[("bf16", "bf16")].rank == 1 and rows[("bf16", "int8")].rank == 2 and rows[("bf16", "int8")].recommendable
     rec = result.recommendations[0]
-    assert (rec.weights, rec.kv) == ("bf16", "int8")
+    assert (rec.weights, rec.kv) == ("bf16", "bf16") and rec.verified
     dropped = [line for line in rec.why if line.startswith("dropped")]
     assert any("bf16 x int4" in line and "KLD 1.300 > 0.1 nat" in line and "unsafe = measured KLD > 0.1 nat" in line for line in dropped)
     text = text_of(result)

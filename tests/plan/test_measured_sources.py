@@ -32,12 +32,17 @@ def test_results_file_ranks_by_measured_kld(model_dir, tmp_path):
                                 result("other-model", "bf16", "int8", 0.0001).to_dict()]))
     planned = plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", measurements=load_measurements([path]))
     ranked = [r for r in planned.rows if r.rank]
-    assert [(r.weights, r.kv) for r in ranked[:2]] == [("int8", "fp8_e4m3"), ("int8", "int4")]  # measured first, by KLD
-    assert ranked[0].quality.label == "measured (567 tokens, ctx 64, default)" and ranked[0].quality.kld == pytest.approx(0.005)
-    assert all(not r.quality.is_measured for r in ranked[2:])
+    # the checkpoint itself fits (memory is not the constraint): it ranks first, then the measured rows by KLD
+    assert [(r.weights, r.kv) for r in ranked[:3]] == [("bf16", "bf16"), ("int8", "fp8_e4m3"), ("int8", "int4")]
+    assert ranked[1].quality.label == "measured (567 tokens, ctx 64, default)" and ranked[1].quality.kld == pytest.approx(0.005)
+    assert all(not r.quality.is_measured and not r.recommendable for r in ranked[3:])
     assert any("other-model" in n for n in planned.notes)
-    rec = planned.recommendations[0]
-    assert (rec.weights, rec.kv) == ("int8", "fp8_e4m3") and any("decided by measured" in w for w in rec.why)
+    assert (planned.recommendations[0].weights, planned.recommendations[0].kv) == ("bf16", "bf16")
+    # without the 16-bit row in the grid, the measured ones decide (room to spare: the most faithful first)
+    only = plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", weights=["int8"], kv=["int4", "fp8_e4m3"],
+                measurements=load_measurements([path]))
+    rec = only.recommendations[0]
+    assert (rec.weights, rec.kv) == ("int8", "fp8_e4m3") and rec.verified and any("most faithful measured config" in w for w in rec.why)
 
 
 def test_store_gives_the_same_measurements(model_dir, tmp_path):
@@ -51,7 +56,7 @@ def test_store_gives_the_same_measurements(model_dir, tmp_path):
     from_store = load_measurements(stores=[db])
     assert {(m.weights, m.kv, round(m.kld, 6)) for m in from_store} == {("int8", "int4", 0.02), ("int8", "fp8_e4m3", 0.005)}
     planned = plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", measurements=from_store)
-    assert [(r.weights, r.kv) for r in planned.rows if r.rank][:2] == [("int8", "fp8_e4m3"), ("int8", "int4")]
+    assert [(r.weights, r.kv) for r in planned.rows if r.rank][:3] == [("bf16", "bf16"), ("int8", "fp8_e4m3"), ("int8", "int4")]
 
 
 def test_cli_results_and_store_options(model_dir, tmp_path):

@@ -138,7 +138,12 @@ def test_pipeline_and_llamacpp_layer_splits():
 def test_bad_layouts():
     from wkvlab.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="must equal"):
+    with pytest.raises(ConfigError, match="--tp 3 does not divide --gpus 4"):
         parallel_for("vllm", 4, tp=3)
+    with pytest.raises(ConfigError, match="--tp 3 does not divide --gpus 1") as refused:  # issue 41: --pp defaults to 1, never "0"
+        parallel_for(None, 1, tp=3)
+    assert "--pp 0" not in str(refused.value)
+    with pytest.raises(ConfigError, match="must equal"):
+        parallel_for("vllm", 4, tp=3, pp=2)
     with pytest.raises(ConfigError, match="split"):
         parallel_for("llama.cpp", 2, split="column")

@@ -43,7 +43,8 @@ def test_the_probe_gets_the_plans_candidates_and_the_users_own_results_win(model
     result = plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", measurements=mine, probe=fake_probe)
     assert calls == [(["fp8_e4m3", "int8", "int4"], [], 1024)]  # a config.json without weights: nothing served to probe weights on
     rows = {(r.weights, r.kv): r for r in result.rows}
-    assert rows[("bf16", "int8")].quality.label == "measured (probe, 2,040 tokens)" and rows[("bf16", "int8")].rank == 1
+    assert rows[("bf16", "bf16")].rank == 1 and rows[("bf16", "bf16")].quality.exact  # the checkpoint itself fits: most faithful first
+    assert rows[("bf16", "int8")].quality.label == "measured (probe, 2,040 tokens)" and rows[("bf16", "int8")].rank == 2
     assert "[0.0024, 0.0036]" in rows[("bf16", "int8")].quality.shown
     assert rows[("bf16", "int4")].quality.label.startswith("measured (500 tokens") and rows[("bf16", "int4")].quality.unsafe
 
@@ -102,8 +103,9 @@ def test_probe_on_the_packaged_default_ranks_probed_rows_first():
     assert re.search(r"probe: 5 configuration\(s\) measured in \d+ s on 1 CPU thread", text)  # the cost
     table = [line for line in text.splitlines() if re.match(r"│ *(\d+|—) *│", line)]
     ranked = [line for line in table if re.match(r"│ *\d+ *│", line)]
-    probed = [i for i, line in enumerate(ranked) if "measured (probe, 248 tokens) [" in line]
-    assert probed and probed == list(range(len(probed)))  # the probed rows first, each with its interval
+    assert "Q4_1 (the file as it is)" in ranked[0] and "exact" in ranked[0]  # serve the GGUF as it is: the first row
+    good = [i for i, line in enumerate(ranked) if "measured (probe, 248 tokens) [" in line or "exact" in line]
+    assert len(good) > 2 and good == list(range(len(good)))  # exact and probed rows first, each probed one with its interval
     assert "weight formats were not probed: the launch lines load HuggingFaceTB/SmolLM2-135M-Instruct" in text
 
 
@@ -112,7 +114,7 @@ def test_plan_screen_names_the_flagged_layers_in_the_unmeasured_rows(planted_fol
     assert result.screen is not None and result.screen.flagged == (0, 1)
     rows = {r.kv: r for r in result.rows}
     assert rows["int4"].quality.caution.startswith(UNMEASURED) and "outlier screen flags 2 of 2 layers" in rows["int4"].quality.caution
-    assert not rows["int8"].quality.caution
+    assert rows["int8"].quality.caution == UNMEASURED  # unmeasured like every prior, but the screen is about per-token 4-bit keys
     console = Console(width=400, record=True)
     render(result, console)
     assert "2 of 2 layers flagged (0-1)" in console.export_text()

@@ -458,6 +458,18 @@ def check_release_scales(name: str, mode: str) -> None:
                       f"checkpoint scales (what {release.label} loads)")
 
 
+# Why +scales=calculate can measure far worse than scale 1.0 (issue 41: Qwen2.5-1.5B, KLD 2.00 vs 0.17): a real effect
+# of vLLM's rule, not a defect of its simulation (kv/store.py _fp8_scale, as vllm/attention/layer.py calc_kv_scales).
+CALCULATE_DIFFERS = (
+    "scales=calculate: vLLM sets one k_scale per layer = max|K| over the whole first batch (every token, head and channel) / 200 "
+    "(v_scale: max|V| / 100; vllm/attention/layer.py calc_kv_scales @5d4420da, K/V_SCALE_CONSTANT in vllm/envs.py); a key "
+    "outlier channel sets it for every channel, and ordinary keys divided by it fall below E4M3's smallest normal (2^-6), where "
+    "the step is k_scale x 2^-9 instead of 3 mantissa bits — while scale 1.0 only clips the outlier channel at 448 (a "
+    "QKV-bias outlier is nearly constant over tokens, so clipping it barely moves softmax). Measured on a tiny Qwen2 with a "
+    "key bias B planted on one RoPE pair (tests/plan/conftest.py build_planted; 512 tokens, ctx 64): KLD 0.00061 at scale "
+    "1.0 for B = 60, 3000 and 30000; with calculated scales 0.00065, 0.00065 and 0.00339 (top-1 93.7% -> 86.5% at B 30000)")
+
+
 def fidelity_of(spec: KVSpec) -> dict:
     """How sure a result computed with ``spec`` is about the engine or paper it is named after.
 
@@ -489,6 +501,8 @@ def fidelity_of(spec: KVSpec) -> dict:
             differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not part of it"
     elif extra and label == "approximate":
         differs = (differs + "; " if differs else "") + f"options {'+'.join(extra)} added to the preset are not covered by the label"
+    if any(o.strip().lower() in ("scales=calculate", "scales=calc") for o in options):
+        differs = (differs + "; " if differs else "") + CALCULATE_DIFFERS
     return {"label": label, "differs": differs, "source": source,
             "release": preset.release.describe() if preset.release is not None else ""}
 

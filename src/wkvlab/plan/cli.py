@@ -17,7 +17,7 @@ from rich.console import Console
 
 from wkvlab.cliopts import ThreadsOption
 from wkvlab.errors import ConfigError
-from wkvlab.plan.probe import DEFAULT_TOKENS
+from wkvlab.plan.probe import DEFAULT_BUDGET_S, DEFAULT_TOKENS
 
 
 def _ints(text: str) -> list[int]:
@@ -39,6 +39,18 @@ def optional_probe_value(argv: list[str]) -> list[str]:
     if i + 1 >= len(out) or not out[i + 1].isdigit():
         out.insert(i + 1, str(DEFAULT_TOKENS))
     return out
+
+
+def _loadable(model: str) -> bool:
+    """Whether plan can run this model here (header only; a bad --model is refused by plan itself)."""
+    from wkvlab.errors import WkvlabError
+    from wkvlab.plan.probe import LOADABLE
+    from wkvlab.plan.source import resolve_source
+
+    try:
+        return resolve_source(model)[1].kind in LOADABLE
+    except WkvlabError:
+        return False
 
 
 def _model_help() -> str:
@@ -73,9 +85,15 @@ def plan_command(
     engine: Annotated[str | None, typer.Option("--engine", "-e", help="Restrict to one engine: vllm, sglang, llama.cpp, trtllm.")] = None,
     gpu_file: Annotated[Path | None, typer.Option("--gpu-file", help="YAML/JSON file adding or overriding GPUs (schema: data/gpus.yaml).")] = None,
     probe: Annotated[int | None, typer.Option(
-        "--probe", help=f"Measure the plan's KV formats (and weight formats) on TOKENS tokens of this model first, through wkvlab eval's "
-                        f"path, and rank by that: '--probe' alone = {DEFAULT_TOKENS} tokens (about a CPU minute on the packaged models). "
-                        "Needs the weights (a packaged model, .gguf or folder).", metavar="[TOKENS]", show_default=False)] = None,
+        "--probe", help=f"Measure on exactly TOKENS tokens instead of sizing the probe to --probe-budget ('--probe' alone = "
+                        f"{DEFAULT_TOKENS}); an error for a model known by name only.", metavar="[TOKENS]", show_default=False)] = None,
+    probe_budget: Annotated[float, typer.Option(
+        "--probe-budget", help="Seconds the probe may take: plan measures the KV formats and weight configs it would recommend on "
+                               "this model (a packaged model, .gguf, folder or cached Hub id) before ranking, through wkvlab eval's "
+                               "path; the budget sets the tokens (and drops configs it cannot afford, which are then never "
+                               "recommended). Estimated before it runs; model load not included.", metavar="SECONDS")] = DEFAULT_BUDGET_S,
+    no_probe: Annotated[bool, typer.Option("--no-probe", help="Do not measure: every quantized row stays a prior, unmeasured and "
+                                                              "not recommended (launch lines labelled unverified).")] = False,
     probe_data: Annotated[str, typer.Option("--probe-data", help="Text the probe measures on (as eval --data).")] = "default",
     screen: Annotated[bool, typer.Option("--screen", help="Read the key projections (no forward pass) and flag layers whose outlier "
                                          "key channels a per-token 4-bit cache cannot represent (docs/planner.md).")] = False,
@@ -96,17 +114,29 @@ def plan_command(
     k_list = [k for value in (kv or []) for k in split_kv_list(value)] or None
     measurements = load_measurements(results or [], store or [])
     versions = parse_engine_versions(engine_version)
+    from wkvlab.plan.planner import check_inputs
+    from wkvlab.plan.engines import normalize_engine
+    from wkvlab.plan.source import resolve_source
+
+    desc = resolve_source(model)[0]  # the header only: every input is refused before the probe loads anything
+    for n in counts:
+        check_inputs(desc, w_list, normalize_engine(engine), n, tp, pp, split)
     prober = None
-    if probe is not None:
+    if probe is not None and no_probe:
+        raise ConfigError("--probe and --no-probe contradict each other; keep one")
+    if probe is not None and probe < 1:
+        raise ConfigError(f"--probe {probe}: give a positive number of tokens, or --probe alone for {DEFAULT_TOKENS}")
+    if probe_budget <= 0:
+        raise ConfigError(f"--probe-budget {probe_budget:g}: give a positive number of seconds, or --no-probe to measure nothing")
+    if not no_probe and (probe is not None or _loadable(model)):
         from wkvlab.cliopts import start_run
         from wkvlab.display import err_console, progress_bar, status
         from wkvlab.plan.probe import Probe
 
-        if probe < 1:
-            raise ConfigError(f"--probe {probe}: give a positive number of tokens, or --probe alone for {DEFAULT_TOKENS}")
-        start_run("plan --probe", threads, f"{model}, {probe:,} tokens")
-        prober = Probe(probe, probe_data, progress=progress_bar, say=lambda line: err_console.print(line, highlight=False, markup=False),
-                       status=status)
+        start_run("plan (probe)", threads, f"{model}, " + (f"{probe:,} tokens" if probe else f"budget {probe_budget:g} s"))
+        say = lambda line: err_console.print(line, highlight=False, markup=False)  # noqa: E731
+        prober = Probe(probe, probe_data, budget_s=None if probe else probe_budget, explicit=probe is not None,
+                       progress=progress_bar, say=say, status=status)
     plans = [plan(model, gpu, batch, context, weights=w_list, kv=k_list, engine=engine, measurements=measurements, gpu_file=gpu_file,
                   gpus=n, tp=tp, pp=pp, split=split, model_id=model_id, versions=versions, probe=prober, screen=screen) for n in counts]
     width = max(shutil.get_terminal_size((160, 40)).columns, 140)

@@ -1,7 +1,7 @@
 """One weight x KV combination on one engine: support, per-GPU bytes and fit, speed, launch line."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from wkvlab.errors import ConfigError
 from wkvlab.kv.spec import KVSpec
@@ -69,6 +69,7 @@ class Context(JsonMixin):
     assumptions: RooflineAssumptions
     model_id: str | None = None
     versions: dict[str, str] | None = None
+    file_bytes: int | None = None  # a GGUF served as it is: its tensor bytes stand for the spec's
 
 
 def _refused(engine: str, par: Parallel, reason: str, version: str) -> Support:
@@ -88,6 +89,8 @@ def evaluate_engine(engine: str, c: Context, w: WeightSpec, kv: KVSpec) -> tuple
     evaluations, per_tokens, weights = [], [], []
     for share in shares:
         wb = weight_bytes(c.model, w, share.shard)
+        if c.file_bytes:  # the file's own bytes, split across GPUs as the spec's would be
+            wb = replace(wb, total_bytes=round(c.file_bytes * wb.total_bytes / weight_bytes(c.model, w).total_bytes))
         per_token = kv_bytes_per_token(c.model, storage, layers=share.kv_layers, kv_heads=share.kv_heads,
                                        linear_state_share=1 / par.tp, context=c.ctx)
         budget = memory_budget(engine, c.model, c.gpu, wb.total_bytes, c.settings, tp=par.tp, gpus=par.gpus)

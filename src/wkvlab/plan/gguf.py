@@ -20,6 +20,11 @@ _STRING, _ARRAY = 8, 9
 # llama_ftype (general.file_type) of the files the planner can name
 FILE_TYPES = {0: "fp32", 1: "fp16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 8: "q5_0", 9: "q5_1", 32: "bf16"}
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT (ggml/include/gguf.h); general.alignment overrides it
+# every llama_ftype by its llama.cpp name (llama.cpp include/llama.h, enum llama_ftype): what the file *is*
+FILE_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+                   12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+                   19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+                   26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16"}
 
 
 class _Truncated(Exception):
@@ -195,5 +200,22 @@ def gguf_config(path: str | Path) -> tuple[dict[str, Any], str]:
         config["sliding_window"] = int(window)
         if arch == "gemma3":
             config["sliding_window_pattern"] = 6  # llama.cpp's LLM_ARCH_GEMMA3: five local layers, then one global
-    name = str(meta.get("general.basename") or meta.get("general.name") or Path(path).stem)
     return config, FILE_TYPES.get(int(meta.get("general.file_type", -1)), "")
+
+
+def file_type_name(meta: dict[str, Any]) -> str:
+    """The file's llama.cpp type name (``Q4_K_M``), '' when the header does not say."""
+    return FILE_TYPE_NAMES.get(int(meta.get("general.file_type", -1)), "")
+
+
+def tensor_bytes_by_part(path: str | Path) -> dict[str, int]:
+    """Bytes of the file's tensors as llama.cpp loads them, by part: ``embedding`` (token_embd), ``output`` (the output
+    matrix; 0 when tied to the embedding, which llama.cpp then reads in its place), ``norm`` (1-D tensors: norms, biases)
+    and ``linear`` (the rest); each tensor's blocks of its ggml type (:func:`tensor_bytes`)."""
+    _, tensors = read_header(path)
+    out = {"linear": 0, "embedding": 0, "output": 0, "norm": 0}
+    for name, (ttype, dims) in tensors.items():
+        part = ("embedding" if name.startswith("token_embd") else "output" if name.startswith("output.")
+                else "norm" if len(dims) == 1 else "linear")
+        out[part] += tensor_bytes(name, ttype, dims, path)
+    return out

@@ -27,7 +27,7 @@ from wkvlab.plan.models import SLIDING, ModelDescription
 UNSAFE_KLD = 0.1  # nats/token: a measured mean KLD above this is a broken model, not a trade-off
 UNSAFE_TOP1 = 0.90  # a measured top-1 agreement below this is a broken model
 RISKY_K_BITS = 8  # per-token key formats below this many bits per value (scales included) are at risk
-UNMEASURED = "unmeasured on this model — run with --probe"
+UNMEASURED = "unmeasured on this model"  # every prior row: never recommended (plan/verdict.py)
 
 
 def thresholds() -> str:

@@ -78,6 +78,10 @@ def _gguf_model(source: ModelSource, model_id: str | None, spec: WeightSpec) -> 
     name = _stem(source, model_id)
     out = f"./{name}-{gguf_type}.gguf"
     if source.gguf and not (model_id or source.folder or source.hub_id):
+        if is_gguf(spec) and source.quantized_file and spec.bits >= source.file_bits:
+            return out, (), False, [f"{gguf_type} from {Path(source.gguf).name} would re-quantize its {source.gguf_type_name} weights up: "
+                                    "no more faithful than the file (its rounding stays in it) and larger — serve the file as it is, "
+                                    "or quantize the 16-bit checkpoint (--model-id)"]
         if not is_gguf(spec):
             return out, (), False, [f"{source.gguf} is already quantized ({source.gguf_type or 'another type'}); a {gguf_type} "
                                     "GGUF needs the 16-bit checkpoint: pass its folder or Hub id with --model-id"]

@@ -66,6 +66,12 @@ def parallel_for(engine: str | None, gpus: int, tp: int | None = None, pp: int |
         raise ConfigError(f"unknown --split {split!r}; llama.cpp splits by {' or '.join(SPLITS)}")
     if engine == "llama.cpp":
         return Parallel(gpus, 1, 1, split or "layer")
+    if tp is not None and pp is None and (tp < 1 or gpus % tp):
+        raise ConfigError(f"--tp {tp} does not divide --gpus {gpus} (--pp is --gpus / --tp when not given); "
+                          f"use --gpus {max(tp, 1)} for tensor parallel over {max(tp, 1)} GPUs, or a --tp that divides {gpus}")
+    if pp is not None and tp is None and (pp < 1 or gpus % pp):
+        raise ConfigError(f"--pp {pp} does not divide --gpus {gpus} (--tp is --gpus / --pp when not given); "
+                          f"use --gpus {max(pp, 1)}, or a --pp that divides {gpus}")
     pp = pp or (gpus // tp if tp else 1)
     tp = tp or gpus // pp
     if tp < 1 or pp < 1 or tp * pp != gpus:
@@ -89,6 +95,16 @@ def parallel_problems(engine: str, model: ModelDescription, par: Parallel) -> li
         out.append(f"intermediate size {widths[0]} is not divisible by tp {tp}")
     if par.pp > model.num_layers:
         out.append(f"pp {par.pp} exceeds the {model.num_layers} layers")
+    return out
+
+
+def layouts_that_run(engine: str, model: ModelDescription, gpus: int) -> list[Parallel]:
+    """The tp x pp splits of ``gpus`` GPUs that ``engine``'s divisibility rules allow for ``model`` (tp largest first)."""
+    out = []
+    for tp in sorted((t for t in range(1, gpus + 1) if gpus % t == 0), reverse=True):
+        par = Parallel(gpus, tp, gpus // tp, "layer")
+        if not parallel_problems(engine, model, par):
+            out.append(par)
     return out
 
 

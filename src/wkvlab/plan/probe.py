@@ -36,9 +36,35 @@ if TYPE_CHECKING:
     from wkvlab.plan.planner import Combination
 
 DEFAULT_TOKENS = 1024  # 8 windows of 128 tokens: about a CPU minute for the default grid on SmolLM2-135M (docs/planner.md)
+DEFAULT_BUDGET_S = 180.0  # plan's default --probe-budget: a few CPU minutes on the packaged models
 MAX_CTX = 512
 MIN_CTX = 32
+MAX_TOKENS = 8192  # a budget buys no more tokens than this (more configurations instead)
 LOADABLE = ("packaged", "gguf", "folder")
+# Forward FLOP/s of one CPU thread in wkvlab eval's path, as measured on this project's loaded 2-core
+# machine (SmolLM2-135M, 1 thread: 204 s wall for 7 passes over 1,024 tokens, ~28 ms per token and pass,
+# plan --probe 1024 at commit cf17fa9, load ~10 on 2 cores);
+# a quieter machine is faster, so a budget sized with it is an upper bound on the time taken.
+CPU_FLOPS_PER_THREAD = 10e9
+
+
+def token_pass_seconds(model: ModelDescription, threads: int) -> float:
+    """Estimated seconds of one forward pass over one token: 2 FLOPs per multiplied weight (the output matrix included)."""
+    from wkvlab.plan.params import active_linear_params
+
+    flops = 2 * (active_linear_params(model) + model.vocab_size * model.hidden_size)
+    return flops / (CPU_FLOPS_PER_THREAD * max(1, threads))
+
+
+def budget_tokens(budget_s: float, passes: int, model: ModelDescription, threads: int, context: int) -> int:
+    """Tokens a probe of ``passes`` passes per token can afford in ``budget_s`` (whole windows; 0 when it cannot afford
+    the fewest windows an interval needs)."""
+    from wkvlab.stats.bootstrap import MIN_UNITS
+
+    tokens = int(budget_s / (passes * token_pass_seconds(model, threads)))
+    tokens = min(tokens, MAX_TOKENS)
+    ctx = probe_ctx(tokens, context, model)
+    return tokens // ctx * ctx if tokens >= MIN_UNITS * ctx else 0
 
 
 def probe_ctx(tokens: int, context: int, model: ModelDescription) -> int:
@@ -87,8 +113,10 @@ class Probe:
     """The measuring step the planner calls (``plan(..., probe=Probe(2048))``); measurements are kept,
     so plans for several GPU counts probe once."""
 
-    tokens: int = DEFAULT_TOKENS
+    tokens: int | None = DEFAULT_TOKENS  # None: as many as ``budget_s`` affords
     data: str = "default"
+    budget_s: float | None = None  # seconds the whole probe may take (estimated before it runs)
+    explicit: bool = True  # asked for (--probe): a model it cannot load is an error; else (the default) priors, said so
     progress: Callable[[float, str], AbstractContextManager] | None = None  # (total steps, title) -> a bar yielding advance
     say: Callable[[str], None] = print
     status: Callable[[str], AbstractContextManager] | None = None  # (message) -> lines while the model loads (display.status)
@@ -96,29 +124,80 @@ class Probe:
     done: dict[tuple, Measurement] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def __call__(self, model: ModelDescription, source: ModelSource, kv: list[KVSpec], weights: list[WeightSpec],
-                 context: int) -> list[Measurement]:
-        if self.tokens < 1:
-            raise ConfigError(f"--probe {self.tokens}: give a positive number of tokens (default {DEFAULT_TOKENS})")
-        if source.kind not in LOADABLE:
+    def applies(self, source: ModelSource) -> bool:
+        """Whether this model can be measured here; an explicit probe of one that cannot is refused."""
+        if source.kind in LOADABLE:
+            return True
+        if self.explicit:
             raise ConfigError(f"--probe runs the model, and {source.given} is {_what(source)}: pass a packaged model, a .gguf "
                               "or a folder with weights (or drop --probe)")
+        return False
+
+    def __call__(self, model: ModelDescription, source: ModelSource, kv: list[KVSpec], weights: list[WeightSpec],
+                 context: int) -> list[Measurement]:
+        if self.tokens is not None and self.tokens < 1:
+            raise ConfigError(f"--probe {self.tokens}: give a positive number of tokens (default {DEFAULT_TOKENS})")
+        self.applies(source)
         none = WeightSpec.parse("none")
         groups = [([none], [k for k in kv if not k.name.startswith("llamacpp:")]),
                   ([none], [k for k in kv if k.name.startswith("llamacpp:")]),  # on a GGUF: eval's engine baseline
                   (weights, [KVSpec()])]
+        return self._measure(model, source, groups, context)
+
+    def pairs(self, model: ModelDescription, source: ModelSource, pairs: list[tuple[WeightSpec, KVSpec]],
+              context: int) -> list[Measurement]:
+        """Measure these (weights, KV) combinations, one run each, while the budget lasts."""
+        return self._measure(model, source, [([w], [k]) for w, k in pairs], context, optional=True)
+
+    def _measure(self, model: ModelDescription, source: ModelSource, groups: list, context: int,
+                 optional: bool = False) -> list[Measurement]:
+        none = WeightSpec.parse("none")
         todo = []
         for w_list, k_list in groups:  # only what an earlier call (another GPU count) did not measure
             if w_list == [none]:
                 k_list = [k for k in k_list if not self._has(model, none, k)]
             else:
-                w_list = [w for w in w_list if not self._has(model, w, KVSpec())]
+                w_list = [w for w in w_list if not all(self._has(model, w, k) for k in k_list)]
             if w_list and k_list:
                 todo.append((w_list, k_list))
+        todo = self._afford(model, todo, context, optional)
         if todo:
             self._run(model, source, todo, context)
         return [m for key, m in self.done.items() if key in {self._key(model, w, k) for w_list, k_list in groups
                                                              for w in w_list for k in k_list}]
+
+    def _afford(self, model: ModelDescription, todo: list, context: int, optional: bool) -> list:
+        """The groups the budget affords at no fewer tokens than an interval needs; the rest are said to stay unmeasured.
+        The token count is fixed by the first run, so that every measurement of a plan has the same windows."""
+        if self.budget_s is None:
+            return todo
+        import torch
+
+        threads = torch.get_num_threads()
+        left = self.budget_s - self.cost.seconds
+        passes = lambda groups: sum(1 + len(w) * len(k) for w, k in groups)  # noqa: E731 - a reference pass per group
+        kept = list(todo)
+        while kept:
+            if self.tokens is not None and self.cost.tokens:
+                afford = self.tokens * passes(kept) * token_pass_seconds(model, threads) <= left
+                tokens = self.tokens if afford else 0
+            else:
+                tokens = budget_tokens(left, passes(kept), model, threads, context)
+            if tokens:
+                self.tokens = tokens
+                break
+            kept.pop()  # the last group: weight formats, then llama.cpp's caches
+        skipped = [f"{w.label} x {k.label}" for w_list, k_list in todo[len(kept):] for w in w_list for k in k_list]
+        if skipped:
+            self.notes.append(f"--probe-budget {self.budget_s:g} s does not afford measuring {', '.join(skipped)} "
+                              f"({'combinations, ' if optional else ''}at least {_min_tokens(context, model)} tokens each): they stay "
+                              "unmeasured and are not recommended; raise --probe-budget to measure them")
+        if kept:
+            estimate = self.tokens * passes(kept) * token_pass_seconds(model, threads)
+            self.say(f"probe: budget {self.budget_s:g} s ({left:.0f} s left) affords {self.tokens:,} tokens for "
+                     f"{sum(len(w) * len(k) for w, k in kept)} configuration(s): estimated {estimate:.0f} s on {threads} thread(s) "
+                     "(model load and weight builds not included)")
+        return kept
 
     def _key(self, model: ModelDescription, w: WeightSpec, k: KVSpec) -> tuple:
         return spec_key(as_weight_spec(w, model), k)
@@ -130,6 +209,8 @@ class Probe:
              context: int) -> None:
         from wkvlab import api
 
+        if self.tokens is None:
+            self.tokens = DEFAULT_TOKENS
         ctx = probe_ctx(self.tokens, context, model)
         target = source.folder or source.gguf if source.kind != "packaged" else source.given
         configs = sum(len(w) * len(k) for w, k in groups)
@@ -158,6 +239,12 @@ class Probe:
                               work.windows.n_windows, torch.get_num_threads())
         self.say(f"probe: {configs} configuration(s) measured in {seconds:.0f} s on {torch.get_num_threads()} CPU thread(s) "
                  f"({work.windows.n_windows} windows x {ctx} tokens, model load included)")
+
+
+def _min_tokens(context: int, model: ModelDescription) -> int:
+    from wkvlab.stats.bootstrap import MIN_UNITS
+
+    return MIN_UNITS * probe_ctx(0, context, model)
 
 
 def _what(source: ModelSource) -> str:

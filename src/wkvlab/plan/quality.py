@@ -44,7 +44,8 @@ class QualityEstimate(JsonMixin):
     low: float | None = None  # 95% interval of a measured KLD (paired bootstrap over windows)
     high: float | None = None
     unsafe: str = ""  # why the guard drops it (plan/guard.py): never ranked, never recommended
-    caution: str = ""  # e.g. guard.UNMEASURED on a per-token 4-bit key cache without a measurement
+    caution: str = ""  # guard.UNMEASURED on every prior (with the risky key format named where there is one)
+    exact: bool = False  # the checkpoint itself (16-bit x 16-bit, or a quantized file as it is): KLD 0 by definition
 
     @property
     def is_measured(self) -> bool:
@@ -58,7 +59,7 @@ class QualityEstimate(JsonMixin):
     @property
     def shown(self) -> str:
         """The table's quality cell: the evidence, its interval, and the guard's word."""
-        text = self.label if self.is_measured else self.source
+        text = self.label if self.is_measured or self.exact else self.source
         text += f" {self.interval}" if self.interval else ""
         if self.unsafe:
             return f"UNSAFE ({self.unsafe}); {text}"
@@ -171,13 +172,18 @@ def estimate_quality(model: ModelDescription, weights: WeightSpec, kv: KVSpec,
         if half is not None and unsafe_reason(half.kld, half.top1):
             return replace(estimate, unsafe=f"{what} alone: {unsafe_reason(half.kld, half.top1)} ({half.label})",
                            detail=estimate.detail + (f"{what} {half.label}: KLD {half.kld:.4f}",))
+    if is_exact(weights, kv):
+        return replace(estimate, exact=True, label="exact (the checkpoint itself)")
     risky = risky_keys(kv, model)
     kv_half = halves[0][1]
     if kv_half is not None:
-        return replace(estimate, detail=estimate.detail + (f"KV {kv.label} with the model's own weights {kv_half.label}: KLD {kv_half.kld:.4f}",))
-    if risky:
-        return replace(estimate, caution=f"{UNMEASURED} ({risky} keys per token)")
-    return estimate
+        estimate = replace(estimate, detail=estimate.detail + (f"KV {kv.label} with the model's own weights {kv_half.label}: KLD {kv_half.kld:.4f}",))
+    return replace(estimate, caution=UNMEASURED + (f" ({risky} keys per token)" if risky else ""))
+
+
+def is_exact(weights: WeightSpec, kv: KVSpec) -> bool:
+    """16-bit weights (the checkpoint cast, nothing skipped or overridden) with the 16-bit cache: no rounding to measure."""
+    return weights.method in ("none", "cast") and not weights.overrides and kv.is_identity
 
 
 def _prior(model: ModelDescription, weights: WeightSpec, kv: KVSpec) -> QualityEstimate:

@@ -47,16 +47,27 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
         if any(r.quality.unsafe for r in result.rows):
             console.print(f"UNSAFE rows are never ranked or recommended: {thresholds()} (plan/guard.py)", highlight=False, markup=False)
         if any(r.quality.caution for r in result.rows):
-            console.print(f"{UNMEASURED}: a per-token key cache below {RISKY_K_BITS} bits collapses on models with outlier key "
-                          "channels (Qwen2/Qwen2.5 with QKV bias are a known case); no prior can tell", highlight=False, markup=False)
+            console.print(f"{UNMEASURED}: a prior only, never recommended — caches collapse on models with outlier key channels "
+                          f"(Qwen2/Qwen2.5 with QKV bias are a known case: per-token caches below {RISKY_K_BITS} bits, and 8-bit and "
+                          "FP8 ones where the outliers are large enough); no prior can tell", highlight=False, markup=False)
         console.print("* roofline estimate at the requested batch, every sequence at full context; not a measurement", highlight=False)
-    if result.recommendations:
-        console.print("\n[bold]Recommended launch lines[/bold]")
-    for rec in result.recommendations:
-        console.print(f"\n[bold]{rec.engine}[/bold]: {escape(rec.weights)} weights x {escape(rec.kv)} KV", highlight=False)
-        print_command(rec.command, console)
-        for line in rec.why + rec.command.notes:
-            console.print(f"  - {line}", highlight=False, markup=False)
+    if result.probe_cost:
+        c = result.probe_cost
+        console.print(f"probe: {c['configs']} configuration(s) measured on {c['tokens']:,} tokens ({c['windows']} windows x {c['ctx']}) "
+                      f"in {c['seconds']:.0f} s on {c['threads']} CPU thread(s)", highlight=False, markup=False)
+    for verified in (True, False):
+        recs = [r for r in result.recommendations if r.verified == verified]
+        if recs:
+            console.print("\n[bold]Recommended launch lines[/bold] (measured on this model, or the checkpoint itself)" if verified else
+                          "\n[bold]Launch lines UNVERIFIED ON THIS MODEL[/bold] (priors only: not recommended until measured)")
+        for rec in recs:
+            tag = "" if verified else escape(" [unverified on this model]")
+            console.print(f"\n[bold]{rec.engine}[/bold]: {escape(rec.weights)} weights x {escape(rec.kv)} KV{tag}", highlight=False)
+            print_command(rec.command, console)
+            for line in rec.why + rec.command.notes:
+                console.print(f"  - {line}", highlight=False, markup=False)
+    if result.measure_hint:
+        console.print(f"\nto measure the unmeasured rows: {result.measure_hint}", highlight=False, markup=False, soft_wrap=True)
     best = next((r for r in result.rows if r.rank == 1), None)
     if best is not None and not brief:
         memory_of(best, result, console)
@@ -119,6 +130,15 @@ def memory_of(best: Combination, result: PlanResult, console: Console) -> None:
                   f"{escape(ev.parallel.label if ev else '1 GPU')}):", highlight=False)
     console.print(f"  checkpoint: {best.weight_bytes.total_bytes:,} B = {best.weight_bytes.gb:.2f} GB; KV of the spec (as wkvlab "
                   f"simulates and measures it): {best.kv_bytes.total_bytes:,} B per token", highlight=False, markup=False)
+    if "(the file as it is)" in best.weights and result.source.gguf_parts:
+        parts = dict(result.source.gguf_parts)
+        console.print(f"  the file's tensors as llama.cpp loads them (GGUF header): linear layers {parts['linear']:,} B, token embedding "
+                      f"{parts['embedding']:,} B (in the file's own types), output matrix "
+                      + (f"{parts['output']:,} B" if parts["output"] else "tied to the embedding (read from it, no bytes of its own)")
+                      + f", norms and biases {parts['norm']:,} B (f32)", highlight=False, markup=False)
+    elif best.engine in ("vllm", "sglang", "trtllm"):
+        console.print(f"  {best.engine} keeps the token embedding and the output matrix (lm_head) in 16 bits unless the config "
+                      "quantizes them; they are counted in the weights above", highlight=False, markup=False)
     storage = ev.support.kv.storage if ev and ev.support.kv else ""
     engine_total = ev.kv_per_token_bytes if ev else 0
     if ev and engine_total != best.kv_bytes.total_bytes:
@@ -157,7 +177,9 @@ def render_counts(results: list[PlanResult], console: Console) -> None:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for result in results:
         if not result.recommendations:
-            table.add_row(str(result.layout.gpus), "—", "—", "nothing fits", "", "", "", "", "", "", "", "")
+            words = "no engine runs it" if not any(r.engine != "none" for r in result.rows) else (
+                "nothing fits" if not any(r.fits for r in result.rows) else "none recommendable")
+            table.add_row(str(result.layout.gpus), "—", "—", words, "", "", "", "", "", "", "", "")
         for rec in result.recommendations:
             row = next(r for r in result.rows if r.weights == rec.weights and r.kv == rec.kv)
             ev = row.evaluation(rec.engine)

@@ -27,8 +27,23 @@ class ModelSource(JsonMixin):
     folder: str = ""  # a local folder with config.json and weights
     gguf: str = ""  # a GGUF file llama.cpp can load
     gguf_type: str = ""  # that file's weight type (general.file_type), '' if none the planner names
+    gguf_type_name: str = ""  # the file's type as llama.cpp names it (Q4_K_M), '' if the header does not say
+    gguf_bytes: int = 0  # the file's tensor bytes as llama.cpp loads them (plan/gguf.py tensor_bytes_by_part)
+    gguf_parts: tuple[tuple[str, int], ...] = ()  # those bytes by part: linear, embedding, output, norm
     note: str = ""
     aliases: tuple[str, ...] = ()  # other names results of this model carry (wkvlab eval names a packaged model 'smollm2')
+
+    @property
+    def file_bits(self) -> int:
+        """Bits per weight the GGUF's type is named after (Q4_K_M: 4; F16/BF16: 16; 0 when not a GGUF or unknown)."""
+        import re as _re
+
+        found = _re.match(r"I?Q(\d)|B?F(\d+)", self.gguf_type_name.upper())
+        return 0 if found is None else int(found.group(1) or found.group(2))
+
+    @property
+    def quantized_file(self) -> bool:
+        return 0 < self.file_bits < 16
 
     @property
     def served(self) -> str:
@@ -59,8 +74,24 @@ def resolve_source(spec: str | Path | ModelDescription) -> tuple[ModelDescriptio
         note = (f"{text} is a config file without weights next to it: engines need the checkpoint — "
                 + (f"the Hub id {hub} from its _name_or_path is used" if hub else "pass --model-id <Hub id or folder>"))
         return desc, ModelSource(text, "config", hub_id=hub, note=note)
+    cached = _cached_snapshot(text) if _HUB_ID.fullmatch(text) else None
+    if cached is not None:  # a Hub id whose checkpoint is in the local Hugging Face cache: loadable here
+        return ModelDescription.from_config(cached), ModelSource(text, "folder", hub_id=text, folder=str(cached))
     desc = ModelDescription.from_name(text)
     return desc, ModelSource(text, "builtin", hub_id=desc.hf_id)
+
+
+def _cached_snapshot(repo_id: str) -> Path | None:
+    """The local Hugging Face cache's snapshot of ``repo_id`` when it holds config.json and weights (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(repo_id, "config.json")
+    if not isinstance(found, str):
+        return None
+    folder = Path(found).parent
+    return folder if any(next(folder.glob(p), None) for p in _WEIGHT_FILES) else None
 
 
 def _packaged_path(name: str) -> Path:
@@ -71,9 +102,11 @@ def _packaged_path(name: str) -> Path:
 
 def _from_gguf(given: str, path: Path, kind: str) -> tuple[ModelDescription, ModelSource]:
     from wkvlab.models.packaged import canonical_name
-    from wkvlab.plan.gguf import gguf_config
+    from wkvlab.plan.gguf import file_type_name, gguf_config, read_header, tensor_bytes_by_part
 
     config, file_type = gguf_config(path)
+    parts = tensor_bytes_by_part(path)
+    type_name, file_bytes = file_type_name(read_header(path)[0]), sum(parts.values())
     hub = ""
     if kind == "packaged":
         from wkvlab.models.packaged import PACKAGED_MODELS
@@ -82,4 +115,5 @@ def _from_gguf(given: str, path: Path, kind: str) -> tuple[ModelDescription, Mod
     packaged = canonical_name(given) if kind == "packaged" else None
     desc = ModelDescription.from_config(config, name=packaged or path.stem, hf_id=hub)
     desc = ModelDescription(**{**desc.__dict__, "source": f"GGUF header of {path}"})
-    return desc, ModelSource(given, kind, hub_id=hub, gguf=str(path), gguf_type=file_type, aliases=(path.stem, given))
+    return desc, ModelSource(given, kind, hub_id=hub, gguf=str(path), gguf_type=file_type, aliases=(path.stem, given),
+                             gguf_type_name=type_name, gguf_bytes=file_bytes, gguf_parts=tuple(parts.items()))
