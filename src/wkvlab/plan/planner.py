@@ -44,7 +44,7 @@ from wkvlab.plan.memory import EngineSettings, FitResult, MemoryBudget
 from wkvlab.plan.models import ModelDescription
 from wkvlab.plan.parallel import parallel_for
 from wkvlab.plan.screen import ScreenResult
-from wkvlab.plan.quality import MEASURED, TRANSFER, QualityEstimate, estimate_quality
+from wkvlab.plan.quality import QualityEstimate, estimate_quality
 from wkvlab.plan.source import ModelSource, resolve_source
 from wkvlab.plan.throughput import RooflineAssumptions, ThroughputEstimate
 from wkvlab.preflight import check_group_widths
@@ -544,7 +544,7 @@ def _recommend(rows: list[Combination], engine: str | None, ctx: int, batch: int
         g = min(ev.gpus, key=lambda x: x.fit.max_batch)
         per = " per GPU" if ev.parallel.gpus > 1 else ""
         verified = row.recommendable
-        quality = (f"quality: exact (the checkpoint itself)" if row.quality.exact else f"quality KLD ~{row.quality.kld:.4f} ({row.quality.label})"
+        quality = ("quality: exact (the checkpoint itself)" if row.quality.exact else f"quality KLD ~{row.quality.kld:.4f} ({row.quality.label})"
                    if verified else f"UNVERIFIED ON THIS MODEL: prior KLD ~{row.quality.kld:.4f} ({row.quality.source}), not a measurement")
         why = (f"rank {row.rank} among {sum(r.rank is not None for r in rows)} fitting combinations",
                f"{ev.parallel.label}: {row.weights} weights {g.weights_bytes / 1e9:.1f} GB{per} + {row.kv} KV "
