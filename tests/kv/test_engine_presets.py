@@ -444,6 +444,11 @@ def test_nvfp4_presets_and_sglang_recipes_name_the_kernels_formats():
         info = fidelity_of(KVSpec.parse(name))
         assert info["label"] == "source-faithful", name
     assert "nvfp4_kv_cache_kernels.cu @0cd789b3" in fidelity_of(KVSpec.parse("vllm:nvfp4"))["source"]
+    # the GPU's rcp.approx(6) is an assumption, stated in every NVFP4 preset's differs (tests/formats/test_nvfp4_kv.py measures it)
+    for name in ("vllm:nvfp4", "vllm:nvfp4_4over6", "sglang:nvfp4", "sglang:fp4_e2m1+recipe=nvfp4"):
+        assert "0x3E2AAAAB" in fidelity_of(KVSpec.parse(name))["differs"]
+    # SGLang 0.5.23 stores through flashinfer 0.7.2's nvfp4_kv_quantize, read in that wheel
+    assert "nvfp4_kv_quantize(tensor_2d, global_scale) of flashinfer-python 0.7.2" in fidelity_of(KVSpec.parse("sglang:nvfp4"))["source"]
     assert "NVFP4Method" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4"))["source"]
     assert "forward_decode" in fidelity_of(KVSpec.parse("sglang:fp4_e2m1+recipe=nvfp4-sm100"))["source"]
     assert fidelity_of(KVSpec.parse("sglang:nvfp4"))["source"].startswith("release modelled: SGLang 0.5.23")

@@ -52,9 +52,24 @@ k_scale to the softmax scale and v_scale to the output (``flashinfer/prefill.py`
 (``tests/formats/test_nvfp4_kv_read.py``). SM100's trtllm-gen kernels are downloaded cubins
 (``gen_trtllm_gen_fmha_module`` in ``flashinfer/jit/attention/modules.py``): not read.
 
-Not modelled: ``rcp.approx.ftz`` is taken as the correctly rounded reciprocal (it is within 1 ulp;
-rcp(6) and rcp(1) are what matter with the default scales), and the 4-over-6 error sum is added
-in one order (the kernel's two-thread shuffle adds in another; only near-equal errors can flip).
+**rcp(6) is data, not a fact read off a GPU.** Every store above (vLLM's ``nvfp4_utils.cuh``
+``SFValue = SFScaleVal * (vecMax * reciprocal_approximate_ftz(6.0f))``, flashinfer 0.7.2's
+``csrc/fp4_kv_quantization.cu`` ``reciprocal_approximate_ftz(global_scale) * (vecMax *
+reciprocal_approximate_ftz(6.0f))``) gets 1/6 from ``asm volatile("rcp.approx.ftz.f32 ...")``,
+which the compiler cannot fold: the GPU's MUFU reciprocal computes it at run time, and the PTX ISA
+promises only an approximation. No public source read here (vLLM, flashinfer, TensorRT-LLM) states
+the value it returns for 6.0, and no GPU was available to measure it. :data:`RCP6_EXACT` (float32
+0x3E2AAAAB, the correctly rounded 1/6) is assumed by default; ``rcp6=`` takes another value, e.g.
+:data:`RCP6_ONE_ULP_BELOW` (0x3E2AAAAA). Why it matters: 6·0x3E2AAAAB = 1 + 2^-25, so a block
+maximum of exactly 6·m, m halfway between two E4M3 scales (bf16 holds every such 6·m), lands on the
+tie and goes to the even scale; 6·0x3E2AAAAA = 1 − 2^-24 puts it just below and it goes down —
+e.g. vecMax 7.125: scale 1.25 (exact) or 1.125 (one ulp below). On 4096×128 bf16 N(0,1) values 3.12% of
+values change, 0.85% for N(0, 0.02²) (``tests/formats/test_nvfp4_kv.py``).
+
+Not modelled: the other ``rcp.approx.ftz`` calls (rcp(k_scale), rcp(sf·…)) are taken as the
+correctly rounded reciprocal (rcp(1) with the default scales; rcp(sf) feeds only the E2M1
+rounding), and the 4-over-6 error sum is added in one order (the kernel's two-thread shuffle adds
+in another; only near-equal errors can flip).
 """
 from __future__ import annotations
 
@@ -66,6 +81,10 @@ from wkvlab.formats._checks import check_float_tensor
 from wkvlab.formats.fp4 import round_e2m1
 from wkvlab.formats.sizes import NVFP4_KV_BLOCK, nvfp4_kv_bytes_per_vector  # noqa: F401 - sizes live torch-free
 _E4M3_MAX = 448.0
+# rcp.approx.ftz.f32(6.0f) as the store kernels use it (see the module docstring): assumed correctly rounded.
+RCP6_EXACT = 0.16666667163372040  # float32 0x3E2AAAAB = 11184811 / 2^26
+RCP6_ONE_ULP_BELOW = 0.16666665673255920  # float32 0x3E2AAAAA: the alternative if the GPU's rcp is one bit low
+RCP4 = 0.25  # rcp(4.0f) for 4-over-6: a power of two
 
 
 def _scale(k_scale: float | Tensor, ref: Tensor) -> Tensor:
@@ -80,19 +99,22 @@ def _rcp(x: Tensor) -> Tensor:
     return torch.reciprocal(x)
 
 
-def _candidate(vec_max: Tensor, sf_scale: Tensor, denominator: float) -> tuple[Tensor, Tensor]:
-    """``(sf as float32, outputScale)`` of ``nvfp4_candidate_scale`` / ``cvt_warp_fp16_to_fp4``."""
-    den = torch.full((), denominator, dtype=torch.float32, device=vec_max.device)
-    sf_value = sf_scale * (vec_max * _rcp(den))
+def _candidate(vec_max: Tensor, sf_scale: Tensor, rcp_denominator: float) -> tuple[Tensor, Tensor]:
+    """``(sf as float32, outputScale)`` of ``nvfp4_candidate_scale`` / ``cvt_warp_fp16_to_fp4``;
+    ``rcp_denominator`` is the kernel's rcp(6.0f) (or rcp(4.0f)) as a float32 value."""
+    rcp_den = torch.full((), rcp_denominator, dtype=torch.float32, device=vec_max.device)
+    sf_value = sf_scale * (vec_max * rcp_den)
     sf = sf_value.clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn).float()  # satfinite, nearest even
     output_scale = torch.where(sf != 0, _rcp(sf * _rcp(sf_scale)), torch.zeros_like(sf))
     return sf, output_scale
 
 
-def quantize_nvfp4_kv(x: Tensor, k_scale: float | Tensor = 1.0, four_over_six: bool = False) -> tuple[Tensor, Tensor]:
+def quantize_nvfp4_kv(x: Tensor, k_scale: float | Tensor = 1.0, four_over_six: bool = False,
+                      rcp6: float = RCP6_EXACT) -> tuple[Tensor, Tensor]:
     """``(codes, block_scales)`` of ``x`` (``[..., head_dim]``): codes are the E2M1 values as
     float32 (``[..., head_dim]``, in ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}), block scales float8_e4m3fn
-    (``[..., head_dim / 16]``); ``x ≈ code · scale · k_scale``. Device and shape follow ``x``."""
+    (``[..., head_dim / 16]``); ``x ≈ code · scale · k_scale``. Device and shape follow ``x``.
+    ``rcp6``: the value the GPU's rcp.approx.ftz.f32 gives for 6.0 (assumed exact; module docstring)."""
     check_float_tensor(x)
     dim = x.shape[-1]
     if dim % NVFP4_KV_BLOCK:
@@ -101,9 +123,9 @@ def quantize_nvfp4_kv(x: Tensor, k_scale: float | Tensor = 1.0, four_over_six: b
     g = _scale(k_scale, x)
     sf_scale = _rcp(g)  # SFScaleVal = 1 / k_scale
     vec_max = blocks.abs().amax(dim=-1, keepdim=True)
-    sf, output_scale = _candidate(vec_max, sf_scale, 6.0)
+    sf, output_scale = _candidate(vec_max, sf_scale, rcp6)
     if four_over_six:
-        sf4, output_scale4 = _candidate(vec_max, sf_scale, 4.0)
+        sf4, output_scale4 = _candidate(vec_max, sf_scale, RCP4)
 
         def error(scale: Tensor) -> Tensor:
             dequant = torch.where(scale != 0, _rcp(scale), torch.zeros_like(scale))
@@ -125,10 +147,11 @@ def dequantize_nvfp4_kv(codes: Tensor, block_scales: Tensor, k_scale: float | Te
     return (blocks * block_scales.float().unsqueeze(-1) * g).reshape(codes.shape)
 
 
-def fake_quant_nvfp4_kv(x: Tensor, k_scale: float | Tensor = 1.0, four_over_six: bool = False, fp8_read: bool = False) -> Tensor:
+def fake_quant_nvfp4_kv(x: Tensor, k_scale: float | Tensor = 1.0, four_over_six: bool = False, fp8_read: bool = False,
+                        rcp6: float = RCP6_EXACT) -> Tensor:
     """``x`` as the cache returns it, in ``x``'s dtype. ``fp8_read``: SGLang's read into its FP8
     workspace — bf16 first, then E4M3 (nearest even, saturating here)."""
-    codes, scales = quantize_nvfp4_kv(x, k_scale, four_over_six)
+    codes, scales = quantize_nvfp4_kv(x, k_scale, four_over_six, rcp6)
     y = dequantize_nvfp4_kv(codes, scales, k_scale)
     if fp8_read:
         y = y.to(torch.bfloat16).float().clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn).float()

@@ -92,21 +92,37 @@ VLLM_NVFP4_SOURCE = ("vllm-project/vllm csrc/libtorch_stable/nvfp4_kv_cache_kern
                      "global scale 1/k_scale; CacheDType in vllm/config/cache.py @002f10e0; read (SM120): FlashInfer FA2 "
                      "code*scale in the query dtype, exact, k_scale on the softmax scale (flashinfer-ai/flashinfer@fb28d724 "
                      "include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v); SM100 trtllm-gen cubins not read")
+# The block scale of every NVFP4 store wkvlab models multiplies by rcp.approx.ftz.f32(6.0f), computed on the GPU at run time.
+NVFP4_RCP6_ASSUMED = ("1/6 is taken as float32 0x3E2AAAAB, the correctly rounded value: the kernels compute it on the GPU "
+                      "(nvfp4_utils.cuh cvt_warp_fp16_to_fp4: SFValue = SFScaleVal * (vecMax * reciprocal_approximate_ftz(6.0f)), "
+                      "an asm volatile rcp.approx.ftz.f32 the compiler cannot fold), no source read states what it returns for 6.0 "
+                      "and no GPU was at hand to measure it; if it is one bit low (0x3E2AAAAA) block maxima at E4M3 ties of max/6 "
+                      "round down: 3.12% of bf16 N(0,1) values change (wkvlab.formats.nvfp4_kv rcp6=, tests/formats/test_nvfp4_kv.py)")
 SGLANG_NVFP4_SOURCE = ("scale rule: sglang-0.5.23 python/sglang/srt/layers/quantization/fp4_kv_cache_quant_method.py "
                        "NVFP4KVCacheMethod.load_scales_from_model (k_scale x6 on SM100 only when the checkpoint gives k_scale != 1.0; "
-                       "sglang-0.5.20: x6 on SM100 always); store and read as read at sgl-project/sglang@1c5f9e23 "
-                       "python/sglang/srt/layers/quantization/kv_cache_quant_method.py NVFP4Method "
-                       "(quantize_and_store, load_scales_from_model) + kvfp4_tensor.py @1c5f9e23 "
-                       "NVFP4QuantizeUtil.fi_nvfp4_quantize -> flashinfer fp4_quantize (flashinfer-ai/flashinfer@014327ab "
-                       "csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh cvt_warp_fp16_to_fp4); decode read: "
-                       "@1c5f9e23 python/sglang/srt/layers/attention/flashinfer_backend.py FlashInferAttnBackend.forward_decode "
+                       "sglang-0.5.20: x6 on SM100 always); store: sglang-0.5.23 NVFP4KVCacheMethod.quantize_and_store -> "
+                       "kvfp4_tensor.py NVFP4KVQuantizeUtil.quantize(cache_k, k_scale) -> on SM100/SM120 flashinfer "
+                       "nvfp4_kv_quantize(tensor_2d, global_scale) of flashinfer-python 0.7.2 (sglang 0.5.23 pins "
+                       "flashinfer_python[cu13]==0.7.2; read in that wheel: flashinfer/quantization/fp4_quantization.py -> "
+                       "csrc/fp4_kv_quantization.cu quantize_fp16_to_e2m1_with_scaling: sf = e4m3(rcp(global_scale) * (vecMax * "
+                       "rcp(6))), outputScale = vecMax != 0 ? rcp(sf * global_scale) : 0, cvt.rn.satfinite.e2m1x2.f32 — with "
+                       "k_scale 1.0 the arithmetic of vLLM's cvt_warp_fp16_to_fp4); SM90, and older main's --fp4-kv-cache-recipe nvfp4 "
+                       "(+recipe=nvfp4; sgl-project/sglang@1c5f9e23 kv_cache_quant_method.py NVFP4Method.quantize_and_store -> "
+                       "kvfp4_tensor.py NVFP4QuantizeUtil.fi_nvfp4_quantize): flashinfer fp4_quantize(x, 1/global_scale, "
+                       "sf_vec_size=16) (flashinfer-ai/flashinfer@014327ab csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh "
+                       "cvt_warp_fp16_to_fp4, the same arithmetic); decode read as read at sgl-project/sglang@1c5f9e23: "
+                       "python/sglang/srt/layers/attention/flashinfer_backend.py FlashInferAttnBackend.forward_decode "
                        "(raw uint8 codes + E4M3 block scales to BatchDecodeWithPagedKVCacheWrapper(backend='fa2', "
                        "use_tensor_cores=True).run(k_scale=k_scales_gpu[layer], v_scale=..., kv_block_scales=...)) -> "
                        "FlashInfer FA2 NVFP4 read, code*scale in the query dtype, exact, k_scale on the softmax scale "
                        "(flashinfer-ai/flashinfer@fb28d724 include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v, "
                        "flashinfer/decode.py run)")
-SGLANG_NVFP4_DIFFERS = ("SGLang 0.5.23 stores through flashinfer nvfp4_kv_quantize on SM100/SM120 (fp4_quantize on SM90), "
-                        "modelled as the @1c5f9e23 store (cvt_warp_fp16_to_fp4), its kernel not read; "
+SGLANG_NVFP4_DIFFERS = ("the store without checkpoint scales (k_scale = v_scale = 1.0; 6 for recipe=nvfp4-sm100); flashinfer 0.7.2's nvfp4_kv_quantize "
+                        "tests vecMax != 0 where vLLM tests sf != 0, so a block whose scale rounds to E4M3 zero (max < 6 * 2^-10) "
+                        "stores rcp(0) = inf times x as its codes instead of zeros: the bytes differ, every read (code * 0 * k_scale) "
+                        "is 0 as modelled; with a checkpoint k_scale != 1 it takes rcp.approx(k_scale) where vLLM takes 1.0f/k_scale "
+                        "(not modelled: the preset has no checkpoint scales); "
+                        f"{NVFP4_RCP6_ASSUMED}; "
                         "the decode read; an extend over a cached prefix reads the prefix through bf16 into the FP8 workspace "
                         "instead (dequantize_prev_kv: formats nvfp4-fp8read[-sm100]), and a prompt attends its own tokens unquantized "
                         "(ragged wrapper on the raw K/V) or cast straight to FP8 (paged path: k.to(float8_e4m3fn)); SGLang@1c5f9e23 passes kv_block_scales=, a keyword FlashInfer renamed "
@@ -229,7 +245,8 @@ def _vllm(rest: str, release: Release, engine: str) -> Preset:
     if fmt.startswith("nvfp4"):
         return Preset(spec, f"vLLM --kv-cache-dtype {rest}: {VLLM_NVFP4_SOURCE}", "source-faithful",
                       "the store as vLLM's kernel writes it with k_scale = v_scale = 1.0 (no checkpoint scales); the attention "
-                      "readers (trtllm-gen on SM100, FlashInfer FA2 on SM120) were not read and are taken as exact code x scale x k_scale")
+                      "readers (trtllm-gen on SM100, FlashInfer FA2 on SM120) were not read and are taken as exact code x scale x k_scale; "
+                      f"{NVFP4_RCP6_ASSUMED}")
     return Preset(spec, f"vLLM --kv-cache-dtype {rest}: scale 1.0 unless set (vllm-project/vllm@5d4420da vllm/attention/layer.py)",
                   "approximate", "FP8 rounding to nearest even with saturation; vLLM's cast kernels were not read, only the scale rule")
 
