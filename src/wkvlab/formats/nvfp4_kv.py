@@ -9,7 +9,12 @@ and SGLang ``--kv-cache-dtype nvfp4`` (older main: ``--fp4-kv-cache-recipe nvfp4
 sf_vec_size=16)``, sgl-project/sglang @1c5f9e23874acd43238a31da1d3d2b17fae45c24
 ``python/sglang/srt/layers/quantization/kvfp4_tensor.py``; flashinfer-ai/flashinfer
 ``csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh`` @014327abdb4aa862b062a9cc691840af2736d6f9
-``cvt_warp_fp16_to_fp4``, the same lines) compute, per block of 16 consecutive values of one
+``cvt_warp_fp16_to_fp4``, the same lines; SGLang 0.5.23 on SM100/SM120: ``NVFP4KVQuantizeUtil.quantize`` →
+flashinfer ``nvfp4_kv_quantize(x, k_scale)`` of flashinfer-python 0.7.2, the version it pins,
+``csrc/fp4_kv_quantization.cu`` ``quantize_fp16_to_e2m1_with_scaling``: ``SFValue = rcp(k_scale) *
+(vecMax * rcp(6))``, ``outputScale = vecMax != 0 ? rcp(sf * k_scale) : 0`` — the same values for
+k_scale 1.0; where sf rounds to 0 it stores ``x * rcp(0)`` codes, read back as 0 all the same)
+compute, per block of 16 consecutive values of one
 token's head vector, in float32::
 
     SFScaleVal  = 1 / k_scale                              # k_scale: the layer's fp32 scale
