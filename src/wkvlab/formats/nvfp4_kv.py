@@ -73,7 +73,8 @@ values change, 0.85% for N(0, 0.02²) (``tests/formats/test_nvfp4_kv.py``).
 
 Not modelled: the other ``rcp.approx.ftz`` calls (rcp(k_scale), rcp(sf·…)) are taken as the
 correctly rounded reciprocal (rcp(1) with the default scales; rcp(sf) feeds only the E2M1
-rounding), and the 4-over-6 error sum is added in one order (the kernel's two-thread shuffle adds
+rounding; flashinfer's rcp(k_scale) for ``nvfp4-sm100``'s k_scale 6 is that same rcp(6), here
+IEEE 1/6 whatever ``rcp6`` says — ``rcp6`` moves only the ``vecMax`` factor), and the 4-over-6 error sum is added in one order (the kernel's two-thread shuffle adds
 in another; only near-equal errors can flip).
 """
 from __future__ import annotations

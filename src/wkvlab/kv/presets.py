@@ -117,7 +117,10 @@ SGLANG_NVFP4_SOURCE = ("scale rule: sglang-0.5.23 python/sglang/srt/layers/quant
                        "FlashInfer FA2 NVFP4 read, code*scale in the query dtype, exact, k_scale on the softmax scale "
                        "(flashinfer-ai/flashinfer@fb28d724 include/flashinfer/attention/prefill.cuh compute_qk/compute_sfm_v, "
                        "flashinfer/decode.py run)")
-SGLANG_NVFP4_DIFFERS = ("the store without checkpoint scales (k_scale = v_scale = 1.0; 6 for recipe=nvfp4-sm100); flashinfer 0.7.2's nvfp4_kv_quantize "
+SGLANG_NVFP4_DIFFERS = ("the store without checkpoint scales (k_scale = v_scale = 1.0; 6 for nvfp4-sm100, where flashinfer's "
+                        "rcp.approx(6) of the global scale is taken as fl32(1/6) too and rcp(sf * 6) equals the modelled "
+                        "rcp(sf * rcp(fl32(1/6))) since rcp(fl32(1/6)) = 6.0); SGLang 0.5.20 to 0.5.23 store through flashinfer "
+                        "nvfp4_kv_quantize on SM100/SM120 (read in 0.7.2, 0.5.23's pin), which "
                         "tests vecMax != 0 where vLLM tests sf != 0, so a block whose scale rounds to E4M3 zero (max < 6 * 2^-10) "
                         "stores rcp(0) = inf times x as its codes instead of zeros: the bytes differ, every read (code * 0 * k_scale) "
                         "is 0 as modelled; with a checkpoint k_scale != 1 it takes rcp.approx(k_scale) where vLLM takes 1.0f/k_scale "
