@@ -10,7 +10,7 @@ from wkvlab.kv.spec import KVSpec
 from wkvlab.plan import plan
 from wkvlab.plan.cli import plan_command
 from wkvlab.plan.measured import Measurement, UnitValues
-from wkvlab.plan.verdict import EXCEEDS, UNDECIDED, WITHIN, tolerance_verdicts
+from wkvlab.plan.verdict import EXCEEDS, UNDECIDED, WITHIN, tolerance_rule
 from wkvlab.stats.tolerance import Tolerance
 from wkvlab.weights.spec import WeightSpec
 
@@ -49,7 +49,7 @@ def test_within_is_recommended_exceeds_is_dropped_undecided_says_what_decides_it
     measured = [probed("tinyplan", "none", "int8", spread(0.001)),  # all units far below 0.01: within
                 probed("tinyplan", "none", "int4", spread(0.05)),  # all far above: exceeds
                 probed("tinyplan", "none", "fp8_e4m3", 0.0095 + 0.004 * rng.standard_normal(16))]  # straddles τ: undecided
-    result = plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", measurements=measured, verdict=tolerance_verdicts(TAU))
+    result = plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", measurements=measured, verdict=tolerance_rule(TAU))
     rows = rows_of(result)
     within, exceeds, undecided = rows[("bf16", "int8")], rows[("bf16", "int4")], rows[("bf16", "fp8_e4m3")]
     assert within.verdict.state == WITHIN and within.recommendable and within.rank == 1
@@ -58,6 +58,7 @@ def test_within_is_recommended_exceeds_is_dropped_undecided_says_what_decides_it
     assert any("exceeds it (mean KLD ≤ 0.01 nats)" in note for note in exceeds.ranking_notes)
     assert undecided.verdict.state == UNDECIDED and not undecided.recommendable
     assert "tokens (" in undecided.verdict.reason and "would decide it with 80% power" in undecided.verdict.reason
+    assert undecided.rank is not None and any(n.startswith("ordered by the measured KLD") for n in undecided.ranking_notes)
     rec = result.recommendations[0]
     assert (rec.weights, rec.kv) == ("bf16", "int8") and rec.verified
     assert any("the smallest shown within tolerance" in line for line in rec.why)
@@ -68,7 +69,7 @@ def test_a_prior_or_a_measurement_without_unit_values_is_never_recommended(model
     w, k = WeightSpec.parse("none"), KVSpec.parse("int8")
     summary_only = Measurement("tinyplan", "default", 512, 4096, w.label, k.label, 0.0001, 0.00001, "test", w.to_dict(), k.to_dict(),
                                top1=0.999)  # an eval --json file: a mean and its SE, no per-unit values
-    result = plan(str(model_dir), "RTX-4090", 4, 1024, measurements=[summary_only], verdict=tolerance_verdicts(TAU))
+    result = plan(str(model_dir), "RTX-4090", 4, 1024, measurements=[summary_only], verdict=tolerance_rule(TAU))
     for row in result.rows:
         if row.quality.exact:
             assert row.verdict.state == WITHIN and row.recommendable
@@ -85,13 +86,13 @@ def test_the_smallest_memory_within_tolerance_wins_over_a_more_faithful_larger_o
     small = probed("llama-3-8b", "int4-g128", "int8", spread(0.006))
     args = ("llama-3-8b", "RTX-4090", 8, 8192)
     kw = dict(weights=["fp8", "int4-g128"], kv=["int8"], engine="vllm", measurements=[faithful, small])
-    tolerant = rows_of(plan(*args, **kw, verdict=tolerance_verdicts(TAU)))
+    tolerant = rows_of(plan(*args, **kw, verdict=tolerance_rule(TAU)))
     assert tolerant[("int4-g128", "int8")].rank == 1 and tolerant[("fp8", "int8")].rank == 2
     assert all(r.verdict.state == WITHIN for r in tolerant.values() if r.rank)
     guarded = rows_of(plan(*args, **kw))  # without --tolerance: today's rule, the more faithful first
     assert guarded[("fp8", "int8")].rank == 1
     # a tolerance the small config is not shown within: the faithful one is recommended
-    strict = plan(*args, **kw, verdict=tolerance_verdicts(Tolerance.parse("0.004")))
+    strict = plan(*args, **kw, verdict=tolerance_rule(Tolerance.parse("0.004")))
     assert rows_of(strict)[("int4-g128", "int8")].verdict.state == EXCEEDS
     assert (strict.recommendations[0].weights, strict.recommendations[0].kv) == ("fp8", "int8")
 
@@ -100,7 +101,7 @@ def test_a_top1_tolerance_tests_the_loss_of_agreement(model_dir):
     good = probed("tinyplan", "none", "int8", spread(0.001), top1=0.995)
     bad = probed("tinyplan", "none", "int4", spread(0.002), top1=0.90)
     rows = rows_of(plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", measurements=[good, bad],
-                        verdict=tolerance_verdicts(Tolerance.parse("top1=0.95"))))
+                        verdict=tolerance_rule(Tolerance.parse("top1=0.95"))))
     assert rows[("bf16", "int8")].verdict.state == WITHIN and rows[("bf16", "int4")].verdict.state == EXCEEDS
 
 

@@ -114,10 +114,10 @@ def plan_command(
     counts = _ints(gpus)
     verdict = {}
     if tolerance is not None:  # a bad --tolerance: one line, before any model loads
-        from wkvlab.plan.verdict import tolerance_verdicts
+        from wkvlab.plan.verdict import tolerance_rule
         from wkvlab.stats.tolerance import Tolerance
 
-        verdict = {"verdict": tolerance_verdicts(Tolerance.parse(tolerance))}
+        verdict = {"verdict": tolerance_rule(Tolerance.parse(tolerance))}
     if json_out is not None and not (json_out.parent if str(json_out.parent) else Path(".")).is_dir():
         raise ConfigError(f"--json {json_out}: folder {json_out.parent} does not exist; create it or choose another path")
     w_list = [w for value in (weights or []) for w in split_weight_list(value)] or None

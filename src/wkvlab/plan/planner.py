@@ -202,7 +202,8 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     measurements, which win where both measured a configuration. ``screen``: read the key projections
     (:mod:`~wkvlab.plan.screen`, no forward pass) and name the flagged layers in the unmeasured rows.
     ``verdict``: which rows may be recommended (:mod:`.verdict`); the catastrophe guard by default. A
-    tolerance decision (within / exceeds / undecided, Holm over the configurations) is passed here."""
+    tolerance decision (:func:`~wkvlab.plan.verdict.tolerance_rule`: within / exceeds / undecided, Holm over the measured
+    configurations; those within ranked by memory) is passed here."""
     desc, source = resolve_source(model)
     device = find_gpu(gpu, load_gpu_catalog(gpu_file)) if not isinstance(gpu, GPU) else gpu
     if batch < 1 or ctx < 1:
@@ -533,7 +534,8 @@ def _rank(rows: list[Combination], gpu: GPU, ctx: int, verdict: VerdictRule = gu
                 why.append("KV below 8 bits: ranked after 8-bit caches until measured"
                            + (" (long context: its penalty grows with context)" if ctx >= 16384 else ""))
             bound = f"<= {QUALITY_TIERS[tier]}" if tier < len(QUALITY_TIERS) else f"> {QUALITY_TIERS[-1]}"
-            why.append(f"ordered by the prior: quality tier {tier + 1} of {len(QUALITY_TIERS) + 1} (KLD {bound}), then speed")
+            evidence = "the measured KLD" if row.quality.is_measured else "the prior"  # measured but undecided under --tolerance
+            why.append(f"ordered by {evidence}: quality tier {tier + 1} of {len(QUALITY_TIERS) + 1} (KLD {bound}), then speed")
         out.append(replace(row, rank=i, ranking_notes=tuple(why)))
     return out + dropped + [r for r in rows if not r.fits]
 

@@ -12,7 +12,7 @@ Holm over configs) to one :class:`Verdict` each. :func:`guard_verdicts` is the r
 * ``unmeasured`` — a prior only: listed, never recommended (no prior can tell whether this model is
   one whose outlier keys break a cache, 8-bit ones included).
 
-:func:`tolerance_verdicts` (``plan --tolerance``: one-sided non-inferiority, "within tolerance / exceeds /
+:func:`tolerance_rule` (``plan --tolerance``: one-sided non-inferiority, "within tolerance / exceeds /
 undecided", Holm over the measured rows) plugs in with the same signature: ``within`` maps to a
 recommendable verdict, ``exceeds`` to a dropped one, ``undecided`` to a listed one whose ``reason``
 says what would decide it. Under it the recommendable rows are ordered by memory, the smallest
@@ -62,7 +62,7 @@ def guard_verdicts(qualities: Sequence[QualityEstimate]) -> list[Verdict]:
 WITHIN, EXCEEDS, UNDECIDED = "within tolerance", "exceeds it", "undecided"
 
 
-def tolerance_verdicts(tolerance: "Tolerance") -> VerdictRule:
+def tolerance_rule(tolerance: "Tolerance") -> VerdictRule:
     """``plan --tolerance``: the ship decision (:func:`wkvlab.stats.tolerance.ship_decision`) as a verdict rule.
 
     The rows measured with per-unit values (the probe keeps them) form one Holm family; each is
