@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import typer
 from rich.console import Console
@@ -66,6 +67,20 @@ def test_planted_key_outlier_per_token_4bit_collapses_per_channel_passes(planted
     assert rows["int4"].rank is None and not any(r.kv == "int4" for r in result.recommendations)
     assert kivi.is_measured and not kivi.unsafe and kivi.kld < 0.01 and kivi.top1 > 0.95  # per-channel keys do not care
     assert UNMEASURED not in per_token.shown
+
+
+def test_the_probe_keeps_each_units_values_for_the_tolerance_decision(planted_plan):
+    """plan --tolerance decides on per-unit values: the probe keeps them, and they give back its mean KLD and top-1."""
+    result, _ = planted_plan
+    for row in result.rows:
+        q = row.quality
+        if not q.is_measured:
+            continue
+        u = q.units
+        assert u is not None and sum(u.tokens) == 2040 and len(u.tokens) >= 8, row.kv
+        weight = np.asarray(u.tokens) / sum(u.tokens)
+        assert float(weight @ np.asarray(u.kld)) == pytest.approx(q.kld, rel=1e-6)
+        assert float(weight @ np.asarray(u.top1)) == pytest.approx(q.top1, rel=1e-6)
 
 
 def test_the_screen_flags_the_planted_layers_from_the_weights(planted_folder):

@@ -97,6 +97,10 @@ def plan_command(
     probe_data: Annotated[str, typer.Option("--probe-data", help="Text the probe measures on (as eval --data).")] = "default",
     screen: Annotated[bool, typer.Option("--screen", help="Read the key projections (no forward pass) and flag layers whose outlier "
                                          "key channels a per-token 4-bit cache cannot represent (docs/planner.md).")] = False,
+    tolerance: Annotated[str | None, typer.Option(
+        "--tolerance", help="What you can tolerate, as for wkvlab eval: a mean KLD in nats (0.01) or a top-1 agreement (top1=0.95). "
+                            "Each measured config is then within tolerance, exceeds it or undecided (one-sided non-inferiority, Holm "
+                            "over the configs); the smallest-memory config shown within tolerance is recommended (docs/planner.md).")] = None,
     threads: ThreadsOption = None,
 ) -> None:
     """Which weight x KV combinations fit, how fast they run, and the engine command lines."""
@@ -108,6 +112,12 @@ def plan_command(
     from wkvlab.weights.parse import split_weight_list
 
     counts = _ints(gpus)
+    verdict = {}
+    if tolerance is not None:  # a bad --tolerance: one line, before any model loads
+        from wkvlab.plan.verdict import tolerance_rule
+        from wkvlab.stats.tolerance import Tolerance
+
+        verdict = {"verdict": tolerance_rule(Tolerance.parse(tolerance))}
     if json_out is not None and not (json_out.parent if str(json_out.parent) else Path(".")).is_dir():
         raise ConfigError(f"--json {json_out}: folder {json_out.parent} does not exist; create it or choose another path")
     w_list = [w for value in (weights or []) for w in split_weight_list(value)] or None
@@ -138,7 +148,7 @@ def plan_command(
         prober = Probe(probe, probe_data, budget_s=None if probe else probe_budget, explicit=probe is not None,
                        progress=progress_bar, say=say, status=status)
     plans = [plan(model, gpu, batch, context, weights=w_list, kv=k_list, engine=engine, measurements=measurements, gpu_file=gpu_file,
-                  gpus=n, tp=tp, pp=pp, split=split, model_id=model_id, versions=versions, probe=prober, screen=screen) for n in counts]
+                  gpus=n, tp=tp, pp=pp, split=split, model_id=model_id, versions=versions, probe=prober, screen=screen, **verdict) for n in counts]
     width = max(shutil.get_terminal_size((160, 40)).columns, 140)
     console = Console(width=width, highlight=False, soft_wrap=True)
     if len(plans) == 1:

@@ -21,6 +21,37 @@ from wkvlab.plan._serde import JsonMixin
 from wkvlab.plan.models import ModelDescription
 from wkvlab.weights.spec import WeightSpec
 
+@dataclass(frozen=True)
+class UnitValues(JsonMixin):
+    """A measurement's per-unit values (documents where the text has them, windows otherwise): what a
+    decision on its mean needs (:mod:`wkvlab.stats.tolerance`), without the per-token arrays."""
+
+    unit: str  # documents | windows
+    tokens: tuple[int, ...]  # tokens scored in each unit
+    kld: tuple[float, ...]  # mean KLD of each unit (nats/token)
+    top1: tuple[float, ...] = ()  # top-1 agreement of each unit (empty when not recorded)
+
+    @classmethod
+    def from_arrays(cls, kld, top1, units) -> "UnitValues":
+        """Per-unit means of per-token ``kld`` and ``top1`` agreement over ``units`` (labels or :class:`~wkvlab.stats.Units`)."""
+        from wkvlab.stats.bootstrap import per_unit, unit_labels
+
+        counts, sums = per_unit({"kld": kld, "top1": top1}, units)
+        return cls(unit_labels(units)[1], tuple(int(c) for c in counts), tuple(float(x) for x in sums["kld"] / counts),
+                   tuple(float(x) for x in sums["top1"] / counts))
+
+    def per_token(self, metric: str):
+        """(per-token values, unit labels) whose token-weighted means are this measurement's: ``kld``, or ``top1_loss``
+        (1 − agreement), the scale a tolerance is tested on."""
+        import numpy as np
+
+        from wkvlab.stats.bootstrap import Units
+
+        means = np.asarray(self.kld if metric == "kld" else [1.0 - a for a in self.top1], dtype=np.float64)
+        counts = np.asarray(self.tokens)
+        return np.repeat(means, counts), Units(np.repeat(np.arange(counts.size), counts), self.unit)
+
+
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([mbk])")
 _NOISE = {"instruct", "chat", "it", "base", "hf", "gguf", "meta", "fp16", "bf16", "fp32", "awq", "gptq", "int4", "int8", "fp8"}
 _QUANT_TAG = re.compile(r"(i?q\d(_\w+)?|[qf]\d+|w\d+a\d+.*|\d+bit|g\d+)")
@@ -43,6 +74,7 @@ class Measurement(JsonMixin):
     low: float | None = None  # 95% interval of the mean KLD (paired bootstrap over windows), when computed
     high: float | None = None
     kind: str = "results"  # results (an eval --json file) | store (a sweep store) | probe (plan --probe)
+    units: UnitValues | None = None  # per-unit values (the probe keeps them): what plan --tolerance decides on
 
     def describe(self) -> str:
         if self.kind == "probe":
@@ -144,6 +176,7 @@ class MeasuredQuality(JsonMixin):
     top1: float | None = None
     low: float | None = None  # 95% interval of the mean KLD, when the measurement has one
     high: float | None = None
+    units: UnitValues | None = None  # per-unit values, when the measurement kept them (the probe's do)
 
 
 def model_spec_key(weights: WeightSpec, kv: KVSpec, model: ModelDescription) -> tuple:
@@ -188,11 +221,12 @@ def index_measurements(measurements: list[Measurement], model: ModelDescription,
         # the user's own runs win over the probe's; among equals, the one with more tokens
         if best is None or (m.kind != "probe", m.tokens) > (best.kind != "probe", best.tokens):
             target[key] = m
-    out = {key: MeasuredQuality(m.kld, m.se, "measured", f"measured ({m.describe()})", m.origin, m.top1, m.low, m.high)
+    out = {key: MeasuredQuality(m.kld, m.se, "measured", f"measured ({m.describe()})", m.origin, m.top1, m.low, m.high,
+                                 m.units)
            for key, m in own.items()}
     for key, m in proxy.items():
         out.setdefault(key, MeasuredQuality(m.kld, m.se, "transfer", f"transfer from {m.model} ({m.describe()})", m.origin, m.top1,
-                                            m.low, m.high))
+                                            m.low, m.high, m.units))
     notes = [f"measurements on {name} not used for {model.name}: {why}" for name, why in ignored.items()]
     return out, notes
 

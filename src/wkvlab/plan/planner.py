@@ -16,8 +16,9 @@ Ranking, in order:
 3. Recommendable rows: when the exact checkpoint fits at the requested batch x context, memory is
    not the constraint and they are ordered by KLD alone (the most faithful first; a speed tie never
    trades a fitting config for a worse one). Otherwise by KLD, two KLDs within two standard errors
-   of each other counting as a tie broken by decode speed — the place where a tolerance rule decides
-   instead (see ``verdict``).
+   of each other counting as a tie broken by decode speed. Under a tolerance rule (``plan --tolerance``,
+   every recommendable row shown within the user's tolerance) by memory at the requested batch x
+   context instead, the smallest first, whether or not memory binds.
 4. Among the rest: KV below 8 bits after every fitting 8-bit-or-wider cache (lower the weights
    before the KV; its penalty grows with context); then the quality tier of the prior KLD
    (<= 0.005, <= 0.03, above); then decode tokens/s, speeds within 5% counting as a tie (a
@@ -48,7 +49,7 @@ from wkvlab.plan.quality import QualityEstimate, estimate_quality
 from wkvlab.plan.source import ModelSource, resolve_source
 from wkvlab.plan.throughput import RooflineAssumptions, ThroughputEstimate
 from wkvlab.preflight import check_group_widths
-from wkvlab.plan.verdict import EXACT, Verdict, VerdictRule, guard_verdicts
+from wkvlab.plan.verdict import EXACT, UNSAFE, WITHIN, Verdict, VerdictRule, guard_verdicts
 from wkvlab.plan.weights import Execution, WeightBytes, as_weight_spec, execution, is_gguf, weight_bytes
 from wkvlab.weights.spec import WeightSpec
 
@@ -201,7 +202,8 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     measurements, which win where both measured a configuration. ``screen``: read the key projections
     (:mod:`~wkvlab.plan.screen`, no forward pass) and name the flagged layers in the unmeasured rows.
     ``verdict``: which rows may be recommended (:mod:`.verdict`); the catastrophe guard by default. A
-    tolerance decision (within / exceeds / undecided, Holm over the configurations) is passed here."""
+    tolerance decision (:func:`~wkvlab.plan.verdict.tolerance_rule`: within / exceeds / undecided, Holm over the measured
+    configurations; those within ranked by memory) is passed here."""
     desc, source = resolve_source(model)
     device = find_gpu(gpu, load_gpu_catalog(gpu_file)) if not isinstance(gpu, GPU) else gpu
     if batch < 1 or ctx < 1:
@@ -279,7 +281,7 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     for name in ((eng,) if eng else COMMAND_ENGINES):
         dropped = dropped_by_guard(ranked, name)
         if dropped and not any(r.engine == name for r in recs):
-            warnings.append(f"{name}: no launch line: every combination it runs here was dropped as unsafe ({'; '.join(dropped)})")
+            warnings.append(f"{name}: no launch line: every combination it runs here was dropped as unsafe or outside the tolerance ({'; '.join(dropped)})")
     warnings += _why_nothing(ranked, desc, batch, ctx, layout, device)
     warnings += _engines_refusing_the_split(ranked, desc, layout, engines)
     cost = getattr(probe, "cost", None) if probed else None
@@ -466,7 +468,7 @@ def _order(rows: list[Combination], gpu: GPU, unconstrained: bool = False) -> li
         first = remaining[0]
         group = key(first)[:5]
         peers = [r for r in remaining if key(r)[:5] == group]
-        if group[2] == 0:  # measured: indistinguishable KLDs go to the faster (a tolerance rule decides here instead)
+        if group[2] == 0:  # measured: indistinguishable KLDs go to the faster (under a tolerance rule, _rank orders by memory)
             bound = first.quality.kld + NOISE_SE * max(first.quality.se, 1e-12)
             close = [r for r in peers if r.quality.kld - NOISE_SE * r.quality.se <= bound]
             pick = max(close, key=lambda r: r.throughput.decode.tokens_per_s)
@@ -489,10 +491,17 @@ def _rank(rows: list[Combination], gpu: GPU, ctx: int, verdict: VerdictRule = gu
     # memory is not the constraint when the checkpoint itself fits, or the most faithful candidate fits twice the batch
     roomy = exact or ([faithful] if faithful is not None and faithful.fit.max_batch >= ROOM * batch else [])
     unconstrained = bool(roomy)
-    good = _order([r for r in fitting if r.recommendable], gpu, unconstrained)
-    good = [r for r in good if r.quality.exact and AS_IS in r.weights] + [r for r in good if not (r.quality.exact and AS_IS in r.weights)]
+    # a tolerance rule: every recommendable row is shown within the user's tolerance, so quality no longer orders
+    # them — the smallest memory at this batch x context does (the speed estimate breaks ties)
+    by_memory = bool(candidates) and all(r.verdict.state == WITHIN for r in candidates)
+    if by_memory:
+        unconstrained = False
+        good = sorted(candidates, key=lambda r: (_memory(r), -r.throughput.decode.tokens_per_s))
+    else:
+        good = _order(candidates, gpu, unconstrained)
+        good = [r for r in good if r.quality.exact and AS_IS in r.weights] + [r for r in good if not (r.quality.exact and AS_IS in r.weights)]
     ordered = good + _order([r for r in fitting if not r.recommendable], gpu)
-    dropped = [replace(r, ranking_notes=(f"{r.verdict.state}: {r.verdict.reason} ({thresholds()}): never recommended",))
+    dropped = [replace(r, ranking_notes=(f"{r.verdict.state}: {r.verdict.reason}{_guard_rule(r)}: never recommended",))
                for r in rows if r.fits and r.verdict.dropped]
     out = []
     for i, row in enumerate(ordered, 1):
@@ -502,7 +511,11 @@ def _rank(rows: list[Combination], gpu: GPU, ctx: int, verdict: VerdictRule = gu
             why.append(f"FP8 weights on {gpu.name}: no FP8 tensor cores, ranked last")
         if slow:
             why.append(f"{row.engine} takes a silent slow path here (see warnings): ranked after fast paths")
-        if row.recommendable and unconstrained:
+        if row.recommendable and by_memory:
+            why.append(f"{row.verdict.reason}; memory {_memory(row) / 1e9:.2f} GB at batch {batch} x ctx {ctx} (weights + KV on "
+                       f"{row.fit.binding_gpu})" + (" — the smallest shown within tolerance" if row is good[0] else
+                                                    f" (smallest within tolerance: {good[0].weights} x {good[0].kv})"))
+        elif row.recommendable and unconstrained:
             spare = max(roomy, key=lambda r: r.fit.headroom_bytes)
             what = "the checkpoint itself" if spare.quality.exact else "the most faithful measured config"
             why.append(f"memory is not the constraint: {spare.weights} x {spare.kv} ({what}) fits on {spare.engine} with "
@@ -521,14 +534,25 @@ def _rank(rows: list[Combination], gpu: GPU, ctx: int, verdict: VerdictRule = gu
                 why.append("KV below 8 bits: ranked after 8-bit caches until measured"
                            + (" (long context: its penalty grows with context)" if ctx >= 16384 else ""))
             bound = f"<= {QUALITY_TIERS[tier]}" if tier < len(QUALITY_TIERS) else f"> {QUALITY_TIERS[-1]}"
-            why.append(f"ordered by the prior: quality tier {tier + 1} of {len(QUALITY_TIERS) + 1} (KLD {bound}), then speed")
+            evidence = "the measured KLD" if row.quality.is_measured else "the prior"  # measured but undecided under --tolerance
+            why.append(f"ordered by {evidence}: quality tier {tier + 1} of {len(QUALITY_TIERS) + 1} (KLD {bound}), then speed")
         out.append(replace(row, rank=i, ranking_notes=tuple(why)))
     return out + dropped + [r for r in rows if not r.fits]
 
 
+def _guard_rule(row: Combination) -> str:
+    """The catastrophe guard's thresholds, for a row it dropped (a tolerance rule's reason states its own test)."""
+    return f" ({thresholds()})" if row.verdict is None or row.verdict.state == UNSAFE else ""
+
+
+def _memory(row: Combination) -> int:
+    """Bytes the row needs on its tightest GPU at the requested batch x context: its weights there plus the KV cache."""
+    return row.gpu_weights_bytes + row.fit.kv_needed_bytes
+
+
 def dropped_by_guard(rows: list[Combination], engine: str) -> list[str]:
     """Why ``engine``'s launch line is not one of the combinations the catastrophe guard dropped."""
-    return [f"dropped {row.weights} x {row.kv}: {row.verdict.reason if row.verdict else row.quality.unsafe} — {thresholds()}" for row in rows
+    return [f"dropped {row.weights} x {row.kv}: {row.verdict.reason if row.verdict else row.quality.unsafe}{_guard_rule(row)}" for row in rows
             if (row.verdict.dropped if row.verdict else row.quality.unsafe) and row.fits and (ev := row.evaluation(engine)) is not None and ev.support.accepted]
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 from wkvlab.errors import ConfigError
 from wkvlab.kv.spec import KVSpec
-from wkvlab.plan.measured import Measurement, spec_key
+from wkvlab.plan.measured import Measurement, UnitValues, spec_key
 from wkvlab.plan.models import ModelDescription
 from wkvlab.plan.source import ModelSource
 from wkvlab.plan.weights import as_weight_spec
@@ -262,4 +262,5 @@ def measurement(result, model_name: str) -> Measurement:
     summary = result.kld
     return Measurement(model_name, result.data, result.ctx, result.tokens, result.weights, result.kv, summary["mean"],
                        summary["se"], f"plan --probe ({result.tokens:,} tokens of {result.data}, ctx {result.ctx})",
-                       result.weights_spec, result.kv_spec, top1=result.top1_agreement, low=low, high=high, kind="probe")
+                       result.weights_spec, result.kv_spec, top1=result.top1_agreement, low=low, high=high, kind="probe",
+                       units=UnitValues.from_arrays(arrays.kld, arrays.top1_agree, arrays.units))

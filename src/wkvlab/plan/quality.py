@@ -20,7 +20,7 @@ import yaml
 from wkvlab.kv.spec import KVSpec
 from wkvlab.plan._serde import JsonMixin
 from wkvlab.plan.guard import UNMEASURED, risky_keys, unsafe_reason
-from wkvlab.plan.measured import MeasuredQuality, spec_key
+from wkvlab.plan.measured import MeasuredQuality, UnitValues, spec_key
 from wkvlab.plan.models import SLIDING, ModelDescription
 from wkvlab.plan.weights import as_weight_spec
 from wkvlab.weights.spec import WeightSpec
@@ -46,6 +46,7 @@ class QualityEstimate(JsonMixin):
     unsafe: str = ""  # why the guard drops it (plan/guard.py): never ranked, never recommended
     caution: str = ""  # guard.UNMEASURED on every prior (with the risky key format named where there is one)
     exact: bool = False  # the checkpoint itself (16-bit x 16-bit, or a quantized file as it is): KLD 0 by definition
+    units: UnitValues | None = None  # a measurement's per-unit values (plan --tolerance decides on them)
 
     @property
     def is_measured(self) -> bool:
@@ -163,7 +164,7 @@ def estimate_quality(model: ModelDescription, weights: WeightSpec, kv: KVSpec,
     if found is not None:
         return QualityEstimate(found.kld, MEASURED if found.kind == "measured" else TRANSFER, found.label, found.se, None, None,
                                (f"{found.label}: {found.origin}",), found.top1, found.low, found.high,
-                               unsafe=unsafe_reason(found.kld, found.top1))
+                               unsafe=unsafe_reason(found.kld, found.top1), units=found.units)
     estimate = _prior(model, weights, kv)
     # a half measured on its own (the model's own weights with this cache, or these weights with the 16-bit cache)
     own = as_weight_spec("none", model)

@@ -8,6 +8,7 @@ from rich.table import Table
 from wkvlab.plan.guard import RISKY_K_BITS, UNMEASURED, thresholds
 from wkvlab.plan.launch import LaunchCommand
 from wkvlab.plan.planner import Combination, PlanResult
+from wkvlab.plan.verdict import EXCEEDS, UNDECIDED, WITHIN
 
 
 def _gb(n: int) -> str:
@@ -44,6 +45,7 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
             console.print(f"{label}", highlight=False, markup=False)
         if result.screen is not None:
             console.print(result.screen.summary(), highlight=False, markup=False, soft_wrap=True)
+        tolerance_lines(result, console)
         if any(r.quality.unsafe for r in result.rows):
             console.print(f"UNSAFE rows are never ranked or recommended: {thresholds()} (plan/guard.py)", highlight=False, markup=False)
         if any(r.quality.caution for r in result.rows):
@@ -77,6 +79,22 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
         console.print(f"note: {line}", highlight=False, markup=False)
 
 
+def tolerance_lines(result: PlanResult, console: Console) -> None:
+    """Under ``--tolerance``: each tested row's decision (interval, family, the tokens that would decide it), and the priors."""
+    tested = [r for r in result.rows if r.verdict is not None and r.verdict.state in (WITHIN, EXCEEDS, UNDECIDED)]
+    if not tested:
+        return
+    console.print("against your tolerance (one-sided non-inferiority on the per-unit values of each measurement; "
+                  "only a config shown within tolerance is recommended):", highlight=False, markup=False)
+    priors = [r for r in tested if not r.quality.is_measured and not r.quality.exact]
+    for row in tested:
+        if row not in priors:
+            console.print(f"  {row.weights} x {row.kv}: {row.verdict.reason}", highlight=False, markup=False, soft_wrap=True)
+    if priors:
+        console.print(f"  {len(priors)} row(s) on a prior only: undecided, unmeasured on this model — never recommended "
+                      f"({', '.join(f'{r.weights} x {r.kv}' for r in priors)})", highlight=False, markup=False, soft_wrap=True)
+
+
 def measured_header(result: PlanResult) -> str:
     """What the measured rows are and where they rank, counted from the rows themselves."""
     rows = [r for r in result.rows if r.quality.is_measured]
@@ -84,7 +102,9 @@ def measured_header(result: PlanResult) -> str:
     unsafe = sum(r.rank is None and bool(r.quality.unsafe) for r in rows)
     rest = len(rows) - ranked - unsafe
     text = (f"quality: {result.measured} measurement(s) apply to this model ({len(rows)} row(s) measured); "
-            f"the {ranked} that fit and an engine runs rank first, by measured KLD")
+            f"the {ranked} that fit and an engine runs rank first, "
+            + ("those shown within your tolerance by memory" if any(r.verdict is not None and r.verdict.state == WITHIN for r in rows)
+               else "by measured KLD"))
     if unsafe:
         text += f"; {unsafe} dropped as unsafe"
     if rest:

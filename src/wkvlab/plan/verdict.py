@@ -12,19 +12,23 @@ Holm over configs) to one :class:`Verdict` each. :func:`guard_verdicts` is the r
 * ``unmeasured`` — a prior only: listed, never recommended (no prior can tell whether this model is
   one whose outlier keys break a cache, 8-bit ones included).
 
-A tolerance rule (``plan --tolerance``: one-sided non-inferiority, "within tolerance / exceeds /
-undecided") plugs in here with the same signature: ``within`` maps to a recommendable verdict,
-``exceeds`` to a dropped one, ``undecided`` to a listed one whose ``reason`` says what would decide
-it — see :func:`wkvlab.plan.planner.plan`'s ``verdict`` argument.
+:func:`tolerance_rule` (``plan --tolerance``: one-sided non-inferiority, "within tolerance / exceeds /
+undecided", Holm over the measured rows) plugs in with the same signature: ``within`` maps to a
+recommendable verdict, ``exceeds`` to a dropped one, ``undecided`` to a listed one whose ``reason``
+says what would decide it. Under it the recommendable rows are ordered by memory, the smallest
+first (:func:`wkvlab.plan.planner.plan`'s ``verdict`` argument; ``_rank`` in the planner).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from wkvlab.plan._serde import JsonMixin
 from wkvlab.plan.guard import UNMEASURED
 from wkvlab.plan.quality import MEASURED, QualityEstimate
+
+if TYPE_CHECKING:
+    from wkvlab.stats.tolerance import Tolerance
 
 EXACT, MEASURED_OK, UNSAFE, UNMEASURED_STATE = "exact", "measured", "unsafe", "unmeasured"
 
@@ -53,3 +57,45 @@ def guard_verdicts(qualities: Sequence[QualityEstimate]) -> list[Verdict]:
         else:  # a prior, or a transfer from a smaller model of the family: not this model
             out.append(Verdict(UNMEASURED_STATE, False, reason=q.caution or f"{UNMEASURED} ({q.label})"))
     return out
+
+
+WITHIN, EXCEEDS, UNDECIDED = "within tolerance", "exceeds it", "undecided"
+
+
+def tolerance_rule(tolerance: "Tolerance") -> VerdictRule:
+    """``plan --tolerance``: the ship decision (:func:`wkvlab.stats.tolerance.ship_decision`) as a verdict rule.
+
+    The rows measured with per-unit values (the probe keeps them) form one Holm family; each is
+    ``within tolerance`` (recommendable), ``exceeds it`` (dropped, with its interval) or ``undecided``
+    (listed, with the tokens that would decide it at 80% power). The checkpoint itself is within any
+    tolerance (nothing is rounded); a prior, a transfer or a measurement without per-unit values is
+    ``undecided`` and never recommended; the catastrophe guard still drops what it drops."""
+    from wkvlab.stats.bootstrap import resample
+    from wkvlab.stats.tolerance import ship_decision
+
+    def rule(qualities: Sequence[QualityEstimate]) -> list[Verdict]:
+        family = {}
+        for i, q in enumerate(qualities):
+            if not q.unsafe and not q.exact and q.source == MEASURED and q.units is not None \
+                    and (tolerance.metric == "kld" or q.units.top1):
+                values, units = q.units.per_token(tolerance.metric)
+                family[i] = (resample(lambda m: m["x"], {"x": values}, units), int(values.size))
+        decided = dict(zip(family, ship_decision({str(i): family[i] for i in family}, tolerance,
+                                                 family="measured configs of this plan") if family else []))
+        out = []
+        for i, q in enumerate(qualities):
+            if q.unsafe:
+                out.append(Verdict(UNSAFE, False, True, q.unsafe))
+            elif q.exact:
+                out.append(Verdict(WITHIN, True, reason=f"within tolerance ({tolerance}): the checkpoint itself, nothing rounded"))
+            elif i in decided:
+                v = decided[i]
+                out.append(Verdict(v.outcome, v.outcome == WITHIN, v.outcome == EXCEEDS, v.describe()))
+            elif q.source == MEASURED:
+                out.append(Verdict(UNDECIDED, False, reason=f"undecided ({tolerance}): {q.label} kept no per-unit values to test; "
+                                                             "let plan probe it (drop it from --results/--store)"))
+            else:
+                out.append(Verdict(UNDECIDED, False, reason=f"undecided: {q.caution or UNMEASURED} ({q.label}); a prior decides nothing"))
+        return out
+
+    return rule
