@@ -70,3 +70,22 @@ def test_results_piped_to_a_file_keeps_every_digit(tmp_path):
         for r in results:
             for cell in (r.weights, r.kv, f"{r.kld['mean']:.5f} ± {r.kld['se']:.5f}", f"{r.ppl:.3f}", f"{100 * r.top1_agreement:.2f}%"):
                 assert cell in text, (columns, cell)
+
+
+def test_a_log_folds_prose_columns_instead_of_padding_every_row():
+    """A column of prose (a preset's source, 1,500 characters) once padded every row of `wkvlab presets`
+    to 4,000 characters in a log; its text now folds at LOG_PROSE_COLUMN while the numbers stay whole."""
+    from wkvlab.display import LOG_PROSE_COLUMN
+
+    out = io.StringIO()
+    table = Table("name", "source", "KLD")
+    table.columns[2].justify = "right"
+    prose = " ".join(f"word{i}" for i in range(400))
+    table.add_row("llamacpp:q4_0", prose, "0.123456789")
+    table.add_row("int8", "short", "0.000987654")
+    TableConsole(file=out, width=140, force_terminal=False).print(table)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) < LOG_PROSE_COLUMN + 40  # the folded prose column, the name and the number
+    assert "0.123456789" in out.getvalue() and "0.000987654" in out.getvalue()
+    folded = "".join(line.split("│")[2].strip() for line in lines if line.count("│") == 4)
+    assert folded.replace(" ", "").startswith("".join(prose.split()[:50]))  # nothing cut, only folded

@@ -29,12 +29,17 @@ if TYPE_CHECKING:
 LOG_WIDTH = 140  # text lines in a log or pipe when $COLUMNS does not say (tables take the width they need)
 
 
+LOG_PROSE_WIDTH = 300  # a log's widest table line before text columns fold; wider ones come only from prose
+LOG_PROSE_COLUMN = 100  # ...and the width they fold at
+
+
 class TableConsole(Console):
     """A console whose tables never lose a digit.
 
-    In a log or pipe (not a terminal) a table is printed at its natural width, however wide: rich
-    otherwise cuts it to the console's fixed width (``PPL 12.9…``), and nobody reads a log through a
-    window that needs it narrower. On a terminal narrower than a table, its columns wrap (long cells
+    In a log or pipe (not a terminal) a table is printed at its natural width: rich otherwise cuts it
+    to the console's fixed width (``PPL 12.9…``), and nobody reads a log through a window that needs
+    it narrower. Only a table wider than :data:`LOG_PROSE_WIDTH` (columns of prose) has its text
+    columns folded at :data:`LOG_PROSE_COLUMN` characters: nothing is cut, numbers stay whole. On a terminal narrower than a table, its columns wrap (long cells
     fold onto more lines: names first, numbers only if that is not enough) instead of being cut
     with "…" or dropped."""
 
@@ -48,6 +53,12 @@ class TableConsole(Console):
                 _fit_columns(table, self.width, lambda r: self.measure(r).maximum)
             super().print(*objects, **kwargs)
         else:  # print's own width= is capped at the console's, so widen the console for this call
+            if natural > max(self.width, LOG_PROSE_WIDTH):  # a prose column (a preset's source, 1,500 characters) would pad every row
+                for table in tables:
+                    for column in table.columns:
+                        if column.justify != "right":  # text folds onto more lines; numbers stay whole
+                            column.no_wrap, column.overflow, column.max_width = False, "fold", LOG_PROSE_COLUMN
+                natural = max(self.measure(t, options=self.options.update_width(1 << 16)).maximum for t in tables)
             saved, self.width = self.width, natural
             try:
                 super().print(*objects, **kwargs)
