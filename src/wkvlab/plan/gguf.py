@@ -167,9 +167,10 @@ def check_gguf_file(path: str | Path) -> int:
     return total
 
 
-def gguf_config(path: str | Path) -> tuple[dict[str, Any], str]:
-    """A Hugging Face-style config of the model in a GGUF file, and the file's weight type (or '')."""
-    meta, tensors = read_header(path)
+def gguf_config(path: str | Path, header: tuple[dict, dict] | None = None) -> tuple[dict[str, Any], str]:
+    """A Hugging Face-style config of the model in a GGUF file, and the file's weight type (or '');
+    ``header``: :func:`read_header`'s answer when the caller has it already."""
+    meta, tensors = header or read_header(path)
     arch = str(meta.get("general.architecture", ""))
     if not arch:
         raise ConfigError(f"{path} has no general.architecture; it is not a model GGUF")
@@ -208,11 +209,13 @@ def file_type_name(meta: dict[str, Any]) -> str:
     return FILE_TYPE_NAMES.get(int(meta.get("general.file_type", -1)), "")
 
 
-def tensor_bytes_by_part(path: str | Path) -> dict[str, int]:
+def tensor_bytes_by_part(path: str | Path, tensors: dict | None = None) -> dict[str, int]:
     """Bytes of the file's tensors as llama.cpp loads them, by part: ``embedding`` (token_embd), ``output`` (the output
     matrix; 0 when tied to the embedding, which llama.cpp then reads in its place), ``norm`` (1-D tensors: norms, biases)
-    and ``linear`` (the rest); each tensor's blocks of its ggml type (:func:`tensor_bytes`)."""
-    _, tensors = read_header(path)
+    and ``linear`` (the rest); each tensor's blocks of its ggml type (:func:`tensor_bytes`). ``tensors``:
+    :func:`read_header`'s tensor table when the caller has it already."""
+    if tensors is None:
+        tensors = read_header(path)[1]
     out = {"linear": 0, "embedding": 0, "output": 0, "norm": 0}
     for name, (ttype, dims) in tensors.items():
         part = ("embedding" if name.startswith("token_embd") else "output" if name.startswith("output.")

@@ -104,9 +104,10 @@ def _from_gguf(given: str, path: Path, kind: str) -> tuple[ModelDescription, Mod
     from wkvlab.models.packaged import canonical_name
     from wkvlab.plan.gguf import file_type_name, gguf_config, read_header, tensor_bytes_by_part
 
-    config, file_type = gguf_config(path)
-    parts = tensor_bytes_by_part(path)
-    type_name, file_bytes = file_type_name(read_header(path)[0]), sum(parts.values())
+    header = read_header(path)  # once: a tokenizer's 150k strings make each read cost
+    config, file_type = gguf_config(path, header)
+    parts = tensor_bytes_by_part(path, header[1])
+    type_name, file_bytes = file_type_name(header[0]), sum(parts.values())
     hub = ""
     if kind == "packaged":
         from wkvlab.models.packaged import PACKAGED_MODELS
