@@ -118,3 +118,59 @@ def test_cli_tolerance_lists_every_row_and_refuses_a_bad_one_in_one_line(model_d
     assert "against your tolerance" in out.output and "row(s) on a prior only: undecided, unmeasured" in out.output
     bad = CliRunner().invoke(_app(), ["plan", "-m", str(model_dir), "-g", "rtx-4090", "-b", "4", "-c", "1024", "--tolerance", "top1=2"])
     assert bad.exit_code != 0 and "top-1 agreement is between 0 and 1" in str(bad.exception or bad.output)
+
+
+def _documented(model: str, weights: str, kv: str, unit_kld, tokens_per_unit: int = 64):
+    """An EvalResult over len(unit_kld) documents of one window each, every token of document i at unit_kld[i]."""
+    from wkvlab.eval.metrics import position_buckets
+    from wkvlab.eval.result import EvalResult, TokenArrays
+
+    kld = np.repeat(np.asarray(unit_kld, dtype=np.float64), tokens_per_unit)
+    n, units = kld.size, np.repeat(np.arange(len(unit_kld)), tokens_per_unit)
+    arrays = TokenArrays(kld=kld, nll_ref=np.full(n, 2.0), nll=np.full(n, 2.0), top1_agree=np.ones(n, bool), delta_p=np.zeros(n),
+                         position=np.tile(np.arange(tokens_per_unit), len(unit_kld)), window=units, document=units)
+    w, k = WeightSpec.parse(weights), KVSpec.parse(kv)
+    return EvalResult(model=model, data="default", ctx=tokens_per_unit + 1, weights=w.label, kv=k.label, weights_spec=w.to_dict(),
+                      kv_spec=k.to_dict(), weight_bytes=1, kv_bytes_per_token=1.0, seconds=0.1, arrays=arrays,
+                      buckets=position_buckets(tokens_per_unit + 1))
+
+
+def test_results_and_store_carry_per_unit_values_so_a_tolerance_decides_them(model_dir, tmp_path):
+    """eval --json and a sweep store keep per-document values: plan --results/--store --tolerance decides on them,
+    as it does on a probe's (before: every such row stayed undecided)."""
+    import json
+
+    from wkvlab.plan import load_measurements
+    from wkvlab.store import open_store
+
+    good, bad = _documented("tinyplan", "none", "int8", spread(0.001)), _documented("tinyplan", "none", "int4", spread(0.05))
+    assert good.to_dict()["units"] == {"unit": "documents", "tokens": [64] * 16, "kld": pytest.approx(list(spread(0.001))),
+                                       "top1": [1.0] * 16}
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps([good.to_dict(), bad.to_dict()]))
+    db = tmp_path / "sweep.db"
+    with open_store(db) as store:
+        for i, r in enumerate((good, bad)):
+            store.put(f"id{i}", {"weights": r.weights_spec, "kv": r.kv_spec, "score": "all"}, r)
+    for measured in (load_measurements([path]), load_measurements(stores=[db])):
+        assert [m.units.kld for m in measured] == [pytest.approx(tuple(spread(0.001))), pytest.approx(tuple(spread(0.05)))]
+        rows = rows_of(plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", measurements=measured, verdict=tolerance_rule(TAU)))
+        assert rows[("bf16", "int8")].verdict.state == WITHIN and rows[("bf16", "int8")].recommendable
+        assert rows[("bf16", "int4")].verdict.state == EXCEEDS and "16 documents" in rows[("bf16", "int4")].verdict.reason
+
+
+def test_an_old_results_file_without_unit_values_reads_and_stays_undecided_with_a_re_run_note(model_dir, tmp_path):
+    import json
+
+    from wkvlab.plan import load_measurements
+
+    old = _documented("tinyplan", "none", "int8", spread(0.001)).to_dict()
+    del old["units"]  # as eval --json wrote it before per-unit values were recorded
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    (m,) = load_measurements([path])
+    assert m.units is None and m.kld == pytest.approx(0.001)
+    row = rows_of(plan(str(model_dir), "RTX-4090", 4, 1024, engine="vllm", measurements=[m], verdict=tolerance_rule(TAU)))[("bf16", "int8")]
+    assert row.verdict.state == UNDECIDED and not row.recommendable
+    assert "kept no per-unit values" in row.verdict.reason and "re-run its 'wkvlab eval ... --json'" in row.verdict.reason
+    assert str(path) in row.verdict.reason

@@ -8,7 +8,7 @@ from importlib import metadata
 import numpy as np
 
 from wkvlab.eval.metrics import TokenMetrics, by_position, kld_summary, perplexity
-from wkvlab.stats.bootstrap import Units
+from wkvlab.stats.bootstrap import Units, per_unit, unit_labels
 
 
 def library_versions() -> dict[str, str]:
@@ -19,6 +19,15 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[package] = "not installed"
     return versions
+
+
+def unit_means(kld: np.ndarray, top1: np.ndarray, units) -> dict:
+    """Per-unit means of per-token ``kld`` and ``top1`` agreement over ``units`` (labels or :class:`Units`), with each
+    unit's token count: what a later decision on the mean needs (``plan --results ... --tolerance``), without the
+    per-token arrays. Units in sorted label order."""
+    counts, sums = per_unit({"kld": kld, "top1": top1}, units)
+    return {"unit": unit_labels(units)[1], "tokens": [int(c) for c in counts],
+            "kld": [float(x) for x in sums["kld"] / counts], "top1": [float(x) for x in sums["top1"] / counts]}
 
 
 @dataclass
@@ -132,6 +141,8 @@ class EvalResult:
             "top1_agreement": self.top1_agreement,
             "delta_p": self.delta_p,
             "by_position": by_position(self.arrays.kld, self.arrays.top1_agree, self.arrays.position, self.buckets),
+            # per document (per window for one stream): a reader of this JSON can decide a tolerance on it
+            "units": unit_means(self.arrays.kld, self.arrays.top1_agree, self.arrays.units),
             "weight_bytes": self.weight_bytes,
             "quantized_fraction": self.quantized_fraction,
             "kv_bytes_per_token": self.kv_bytes_per_token,

@@ -34,11 +34,17 @@ class UnitValues(JsonMixin):
     @classmethod
     def from_arrays(cls, kld, top1, units) -> "UnitValues":
         """Per-unit means of per-token ``kld`` and ``top1`` agreement over ``units`` (labels or :class:`~wkvlab.stats.Units`)."""
-        from wkvlab.stats.bootstrap import per_unit, unit_labels
+        from wkvlab.eval.result import unit_means
 
-        counts, sums = per_unit({"kld": kld, "top1": top1}, units)
-        return cls(unit_labels(units)[1], tuple(int(c) for c in counts), tuple(float(x) for x in sums["kld"] / counts),
-                   tuple(float(x) for x in sums["top1"] / counts))
+        return cls.from_record(unit_means(kld, top1, units))
+
+    @classmethod
+    def from_record(cls, data: dict) -> "UnitValues":
+        """From the ``units`` entry of an ``EvalResult.to_dict()`` (:func:`wkvlab.eval.result.unit_means`)."""
+        tokens, kld, top1 = (tuple(data[k]) for k in ("tokens", "kld", "top1"))
+        if not tokens or len(kld) != len(tokens) or (top1 and len(top1) != len(tokens)):
+            raise ValueError(f"{len(tokens)} unit token counts, {len(kld)} KLD means, {len(top1)} top-1 means")
+        return cls(str(data["unit"]), tuple(int(t) for t in tokens), tuple(float(x) for x in kld), tuple(float(x) for x in top1))
 
     def per_token(self, metric: str):
         """(per-token values, unit labels) whose token-weighted means are this measurement's: ``kld``, or ``top1_loss``
@@ -112,10 +118,11 @@ def family_and_size(name: str) -> tuple[str, float | None]:
 def _from_dict(data: dict, origin: str) -> Measurement:
     try:
         kld = data["kld"]
+        units = UnitValues.from_record(data["units"]) if data.get("units") else None  # absent from JSON written before 2026-12
         return Measurement(model=str(data["model"]), data=str(data["data"]), ctx=int(data["ctx"]), tokens=int(data["tokens"]),
                            weights=str(data["weights"]), kv=str(data["kv"]), kld=float(kld["mean"]), se=float(kld.get("se") or 0.0),
                            origin=origin, weights_spec=dict(data["weights_spec"]), kv_spec=dict(data["kv_spec"]),
-                           top1=None if data.get("top1_agreement") is None else float(data["top1_agreement"]))
+                           top1=None if data.get("top1_agreement") is None else float(data["top1_agreement"]), units=units)
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{origin} is not a wkvlab result ({type(exc).__name__}: {exc}); pass the JSON of 'wkvlab eval --json'") from None
 
@@ -134,7 +141,7 @@ def load_results(path: str | Path) -> list[Measurement]:
 
 
 def load_store(path: str | Path) -> list[Measurement]:
-    """Measurements in a sweep store (summary columns and configs; the per-token arrays are not read)."""
+    """Measurements in a sweep store: summary columns and configs, and per-unit values from the stored per-token arrays."""
     from wkvlab.store import open_store  # sqlite and the store's schema: only when a store is given
 
     path = Path(path)
@@ -144,10 +151,16 @@ def load_store(path: str | Path) -> list[Measurement]:
     with open_store(path, create=False) as db:
         for row in db.rows():
             config = db.config(row.config_id)
+            try:  # the per-token arrays, reduced to per-unit values for plan --tolerance
+                arrays = db.get(row.config_id).arrays
+                units = UnitValues.from_arrays(arrays.kld, arrays.top1_agree, arrays.units)
+            except DataError:  # a row without its arrays: readable, but undecided under a tolerance
+                units = None
             out.append(Measurement(model=row.model, data=row.data, ctx=row.ctx, tokens=row.tokens, weights=row.weights, kv=row.kv,
                                    kld=float(row.kld_mean), se=float(row.kld_se or 0.0), origin=f"{path}#{row.config_id[:12]}",
                                    weights_spec=dict(config["weights"]), kv_spec=dict(config["kv"]),
-                                   top1=None if row.top1 is None else float(row.top1), kind="store"))
+                                   top1=None if row.top1 is None else float(row.top1), kind="store",
+                                   units=units))
     return out
 
 

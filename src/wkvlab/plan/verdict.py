@@ -92,8 +92,10 @@ def tolerance_rule(tolerance: "Tolerance") -> VerdictRule:
                 v = decided[i]
                 out.append(Verdict(v.outcome, v.outcome == WITHIN, v.outcome == EXCEEDS, v.describe()))
             elif q.source == MEASURED:
-                out.append(Verdict(UNDECIDED, False, reason=f"undecided ({tolerance}): {q.label} kept no per-unit values to test; "
-                                                             "let plan probe it (drop it from --results/--store)"))
+                out.append(Verdict(UNDECIDED, False, reason=f"undecided ({tolerance}): {q.detail[0] if q.detail else q.label} kept no "
+                                                             "per-unit values to test (written before results recorded them); re-run its "
+                                                             "'wkvlab eval ... --json' (or sweep) with this version, or drop it "
+                                                             "and let plan probe it"))
             else:
                 out.append(Verdict(UNDECIDED, False, reason=f"undecided: {q.caution or UNMEASURED} ({q.label}); a prior decides nothing"))
         return out
