@@ -83,7 +83,7 @@ def test_small_confusions_of_issue_26(app):
     from wkvlab.plan.models import builtin_model_names
 
     long = CliRunner().invoke(app, ["plan", "-m", "default", "-g", "RTX-4090", "-b", "8", "--context", "32768"])
-    assert long.exit_code != 0 and "lower --context" in str(long.exception) and "lower --ctx" not in str(long.exception)
+    assert long.exit_code != 0 and "plan at --context 8192 or less" in str(long.exception) and "--ctx" not in str(long.exception)
     helptext = " ".join(CliRunner().invoke(app, ["plan", "--help"], terminal_width=400).output.split())
     assert all(name in helptext for name in builtin_model_names()) and "gemma3-270m" in helptext
     out = CliRunner().invoke(app, ["plan", "-m", "default", "-g", "RTX-4090", "-b", "8", "--context", "8192", "--kv", "int8", "-e", "vllm",

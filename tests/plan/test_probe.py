@@ -138,3 +138,23 @@ def test_plan_screen_names_the_flagged_layers_in_the_unmeasured_rows(planted_fol
     from wkvlab.plan import PlanResult
 
     assert PlanResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result  # --json carries the screen
+
+
+def test_the_plan_says_what_context_was_probed_and_what_is_extrapolated(planted_plan):
+    """The probe measures 256-token windows of a plan for 1,024 tokens: the output says so (issue 41, Done-when)."""
+    result, probe = planted_plan
+    console = Console(record=True, width=400)
+    render(result, console)
+    text = console.export_text()
+    assert "probed context: every measured KLD is over windows of 256 tokens; the plan is for 1,024, which is extrapolated" in text
+
+
+def test_a_context_past_the_models_own_is_refused_in_one_line_before_the_probe_runs(planted_folder):
+    from wkvlab.errors import ConfigError
+
+    calls = []
+    with pytest.raises(ConfigError) as err:
+        plan(str(planted_folder), "RTX-4090", 8, 4096, probe=lambda *a: calls.append(a) or [])
+    assert calls == [] and "\n" not in str(err.value)
+    assert "--context 4,096 exceeds" in str(err.value) and "context of 1,024 tokens" in str(err.value)
+    assert "plan at --context 1024 or less" in str(err.value) and "--model gemma3-270m (32,768)" in str(err.value)

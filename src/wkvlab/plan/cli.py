@@ -124,11 +124,12 @@ def plan_command(
     k_list = [k for value in (kv or []) for k in split_kv_list(value)] or None
     measurements = load_measurements(results or [], store or [])
     versions = parse_engine_versions(engine_version)
-    from wkvlab.plan.planner import check_inputs
+    from wkvlab.plan.planner import check_inputs, check_size
     from wkvlab.plan.engines import normalize_engine
     from wkvlab.plan.source import resolve_source
 
     desc = resolve_source(model)[0]  # the header only: every input is refused before the probe loads anything
+    check_size(desc, batch, context)
     for n in counts:
         check_inputs(desc, w_list, normalize_engine(engine), n, tp, pp, split)
     prober = None

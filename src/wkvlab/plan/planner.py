@@ -206,10 +206,7 @@ def plan(model: str | Path | ModelDescription, gpu: str | GPU, batch: int, ctx: 
     configurations; those within ranked by memory) is passed here."""
     desc, source = resolve_source(model)
     device = find_gpu(gpu, load_gpu_catalog(gpu_file)) if not isinstance(gpu, GPU) else gpu
-    if batch < 1 or ctx < 1:
-        raise ConfigError(f"batch and ctx must be at least 1 (got batch={batch}, ctx={ctx})")
-    if ctx > desc.max_position_embeddings:
-        raise ConfigError(f"--context {ctx} exceeds {desc.name}'s max_position_embeddings {desc.max_position_embeddings}; lower --context")
+    check_size(desc, batch, ctx)
     eng = normalize_engine(engine)
     check_inputs(desc, weights, eng, gpus, tp, pp, split)
     measured, notes = index_measurements(measurements or [], desc, source.aliases)
@@ -325,6 +322,22 @@ def measure_hint(source: ModelSource, model: ModelDescription) -> str:
     return (f"huggingface-cli download {target} --local-dir {folder}, then "
             f"wkvlab plan --model {folder} ... (probes each KV and weight config before ranking), or "
             f"wkvlab eval --model {folder} --weights <W> --kv <K>")
+
+
+def check_size(model: ModelDescription, batch: int, ctx: int) -> None:
+    """Batch and context checked before anything loads: a context past the one the model was trained for is refused
+    (vLLM refuses a --max-model-len above it too; llama.cpp runs it with a warning, and quality past it is not what was
+    trained), with the models that do have that context."""
+    if batch < 1 or ctx < 1:
+        raise ConfigError(f"batch and ctx must be at least 1 (got batch={batch}, ctx={ctx})")
+    limit = model.max_position_embeddings
+    if ctx > limit:
+        from wkvlab.models.packaged import PACKAGED_MODELS
+
+        longer = [f"--model {p.name} ({p.context:,})" for p in PACKAGED_MODELS.values() if p.context >= ctx]
+        raise ConfigError(f"--context {ctx:,} exceeds {model.name}'s context of {limit:,} tokens (max_position_embeddings, a "
+                          f"GGUF's context_length): engines refuse a longer one or run it untrained; plan at --context {limit} or "
+                          "less, or a model trained for it" + (f": {', '.join(longer)}" if longer else ""))
 
 
 def check_inputs(model: ModelDescription, weights: Iterable[str | WeightSpec] | None, engine: str | None, gpus: int,

@@ -57,6 +57,8 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
         c = result.probe_cost
         console.print(f"probe: {c['configs']} configuration(s) measured on {c['tokens']:,} tokens ({c['windows']} windows x {c['ctx']}) "
                       f"in {c['seconds']:.0f} s on {c['threads']} CPU thread(s)", highlight=False, markup=False)
+        if c["ctx"] < result.ctx:
+            console.print(probed_context(c["ctx"], result), highlight=False, markup=False, soft_wrap=True)
     for verified in (True, False):
         recs = [r for r in result.recommendations if r.verified == verified]
         if recs:
@@ -77,6 +79,16 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
         console.print(f"[bold red]warning[/bold red]: {escape(line)}", highlight=False)
     for line in result.notes:
         console.print(f"note: {line}", highlight=False, markup=False)
+
+
+def probed_context(ctx: int, result: PlanResult) -> str:
+    """What context the probe measured and what the plan extrapolates: a CPU affords short windows, not the served context."""
+    window = result.model.sliding_window
+    local = (f"; the sliding-window layers ({window} tokens) see as much in the probe as served" if window and window <= ctx
+             else "")
+    return (f"probed context: every measured KLD is over windows of {ctx:,} tokens; the plan is for {result.ctx:,}, which is "
+            f"extrapolated: the cache's rounding error per token is what was measured, while attention over {result.ctx:,} tokens "
+            f"can add to it{local}; 'wkvlab eval --ctx N' measures a longer window")
 
 
 def tolerance_lines(result: PlanResult, console: Console) -> None:
