@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from wkvlab.cache_cli import cache_app
-from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, ToleranceOption, start_run
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table, status
 from wkvlab.engines.cli import engine_app
 from wkvlab.errors import ConfigError, OutOfMemory, WkvlabError
@@ -242,7 +242,7 @@ def eval_command(
     memory_plan: Annotated[str, typer.Option("--memory-plan", help="'copies' (the reference beside a copy per weight config: exact KLD), 'one-model' (each weight config built in place on the one model, against a per-token reference), or 'auto' (copies when the estimate fits the device) — docs/scale.md")] = "auto",
     max_memory: Annotated[Optional[float], typer.Option("--max-memory", help="GiB the run may use on its device (default: what the device has free)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the memory estimate of every plan and the chosen one, load nothing (--model may also be a published model's name, e.g. llama-3-8b)")] = False,
-    tolerance: Annotated[Optional[str], typer.Option("--tolerance", help="what you can tolerate: a mean KLD in nats (0.01) or a top-1 agreement (top1=0.95); each config is then within tolerance, exceeds it or undecided, Holm-adjusted over the configs (docs/stats.md)")] = None,
+    tolerance: ToleranceOption = None,
 ) -> None:
     """Evaluate weights × KV configs against the unquantized reference: PPL, KLD, top-1, Δp, by position."""
     from wkvlab.data.corpora import check_data, is_selfgen
@@ -291,15 +291,10 @@ def eval_command(
 
 def print_tolerance(results, tolerance) -> None:
     """One line per config: within tolerance / exceeds it / undecided, with its interval, family and units."""
-    from wkvlab.stats.tolerance import tolerance_verdicts
+    from wkvlab.stats.tolerance import ship_lines, tolerance_verdicts
 
-    verdicts = tolerance_verdicts(results, tolerance)
-    if not verdicts:
-        return
-    console.print(f"[bold]against your tolerance[/] ({tolerance}; one-sided non-inferiority, {verdicts[0].family_size} configs "
-                  "in one Holm family):")
-    for v in verdicts:
-        console.print(f"  {escape(v.name)}: {escape(v.describe())}")
+    for line in ship_lines(tolerance_verdicts(results, tolerance), tolerance):
+        console.print(line, highlight=False, markup=False)
 
 
 @app.command("demo")

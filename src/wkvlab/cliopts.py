@@ -20,6 +20,9 @@ ThreadsOption = Annotated[Optional[int], typer.Option(
     "--threads", help=f"CPU threads (torch, llama.cpp); default: the cores other work leaves idle, at least 1 "
                       f"(docs/threads.md); also {ENV}", show_default=False)]
 
+ToleranceOption = Annotated[Optional[str], typer.Option(
+    "--tolerance", help="what you can tolerate: a mean KLD in nats (0.01) or a top-1 agreement (top1=0.95); each config is then "
+                        "within tolerance, exceeds it or undecided, Holm-adjusted over the configs (docs/stats.md)")]
 MarginOption = Annotated[str, typer.Option(
     "--margin", help="the decision rule's practical margin m: a percent (10%: of the predicted total KLD(W)+KLD(C) for an "
                      "interaction, of the baseline's value for a difference), an absolute number in the metric's units "

@@ -94,3 +94,39 @@ def test_explain_on_the_default_model(default_model):
     names = {r.name for r in report.mitigations.results}
     assert {"first 4 tokens 16-bit", "K int8, V int4"} <= names and any(n.startswith("16-bit") for n in names)
     assert len(report.verdict) >= 6
+
+
+def test_explain_tolerance_is_the_ship_decision_on_w_c_and_wc(tmp_path, monkeypatch):
+    """explain --tolerance decides W, C and W+C against the user's tolerance as eval --tolerance does (one Holm family
+    of three, the same lines), in the output and the JSON (issue 38 item 6)."""
+    import wkvlab.explain.run as explain_run
+    from wkvlab.cli import app
+    from wkvlab.explain.run import explain
+    from wkvlab.stats.tolerance import Tolerance, ship_lines
+
+    loaded = tiny_loaded()
+    monkeypatch.setattr(explain_run, "explain", functools.partial(explain, loaded=loaded))
+    out = tmp_path / "explain.json"
+    args = ["explain", "--weights", "int4-g32", "--kv", "int2", "--ctx", "32", "--tokens", "320", "--skip", ",".join(
+        s for s in ("noise", "attention", "hidden", "context", "mitigations", "generation", "retrieval", "selfgen")),
+            "--tolerance", "0.5", "--json", str(out)]
+    run = CliRunner().invoke(app, args, env=ENV)
+    assert run.exit_code == 0, run.output
+    ship = json.loads(out.read_text())["tolerance"]
+    assert [v["name"] for v in ship] == ["int4-g32 × fp16", "none × int2", "int4-g32 × int2"]
+    assert {v["family_size"] for v in ship} == {3} and {v["family"] for v in ship} == {"W, C and W+C of this explain"}
+    assert all(v["outcome"] in ("within tolerance", "exceeds it", "undecided") for v in ship)
+    report = explain("int4-g32", "int2", ctx=32, tokens=320, skip=("noise", "attention", "hidden", "context", "mitigations",
+                                                                    "generation", "retrieval", "selfgen"),
+                     loaded=loaded, tolerance=Tolerance.parse("0.5"))
+    assert [v.to_dict()["text"] for v in report.tolerance] == [v["text"] for v in ship]  # the same run, the same decision
+    lines = ship_lines(report.tolerance, Tolerance.parse("0.5"))
+    assert lines[0].startswith("against your tolerance (mean KLD ≤ 0.5 nats; one-sided non-inferiority, 3 configs")
+    flat = " ".join(run.output.split())
+    assert all(" ".join(line.split()) in flat for line in lines)
+
+
+def test_explain_bad_tolerance_is_one_line_before_loading():
+    proc = _wkvlab("explain", "--weights", "int4-g128", "--kv", "int4", "--tolerance", "top1=2")
+    assert proc.returncode != 0 and "top-1 agreement is between 0 and 1" in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1

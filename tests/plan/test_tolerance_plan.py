@@ -174,3 +174,13 @@ def test_an_old_results_file_without_unit_values_reads_and_stays_undecided_with_
     assert row.verdict.state == UNDECIDED and not row.recommendable
     assert "kept no per-unit values" in row.verdict.reason and "re-run its 'wkvlab eval ... --json'" in row.verdict.reason
     assert str(path) in row.verdict.reason
+
+
+def test_cli_tolerance_over_several_gpu_counts_shows_each_decision(model_dir):
+    """plan --gpus 1,2 --tolerance: the side-by-side view keeps the tolerance section and the verdict column (it had neither)."""
+    out = CliRunner().invoke(_app(), ["plan", "-m", str(model_dir), "-g", "rtx-4090", "-b", "4", "-c", "1024", "-n", "1,2",
+                                      "--tolerance", "0.01"], terminal_width=250)
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert text.count("against your tolerance") == 2 and text.count("row(s) on a prior only: undecided, unmeasured") == 2
+    assert "within tolerance" in text  # the checkpoint itself, recommended under the tolerance on each count

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, ToleranceOption, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import DataError
 from wkvlab.explain.options import STEPS, ExplainOptions, planned_grids, planned_steps
@@ -121,6 +121,11 @@ def print_report(report: ExplainReport) -> None:
     console.print("[bold]verdict[/]")
     for line in report.verdict:
         console.print(f"• {line}", highlight=False)
+    if report.tolerance:
+        from wkvlab.stats.tolerance import ship_lines
+
+        for line in ship_lines(report.tolerance, report.tolerance[0].tolerance):
+            console.print(line, highlight=False, markup=False)
 
 
 def explain_command(
@@ -137,11 +142,17 @@ def explain_command(
     resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
     margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
+    tolerance: ToleranceOption = None,
     threads: ThreadsOption = None,
     cache_dir: CacheDirOption = None,
     no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
+    ship = None
+    if tolerance is not None:  # a bad --tolerance: one line, before any model loads
+        from wkvlab.stats.tolerance import Tolerance
+
+        ship = Tolerance.parse(tolerance)
     skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
     options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples, margin=margin)
     # Everything that can be refused without the model, before the progress bar draws: a typo is one error line.
@@ -165,7 +176,8 @@ def explain_command(
     total = planned_steps(options, max(1, tokens // ctx))
     with progress_bar(total, "explain", grid=planned_grids(options, weight_specs[0], kv_specs[0])) as advance:
         report = explain(weights, kv, model=model, data=data, ctx=ctx, tokens=tokens, max_ctx=max_ctx, context_docs=context_docs,
-                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, margin=margin, progress=advance)
+                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, margin=margin, progress=advance,
+                         tolerance=ship)
     print_report(report)
     if json_out is not None:
         write_json_atomic(json_out, {**report.to_dict(), "threads": choice.to_dict()})

@@ -54,6 +54,7 @@ class ExplainReport:
     extras: dict = field(default_factory=dict)  # generation / retrieval / selfgen results (part B)
     verdict: tuple = ()
     seconds: dict = field(default_factory=dict)
+    tolerance: tuple = ()  # --tolerance: the ship decision on W, C and W+C (stats.tolerance.ToleranceVerdict each)
 
     def to_dict(self) -> dict:
         part = lambda x: x.to_dict() if x is not None else None  # noqa: E731
@@ -62,7 +63,7 @@ class ExplainReport:
             "factorial": self.factorial.to_dict(), "noise": part(self.noise), "attention": part(self.attention),
             "hidden": part(self.hidden), "context": part(self.context), "mitigations": part(self.mitigations),
             **{name: part(value) for name, value in self.extras.items()},
-            "verdict": list(self.verdict), "seconds": self.seconds,
+            "verdict": list(self.verdict), "seconds": self.seconds, "tolerance": [v.to_dict() for v in self.tolerance],
         }
 
 
@@ -96,10 +97,13 @@ def explain(
     margin: float = 0.10,
     progress: Progress | None = None,
     loaded=None,
+    tolerance=None,
 ) -> ExplainReport:
     """Run every diagnosis of ``weights`` × ``kv`` (see the module docstring) and return the report.
 
     ``loaded``: an already loaded :class:`wkvlab.models.loading.LoadedModel` to use instead of ``model``.
+    ``tolerance`` (:class:`wkvlab.stats.tolerance.Tolerance`): the ship decision on the factorial's W, C and W+C cells,
+    one Holm family of three, as ``eval --tolerance`` decides it.
     """
     options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), n_resamples, seed, margin)
     w_spec, c_spec = WeightSpec.parse(weights), KVSpec.parse(kv)
@@ -206,8 +210,13 @@ def explain(
         mitigations = timed("mitigations", run_mitigations)
 
     tick("done", 0)
+    ship = ()
+    if tolerance is not None:
+        from wkvlab.stats.tolerance import tolerance_verdicts
+
+        ship = tuple(tolerance_verdicts([cells["w"], cells["c"], cells["wc"]], tolerance, family="W, C and W+C of this explain"))
     report = ExplainReport(options, work.loaded.name, work.corpus.name, cells["ref"].ppl_ref, fact, noise, attention, hidden,
-                           context, mitigations, extras, seconds=seconds)
+                           context, mitigations, extras, seconds=seconds, tolerance=ship)
     return _with_verdict(report)
 
 

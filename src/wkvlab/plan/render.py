@@ -93,7 +93,7 @@ def probed_context(ctx: int, result: PlanResult) -> str:
 
 def tolerance_lines(result: PlanResult, console: Console) -> None:
     """Under ``--tolerance``: each tested row's decision (interval, family, the tokens that would decide it), and the priors."""
-    tested = [r for r in result.rows if r.verdict is not None and r.verdict.state in (WITHIN, EXCEEDS, UNDECIDED)]
+    tested = [r for r in result.rows if _tested(r)]
     if not tested:
         return
     console.print("against your tolerance (one-sided non-inferiority on the per-unit values of each measurement; "
@@ -105,6 +105,11 @@ def tolerance_lines(result: PlanResult, console: Console) -> None:
     if priors:
         console.print(f"  {len(priors)} row(s) on a prior only: undecided, unmeasured on this model — never recommended "
                       f"({', '.join(f'{r.weights} x {r.kv}' for r in priors)})", highlight=False, markup=False, soft_wrap=True)
+
+
+def _tested(row: Combination) -> bool:
+    """Whether the row was decided against a tolerance (within / exceeds / undecided)."""
+    return row.verdict is not None and row.verdict.state in (WITHIN, EXCEEDS, UNDECIDED)
 
 
 def measured_header(result: PlanResult) -> str:
@@ -218,11 +223,13 @@ def render_counts(results: list[PlanResult], console: Console) -> None:
             gpu = min(ev.gpus, key=lambda x: x.fit.max_batch)
             table.add_row(str(result.layout.gpus), rec.engine, ev.parallel.how, rec.weights, rec.kv, _gb(gpu.weights_bytes),
                           _gb(gpu.fit.kv_needed_bytes), _gb(gpu.budget.kv_pool_bytes), str(ev.fit.max_batch),
-                          f"{row.throughput.decode.tokens_per_s:,.0f}", f"{row.quality.kld:.4f}", row.quality.source.split(" ")[0])
+                          f"{row.throughput.decode.tokens_per_s:,.0f}", f"{row.quality.kld:.4f}",
+                          row.verdict.state if _tested(row) else row.quality.source.split(" ")[0])
     console.print(table)
     console.print("* roofline estimate; not a measurement", highlight=False)
     for result in results:
         console.print(f"\n[bold]{result.layout.gpus} x {escape(result.gpu.name)}[/bold]", highlight=False)
+        tolerance_lines(result, console)
         for rec in result.recommendations:
             console.print(f"{rec.engine}: {escape(rec.weights)} x {escape(rec.kv)}", highlight=False)
             print_command(rec.command, console, why_not_ready=True)

@@ -157,4 +157,12 @@ def tolerance_verdicts(results: Sequence, tolerance: Tolerance, *, family: str =
     return ship_decision(configs, tolerance, family=family)
 
 
-__all__ = ["Tolerance", "ToleranceVerdict", "ship_decision", "tolerance_verdicts", "OUTCOMES"]
+def ship_lines(verdicts: Sequence[ToleranceVerdict], tolerance: Tolerance) -> list[str]:
+    """The heading and one line per config, as ``eval``/``explain --tolerance`` print them (empty when nothing was decided)."""
+    if not verdicts:
+        return []
+    return ([f"against your tolerance ({tolerance}; one-sided non-inferiority, {verdicts[0].family_size} configs in one Holm family):"]
+            + [f"  {v.name}: {v.describe()}" for v in verdicts])
+
+
+__all__ = ["Tolerance", "ToleranceVerdict", "ship_decision", "ship_lines", "tolerance_verdicts", "OUTCOMES"]
