@@ -133,3 +133,25 @@ def test_report_rows_use_the_recorded_head_dim():
         {"fp16": 16.0, "fp8_e4m3": 8.0, "int8": 8.25, "int4": 4.5})
     unknown = demo_like_grid()[0]  # no recorded shape and a model name that is no file: the nominal 128
     assert head_dim_of(unknown) == 128
+
+
+def test_a_quantized_file_explains_why_its_requantized_configs_fall_off_the_memory_front():
+    """Issue 41: on a Q4_K_M GGUF 'none' is the file (468.6 MiB) and int4-g128 (696.7 MiB), int8 (861.3 MiB) are larger:
+    the report says why instead of silently dropping them off the front."""
+    from wkvlab.report.build import render_report
+    from wkvlab.report.data import quantized_reference_note
+
+    mib = 2**20
+    results = [make_result("none", "fp16", 0.0, weight_bytes=int(468.6 * mib)),
+               make_result("int4-g128", "fp16", 0.05, weight_bytes=int(696.7 * mib)),
+               make_result("int8", "fp16", 0.002, weight_bytes=int(861.3 * mib))]
+    data = build_report_data(results, source="eval on a GGUF")
+    assert [r.pareto for r in data.configs] == [True, False, False]
+    note = quantized_reference_note(data.groups[0])
+    assert "a quantized file (468.6 MiB in its own blocks)" in note and "against that file dequantized" in note
+    assert "(int4-g128 696.7 MiB, int8 861.3 MiB:" in note and "re-quantizing this file saves no memory" in note
+    files = render_report(data)
+    assert note in files["report.md"].decode() and data.to_dict()["groups"][0]["note"] == note
+    assert "re-quantizing this file saves no memory" in files["index.html"].decode()  # the memory chart's caption
+    # a 16-bit checkpoint: every weight config is smaller than 'none', nothing to explain
+    assert quantized_reference_note(build_report_data(demo_like_grid() + [make_result("none", "fp16", 0.0)], source="x").groups[0]) == ""

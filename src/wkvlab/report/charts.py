@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from wkvlab.report.data import ConfigRow, PenaltyRow, PositionCurve, ReportData, pareto_front
+from wkvlab.report.data import ConfigRow, PenaltyRow, PositionCurve, ReportData, pareto_front, quantized_reference_note
 from wkvlab.report.profiles import Profile
 from wkvlab.units import GIB, MIB
 
@@ -108,7 +108,8 @@ def memory_chart(data: ReportData, group: int) -> Chart:
                          f"the context a server would hold ('wkvlab report --context', default 8,192), not the {windows}-token windows "
                          "the KLD was measured on — the cache grows with the served context, the KLD per token is the window's. "
                          "The line joins the configs no other config beats on both memory and KLD. Bars: ± standard error over tokens. "
-                         "The KLD axis is logarithmic above its smallest decade and linear below it, so small and large losses both show.")
+                         "The KLD axis is logarithmic above its smallest decade and linear below it, so small and large losses both show."
+                         + (f" {note}" if (note := quantized_reference_note(next(g for g in data.groups if g.index == group))) else ""))
 
 
 def penalty_chart(data: ReportData, group: int) -> Chart | None:

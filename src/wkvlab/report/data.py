@@ -109,6 +109,28 @@ class Group:
         return f"{self.model} · {self.data} · ctx {self.ctx} · {self.tokens} tokens"
 
 
+def quantized_reference_note(group: Group) -> str:
+    """Why weight configs sit right of 'none' on the memory chart when the model was loaded from a quantized file
+    (a GGUF): 'none' is the file in its own blocks, the KLD reference is the file dequantized, and a config built
+    from it stores more bytes than the file — so it falls off the memory front without being a mistake of the
+    chart. '' when the loaded model is not smaller than every weight config (a 16-bit checkpoint)."""
+    own = [r for r in group.results if r.weights_spec.get("method") == "none"]
+    if not own:
+        return ""
+    stored = own[0].weight_bytes
+    larger = sorted({(r.weight_bytes, r.weights) for r in group.results
+                     if r.weights_spec.get("method") != "none" and r.weight_bytes > stored})
+    if not larger:
+        return ""
+    mib = 2.0**20
+    built = ", ".join(f"{w} {b / mib:,.1f} MiB" for b, w in larger)
+    return (f"'{own[0].weights}' is the model as loaded, a quantized file ({stored / mib:,.1f} MiB in its own blocks), and every KLD "
+            f"is against that file dequantized; weight configs built from it store more bytes than the file ({built}: "
+            "16-bit embeddings and output matrix unless the config quantizes them, and their own scales), so they sit right "
+            f"of '{own[0].weights}' and off the memory front: re-quantizing this file saves no memory, and their KLD is the rounding "
+            "they add on top of the file's.")
+
+
 def group_results(results: Sequence[EvalResult]) -> list[Group]:
     keys: dict[tuple, list[EvalResult]] = {}
     for r in results:
@@ -329,8 +351,8 @@ class ReportData:
     def to_dict(self) -> dict:
         return {
             "source": self.source, "context": self.context, "batch": self.batch,
-            "groups": [{"index": g.index, "label": g.label, "model": g.model, "data": g.data, "ctx": g.ctx, "tokens": g.tokens}
-                       for g in self.groups],
+            "groups": [{"index": g.index, "label": g.label, "model": g.model, "data": g.data, "ctx": g.ctx, "tokens": g.tokens,
+                        "note": quantized_reference_note(g)} for g in self.groups],
             "configs": [r.to_dict() for r in self.configs],
             "kv_penalties": [r.to_dict() for r in self.penalties],
             "cross_terms": [r.to_dict() for r in self.cross_terms],

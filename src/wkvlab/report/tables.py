@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, Callable
 
-from wkvlab.report.data import ReportData
+from wkvlab.report.data import ReportData, quantized_reference_note
 from wkvlab.stats.bootstrap import MIN_UNITS
 from wkvlab.units import MIB
 
@@ -194,5 +194,6 @@ EMPTY = {
 
 def markdown_document(data: ReportData, tables: list[Table]) -> str:
     head = [f"# wkvlab report: {_markdown_cell(data.source)}", ""]
-    head += [f"- group {g.index}: {_markdown_cell(g.label)}" for g in data.groups] + [""]
+    head += [f"- group {g.index}: {_markdown_cell(g.label)}" + (f" — {_markdown_cell(note)}" if (note := quantized_reference_note(g)) else "")
+             for g in data.groups] + [""]
     return "\n".join(head) + "\n".join(to_markdown(t, EMPTY.get(t.name, "No rows.")) for t in tables)
