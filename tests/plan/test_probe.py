@@ -158,3 +158,12 @@ def test_a_context_past_the_models_own_is_refused_in_one_line_before_the_probe_r
     assert calls == [] and "\n" not in str(err.value)
     assert "--context 4,096 exceeds" in str(err.value) and "context of 1,024 tokens" in str(err.value)
     assert "plan at --context 1024 or less" in str(err.value) and "--model gemma3-270m (32,768)" in str(err.value)
+
+
+def test_the_packaged_models_context_is_their_gguf_headers():
+    """check_size names the packaged models that have a context; the number is the file's own, not a guess."""
+    from wkvlab.models.packaged import PACKAGED_MODELS, packaged_gguf
+    from wkvlab.plan.gguf import gguf_config
+
+    for name, packaged in PACKAGED_MODELS.items():
+        assert gguf_config(packaged_gguf(name))[0]["max_position_embeddings"] == packaged.context, name

