@@ -245,3 +245,23 @@ def test_findings_render_of_the_depth_and_search_records(record, draw):
     text = getattr(render, draw)(data["data"])
     assert text
     assert unqualified(text) == []
+
+
+def _wkvlab(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "wkvlab.cli", *args], capture_output=True, text=True, timeout=900, env=ENV)
+
+
+@pytest.mark.slow
+def test_the_packaged_model_eval_and_explain(tmp_path):
+    """The commands as a user runs them on the packaged default model (minutes on 2 cores): eval with a tolerance, and
+    explain's factorial (its other steps are covered on the tiny model above)."""
+    ev = _wkvlab("eval", "--ctx", "64", "--tokens", "1024", "--kv", "int4", "--kv", "q8_0", "--tolerance", "0.01", "--threads", "1")
+    assert ev.returncode == 0, ev.stderr
+    assert "against your tolerance" in ev.stdout and unqualified(ev.stdout) == []
+    ex = _wkvlab("explain", "--weights", "int4-g128", "--kv", "int4", "--ctx", "64", "--tokens", "1024", "--threads", "1",
+                 "--skip", "noise,attention,hidden,context,mitigations,generation,retrieval,selfgen")
+    assert ex.returncode == 0, ex.stderr
+    assert "2×2 factorial" in ex.stdout and unqualified(ex.stdout) == []
