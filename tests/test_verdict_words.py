@@ -144,7 +144,7 @@ def _tiny_explain(tmp_path, monkeypatch, *extra):
     monkeypatch.setattr(explain_run, "explain", functools.partial(explain, loaded=tiny_loaded()))
     out = tmp_path / "explain.json"
     args = ["explain", "--weights", "int4-g32", "--kv", "int2", "--ctx", "32", "--tokens", "288", "--max-ctx", "128",
-            "--context-docs", "8", "--skip", "generation,retrieval,selfgen,hidden",
+            "--context-docs", "8", "--skip", "generation,retrieval,selfgen",
             "--json", str(out), *extra]
     run = CliRunner().invoke(app, args, env=ENV)
     assert run.exit_code == 0, run.output
@@ -152,9 +152,10 @@ def _tiny_explain(tmp_path, monkeypatch, *extra):
 
 
 def test_explain_output(tmp_path, monkeypatch):
-    """``wkvlab explain`` on a tiny random model: factorial, noise floor, cross terms, position table, mitigations, verdict."""
+    """``wkvlab explain`` on a tiny random model: factorial, noise floor, cross terms, hidden states, position table,
+    mitigations, verdict (main printed "hidden-state relative error grows from ..." here)."""
     text, data = _tiny_explain(tmp_path, monkeypatch)
-    assert "KLD by query position" in text and "mitigations" in text
+    assert "KLD by query position" in text and "mitigations" in text and "hidden-state relative error" in text
     assert unqualified(text) == []
     assert unqualified("\n\n".join(data["verdict"])) == []
 
