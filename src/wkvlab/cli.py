@@ -102,8 +102,7 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
     when another fails (a store another wkvlab changed mid-run must not cost an hour's results); the
     first failure is raised once everything else is written."""
     from wkvlab import api
-    from wkvlab.display import depth_table, reference_notes
-    from wkvlab.eval.depth import depth_tables
+    from wkvlab.display import reference_notes
     from wkvlab.errors import WkvlabError
 
     run = run or RunFlags()
@@ -139,11 +138,7 @@ def _run_and_print(model: str, data: str, ctx: int, tokens: int, weight_specs: l
             err_console.print(f"wrote {written} result(s) to {escape(str(run.store))}")
         except WkvlabError as exc:
             failures.append(exc)
-    console.print(results_table(results, describe_run(results)))
-    for table in depth_tables(results):
-        console.print(depth_table(table))
-    if tolerance is not None:
-        print_tolerance(results, tolerance)
+    print_results(results, tolerance)
     for note in dict.fromkeys([*(n for r in results for n in r.notes), *reference_notes(results)]):
         err_console.print(f"[yellow]note:[/] {escape(note)}")
     if failures:
@@ -287,6 +282,18 @@ def eval_command(
     if dry_run:
         return
     _run_and_print(model, data, ctx, tokens, weight_specs, kv_specs, score, "eval", calibration, run, json_out=json_out, tolerance=ship)
+
+
+def print_results(results, tolerance=None) -> None:
+    """What eval prints for its results: the table, the position tables, the ship decision under ``--tolerance``."""
+    from wkvlab.display import depth_table
+    from wkvlab.eval.depth import depth_tables
+
+    console.print(results_table(results, describe_run(results)))
+    for table in depth_tables(results):
+        console.print(depth_table(table))
+    if tolerance is not None:
+        print_tolerance(results, tolerance)
 
 
 def print_tolerance(results, tolerance) -> None:

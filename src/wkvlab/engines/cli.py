@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
+from rich.markup import escape
 
 from wkvlab.cliopts import ThreadsOption, start_run
 from wkvlab.display import console, describe_run, err_console, progress_bar, results_table
@@ -193,14 +194,22 @@ def fidelity_table(report: FidelityReport) -> Table:
     table = Table(title=f"{report.model}: llama.cpp vs simulation, {report.tokens} tokens, ctx {report.ctx}, rotation {'on' if report.rotation else 'off'}; "
                         f"noise floor (transformers fp32 vs llama.cpp f16) KLD {floor['mean']:.6f} ± {floor['se']:.6f}; "
                         f"simulated: vs llamacpp:f16, {report.sim_activations}", title_justify="left")
-    for name in ("KV", "simulated preset", "engine KLD", "simulated KLD", "ratio [95%, windows resampled]", "engine top-1", "sim top-1"):
-        table.add_column(name, justify="left" if name in ("KV", "simulated preset") else "right", no_wrap=True)
-    for row in report.rows:
-        ratio, interval = row.ratio, row.ratio_interval()
-        style = "green" if 0.75 <= ratio <= 1.25 else "red"
+    from wkvlab.engines.compare import fidelity_verdicts
+
+    verdicts = fidelity_verdicts(report.rows)
+    if verdicts:  # the one rule on ratio − 1: its margin and family, said once under the table
+        v = verdicts[0]
+        table.caption = (f"verdict: ratio − 1 against margin {v.margin.format('.2g')}; {v.adjustment}; {v.resampling}. "
+                         "± after a KLD: its standard error over tokens (a description, as llama.cpp reports it)")
+        table.caption_justify = "left"
+    for name in ("KV", "simulated preset", "engine KLD", "simulated KLD", "ratio [95%, windows resampled]", "verdict", "engine top-1", "sim top-1"):
+        table.add_column(name, justify="left" if name in ("KV", "simulated preset", "verdict") else "right", no_wrap=True)
+    for row, v in zip(report.rows, verdicts):
+        style = {"within": "green", "above": "red", "below": "red"}.get(v.outcome, "")
+        word = v.word + (f" ({v.need()})" if v.need() else "")
         table.add_row(row.kv, f"{row.preset} ({row.sim_spec})", f"{row.engine_kld['mean']:.6f} ± {row.engine_kld['se']:.6f}",
-                      f"{row.sim_kld['mean']:.6f} ± {row.sim_kld['se']:.6f}", f"[{style}]{interval:.2f}[/]",
-                      f"{100 * row.engine_top1:.2f}%", f"{100 * row.sim_top1:.2f}%")
+                      f"{row.sim_kld['mean']:.6f} ± {row.sim_kld['se']:.6f}", f"{row.ratio_interval():.2f}",
+                      f"[{style}]{escape(word)}[/]" if style else escape(word), f"{100 * row.engine_top1:.2f}%", f"{100 * row.sim_top1:.2f}%")
     return table
 
 

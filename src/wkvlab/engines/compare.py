@@ -42,7 +42,8 @@ from wkvlab.eval.metrics import ReferenceTokens, compare_tokens, kld_summary
 from wkvlab.eval.result import EvalResult, library_versions
 from wkvlab.eval.runner import Progress, RunOptions, check_kv_specs, forward_logits
 from wkvlab.kv.spec import KVSpec
-from wkvlab.stats.bootstrap import Interval
+from wkvlab.stats.bootstrap import Interval, Units, resample
+from wkvlab.stats.decision import MarginRule, Verdict, decide
 from wkvlab.stats.ratio import window_ratio
 from wkvlab.weights.spec import WeightSpec
 
@@ -77,6 +78,27 @@ class FidelityRow:
     def to_dict(self) -> dict:
         return {**asdict(self), "ratio": self.ratio, "window_ratios": self.window_ratios,
                 "ratio_interval": self.ratio_interval().to_dict()}
+
+    def ratio_draws(self):
+        """What the one rule decides: the ratio of means minus 1, windows resampled jointly for both sides."""
+        n = np.asarray(self.window_tokens or [1] * len(self.engine_windows), dtype=np.float64)
+        sums = {"sim": np.asarray(self.sim_windows, dtype=np.float64) * n, "engine": np.asarray(self.engine_windows, dtype=np.float64) * n}
+        return resample(lambda m: m["sim"] / m["engine"] - 1.0, sums, Units(np.arange(n.size), "windows"))
+
+
+FIDELITY_WORDS = ("higher (the simulation's KLD above the engine's)", "lower (the simulation's KLD below the engine's)",
+                  "equivalent within ±m")
+
+
+def fidelity_verdicts(rows: list[FidelityRow]) -> list[Verdict]:
+    """Each row's simulated/engine KLD ratio against 1 ± the recorded fidelity band (``kv/fidelity_checks.json``,
+    the band an ``engine-checked`` label needs), by the one rule: Holm over the rows of the comparison."""
+    from wkvlab.kv.presets import CHECKS_FILE, recorded_checks
+
+    rule = MarginRule("absolute", recorded_checks()[0], source=f"the fidelity band of {CHECKS_FILE.name}")
+    effects = [rule.difference_effect(f"{r.kv}: simulated / engine KLD − 1", r.ratio_draws(), 0.0, "", sum(r.window_tokens),
+                                      words=FIDELITY_WORDS) for r in rows]
+    return decide(effects, family=f"llama.cpp vs simulation: {len(rows)} cache type{'s' if len(rows) != 1 else ''}")
 
 
 @dataclass

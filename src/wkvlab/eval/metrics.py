@@ -82,7 +82,11 @@ def concat_metrics(parts: list[TokenMetrics]) -> TokenMetrics:
 
 
 def kld_summary(kld: np.ndarray) -> dict[str, float]:
-    """Mean ± standard error (tokens treated as independent, as llama.cpp reports) and quantiles."""
+    """Mean ± standard error (tokens treated as independent, as llama.cpp reports) and quantiles.
+
+    The standard error is a description comparable with llama.cpp's output, never a basis for a verdict:
+    tokens of one document are correlated, so it is far too narrow. Verdicts (and the planner's tie rule)
+    use per-unit values through :mod:`wkvlab.stats` (docs/stats.md, "What is not decided")."""
     n = kld.size
     q = np.quantile(kld, [0.5, 0.9, 0.99, 0.999]) if n else [float("nan")] * 4
     return {

@@ -32,8 +32,8 @@ from wkvlab.eval.metrics import ReferenceTokens, chunk_metrics, host_metrics, po
 from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.eval.runner import Progress
 from wkvlab.explain.factorial import metric_arrays, metric_value
-from wkvlab.stats import Interval, resample
-from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, Effect, MarginRule, Verdict, decide
+from wkvlab.stats import Interval, Resampled, resample
+from wkvlab.stats.decision import DEFAULT_MARGIN, MarginRule, Verdict, decide
 
 
 def check_same_tokens(a: EvalResult, b: EvalResult) -> None:
@@ -93,31 +93,36 @@ def label(result: EvalResult) -> str:
 OWN_EFFECT = {"kld": "KLD", "ppl": "PPL − reference PPL", "top1": "top-1 loss"}
 
 
-def _own_effect(result: EvalResult, metric: str) -> float:
-    """``a``'s own cost on a metric, the scale its margin is a share of."""
-    a = result.arrays
-    if metric == "kld":
-        return float(a.kld.mean()) if a.kld.size else 0.0
-    if metric == "ppl":
-        return float(np.exp(a.nll.mean()) - np.exp(a.nll_ref.mean())) if a.nll.size else 0.0
-    return float(1.0 - a.top1_agree.mean()) if a.top1_agree.size else 0.0
+def _own_effect(m, metric: str):
+    """``a``'s own cost on a metric from the means of :func:`_arrays`, the scale its margin is a share of."""
+    return np.exp(m["a"]) - np.exp(m["ref"]) if metric == "ppl" else m["a"]  # KLD; top-1 loss (metric_arrays holds the loss)
+
+
+def _arrays(a: EvalResult, b: EvalResult, metric: str) -> dict[str, np.ndarray]:
+    arrays = metric_arrays({"a": a, "b": b}, metric)
+    return {**arrays, "ref": a.arrays.nll_ref} if metric == "ppl" else arrays
 
 
 def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None, b_label: str | None = None,
                     n_resamples: int = 2000, seed: int | None = None, margin: float = DEFAULT_MARGIN) -> Comparison:
-    """The paired difference ``b − a`` of two results scored on the same tokens, each decided by the one rule."""
-    check_same_tokens(a, b)
-    cells = {"a": a, "b": b}
+    """The paired difference ``b − a`` of two results scored on the same tokens, each decided by the one rule.
 
-    def difference(metric: str):
+    Each difference's m is a share of ``a``'s own cost on that metric, estimated on the same units (its
+    uncertainty goes into the verdict, :meth:`wkvlab.stats.decision.MarginRule.difference_effect`)."""
+    check_same_tokens(a, b)
+
+    def draws_of(metric: str, statistic: Callable) -> Resampled:
+        return resample(statistic, _arrays(a, b, metric), a.arrays.units, n_resamples=n_resamples, seed=seed)
+
+    def difference(metric: str) -> Resampled:
         f = metric_value(metric)
         sign = -1.0 if metric == "top1" else 1.0  # metric_arrays holds top-1 *loss*; report agreement
-        statistic: Callable = lambda m: sign * (f(m["b"]) - f(m["a"]))  # noqa: E731
-        return resample(statistic, metric_arrays(cells, metric), a.arrays.units, n_resamples=n_resamples, seed=seed)
+        return draws_of(metric, lambda m: sign * (f(m["b"]) - f(m["a"])))
 
     a_name, b_name = a_label or label(a), b_label or label(b)
     draws = {m: difference(m) for m in ("kld", "ppl", "top1")}
-    effects = [Effect(f"Δ{m}", d, MarginRule.parse(margin).difference(_own_effect(a, m), f"{OWN_EFFECT[m]} of {a_name}"), a.tokens, DIFFERENCE)
+    rule = MarginRule.parse(margin)
+    effects = [rule.difference_effect(f"Δ{m}", d, draws_of(m, lambda s, m=m: _own_effect(s, m)), f"{OWN_EFFECT[m]} of {a_name}", a.tokens)
                for m, d in draws.items()]
     verdicts = dict(zip(draws, decide(effects, family=f"{b_name} − {a_name}: KLD, PPL, top-1")))
     diff = np.abs(b.arrays.kld - a.arrays.kld)

@@ -1,4 +1,4 @@
-"""How the error grows with context: KLD and top-1 by query position on long documents.
+"""KLD and top-1 by query position on long documents: a position table, described and not decided.
 
 KV-cache error accumulates with context (every query reads all earlier quantized keys, and a
 softmax over more keys spreads a fixed score error over more mass), weight error does not in the
@@ -16,6 +16,12 @@ Intervals: each long window (a "document" here, cut from the stream) is the boot
 (:attr:`wkvlab.eval.TokenArrays.units`, which says so in every verdict). A bucket mean is a ratio of two token-weighted means
 (masked sum / masked count), so every per-bucket statistic and the growth between two buckets is a
 function of whole-set means and goes through the same :func:`paired_interval`.
+
+**No verdict.** The last bucket and the first hold different text (the tail of each document and
+its opening), so their difference mixes position with content, and no margin or family could make
+it a statement about context: the change is printed as an interval and says so, as
+:mod:`wkvlab.eval.depth` does. ``wkvlab findings depth`` decides depth on identical tokens (issue
+#38 item 7: the "grows with context" this printed came from such buckets).
 """
 from __future__ import annotations
 
@@ -28,10 +34,11 @@ import torch
 from wkvlab.data import Corpus, WindowSet, load_corpus, make_windows, tokenize, tokenizer_wants_bos
 from wkvlab.errors import ConfigError, DataError
 from wkvlab.eval.result import EvalResult
-from wkvlab.stats import Interval, paired_interval, resample
-from wkvlab.stats.decision import Effect, Margin, Verdict, decide
+from wkvlab.stats import Interval, paired_interval
+from wkvlab.stats.decision import Verdict
 
-GROWTH = ("grows with context", "shrinks with context", "flat within ±m")
+CONFOUNDED = ("a position table, not a context verdict: the buckets hold different text (position mixed with content); "
+              "wkvlab findings depth scores identical tokens")
 
 POSITION_EDGES = (0, 4, 64, 256, 1024, 2048, 4096, 8192)
 SINKS = 4  # positions 0..3: attention sinks, reported apart so they do not hide the growth
@@ -110,7 +117,7 @@ class ContextCurve:
     rows: tuple[BucketRow, ...]
     growth_c: Interval  # KLD(C) in the last bucket minus in the first bucket after the sinks
     growth_wc: Interval  # the same for KLD(W+C) − KLD(W)
-    verdict: Verdict | None = None  # the one rule on growth_wc (m = 10% of the first bucket's cache excess)
+    verdict: Verdict | None = None  # records made before issue #38 item 7 decided growth_wc; it is no longer decided
 
     def to_dict(self) -> dict:
         return {"model": self.model, "data": self.data, "weights": self.weights, "kv": self.kv, "max_ctx": self.max_ctx,
@@ -131,10 +138,8 @@ class ContextCurve:
         last = self.rows[-1]
         return [
             f"cache excess KLD(W+C) − KLD(W) at positions {first.start}-{first.end - 1}: {first.kv_excess.estimate:.4f}, "
-            f"at {last.start}-{last.end - 1}: {last.kv_excess.estimate:.4f}; change "
-            + (self.verdict.describe(".4f") if self.verdict is not None else f"{self.growth_wc:.4f}")
-            + f" ({self.documents} documents of {self.max_ctx} tokens; the buckets hold different text, so this mixes position "
-              "with content: wkvlab findings depth scores identical tokens)",
+            f"at {last.start}-{last.end - 1}: {last.kv_excess.estimate:.4f}; last minus first {self.growth_wc:.4f} "
+            f"({self.growth_wc.level:.0%}, {self.growth_wc.n_units} {self.growth_wc.unit} of {self.max_ctx} tokens); {CONFOUNDED}",
         ]
 
 
@@ -176,13 +181,9 @@ def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, i
     first = next((b for b in buckets if b[0] >= SINKS), buckets[0])[0]
     last = buckets[-1][0]
     kld_c = lambda s: _bucket_mean("kld_c", s)  # noqa: E731
-    growth = resample(lambda m: excess(last)(m) - excess(first)(m), arrays, units, n_resamples=n_resamples, seed=seed)
     return ContextCurve(
         model=ref.model, data=ref.data, weights=cells["wc"].weights, kv=cells["wc"].kv, max_ctx=ref.ctx,
         documents=int(np.unique(units.labels).size), rows=tuple(rows),
         growth_c=interval(lambda m: kld_c(last)(m) - kld_c(first)(m)),
-        growth_wc=growth.interval(),
-        verdict=decide([Effect("cache excess, last bucket − first", growth,
-                               Margin.relative_to(rows[[b[0] for b in buckets].index(first)].kv_excess.estimate, "the first bucket's cache excess"),
-                               int(arrays[f"n@{last}"].sum()), GROWTH)], family="context growth")[0],
+        growth_wc=interval(lambda m: excess(last)(m) - excess(first)(m)),
     )

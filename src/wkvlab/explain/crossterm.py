@@ -142,12 +142,12 @@ def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, ma
     (:class:`MarginRule`; by default 10% of the predicted total KLD(W)+KLD(C), for the attention-KL
     interaction its attention-KL counterpart)."""
     rule = MarginRule.parse(margin)
-    m = rule.interaction(draws["kld_w"].estimate - draws["kld_ref"].estimate if "kld_ref" in draws else draws["kld_w"].estimate,
-                         draws["kld_c"].estimate, "KLD")
-    m_attn = rule.interaction(draws["attention_w"].estimate, draws["attention_c"].estimate, "attention KL")
     words = {"interaction": INTERACTION, "interaction_removed": INTERACTION, "removed": DIFFERENCE, "attention_interaction": INTERACTION,
              "sinks": DIFFERENCE}
-    return [Effect(f"{label}: {EFFECT_LABELS[e]}", draws[e], m_attn if e == "attention_interaction" else m, tokens, words[e])
+    # every effect's m from the single effects' draws on the same windows (the margin's own uncertainty in the test)
+    singles = {e: ("attention_w", "attention_c", "attention KL") if e == "attention_interaction" else ("kld_w", "kld_c", "KLD") for e in EFFECTS}
+    return [rule.interaction_effect(f"{label}: {EFFECT_LABELS[e]}", draws[e], draws[singles[e][0]], draws[singles[e][1]], tokens,
+                                    label=singles[e][2], words=words[e])
             for e in EFFECTS]
 
 

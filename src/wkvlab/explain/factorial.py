@@ -41,7 +41,7 @@ from wkvlab.errors import DataError
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, Resampled, resample
-from wkvlab.stats.decision import DEFAULT_MARGIN, INTERACTION, Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, MarginRule, Verdict, decide
 from wkvlab.weights.spec import WeightSpec
 
 CELLS = ("ref", "w", "c", "wc")  # grid order of run_grid([none, W], [fp16, C])
@@ -148,11 +148,8 @@ def interaction_effect(draws: Mapping[str, Resampled], metric: str, tokens: int,
     from the single effects on the interaction's own scale (NLL for PPL)."""
     label = INTERACTION_LABELS[metric].split(" ")[0]
     w_draws, c_draws = (draws["w_log"], draws["c_log"]) if "w_log" in draws else (draws["w"], draws["c"])
-    rule = MarginRule.parse(margin)
-    # the margin's reference from the same units, so that its own uncertainty is in the test (stats.decision.sides)
-    reference = {"total": draws.get("total"), "cache": c_draws}.get(rule.kind)
-    return Effect(name or f"{INTERACTION_LABELS[metric]} interaction", draws["interaction"],
-                  rule.interaction(w_draws.estimate, c_draws.estimate, label), tokens, INTERACTION, margin_draws=reference)
+    return MarginRule.parse(margin).interaction_effect(name or f"{INTERACTION_LABELS[metric]} interaction", draws["interaction"],
+                                                       w_draws, c_draws, tokens, label=label, total=draws.get("total"))
 
 
 def _effects(metric: str, reference: float, draws: Mapping[str, Resampled], verdict: Verdict | None) -> Effects:

@@ -142,7 +142,7 @@ class LayerDiagnostics:
         rows = [b for b in self.buckets() if b["tokens"]]
         undecided, confident = rows[0], rows[-1]
         return [
-            f"hidden-state relative error grows from {self.rel_err[first]:.3f} after layer {first} to {self.rel_err[last]:.3f} "
+            f"hidden-state relative error {self.rel_err[first]:.3f} after layer {first}, {self.rel_err[last]:.3f} "
             f"after layer {last} (SQNR {self.sqnr_db[first]:.1f} → {self.sqnr_db[last]:.1f} dB)",
             f"the largest step is at layer {layer} (+{jump:.3f})",
             f"KLD where the reference is undecided (top-1 p in [{undecided['low']}, {undecided['high']})): {undecided['kld_mean']:.4f} "

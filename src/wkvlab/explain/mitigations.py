@@ -30,7 +30,7 @@ from wkvlab.eval.result import EvalResult
 from wkvlab.kv.formats import get_kv_format
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, paired_interval, resample
-from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, MarginRule, Verdict, decide
 
 SINK_TOKENS = 4
 HIGH_PRECISION_BITS = 7.0  # a K format under this many bits per value gets an 8-bit sibling
@@ -209,8 +209,8 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
             share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.units,
                              n_resamples=n_resamples, seed=seed)
         # the share is already relative to the excess: m = 10% of all of it
-        effects.append(Effect(f"{candidate.name}: share recovered", share, MarginRule.parse(margin).difference(1.0, "the cache's excess (share)"),
-                              wc.tokens, RECOVERY))
+        effects.append(MarginRule.parse(margin).difference_effect(f"{candidate.name}: share recovered", share, 1.0,
+                                                                   "the cache's excess (share)", wc.tokens, words=RECOVERY))
         rows.append(MitigationResult(candidate.name, candidate.kv.label, candidate.why, result.kv_bytes_per_token,
                                      kld=interval(lambda s, m=m: s[m]), recovered=share.interval(),
                                      top1=interval(lambda s, m=m: s[f"agree_{m}"] - s["agree_wc"])))
@@ -220,7 +220,8 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
     # meaningful when the excess is noise around zero (the share's sign then flips at random)
     rows.sort(key=lambda r: r.kld.estimate)
     excess = resample(lambda s: s["wc"] - s["w"], arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)
-    (excess_verdict,) = decide([Effect("cache excess KLD(W+C) − KLD(W)", excess,
-                                       MarginRule.parse(margin).difference(float(wc.arrays.kld.mean()) if wc.tokens else 0.0, "KLD(W+C)", "nats"),
-                                       wc.tokens, EXCESS)], family="cache excess over the quantized weights")
+    own = resample(lambda s: s["wc"], arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)  # the margin's basis, same units
+    (excess_verdict,) = decide([MarginRule.parse(margin).difference_effect("cache excess KLD(W+C) − KLD(W)", excess, own, "KLD(W+C)",
+                                                                           wc.tokens, unit="nats", words=EXCESS)],
+                               family="cache excess over the quantized weights")
     return Mitigations(w.weights, wc.kv, wc.kv_bytes_per_token, excess.interval(), tuple(rows), excess_verdict)

@@ -4,9 +4,10 @@ Words follow the one decision rule (:mod:`wkvlab.stats.decision`), never the poi
 alone: an interaction *compounds*, is *sub-additive* or *additive within ±m* only when its
 Holm-adjusted interval says so against the stated margin m; otherwise it is *undecided*, with
 the tokens that would decide it. Every verdict line names its margin and its family adjustment.
-The other steps go through the same rule with their own words (the context growth, a mitigation's
-recovered share, the cache excess a mitigation could recover), and the noise-floor line is said
-only of an interaction the rule did not decide.
+The other steps go through the same rule with their own words (a mitigation's recovered share, the
+cache excess a mitigation could recover); the position table's change between buckets is described,
+never decided (its buckets hold different text), and the noise-floor line is said only of an
+interaction the rule did not decide.
 """
 from __future__ import annotations
 

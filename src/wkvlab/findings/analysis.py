@@ -22,7 +22,7 @@ from wkvlab.explain.compare import check_same_tokens
 from wkvlab.explain.factorial import effect_draws, interaction_effect
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, resample
-from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, MarginRule, Verdict, decide
 from wkvlab.weights.spec import WeightSpec
 
 
@@ -176,7 +176,9 @@ def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000
     found = []
     for kv in dict.fromkeys(k for _, k in cells):
         own = cells.get((ref.weights, kv))
-        scale = float(own.arrays.kld.mean() - ref.arrays.kld.mean()) if own is not None else float("nan")
+        # the cache's own cost on the same units as the differences: the margin's basis, with its uncertainty
+        scale = (resample(lambda m: m["c"] - m["ref"], {"c": own.arrays.kld, "ref": ref.arrays.kld}, ref.arrays.units)
+                 if own is not None else float("nan"))
         present = [w for w in methods if (w, kv) in cells]
         for i, a in enumerate(present):
             for b in present[i + 1:]:
@@ -186,9 +188,9 @@ def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000
                 draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.units, n_resamples=n_resamples)
                 # one basis text for the family: the table's footnote states it once, and each row's margin column
                 # gives that row's m (naming the first row's cache there read as if it held for every row)
-                found.append((kv, a, b, Effect(f"{kv}: penalty under {a} − under {b}", draws,
-                                               MarginRule.parse(margin).difference(scale, "KLD(C), the row's cache under unquantized weights", "nats"), ref.tokens,
-                                               DIFFERENCE)))
+                found.append((kv, a, b, MarginRule.parse(margin).difference_effect(
+                    f"{kv}: penalty under {a} − under {b}", draws, scale, "KLD(C), the row's cache under unquantized weights", ref.tokens,
+                    unit="nats")))
     verdicts = decide([e for *_, e in found], family=f"{ref.model} weight-method differences")
     return [MethodDifference(kv, a, b, e.draws.interval(), v) for (kv, a, b, e), v in zip(found, verdicts)]
 
@@ -237,8 +239,8 @@ def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, n_r
             kld = {c: resample(lambda m, c=c: m[c], arrays, units, n_resamples=n_resamples) for c in cells}
             mismatch = {c: resample(lambda m, c=c: m[c] - m[own], arrays, units, n_resamples=n_resamples)
                         for c in cells if c != own and own in cells}
-            tests = {c: Effect(f"{weights} on {data}: calibrated on {c} − on {own}", d,
-                               MarginRule.parse(margin).difference(kld[own].estimate, f"KLD calibrated on {own}", "nats"), first.tokens, DIFFERENCE)
+            tests = {c: MarginRule.parse(margin).difference_effect(f"{weights} on {data}: calibrated on {c} − on {own}", d, kld[own],
+                                                                   f"KLD calibrated on {own}", first.tokens, unit="nats")
                      for c, d in mismatch.items()}
             found.append((weights, data, own, kld, mismatch, tests))
     flat = [t for *_, tests in found for t in tests.values()]

@@ -86,7 +86,7 @@ def _gguf_model(source: ModelSource, model_id: str | None, spec: WeightSpec) -> 
             return out, (), False, [f"{source.gguf} is already quantized ({source.gguf_type or 'another type'}); a {gguf_type} "
                                     "GGUF needs the 16-bit checkpoint: pass its folder or Hub id with --model-id"]
         return out, (f"llama-quantize --allow-requantize {shlex.quote(source.gguf)} {out} {gguf_type}",), True, [
-            f"requantizing {Path(source.gguf).name} ({source.gguf_type or 'quantized'}) compounds rounding errors; "
+            f"requantizing {Path(source.gguf).name} ({source.gguf_type or 'quantized'}) rounds twice (the file's rounding, then the new type's); "
             "quantize from the 16-bit checkpoint when you have it (--model-id)"]
     folder = model_id or source.folder
     prepare: list[str] = []

@@ -15,12 +15,14 @@ Ranking, in order:
    then the rest (transfers, priors).
 3. Recommendable rows: when the exact checkpoint fits at the requested batch x context, memory is
    not the constraint and they are ordered by KLD alone (the most faithful first; a speed tie never
-   trades a fitting config for a worse one). Otherwise by KLD, two KLDs within two standard errors
-   of each other counting as a tie broken by decode speed. Under a tolerance rule (``plan --tolerance``,
+   trades a fitting config for a worse one). Otherwise by KLD; a faster config goes before the lowest
+   KLD only when the one decision rule shows it equivalent within ±m (:func:`_shown_ties`: paired
+   per-document KLD differences, m 10% of the lowest KLD, Holm over the configs compared) — a row
+   without per-document values is never called a tie. Under a tolerance rule (``plan --tolerance``,
    every recommendable row shown within the user's tolerance) by memory at the requested batch x
    context instead, the smallest first, whether or not memory binds.
 4. Among the rest: KV below 8 bits after every fitting 8-bit-or-wider cache (lower the weights
-   before the KV; its penalty grows with context); then the quality tier of the prior KLD
+   before the KV: a prior says nothing about this model's cache at this depth); then the quality tier of the prior KLD
    (<= 0.005, <= 0.03, above); then decode tokens/s, speeds within 5% counting as a tie (a
    roofline cannot resolve less) broken by the lower KLD.
 """
@@ -55,7 +57,6 @@ from wkvlab.weights.spec import WeightSpec
 
 QUALITY_TIERS = (0.005, 0.03)  # near-lossless; 8-bit class (W8A8 0.0225 on Llama-3-8B); 4-bit class above
 SPEED_TIE = 0.05  # relative decode-speed difference the roofline estimate cannot resolve
-NOISE_SE = 2.0  # measured KLDs closer than this many standard errors cannot be told apart
 ROOM = 2  # a config that fits this many times the requested batch has room to spare: memory is not the constraint
 
 
@@ -470,8 +471,35 @@ def _rank_key(row: Combination, gpu: GPU, unconstrained: bool = False) -> tuple:
     return fp8_elsewhere, slow, 2, low_kv, tier, -row.throughput.decode.tokens_per_s
 
 
-def _order(rows: list[Combination], gpu: GPU, unconstrained: bool = False) -> list[Combination]:
-    """Sort by the rank key; ties (noise for measured KLD, 5% for estimated speed) go to the other criterion."""
+def _shown_ties(first: Combination, peers: list[Combination]) -> dict[int, object]:
+    """Verdicts of each peer's KLD minus ``first``'s (the lowest), by the one rule: paired per-unit (document)
+    differences, m 10% of ``first``'s KLD estimated on the same units, Holm over the peers tested; keyed by ``id``.
+
+    A tie is a peer shown *equivalent within ±m*. Token-level standard errors (tokens treated as independent)
+    are far too narrow for this, so a row with no per-unit values on ``first``'s units is not tested at all."""
+    base = first.quality.units
+    if base is None:
+        return {}
+    tested = [r for r in peers if r is not first and r.quality.units is not None
+              and (r.quality.units.unit, r.quality.units.tokens) == (base.unit, base.tokens)]
+    if not tested:
+        return {}
+    from wkvlab.stats import resample
+    from wkvlab.stats.decision import MarginRule, decide
+
+    a, units = base.per_token("kld")
+    name = f"{first.weights} x {first.kv}"
+    effects = []
+    for r in tested:
+        arrays = {"a": a, "b": r.quality.units.per_token("kld")[0]}
+        effects.append(MarginRule().difference_effect(f"{r.weights} x {r.kv} − {name}", resample(lambda m: m["b"] - m["a"], arrays, units),
+                                                      resample(lambda m: m["a"], arrays, units), f"KLD of {name}", int(a.size), unit="nats"))
+    return {id(r): v for r, v in zip(tested, decide(effects, family=f"KLD against {name}, the lowest: ties broken by speed"))}
+
+
+def _order(rows: list[Combination], gpu: GPU, unconstrained: bool = False, ties: dict | None = None) -> list[Combination]:
+    """Sort by the rank key; ties (shown equivalent by the one rule for measured KLD, 5% for estimated speed) go to
+    the other criterion. ``ties`` collects the verdict that let a faster measured row go first, by ``id``."""
     key = lambda r: _rank_key(r, gpu, unconstrained)  # noqa: E731
     remaining = sorted(rows, key=key)
     if unconstrained:
@@ -481,10 +509,12 @@ def _order(rows: list[Combination], gpu: GPU, unconstrained: bool = False) -> li
         first = remaining[0]
         group = key(first)[:5]
         peers = [r for r in remaining if key(r)[:5] == group]
-        if group[2] == 0:  # measured: indistinguishable KLDs go to the faster (under a tolerance rule, _rank orders by memory)
-            bound = first.quality.kld + NOISE_SE * max(first.quality.se, 1e-12)
-            close = [r for r in peers if r.quality.kld - NOISE_SE * r.quality.se <= bound]
+        if group[2] == 0:  # measured: KLDs shown equivalent go to the faster (under a tolerance rule, _rank orders by memory)
+            verdicts = _shown_ties(first, peers)
+            close = [first] + [r for r in peers if getattr(verdicts.get(id(r)), "outcome", "") == "within"]
             pick = max(close, key=lambda r: r.throughput.decode.tokens_per_s)
+            if pick is not first and ties is not None:
+                ties[id(pick)] = verdicts[id(pick)]
         else:
             fastest = first.throughput.decode.tokens_per_s
             close = [r for r in peers if r.throughput.decode.tokens_per_s >= (1 - SPEED_TIE) * fastest]
@@ -507,11 +537,12 @@ def _rank(rows: list[Combination], gpu: GPU, ctx: int, verdict: VerdictRule = gu
     # a tolerance rule: every recommendable row is shown within the user's tolerance, so quality no longer orders
     # them — the smallest memory at this batch x context does (the speed estimate breaks ties)
     by_memory = bool(candidates) and all(r.verdict.state == WITHIN for r in candidates)
+    ties: dict = {}  # a faster row ranked over a lower KLD: the verdict that showed them equivalent
     if by_memory:
         unconstrained = False
         good = sorted(candidates, key=lambda r: (_memory(r), -r.throughput.decode.tokens_per_s))
     else:
-        good = _order(candidates, gpu, unconstrained)
+        good = _order(candidates, gpu, unconstrained, ties)
         good = [r for r in good if r.quality.exact and AS_IS in r.weights] + [r for r in good if not (r.quality.exact and AS_IS in r.weights)]
     ordered = good + _order([r for r in fitting if not r.recommendable], gpu)
     dropped = [replace(r, ranking_notes=(f"{r.verdict.state}: {r.verdict.reason}{_guard_rule(r)}: never recommended",))
@@ -537,15 +568,18 @@ def _rank(rows: list[Combination], gpu: GPU, ctx: int, verdict: VerdictRule = gu
                        "no speed tie-break)")
         elif row.recommendable:
             best = min(good, key=lambda r: r.quality.kld)
-            spread = f" {row.quality.interval}" if row.quality.interval else f" ± {row.quality.se:.5f}"
+            spread = f" {row.quality.interval}" if row.quality.interval else " (no interval over documents kept)"
+            tie = ties.get(id(row))
             why.append(f"decided by {row.quality.label}: KLD {row.quality.kld:.5f}{spread}"
-                       + (" — the lowest that fits" if row is best else f" (lowest fitting: {best.quality.kld:.5f}; within "
-                          f"{NOISE_SE:g} standard errors counts as a tie, broken by speed)"))
+                       + (" — the lowest that fits" if row is best else
+                          f"; ranked for speed over the lower KLD {best.quality.kld:.5f}, {tie.describe('.3g')}" if tie is not None else
+                          f" (lowest fitting: {best.quality.kld:.5f}; a faster config goes first only when shown equivalent within ±m "
+                          "by the one rule on per-document values)"))
         else:
             why.append(f"{row.verdict.reason}: never recommended")
             if low_kv:
                 why.append("KV below 8 bits: ranked after 8-bit caches until measured"
-                           + (" (long context: its penalty grows with context)" if ctx >= 16384 else ""))
+                           + (f" (at ctx {ctx:,}: measure it at this length; no prior covers its penalty at this depth)" if ctx >= 16384 else ""))
             bound = f"<= {QUALITY_TIERS[tier]}" if tier < len(QUALITY_TIERS) else f"> {QUALITY_TIERS[-1]}"
             evidence = "the measured KLD" if row.quality.is_measured else "the prior"  # measured but undecided under --tolerance
             why.append(f"ordered by {evidence}: quality tier {tier + 1} of {len(QUALITY_TIERS) + 1} (KLD {bound}), then speed")

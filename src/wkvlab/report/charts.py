@@ -161,7 +161,8 @@ def position_chart(data: ReportData, group: int) -> Chart:
                  y_symlog=symlog_threshold(k for c in curves for k in c.kld_mean),
                  x_ticks=tuple(2.0 ** k for k in range(0, max(1, math.ceil(math.log2(highest))) + 1)),
                  caption=f"Mean KLD of the tokens in each position bucket (buckets double in width); colour: KV config, line: weight config "
-                         f"({dashes}). A KV cache whose damage grows with context rises to the right.")
+                         f"({dashes}). Each bucket holds other text: a line rising to the right mixes position with content "
+                         "(wkvlab findings depth decides depth on identical tokens).")
 
 
 def sensitivity_heatmap(profile: Profile, index: int) -> Heatmap:

@@ -19,7 +19,7 @@ from wkvlab.errors import ConfigError, DataError, WkvlabError
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats.bootstrap import Interval, paired_interval, resample
-from wkvlab.stats.decision import Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import MarginRule, Verdict, decide
 
 # Weight methods that leave the linear weights at 16 bits or more: 'none' is the checkpoint itself,
 # 'cast' rounds it to bf16/fp16. 'none' is preferred as the baseline because its KLD is zero.
@@ -257,7 +257,7 @@ class CrossTermRow:
     kld_kv: float
     kld_baseline: float
     interaction: Interval
-    verdict: Verdict | None = None  # the one rule: m = 10% of the cache's own KLD, Holm over the group's cross terms
+    verdict: Verdict | None = None  # the one rule: m = 10% of the predicted total (its draws in the test), Holm over the group's cross terms
 
     @property
     def additive(self) -> float:
@@ -287,11 +287,11 @@ def cross_term_rows(group: Group, n_resamples: int) -> list[CrossTermRow]:
             continue
         arrays = {"wc": both.arrays.kld, "w": only_w.arrays.kld, "c": only_c.arrays.kld, "0": base00.arrays.kld}
         draws = resample(lambda m: m["wc"] - m["w"] - m["c"] + m["0"], arrays, both.arrays.units, n_resamples=n_resamples)
-        own = only_c.kld["mean"] - base00.kld["mean"]  # the cache's own cost
-        weights_own = only_w.kld["mean"] - base00.kld["mean"]  # with own: the predicted total, the scale of the margin
+        # the weights' and the cache's own costs on the same units: the predicted total the margin is a share of
+        own_w, own_c = (resample(lambda m, x=x: m[x] - m["0"], arrays, both.arrays.units) for x in ("w", "c"))
         found.append((CrossTermRow(group.index, w, c, w0, both.kld["mean"], only_w.kld["mean"], only_c.kld["mean"],
                                    base00.kld["mean"], draws.interval()),
-                      Effect(f"{w} × {c}", draws, MarginRule().interaction(weights_own, own), int(both.arrays.kld.size))))
+                      MarginRule().interaction_effect(f"{w} × {c}", draws, own_w, own_c, int(both.arrays.kld.size))))
     verdicts = decide([e for _, e in found], family=f"group {group.index} cross terms")
     return [replace(row, verdict=v) for (row, _), v in zip(found, verdicts)]
 

@@ -223,7 +223,8 @@ def _search(f: StoredFinding, cid: str):
     groups = _grouped(rows, lambda r: f"profiled on {r['profile_text']}, held out {r['heldout_text']}",
                       lambda r: (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
     chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,
-                            "Below 0: the weight-aware plan is better. Bars: 95% interval, held-out windows resampled (and, in findings "
+                            "Below 0: the weight-aware plan's held-out KLD is lower (described; the verdicts, with margin and Holm family, are the "
+                            "table's). Bars: 95% interval, held-out windows resampled (and, in findings "
                             "stored with replicated profiles, the profiles too: two-stage). Every rival at the same budget.")
     return columns, rows, (chart,)
 

@@ -32,7 +32,7 @@ from wkvlab.search.measure import Score, Scorer, paired_draws
 from wkvlab.search.pareto import Point, pareto_front
 from wkvlab.search.predict import Predictor, predictor_from_profile, spearman
 from wkvlab.search.profile import SensitivityProfile, collect_profile, profile_key, profile_steps
-from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, MarginRule, Verdict, decide
 from wkvlab.weights.apply import model_weight_bytes, quantize_model_weights
 from wkvlab.weights.calibration import CalibrationSet, CalibrationSpec, calibration_corpus, calibration_set
 from wkvlab.weights.spec import WeightSpec
@@ -507,8 +507,9 @@ def _decide(rows: list[Row], budgets: list[float], step: float, uniform_of: dict
             draws = paired_draws(chosen.score, score)
             if draws is not None:
                 where.append((len(points), len(comps) - 1))
-                effects.append(Effect(f"{b:,.0f} B/token: plan − {label}", draws, MarginRule.parse(margin).difference(score.kld, f"KLD of {label}", "nats"),
-                                      chosen.score.tokens, SEARCH_WORDS))
+                rival = paired_draws(score)  # the rival's own KLD on the same windows: the margin's basis
+                effects.append(MarginRule.parse(margin).difference_effect(f"{b:,.0f} B/token: plan − {label}", draws, rival,
+                                                                          f"KLD of {label}", chosen.score.tokens, unit="nats", words=SEARCH_WORDS))
         points.append(BudgetPoint(b, step, chosen.name if chosen else "", chosen.kld if chosen else math.nan,
                                   chosen.kv_bytes_per_token if chosen else math.nan, comps, uniform_of.get(b, ""), notes.get(b, [])))
     family = (f"plan vs its rivals at equal memory: {len(effects)} difference{'s' if len(effects) != 1 else ''}"
@@ -544,7 +545,7 @@ def _curve_text(points: list[BudgetPoint], family: str) -> str:
     if not verdicts:
         return f"over {len(points)} budgets: no paired comparison"
     m = verdicts[0].margin
-    rule = f"m = ±{m.value:.3g} nats, stated" if m.stated else f"m = {100 * m.relative:g}% of each rival's KLD"
+    rule = f"margin ±{m.value:.3g} nats, stated" if m.stated else f"margin m = {100 * m.relative:g}% of each rival's KLD"
     return (f"over {len(points)} budgets the plan is better in {counts['better']}, worse in {counts['worse']}, equivalent in "
             f"{counts['equivalent']} and undecided in {counts['undecided']} of {len(verdicts)} comparisons "
             f"({rule}; Holm over {len(verdicts)} tests)")

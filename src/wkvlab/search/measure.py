@@ -57,10 +57,13 @@ class Score:
         return {"kld": self.kld, "se": self.se, "tokens": self.tokens}
 
 
-def paired_draws(a: Score, b: Score):
-    """Bootstrap draws of ``a − b`` in mean KLD, paired over windows (None without per-token arrays)."""
+def paired_draws(a: Score, b: Score | None = None):
+    """Draws of ``a − b`` in mean KLD, paired over windows (``b`` None: of ``a``'s own KLD on the same windows,
+    what a margin relative to it is a share of); None without per-token arrays."""
     from wkvlab.stats import resample
 
+    if b is None:
+        return None if a.per_token is None else resample(lambda m: m["a"], {"a": a.per_token}, a.windows)
     if a.per_token is None or b.per_token is None or a.per_token.shape != b.per_token.shape:
         return None
     return resample(lambda m: m["a"] - m["b"], {"a": a.per_token, "b": b.per_token}, a.windows)

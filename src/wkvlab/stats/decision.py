@@ -72,9 +72,9 @@ class Margin:
         return self.format()
 
     @classmethod
-    def absolute(cls, value: float, unit: str = "") -> "Margin":
-        """A margin the user states in the metric's units (``--margin 0.002``)."""
-        return cls(float(value), float("nan"), f"stated by --margin{' in ' + unit if unit else ''}", float("nan"))
+    def absolute(cls, value: float, unit: str = "", source: str = "--margin") -> "Margin":
+        """A margin stated in the metric's units: by the user (``--margin 0.002``) or by ``source`` (a recorded band)."""
+        return cls(float(value), float("nan"), f"stated by {source}{' in ' + unit if unit else ''}", float("nan"))
 
     @property
     def stated(self) -> bool:
@@ -106,6 +106,7 @@ class MarginRule:
 
     kind: str = "total"  # total / cache / absolute
     value: float = DEFAULT_MARGIN
+    source: str = "--margin"  # who states an absolute margin (a recorded band names its file)
 
     KINDS = ("total", "cache", "absolute")
 
@@ -137,7 +138,7 @@ class MarginRule:
     def interaction(self, w: float, c: float, label: str = "KLD") -> Margin:
         """m for an interaction whose single effects are ``w`` and ``c`` (``label``: the metric's name)."""
         if self.kind == "absolute":
-            return Margin.absolute(self.value, label)
+            return Margin.absolute(self.value, label, self.source)
         if self.kind == "cache":
             return Margin.relative_to(c, f"{label}(C)", self.value)
         return Margin.relative_to(w + c, f"the predicted total {label}(W)+{label}(C)", self.value)
@@ -145,8 +146,28 @@ class MarginRule:
     def difference(self, reference: float, of: str, unit: str = "") -> Margin:
         """m for a difference against a baseline whose own value is ``reference``."""
         if self.kind == "absolute":
-            return Margin.absolute(self.value, unit)
+            return Margin.absolute(self.value, unit, self.source)
         return Margin.relative_to(reference, of, self.value)
+
+    # The two ways an effect is built for :func:`decide`. A relative margin is a share of a quantity estimated
+    # on the same units as the effect, so each takes that quantity's draws, not its value: the margin's own
+    # uncertainty then goes into the verdict (:func:`sides`). Every command builds its effects here, so no
+    # caller can treat an estimated margin as a known constant (tests/stats/test_one_rule.py checks that).
+
+    def interaction_effect(self, name: str, draws: Resampled, w: Resampled, c: Resampled, tokens: int = 0, *,
+                           label: str = "KLD", total: Resampled | None = None, words: tuple = INTERACTION) -> Effect:
+        """The interaction ``draws`` against m from the single effects ``w`` and ``c`` (draws from the same units);
+        ``total``: draws of w + c when the caller has them (else combined here)."""
+        reference = {"total": total if total is not None else w.combine(c, 1.0), "cache": c}.get(self.kind)
+        return Effect(name, draws, self.interaction(w.estimate, c.estimate, label), tokens, words, margin_draws=reference)
+
+    def difference_effect(self, name: str, draws: Resampled, baseline: "Resampled | float", of: str, tokens: int = 0, *,
+                          unit: str = "", words: tuple = DIFFERENCE) -> Effect:
+        """The difference ``draws`` against m as a share of ``baseline``: its draws from the same units, or a float
+        only for a constant known exactly (a share's whole, 1)."""
+        estimated = isinstance(baseline, Resampled)
+        value = baseline.estimate if estimated else float(baseline)
+        return Effect(name, draws, self.difference(value, of, unit), tokens, words, margin_draws=baseline if estimated else None)
 
 
 @dataclass(frozen=True, eq=False)
