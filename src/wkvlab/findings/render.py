@@ -160,24 +160,43 @@ def calibration_markdown(rows: list[CalibrationRow]) -> str:
 
 
 def identical_depth_markdown(data: dict) -> str:
-    """The depth finding on identical tokens (:meth:`wkvlab.findings.depth.DepthFinding.to_dict`)."""
+    """The depth finding on identical tokens (:meth:`wkvlab.findings.depth.DepthFinding.to_dict`): penalty, growth and the
+    sharpening-adjusted growth per cache and prefix, the reference's NLL (the control), verdicts at the longest prefix."""
     from wkvlab.stats.decision import Verdict
 
-    body = []
-    verdicts = []
+    def iv(r, key, spec):
+        return format(Interval.from_dict(r[key]), spec) if r.get(key) else "—"
+
+    def rel(r, key):
+        return format(percent(Interval.from_dict(r[key])), "+.1f") + " %" if r.get(key) else "—"
+
+    body, verdicts = [], []
     for r in data["rows"]:
-        v = Verdict.from_dict(r["decision"]) if r.get("decision") else None
-        verdicts.append(v)
-        growth = Interval.from_dict(r["growth"]) if r["growth"] else None
-        relative = Interval.from_dict(r["relative"]) if r["relative"] else None
-        body.append([r["kv"], f"{r['length']:,}", f"{r['tokens']:,}", format(Interval.from_dict(r["penalty"]), ".5f"),
-                     "—" if growth is None else format(growth, "+.5f"), "—" if relative is None else format(percent(relative), "+.1f") + " %",
-                     "—" if v is None else _decision(v)])
+        raw = Verdict.from_dict(r["decision"]) if r.get("decision") else None
+        adj = Verdict.from_dict(r["adjusted_decision"]) if r.get("adjusted_decision") else None
+        verdicts += [v for v in (raw, adj) if v is not None]
+        words = "—" if raw is None else f"raw: {_decision(raw)}" + (f"; adjusted: {_decision(adj)}" if adj else "")
+        body.append([r["kv"], f"{r['length']:,}", f"{r['tokens']:,}", iv(r, "penalty", ".5f"), iv(r, "growth", "+.5f"), rel(r, "relative"),
+                     iv(r, "adjusted", "+.5f"), iv(r, "reference", ".4f"), rel(r, "sharpening"), words])
     table = _table(["KV", "prefix tokens", "scored tokens", "penalty (KLD) [95%]", "minus the shortest prefix [raw 95%]",
-                    "relative growth [95%]", "verdict"], body)
+                    "relative growth [95%]", "adjusted for the reference's sharpening [95%]", "reference NLL [95%]",
+                    "reference NLL change [95%]", "verdict (longest prefix)"], body)
+    reach = data.get("reach") or {}
+    reached = ", ".join(f"{int(k):,}: {v}" for k, v in reach.items())
+    minimum = data.get("minimum_documents")
+    design = (f" The longest prefix is the longest that at least {minimum} documents reach with their targets within the model's "
+              f"limit, and the first {minimum} of those that reach it are used (documents holding each prefix plus the targets: {reached})."
+              if minimum else "")
     return (f"{data['model']}, unquantized weights: the same {data['target']} target tokens of each of {data['documents']} documents "
             f"({data['data']}) scored after prefixes of {', '.join(f'{n:,}' for n in data['lengths'])} tokens; documents resampled "
-            f"(paired across lengths); {data['seconds']:,.0f} s.\n\n" + table + _rule_note(verdicts, "documents"))
+            f"(paired across lengths); {data['seconds']:,.0f} s.{design}\n\n" + table
+            + ("\n\nDecided: at the longest prefix only (the pre-declared contrast; intermediate lengths are described by their "
+               "intervals), the growth and the growth adjusted for the reference's sharpening, KLD(L) · NLL_ref(S) / NLL_ref(L) − "
+               "KLD(S), every cache in one family; the reference NLL column is the control: a longer prefix that lowers it sharpens "
+               "the reference, which can lower the KLD without any change in the cache's damage. The margin is a share of the "
+               "penalty at the shortest prefix, estimated on the same documents (its uncertainty is inside the test)."
+               if verdicts and any(r.get("adjusted_decision") for r in data["rows"]) else "")
+            + _rule_note(verdicts, "documents"))
 
 
 def search_markdown(data: dict) -> str:
