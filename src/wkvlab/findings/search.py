@@ -398,7 +398,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
                 rows.append((PlanRow(text, budget, share, held, kld["aware"], kld["unaware"], uni_name, kld.get("uniform", float("nan")),
                                      tokens, R, kld["greedy"], kld["random"], step, kld["kvtuner"], spent, diffs,
                                      identical=tuple(k for k in RIVALS if same.get(k) and k in per),
-                                     per_document={k: np.round(v, 7).tolist() for k, v in per.items()}), mine))
+                                     per_document={k: [[float(f"{x:.6g}") for x in row] for row in v] for k, v in per.items()}), mine))
     verdicts = decide(effects, family="search finding: every aware − rival difference at equal memory")
     rows = [replace(row, verdicts={k: verdicts[i] for k, i in mine.items()}) for row, mine in rows]
 
