@@ -86,7 +86,7 @@ bench: install
 # The seeds' questions (docs/findings.md), every finding on both packaged models, into one store:
 # resumable (a finished config is never run again), Markdown tables in out/findings/. Hours on a
 # 2-core CPU; `wkvlab findings NAME --model M` runs one on any model.
-FINDINGS := additivity methods attention calibration depth search engine
+FINDINGS := additivity methods attention calibration depth depth-long search engine
 findings: install $(LLAMACPP_STAMP)
 	mkdir -p out/findings
 	for model in default gemma3-270m; do for name in $(FINDINGS); do \

@@ -5,7 +5,7 @@ import torch
 
 from tests.explain.results_a import result
 from wkvlab.errors import DataError
-from wkvlab.findings.depth import depth_rows, identical_token_windows, measure_depth, prefix_lengths
+from wkvlab.findings.depth import depth_rows, identical_token_windows, longest_reached, measure_depth, prefix_lengths, reach
 
 
 def test_prefix_lengths_double_up_to_the_longest():
@@ -32,41 +32,84 @@ def test_every_length_scores_the_same_target_tokens():
         identical_token_windows([torch.arange(100)] * 8, (16, 32, 64, 128), 24, bos_id=None)
 
 
-def _by_length(growth_per_doubling: float, noise: float = 0.002, documents: int = 8):
-    """Hand-made results: per-document penalties that grow by ``growth_per_doubling`` per doubling."""
+def _by_length(growth_per_doubling: float, noise: float = 0.002, documents: int = 8, sharpening: float = 0.0):
+    """Hand-made results: per-document penalties that grow by ``growth_per_doubling`` per doubling, the reference's
+    NLL falling by ``sharpening`` per doubling."""
     rng = np.random.default_rng(0)
     doc = rng.lognormal(0.0, 0.5, documents) * 0.05  # documents differ a lot: pairing must cancel it
     out = {}
     for i, length in enumerate((16, 32, 64, 128)):
         per_doc = doc * (1 + growth_per_doubling * i) + rng.normal(0, noise, documents)
-        out[length] = {"q4_0": result(np.repeat(per_doc, 32), windows=documents, kv="q4_0")}
+        nll = np.repeat(2.0 * (1 - sharpening) ** i + np.arange(documents) * 0.01, 32)
+        out[length] = {"q4_0": result(np.repeat(per_doc, 32), nll_ref=nll, windows=documents, kv="q4_0")}
     return out
 
 
-def test_growth_is_paired_by_document_and_decided_by_the_rule():
-    rows = depth_rows(_by_length(0.5), n_resamples=500)
+def test_growth_at_the_longest_prefix_is_paired_by_document_and_decided_by_the_rule():
+    rows = depth_rows(_by_length(0.5))
     assert [r.length for r in rows] == [16, 32, 64, 128] and rows[0].growth is None and rows[0].verdict is None
+    # the pre-declared contrast: only the longest prefix is decided, raw and adjusted, one family of 2 per cache
+    assert all(r.verdict is None and r.adjusted_verdict is None and r.growth is not None for r in rows[1:3])
     last = rows[-1]
     assert last.relative.estimate == pytest.approx(1.5, abs=0.2) and last.verdict.word == "grows"
-    assert last.verdict.family_size == 3 and "Holm over 3 tests" in last.verdict.describe()
-    flat = depth_rows(_by_length(0.0, noise=1e-5), n_resamples=500)
-    assert all(r.verdict.outcome == "within" for r in flat[1:])
-    few = depth_rows(_by_length(0.5, documents=4), n_resamples=500)
-    assert all(r.verdict.word == "undecided" for r in few[1:])  # 4 documents: no interval, never "flat"
+    assert last.adjusted_verdict.word == "grows" and last.verdict.family_size == 2 and "Holm over 2 tests" in last.verdict.describe()
+    assert last.verdict.margin.value == pytest.approx(0.05 * rows[0].penalty.estimate)  # the design's 5% of the shortest's penalty
+    flat = depth_rows(_by_length(0.0, noise=1e-5))
+    assert flat[-1].verdict.outcome == "within" and flat[-1].adjusted_verdict.outcome == "within"
+    few = depth_rows(_by_length(0.5, documents=4))
+    assert few[-1].verdict.word == "undecided"  # 4 documents: no interval, never "flat"
     with pytest.raises(DataError, match="at least 4 prefix lengths"):
         depth_rows({k: v for k, v in _by_length(0.5).items() if k < 128})
+
+
+def test_the_reference_sharpening_control_separates_a_sharper_reference_from_less_damage():
+    """The penalty falls 20% per doubling exactly as the reference's NLL does: the cache's damage per nat of the
+    reference is unchanged. The raw growth says "shrinks"; adjusted for the sharpening it is flat."""
+    rows = depth_rows(_sharpened(), margin="5%")
+    last = rows[-1]
+    assert last.verdict.word == "shrinks"
+    assert last.adjusted.estimate == pytest.approx(0.0, abs=1e-4) and last.adjusted_verdict.outcome == "within"
+    assert last.sharpening.estimate == pytest.approx(0.8 ** 3 - 1, abs=0.01) and last.reference.estimate < rows[0].reference.estimate
+
+
+def _sharpened():
+    rng = np.random.default_rng(1)
+    doc = rng.lognormal(0.0, 0.5, 12) * 0.05
+    nll0 = 2.0 + rng.random(12)
+    out = {}
+    for i, length in enumerate((16, 32, 64, 128)):
+        factor = 0.8 ** i  # the reference's NLL and the penalty fall together
+        out[length] = {"int4": result(np.repeat(doc * factor, 32), nll_ref=np.repeat(nll0 * factor, 32), windows=12, kv="int4")}
+    return out
+
+
+def test_the_longest_prefix_is_the_longest_that_enough_documents_reach():
+    sizes = [30_000, 25_000] + [12_000] * 30 + [9_000] * 16 + [3_000] * 100  # the 100 short ones hold no 1,024-token prefix and 2,048 targets
+    # the 32nd longest document holds 12,000 tokens: with 2,048 targets the longest prefix is 9,952, within a 32k model
+    assert longest_reached(sizes, 2048, 32, 32_768) == 12_000 - 2048
+    # the model's limit binds first on an 8k model: 8,191 tokens of window (one for BOS), and 48 documents reach it
+    top = longest_reached(sizes, 2048, 32, 8191)
+    assert top == 8191 - 2048 and sum(n >= top + 2048 for n in sizes) == 48
+    assert reach(sizes, 2048, lengths=(1024, 8192, 16384)) == {1024: 48, 8192: 32, 16384: 2}
+    with pytest.raises(DataError, match="fewer than the 32"):
+        longest_reached(sizes[:20], 2048, 32, 8191)
 
 
 def test_the_finding_runs_on_a_tiny_model_and_renders(tiny_folder):
     from wkvlab.findings.render import identical_depth_markdown
 
-    found = measure_depth(tiny_folder, ("int4", "q4_0"), target=32, longest=256, device="cpu", dtype="float32", n_resamples=200)
+    found = measure_depth(tiny_folder, ("int4", "q4_0"), target=32, longest=256, data="code-long", documents=8, device="cpu",
+                          dtype="float32")
     assert found.documents == 8 and found.lengths == (32, 64, 128, 256) and found.data == "code-long"
     assert [(r.kv, r.length) for r in found.rows][:4] == [("int4", 32), ("int4", 64), ("int4", 128), ("int4", 256)]
     assert all(r.tokens == 8 * 32 and r.penalty.n_units == 8 and r.penalty.decided for r in found.rows)
-    assert all(r.verdict is not None and r.verdict.family_size == 6 for r in found.rows if r.length != 32)
+    decided = [r for r in found.rows if r.verdict is not None]
+    assert [r.length for r in decided] == [256, 256] and all(r.verdict.family_size == 4 for r in decided)
+    assert len(found.per_document["int4"]["256"]) == 8 and len(found.per_document["reference NLL"]["32"]) == 8
+    assert found.minimum == 8 and found.reach[1024] <= 8 and len(found.names) == 8
     text = identical_depth_markdown(found.to_dict())
-    assert "the same 32 target tokens of each of 8 documents" in text and "Holm over 6 tests" in text
+    assert "the same 32 target tokens of each of 8 documents" in text and "Holm over 4 tests" in text
+    assert "reference NLL change [95%]" in text and "at least 8 documents reach" in text and "adjusted: " in text
 
 
 def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_prefixes(tiny_folder):
@@ -84,7 +127,8 @@ def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_pref
         seen["total"] = total
         yield lambda desc, n: seen["ticks"].append((desc, n))
 
-    measure_depth(tiny_folder, ("int4",), target=32, longest=256, device="cpu", dtype="float32", n_resamples=50, progress=recording)
+    measure_depth(tiny_folder, ("int4",), target=32, longest=256, data="code-long", documents=8, device="cpu", dtype="float32",
+                  progress=recording)
     assert sum(n for _, n in seen["ticks"]) == pytest.approx(seen["total"])
     passes = [n for desc, n in seen["ticks"] if desc == "reference"]  # one per document and length, shortest first
     bos = (0, 1)  # the tiny tokenizer may or may not prepend BOS to each window

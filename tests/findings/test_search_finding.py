@@ -27,8 +27,13 @@ def test_every_budget_gets_a_row_with_two_stage_intervals_over_the_replicates(fi
         assert r.tokens == 16 * 31 and r.replicates == 5  # 16 held-out windows of 32, the first token unscored
         for rival in ("unaware", "kvtuner", "greedy", "random"):
             d = r.differences[rival]
-            assert d.n_units == 16 and d.estimate == pytest.approx(r.aware - getattr(r, rival), abs=1e-12)
-            assert r.verdicts[rival].family_size == sum(len(x.verdicts) for x in finding.rows)
+            # 16 windows from 16 documents: the documents are the units
+            assert d.n_units == 16 and d.unit == "documents" and d.estimate == pytest.approx(r.aware - getattr(r, rival), abs=1e-12)
+            assert len(r.per_document[rival]) == 5 and len(r.per_document[rival][0]) == 16
+            if rival in r.identical:  # the same plans: exactly 0, and no test
+                assert (d.estimate, d.low, d.high) == (0.0, 0.0, 0.0) and rival not in r.verdicts
+            else:
+                assert r.verdicts[rival].family_size == sum(len(x.verdicts) for x in finding.rows)
     assert set(finding.rank_correlation) == {"default -> default"}
     assert set(finding.layer_agreement) == {"K int8", "K int4", "V int8", "V int4", "V int2"}
     assert finding.agreement_between == "default (replicate 0) and default (replicate 1)"
@@ -51,12 +56,58 @@ def test_uniform_only_where_it_hits_the_budget(finding):
     assert any(p["front"] for p in curve) and {p["kind"] for p in curve} == {"uniform", "aware", "unaware", "kvtuner", "greedy", "random"}
 
 
-def test_identical_profiles_give_an_exact_zero(tiny_folder):
+def test_identical_plans_give_an_exact_zero_and_are_not_counted_as_equivalent(tiny_folder):
     # with unquantized weights the weight-aware profile IS the unaware one: every replicate's plans coincide and
-    # the two-stage difference is exactly zero — the pairing, not two noisy means, is compared
+    # the two-stage difference is exactly zero — the pairing, not two noisy means, is compared — and that zero is
+    # no evidence that two different plans are equivalent: no test, no verdict, and the counts say "same plans"
     found = measure_search(tiny_folder, dataclasses.replace(GRID, weights="none", budgets=(0.40,)), device="cpu", dtype="float32")
-    d = found.rows[0].differences["unaware"]
+    row = found.rows[0]
+    d = row.differences["unaware"]
     assert (d.estimate, d.low, d.high) == (0.0, 0.0, 0.0)
+    assert "unaware" in row.identical and "unaware" not in row.verdicts and "kvtuner" not in row.identical
+    text = search_markdown(found.to_dict())
+    assert "the same plans as aware in every replicate: no test" in text
+    counts = next(line for line in text.splitlines() if line.startswith("| unaware |"))
+    assert counts.startswith("| unaware | 1 | 1 | 0 | 0 | 0 | 0 | 0 |")
+
+
+def test_held_out_windows_come_from_at_least_16_distinct_documents_no_profile_touches(tiny_folder):
+    from transformers import AutoTokenizer
+
+    from wkvlab.findings.search import _windows
+
+    tok = AutoTokenizer.from_pretrained(tiny_folder)
+    for text in ("default", "code"):
+        _, profiles, heldout, used = _windows(GRID, [text], tok, None)
+        held = heldout[text]
+        assert held.n_windows == 16 and len(set(held.documents)) == 16  # one window from each of 16 documents
+        held_rows = {tuple(row.tolist()) for row in held.tokens}
+        assert all(tuple(row.tolist()) not in held_rows for p in profiles[text] for row in p.tokens)
+        assert len(profiles[text]) == 5 and used[text] > 0
+
+
+def test_a_stream_text_is_refused_in_one_line(tiny_folder, tmp_path):
+    from transformers import AutoTokenizer
+
+    from wkvlab.errors import DataError
+    from wkvlab.findings.search import _windows
+
+    stream = tmp_path / "one.txt"
+    stream.write_text("word " * 5000)
+    with pytest.raises(DataError, match="one stream; the search finding's held-out windows are spread over documents"):
+        _windows(GRID, [str(stream)], AutoTokenizer.from_pretrained(tiny_folder), None)
+
+
+def test_rank_correlations_count_each_distinct_plan_once_and_rank_by_bytes_too():
+    from wkvlab.findings.search import rank_correlations
+
+    plans = {"a": ("x",), "b": ("y",), "c": ("z",), "d": ("w",), "b again": ("y",)}
+    size = {("x",): 4.0, ("y",): 3.0, ("z",): 2.0, ("w",): 1.0}
+    measured = {"a": 0.10, "b": 0.30, "c": 0.20, "d": 0.40, "b again": 0.30}
+    predicted = {("x",): 0.1, ("y",): 0.2, ("z",): 0.3, ("w",): 0.4}
+    rho, by_bytes, n = rank_correlations(plans, predicted.__getitem__, measured, size.__getitem__)
+    assert n == 4  # "b again" is b's plan: one point, not two
+    assert rho == pytest.approx(0.8) and by_bytes == pytest.approx(0.8)  # ranks 1,3,2,4 against 1,2,3,4: 1 − 6·2/60
 
 
 def test_a_rerun_reads_profiles_and_scores_back_without_measuring(tiny_folder, finding, monkeypatch):
@@ -77,7 +128,10 @@ def test_markdown_names_every_rival_its_margin_and_the_family(finding):
     assert text.count("\n| default |") >= len(finding.rows)
     assert all(f"aware − {k} [raw 95%]; Holm-adjusted → verdict" in text for k in RIVALS) and "no uniform at this budget" in text
     assert "Holm over" in text and "(m ±" in text and "equal memory" in text and "Pareto front" in text
-    assert "of the rival's own KLD in that row" in text and "replicated profiles × held-out windows (two-stage)" in text
+    assert "of the rival's own KLD in that row" in text and "replicated profiles × held-out documents (two-stage)" in text
+    assert "Spearman: bytes alone vs held-out KLD" in text and "same plans (no test)" in text
+    assert set(finding.bytes_rank_correlation) == set(finding.rank_correlation) == set(finding.distinct_plans)
+    assert all(-1 <= v <= 1 for v in finding.bytes_rank_correlation.values())
     r = finding.rows[0]  # raw and adjusted side by side in every cell: the adjusted one is wider
     v = r.verdicts["random"]
     assert f"{r.differences['random']:+.5f}; Holm {v.adjusted:+.5f} → " in text

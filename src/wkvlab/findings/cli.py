@@ -6,19 +6,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, NoWeightCacheOption, ThreadsOption, start_run
 
 
 def findings_command(
-    name: Annotated[str, typer.Argument(help="additivity, methods, attention, calibration, depth, search, engine (docs/findings.md)")],
+    name: Annotated[str, typer.Argument(help="additivity, methods, attention, calibration, depth, depth-long, search, engine (docs/findings.md)")],
     model: Annotated[str, typer.Option(help="'default' (SmolLM2-135M), 'gemma3-270m', a .gguf file or an HF folder")] = "default",
     store: Annotated[Path, typer.Option(help="results store the finding's sweeps write into (resumable)")] = Path("out/findings.db"),
     ctx: Annotated[Optional[int], typer.Option(help="tokens per window (default: sized per model; for depth, the longest window, prefix + targets: the model's limit)")] = None,
-    tokens: Annotated[Optional[int], typer.Option(help="tokens per grid (default: sized per model, docs/findings.md; for depth, the target tokens per document, 512)")] = None,
+    tokens: Annotated[Optional[int], typer.Option(help="tokens per grid (default: sized per model, docs/findings.md; for depth, the target tokens per document, 2048)")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<N>")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16")] = "auto",
     markdown: Annotated[Optional[Path], typer.Option(help="also write the finding's tables as Markdown here")] = None,
-    margin: MarginOption = "10%",
+    margin: Annotated[Optional[str], typer.Option("--margin", help="the decision rule's practical margin m (docs/stats.md): a percent "
+                      "of the predicted total KLD(W)+KLD(C) for an interaction or of the baseline for a difference, an absolute "
+                      "number (0.002 nats), or cache:10%; default 10%, and for depth and depth-long 5% of the penalty at the "
+                      "shortest prefix (the margin the design has its power at, docs/findings.md)")] = None,
     threads: ThreadsOption = None,
     cache_dir: CacheDirOption = None,
     no_weight_cache: NoWeightCacheOption = False,
@@ -38,7 +41,7 @@ def findings_command(
         raise ConfigError(f"folder {markdown.parent} does not exist; create it or choose another --markdown")
     from wkvlab.stats.decision import MarginRule
 
-    margin = MarginRule.parse(margin)  # a bad --margin: one line, before any model loads
+    margin = None if margin is None else MarginRule.parse(margin)  # a bad --margin: one line, before any model loads
     grids.check_size(name, model, ctx=ctx, tokens=tokens)
     start_run("findings", threads, f"{name} on {model} (store {store})", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.findings.run import run_finding

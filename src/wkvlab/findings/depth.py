@@ -7,23 +7,42 @@ data with no depth effect and page-level difficulty its block bootstrap said "gr
 after prefixes of increasing length, as the seed study's design does:
 
     document d:  … [ prefix of length L ][ target: T tokens ] …
-                     └ the L tokens right before the target, L = T, 2T, 4T, …, the longest that fits
+                     └ the L tokens right before the target, L = S, 2S, 4S, …, the longest
 
 For each L, the window ``[BOS] + prefix + target`` is evaluated with the reference and each cache,
 and only the target tokens are scored, so every length scores exactly the same tokens; the penalty
 at L is the mean KLD over them (unquantized weights: KLD against the reference *is* the cache's
-penalty). Documents are the resampling unit (paired across lengths: the same documents in every
-resample), and the growth penalty(L) − penalty(shortest) is decided by the one rule
-(:func:`wkvlab.stats.decide`): margin m = 10% of the penalty at the shortest prefix, all (cache,
-length) tests one Holm family, *grows* / *shrinks* beyond ±m, *flat within ±m*, or *undecided*.
-The relative growth penalty(L) / penalty(shortest) − 1 is printed with its own interval.
+penalty). Documents are the resampling unit (paired across lengths).
 
-The text is ``code-long`` (:mod:`wkvlab.data.corpora`): the eight longest top-level modules of the
-Python standard library the venv ships (25k–75k tokens each, one document each, no download).
+**Enough documents** (issue #38): at 8 documents a true +15% growth was decided 0.3% of the time.
+The text is the whole standard library (``code``: one document per top-level module), and the
+longest prefix is the longest that at least ``documents`` (32) modules reach with their targets —
+there are many more modules past 8k tokens than past 23k — within the model's limit, and the first
+``documents`` of the modules that reach it (in the text's order) are used. :func:`reach` counts the
+modules that hold each prefix, and the finding records it. The eight longest
+modules (``code-long``) to the model's limit are a separate run (``wkvlab findings depth-long``),
+reported on its own: too few documents to decide anything but a very large change
+(:mod:`wkvlab.findings.depth_power` prints its power next to the main run's).
+
+**The reference sharpens with a longer prefix**: it predicts the targets better, and a sharper
+distribution can show a lower KLD for the same cache damage. The control: the reference's own mean
+NLL on the targets at each length (how much it sharpens), and the **sharpening-adjusted growth**
+``KLD(L) · NLL_ref(S) / NLL_ref(L) − KLD(S)``: the penalty at L per nat of the reference's NLL,
+brought to the shortest prefix's scale. (The reference NLL on the actual next token is the per-token
+measure of the reference's uncertainty the stored results keep; its mean is the cross-entropy.)
+
+**Decided**, by the one rule (:func:`wkvlab.stats.decide`): at the **longest prefix**, for every
+cache, the growth KLD(L) − KLD(S) and the sharpening-adjusted growth, one Holm family (a pre-declared
+primary contrast: the intermediate lengths are printed with intervals, not decided, so the family
+stays small enough for the design's power). Margin m: a share of the penalty at the shortest prefix
+(estimated on the same documents, its uncertainty inside the test), **5%** unless ``--margin`` says
+otherwise — the margin at which the design has ≥ 80% power for a +15% growth
+(:mod:`wkvlab.findings.depth_power`); *grows* / *shrinks* beyond ±m, *flat within ±m*, or
+*undecided*.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import numpy as np
@@ -31,23 +50,43 @@ import numpy as np
 from wkvlab.errors import DataError
 from wkvlab.stats import Interval, resample
 from wkvlab.stats.bootstrap import MIN_UNITS, Units
-from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import Effect, MarginRule, Verdict, decide
 
-DEPTH_DATA = "code-long"
-DEPTH_TARGET = 512
+DEPTH_DATA = "code"
+LONG_DATA = "code-long"
+DEPTH_TARGET = 2048
+DEPTH_SHORTEST = 512
+DEPTH_DOCUMENTS = 32  # at least this many documents reach the longest prefix (issue #38)
+LONG_DOCUMENTS = 8  # code-long has exactly eight
+DEPTH_MARGIN = "5%"  # of the penalty at the shortest prefix: see the module docstring and depth_power
 MIN_LENGTHS = 4
 GROWTH_WORDS = ("grows", "shrinks", "flat within ±m")
+FAMILY = "depth: growth at the longest prefix, raw and sharpening-adjusted, every cache"
 
 
-def prefix_lengths(target: int, longest: int) -> tuple[int, ...]:
-    """``target, 2·target, 4·target, …`` below ``longest``, then ``longest`` itself."""
-    if longest < target:
-        raise DataError(f"no prefix of {target} tokens fits (at most {longest}); lower the target or use a longer model context")
-    lengths, length = [], target
+def prefix_lengths(shortest: int, longest: int) -> tuple[int, ...]:
+    """``shortest, 2·shortest, 4·shortest, …`` below ``longest``, then ``longest`` itself."""
+    if longest < shortest:
+        raise DataError(f"no prefix of {shortest} tokens fits (at most {longest}); lower the target or use a longer model context")
+    lengths, length = [], shortest
     while length < longest:
         lengths.append(length)
         length *= 2
     return (*lengths, longest)
+
+
+def reach(document_tokens: list[int], target: int, lengths=(1024, 2048, 4096, 8192, 16384, 32768)) -> dict[int, int]:
+    """How many documents hold each prefix length plus ``target`` tokens (what the finding records)."""
+    return {length: sum(n >= length + target for n in document_tokens) for length in lengths}
+
+
+def longest_reached(document_tokens: list[int], target: int, documents: int, limit: int) -> int:
+    """The longest prefix that at least ``documents`` documents reach with their ``target`` tokens, within ``limit``
+    tokens of window (prefix + target)."""
+    if len(document_tokens) < documents:
+        raise DataError(f"the text has {len(document_tokens)} documents, fewer than the {documents} the depth design needs")
+    kth = sorted(document_tokens, reverse=True)[documents - 1]
+    return min(kth, limit) - target
 
 
 def identical_token_windows(documents: list, lengths: tuple[int, ...], target: int, bos_id: int | None) -> dict[int, "WindowSet"]:
@@ -70,9 +109,14 @@ def identical_token_windows(documents: list, lengths: tuple[int, ...], target: i
     return out
 
 
+def _optional(interval: Interval | None):
+    return interval.to_dict() if interval else None
+
+
 @dataclass(frozen=True)
 class DepthRow:
-    """One cache at one prefix length: its penalty on the target tokens, and the growth from the shortest prefix."""
+    """One cache at one prefix length: its penalty on the target tokens, the growth from the shortest prefix, raw and
+    adjusted for the reference's sharpening; verdicts at the longest prefix only (the decided contrast)."""
 
     kv: str
     length: int
@@ -80,48 +124,82 @@ class DepthRow:
     penalty: Interval
     growth: Interval | None  # penalty(L) − penalty(shortest), paired by document (None at the shortest)
     relative: Interval | None  # penalty(L) / penalty(shortest) − 1
-    verdict: Verdict | None = None
+    verdict: Verdict | None = None  # on growth, at the longest prefix
+    adjusted: Interval | None = None  # penalty(L) · NLL_ref(S) / NLL_ref(L) − penalty(S)
+    adjusted_verdict: Verdict | None = None
+    reference: Interval | None = None  # the reference's mean NLL on the targets at this length
+    sharpening: Interval | None = None  # NLL_ref(L) / NLL_ref(S) − 1
 
     def to_dict(self) -> dict:
         return {"kv": self.kv, "length": self.length, "tokens": self.tokens, "penalty": self.penalty.to_dict(),
-                "growth": self.growth.to_dict() if self.growth else None, "relative": self.relative.to_dict() if self.relative else None,
-                "verdict": self.verdict.word if self.verdict else None, "decision": self.verdict.to_dict() if self.verdict else None}
+                "growth": _optional(self.growth), "relative": _optional(self.relative),
+                "verdict": self.verdict.word if self.verdict else None, "decision": self.verdict.to_dict() if self.verdict else None,
+                "adjusted": _optional(self.adjusted), "adjusted_decision": self.adjusted_verdict.to_dict() if self.adjusted_verdict else None,
+                "reference": _optional(self.reference), "sharpening": _optional(self.sharpening)}
 
 
-def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[DepthRow]:
+def depth_table(kld: Mapping[str, Mapping[int, np.ndarray]], nll_ref: Mapping[int, np.ndarray], units: Units, *,
+                margin="5%", tokens: int | None = None) -> list[DepthRow]:
+    """The rows from per-token arrays on the same tokens: ``kld[kv][length]`` and the reference's ``nll_ref[length]``,
+    aligned with ``units`` (the documents). Decides the longest prefix against the shortest, raw and adjusted, one family."""
+    rule = MarginRule.parse(margin)
+    lengths = sorted(nll_ref)
+    first, last = lengths[0], lengths[-1]
+    n_tokens = int(np.size(units.labels)) if tokens is None else tokens
+    ref = {f"N{length}": np.asarray(nll_ref[length], dtype=np.float64) for length in lengths}
+    reference = {length: resample(lambda m, n=f"N{length}": m[n], ref, units).interval() for length in lengths}
+    sharpening = {length: resample(lambda m, n=f"N{length}": m[n] / m[f"N{first}"] - 1.0, ref, units).interval()
+                  for length in lengths[1:]}
+    rows, effects = [], []
+    for kv, cells in kld.items():
+        arrays = {**ref, **{f"K{length}": np.asarray(cells[length], dtype=np.float64) for length in lengths}}
+        base, nbase = f"K{first}", f"N{first}"
+        baseline = resample(lambda m: m[base], arrays, units)
+        for length in lengths:
+            k, n = f"K{length}", f"N{length}"
+            row = DepthRow(kv, length, n_tokens, baseline.interval() if length == first else resample(lambda m: m[k], arrays, units).interval(),
+                           None, None, reference=reference[length], sharpening=sharpening.get(length))
+            if length != first:
+                growth = resample(lambda m: m[k] - m[base], arrays, units)
+                adjusted = resample(lambda m: m[k] * m[nbase] / m[n] - m[base], arrays, units)
+                relative = resample(lambda m: m[k] / m[base] - 1.0, arrays, units).interval()
+                row = replace(row, growth=growth.interval(), relative=relative, adjusted=adjusted.interval())
+                if length == last:
+                    m = rule.difference(baseline.estimate, f"the penalty at prefix {first}", "nats")
+                    effects.append((len(rows), "verdict", Effect(f"{kv}: prefix {length} − prefix {first}", growth, m, n_tokens,
+                                                                 GROWTH_WORDS, margin_draws=baseline)))
+                    effects.append((len(rows), "adjusted_verdict", Effect(f"{kv}: prefix {length} − prefix {first}, adjusted for the "
+                                                                          "reference's sharpening", adjusted, m, n_tokens, GROWTH_WORDS,
+                                                                          margin_draws=baseline)))
+            rows.append(row)
+    verdicts = decide([e for *_, e in effects], family=FAMILY)
+    for (i, name, _), v in zip(effects, verdicts):
+        rows[i] = replace(rows[i], **{name: v})
+    return rows
+
+
+def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, margin=DEPTH_MARGIN, n_resamples: int | None = None) -> list[DepthRow]:
     """``results[length][kv]``: each cache's result on :func:`identical_token_windows` (same documents, same targets)."""
+    del n_resamples  # the rule's interval is analytic (wkvlab.stats.skewt)
     lengths = sorted(results)
     if len(lengths) < MIN_LENGTHS:
         raise DataError(f"depth needs at least {MIN_LENGTHS} prefix lengths, got {len(lengths)}")
     first = lengths[0]
-    rows, effects = [], []
-    for kv in results[first]:
-        cells = {length: results[length][kv] for length in lengths}
-        units = cells[first].arrays.window  # one window per document: the same targets after each prefix
-        doc_units = Units(units, "documents")
-        for length, r in cells.items():
+    some = next(iter(results[first].values()))
+    units = some.arrays.window  # one window per document: the same targets after each prefix
+    for length in lengths:
+        for kv, r in results[length].items():
             if r.arrays.kld.shape != units.shape or not np.array_equal(r.arrays.window, units):
                 raise DataError(f"{kv} at prefix {length} was not scored on the same documents and targets as at prefix {first}")
-        arrays = {f"L{length}": r.arrays.kld for length, r in cells.items()}
-        base = f"L{first}"
-        for length in lengths:
-            name = f"L{length}"
-            penalty = resample(lambda m, n=name: m[n], arrays, doc_units, n_resamples=n_resamples).interval()
-            growth = relative = None
-            if length != first:
-                draws = resample(lambda m, n=name: m[n] - m[base], arrays, doc_units, n_resamples=n_resamples)
-                growth = draws.interval()
-                relative = resample(lambda m, n=name: m[n] / m[base] - 1.0, arrays, doc_units, n_resamples=n_resamples).interval()
-                effects.append((len(rows), Effect(f"{kv}: prefix {length} − prefix {first}", draws,
-                                                  MarginRule.parse(margin).difference(float(cells[first].arrays.kld.mean()),
-                                                                                      f"the penalty at prefix {first}", "nats"), int(units.size), GROWTH_WORDS)))
-            rows.append(DepthRow(kv, length, int(units.size), penalty, growth, relative))
-    verdicts = decide([e for _, e in effects], family="depth: every cache × prefix length against the shortest")
-    from dataclasses import replace
+    kld = {kv: {length: results[length][kv].arrays.kld for length in lengths} for kv in results[first]}
+    nll = {length: next(iter(results[length].values())).arrays.nll_ref for length in lengths}
+    return depth_table(kld, nll, Units(units, "documents"), margin=margin)
 
-    for (i, _), v in zip(effects, verdicts):
-        rows[i] = replace(rows[i], verdict=v)
-    return rows
+
+def per_document(values: np.ndarray, units: np.ndarray) -> list[float]:
+    """Mean of ``values`` per document (sorted labels): what a later analysis can re-decide from."""
+    labels, inverse = np.unique(units, return_inverse=True)
+    return (np.bincount(inverse, weights=values) / np.bincount(inverse)).tolist()
 
 
 @dataclass
@@ -134,11 +212,16 @@ class DepthFinding:
     rows: list[DepthRow]
     seconds: float = 0.0
     notes: list = field(default_factory=list)
+    reach: dict = field(default_factory=dict)  # prefix length -> documents long enough for it and the targets
+    minimum: int = 0  # the documents the design asks to reach the longest prefix
+    names: list = field(default_factory=list)  # the documents used
+    per_document: dict = field(default_factory=dict)  # kv -> length -> mean KLD per document; "reference NLL" likewise
 
     def to_dict(self) -> dict:
         return {"design": "identical target tokens", "model": self.model, "data": self.data, "documents": self.documents,
                 "target": self.target, "lengths": list(self.lengths), "rows": [r.to_dict() for r in self.rows],
-                "seconds": self.seconds, "notes": self.notes}
+                "seconds": self.seconds, "notes": self.notes, "reach": {str(k): v for k, v in self.reach.items()},
+                "minimum_documents": self.minimum, "document_names": self.names, "per_document": self.per_document}
 
 
 def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]) -> dict[int, float]:
@@ -154,10 +237,11 @@ def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]
 
 
 def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGET, longest: int | None = None, data: str = DEPTH_DATA,
-                  documents: int = MIN_UNITS, progress=None, device: str = "auto", dtype: str = "auto", margin: float = DEFAULT_MARGIN,
-                  n_resamples: int = 2000) -> DepthFinding:
-    """Score each document's same ``target`` tokens after prefixes of increasing length, up to
-    ``longest`` (default: the model's context limit, or what the shortest document allows)."""
+                  documents: int = DEPTH_DOCUMENTS, shortest: int | None = None, progress=None, device: str = "auto", dtype: str = "auto",
+                  margin=DEPTH_MARGIN, n_resamples: int | None = None) -> DepthFinding:
+    """Score the same ``target`` tokens of every document long enough after prefixes of increasing length, from
+    ``shortest`` (default: 512, or the target if smaller) to the longest that at least ``documents`` documents reach
+    within the model's limit (or ``longest``)."""
     import time
     from contextlib import nullcontext
 
@@ -169,23 +253,32 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     from wkvlab.models.loading import load_model, resolve_device, resolve_dtype
     from wkvlab.weights.spec import WeightSpec
 
+    del n_resamples
+    if documents < MIN_UNITS:
+        raise DataError(f"the depth finding needs at least {MIN_UNITS} documents (the rule's minimum), got {documents}")
     started = time.perf_counter()
     corpus = load_corpus(data)
     if not corpus.documents:
         raise DataError(f"{corpus.name} is one text, not separate documents; the depth finding needs documents (use {DEPTH_DATA})")
     if len(corpus.documents) < documents:
-        raise DataError(f"{corpus.name} has {len(corpus.documents)} documents, fewer than the {documents} asked for")
+        raise DataError(f"{corpus.name} has {len(corpus.documents)} documents, fewer than the {documents} the depth design needs")
     resolved = resolve_device(device)
     loaded = load_model(model, device=resolved, dtype=resolve_dtype(dtype, resolved))
     tok = loaded.tokenizer
     bos = tok.bos_token_id if tokenizer_wants_bos(tok) else None
-    ids = [tokenize(tok, text) for text in corpus.documents[:documents]]
-    room = min(loaded.max_context - (bos is not None), min(d.numel() for d in ids)) - target
-    lengths = prefix_lengths(target, min(longest, room) if longest else room)
+    ids = [tokenize(tok, text) for text in corpus.documents]
+    sizes = [d.numel() for d in ids]
+    limit = loaded.max_context - (bos is not None)
+    if longest:
+        limit = min(limit, longest + target)
+    top = longest_reached(sizes, target, documents, limit)
+    lengths = prefix_lengths(shortest or min(target, DEPTH_SHORTEST), top)
     if len(lengths) < MIN_LENGTHS:
-        raise DataError(f"only {len(lengths)} prefix lengths fit ({', '.join(map(str, lengths))}); lower the target below {target} "
-                        f"or use a model with a longer context")
-    windows = identical_token_windows(ids, lengths, target, bos)
+        raise DataError(f"only {len(lengths)} prefix lengths fit ({', '.join(map(str, lengths))}) in the {documents} longest documents of "
+                        f"{corpus.name} and the model's {loaded.max_context:,} tokens; lower the target below {target}")
+    # the first `documents` (in the text's order) of those that reach the longest prefix: the size the power is shown at
+    chosen = [i for i, n in enumerate(sizes) if n >= top + target][:documents]
+    windows = identical_token_windows([ids[i] for i in chosen], lengths, target, bos)
     specs = [KVSpec.parse(k) for k in kvs]
     fingerprints = {"model_sha256": loaded.fingerprint, "data_sha256": corpus.sha256}
     from wkvlab.eval.chunks import auto_chunk, chunk_bounds
@@ -195,7 +288,7 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     chunks = {length: auto_chunk(vocab, w.ctx) for length, w in windows.items()}
     counts = {length: grid_steps(w, 1, len(specs), chunk=chunks[length]) for length, w in windows.items()}
     weights = step_weights(counts, {length: w.ctx / len(chunk_bounds(w.ctx, chunks[length])) for length, w in windows.items()})
-    bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(ids)} documents") \
+    bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(chosen)} documents") \
         if progress is not None else nullcontext(lambda _d, _n: None)
     results = {}
     with bar as tick, torch.no_grad():
@@ -204,8 +297,14 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
             grid = run_grid(loaded.model, win, [WeightSpec()], specs, model_name=loaded.name, data_name=f"{corpus.name}@prefix{length}",
                             fingerprints=fingerprints, progress=weighted)
             results[length] = {r.kv: r for r in grid}
-    rows = depth_rows(results, n_resamples=n_resamples, margin=margin)
-    return DepthFinding(loaded.name, corpus.name, len(ids), target, lengths, rows, time.perf_counter() - started)
+    rows = depth_rows(results, margin=margin)
+    units = next(iter(results[lengths[0]].values())).arrays.window  # one window per document
+    values = {kv: {str(length): per_document(results[length][kv].arrays.kld, units) for length in lengths} for kv in results[lengths[0]]}
+    values["reference NLL"] = {str(length): per_document(next(iter(results[length].values())).arrays.nll_ref, units) for length in lengths}
+    names = [corpus.documents[i].split("\n", 1)[0].removeprefix("# file: ") for i in chosen]
+    return DepthFinding(loaded.name, corpus.name, len(chosen), target, lengths, rows, time.perf_counter() - started,
+                        reach=reach(sizes, target), minimum=documents, names=names, per_document=values)
 
 
-__all__ = ["DepthFinding", "DepthRow", "depth_rows", "identical_token_windows", "measure_depth", "prefix_lengths", "step_weights"]
+__all__ = ["DepthFinding", "DepthRow", "depth_rows", "depth_table", "identical_token_windows", "longest_reached", "measure_depth",
+           "prefix_lengths", "reach", "step_weights"]

@@ -74,14 +74,18 @@ def check_size(name: str, model: str, *, ctx: int | None, tokens: int | None) ->
         search_grid(model, tokens=tokens, ctx=ctx)
     elif name == "engine":
         check_windows(ctx or ENGINE_CTX, tokens or ENGINE_TOKENS)
-    elif name == "depth":  # --tokens: target tokens per document; --ctx: the longest window (prefix + target)
+    elif name in ("depth", "depth-long"):  # --tokens: target tokens per document; --ctx: the longest window (prefix + target)
+        from wkvlab.findings.depth import DEPTH_SHORTEST, DEPTH_TARGET
+
         if tokens is not None and tokens < 16:
             raise ConfigError(f"--tokens {tokens} (the depth finding's target tokens per document) is too few; use 16 or more")
-        if ctx is not None and ctx < 5 * (tokens or 512):
-            raise ConfigError(f"--ctx {ctx} leaves fewer than 4 prefix lengths for {tokens or 512} target tokens; "
-                              f"use --ctx {5 * (tokens or 512)} or more, or a smaller --tokens")
+        target = tokens or DEPTH_TARGET
+        least = target + 4 * min(target, DEPTH_SHORTEST) + 1  # prefixes S, 2S, 4S and a longer one
+        if ctx is not None and ctx < least:
+            raise ConfigError(f"--ctx {ctx} leaves fewer than 4 prefix lengths for {target} target tokens; "
+                              f"use --ctx {least} or more, or a smaller --tokens")
     else:
-        size_for(model, tokens=tokens, ctx=ctx, depth=name == "depth")
+        size_for(model, tokens=tokens, ctx=ctx)
 
 
 def _spec(name: str, model: str, *, data: str = "default", ctx: int, tokens: int, weights, kv, calibration: CalibrationSpec | None = None,

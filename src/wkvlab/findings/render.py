@@ -160,24 +160,43 @@ def calibration_markdown(rows: list[CalibrationRow]) -> str:
 
 
 def identical_depth_markdown(data: dict) -> str:
-    """The depth finding on identical tokens (:meth:`wkvlab.findings.depth.DepthFinding.to_dict`)."""
+    """The depth finding on identical tokens (:meth:`wkvlab.findings.depth.DepthFinding.to_dict`): penalty, growth and the
+    sharpening-adjusted growth per cache and prefix, the reference's NLL (the control), verdicts at the longest prefix."""
     from wkvlab.stats.decision import Verdict
 
-    body = []
-    verdicts = []
+    def iv(r, key, spec):
+        return format(Interval.from_dict(r[key]), spec) if r.get(key) else "—"
+
+    def rel(r, key):
+        return format(percent(Interval.from_dict(r[key])), "+.1f") + " %" if r.get(key) else "—"
+
+    body, verdicts = [], []
     for r in data["rows"]:
-        v = Verdict.from_dict(r["decision"]) if r.get("decision") else None
-        verdicts.append(v)
-        growth = Interval.from_dict(r["growth"]) if r["growth"] else None
-        relative = Interval.from_dict(r["relative"]) if r["relative"] else None
-        body.append([r["kv"], f"{r['length']:,}", f"{r['tokens']:,}", format(Interval.from_dict(r["penalty"]), ".5f"),
-                     "—" if growth is None else format(growth, "+.5f"), "—" if relative is None else format(percent(relative), "+.1f") + " %",
-                     "—" if v is None else _decision(v)])
+        raw = Verdict.from_dict(r["decision"]) if r.get("decision") else None
+        adj = Verdict.from_dict(r["adjusted_decision"]) if r.get("adjusted_decision") else None
+        verdicts += [v for v in (raw, adj) if v is not None]
+        words = "—" if raw is None else f"raw: {_decision(raw)}" + (f"; adjusted: {_decision(adj)}" if adj else "")
+        body.append([r["kv"], f"{r['length']:,}", f"{r['tokens']:,}", iv(r, "penalty", ".5f"), iv(r, "growth", "+.5f"), rel(r, "relative"),
+                     iv(r, "adjusted", "+.5f"), iv(r, "reference", ".4f"), rel(r, "sharpening"), words])
     table = _table(["KV", "prefix tokens", "scored tokens", "penalty (KLD) [95%]", "minus the shortest prefix [raw 95%]",
-                    "relative growth [95%]", "verdict"], body)
+                    "relative growth [95%]", "adjusted for the reference's sharpening [95%]", "reference NLL [95%]",
+                    "reference NLL change [95%]", "verdict (longest prefix)"], body)
+    reach = data.get("reach") or {}
+    reached = ", ".join(f"{int(k):,}: {v}" for k, v in reach.items())
+    minimum = data.get("minimum_documents")
+    design = (f" The longest prefix is the longest that at least {minimum} documents reach with their targets within the model's "
+              f"limit, and the first {minimum} of those that reach it are used (documents holding each prefix plus the targets: {reached})."
+              if minimum else "")
     return (f"{data['model']}, unquantized weights: the same {data['target']} target tokens of each of {data['documents']} documents "
             f"({data['data']}) scored after prefixes of {', '.join(f'{n:,}' for n in data['lengths'])} tokens; documents resampled "
-            f"(paired across lengths); {data['seconds']:,.0f} s.\n\n" + table + _rule_note(verdicts, "documents"))
+            f"(paired across lengths); {data['seconds']:,.0f} s.{design}\n\n" + table
+            + ("\n\nDecided: at the longest prefix only (the pre-declared contrast; intermediate lengths are described by their "
+               "intervals), the growth and the growth adjusted for the reference's sharpening, KLD(L) · NLL_ref(S) / NLL_ref(L) − "
+               "KLD(S), every cache in one family; the reference NLL column is the control: a longer prefix that lowers it sharpens "
+               "the reference, which can lower the KLD without any change in the cache's damage. The margin is a share of the "
+               "penalty at the shortest prefix, estimated on the same documents (its uncertainty is inside the test)."
+               if verdicts and any(r.get("adjusted_decision") for r in data["rows"]) else "")
+            + _rule_note(verdicts, "documents"))
 
 
 def search_markdown(data: dict) -> str:
@@ -197,21 +216,34 @@ def search_markdown(data: dict) -> str:
                 continue
             v = r.verdicts.get(rival)
             name = f"{r.uniform_name} " if rival == "uniform" else ""
+            if rival in r.identical:
+                cells.append(f"{name}{getattr(r, rival):.5f}; the same plans as aware in every replicate: no test")
+                continue
             cells.append(f"{name}{getattr(r, rival):.5f}; {_iv(r.differences[rival], '+.5f')}"
                          + (f"; Holm {_iv(v.adjusted, '+.5f')} → {_decision(v)} (m ±{v.margin.value:.3g})" if v is not None else ""))
         spent = ", ".join(f"{k} {lo:,.0f}" + (f"–{hi:,.0f}" if hi != lo else "") for k, (lo, hi) in r.bytes.items())
         body.append([r.profile_text, f"{r.budget:,.0f} ({100 * r.share:.0f}%)", r.heldout_text, f"{r.aware:.5f}", *cells, spent])
     table = _table(["profiled on", "budget B/token (of 16-bit)", "held-out text", "aware plans KLD",
                     *(f"{k} KLD; aware − {k} [raw 95%]; Holm-adjusted → verdict" for k in RIVALS), "bytes/token spent"], body)
-    table += _rule_note((v for r in rows for v in r.verdicts.values()), unit="replicated profiles × held-out windows (two-stage)",
-                        margin_of="the rival's own KLD in that row")
+    by_document = data.get("version", 2) >= 3
+    unit = "replicated profiles × held-out documents (two-stage)" if by_document else "replicated profiles × held-out windows (two-stage)"
+    table += _rule_note((v for r in rows for v in r.verdicts.values()), unit=unit, margin_of="the rival's own KLD in that row")
+    table += "\n\n" + search_counts(rows) if by_document else ""
     replicates = rows[0].replicates if rows else 0
     curves = []
     for key, points in (data.get("curve") or {}).items():
         front = [p["name"] for p in points if p["front"]]
         curves.append([key, ", ".join(front)])
-    rho = _table(["profile text → held-out text", "Spearman (predicted vs held-out KLD, replicate 0)"],
-                 [[k, f"{v:.3f}"] for k, v in data["rank_correlation"].items()])
+    if by_document:
+        plans, by_bytes = data.get("distinct_plans") or {}, data.get("bytes_rank_correlation") or {}
+        rho = _table(["profile text → held-out text", "distinct plans", "Spearman: predicted vs held-out KLD (replicate 0)",
+                      "Spearman: bytes alone vs held-out KLD"],
+                     [[k, f"{plans.get(k, 0):,}", f"{v:.3f}", f"{by_bytes.get(k, float('nan')):.3f}"] for k, v in data["rank_correlation"].items()])
+        rho += ("\n\nThe same distinct plans (every plan of the finding, each once) ranked by the profile's predictor and by their bytes per "
+                "token alone (more bytes, lower KLD): what the predictor adds is the difference between the two.")
+    else:
+        rho = _table(["profile text → held-out text", "Spearman (predicted vs held-out KLD, replicate 0)"],
+                     [[k, f"{v:.3f}"] for k, v in data["rank_correlation"].items()])
     agree = _table(["per-layer delta", f"Spearman between {data.get('agreement_between') or 'the two profiles'}"],
                    [[k, f"{v:.3f}"] for k, v in data["layer_agreement"].items()])
     step = rows[0].step if rows else 0.0
@@ -219,13 +251,35 @@ def search_markdown(data: dict) -> str:
             f"on the unaware profile, the greedy allocator's mix on the same aware profile, random mixes) spends the budget within one layer-format step ({step:,.0f} B/token); a "
             "uniform format is compared only where it is within the stated tolerance of the budget. KLDs are means over "
             f"{replicates} replicated profiles, each on its own disjoint windows of the profile text (random mix r paired with "
-            "replicate r); intervals are the two-stage (profile × held-out window) studentized bootstrap. 'aware' allocates from "
+            f"replicate r); intervals are the two-stage (profile × held-out {'document' if by_document else 'window'}) studentized "
+            "bootstrap. 'aware' allocates from "
             "a profile measured under the quantized weights, 'unaware' from one with 16-bit weights (KVTuner-style profile, "
             "wkvlab's allocator), all evaluated under the quantized weights; 'kvtuner' is KVTuner's pair pruning, layer grouping and "
             "constrained search on the unaware profile, approximate because KVTuner's pruning and grouping code is unpublished "
             "(src/wkvlab/search/kvtuner.py; github.com/cmd2001/KVTuner@babe775). A finding stored before it has '—' there.\n\n"
             + _table(["profile text → held-out text", "on the Pareto front (memory vs held-out KLD, every budget and uniform)"], curves)
             + "\n\n" + rho + "\n\n" + agree)
+
+
+def search_counts(rows) -> str:
+    """Per rival: how many cells were tested (distinct plans), identical (not tested), and what was decided — "equivalent"
+    counted on distinct plans only — and in how many the adjusted interval excludes 0, on which side."""
+    from wkvlab.findings.search import RIVALS
+
+    body = []
+    for rival in RIVALS:
+        present = [r for r in rows if rival in r.differences]
+        if not present:
+            continue
+        tested = [r.verdicts[rival] for r in present if rival in r.verdicts]
+        count = lambda outcome: sum(v.outcome == outcome for v in tested)  # noqa: E731
+        higher = sum(v.adjusted.decided and v.adjusted.low > 0 for v in tested)
+        lower = sum(v.adjusted.decided and v.adjusted.high < 0 for v in tested)
+        body.append([rival, f"{len(present)}", f"{sum(rival in r.identical for r in present)}", f"{len(tested)}", f"{count('below')}",
+                     f"{count('above')}", f"{count('within')}", f"{count('undecided')}", f"{higher} / {lower}"])
+    return ("Counts over the cells (profile text × budget × held-out text):\n\n"
+            + _table(["rival", "cells", "same plans (no test)", "tested", "aware better", "aware worse", "equivalent within ±m",
+                      "undecided", "Holm-adjusted interval excludes 0: aware higher / lower"], body))
 
 
 def _search_unequal_memory(data: dict) -> str:

@@ -63,14 +63,15 @@ def _run_sweeps(specs, store: Path, progress: ProgressFactory) -> list[list]:
 
 def run_finding(name: str, *, model: str = "default", store: str | Path = "out/findings.db", tokens: int | None = None,
                 ctx: int | None = None, device: str = "auto", dtype: str = "auto", progress: ProgressFactory = _silent,
-                margin: float = DEFAULT_MARGIN) -> Finding:
+                margin=None) -> Finding:
     """Measure (or read back) one finding on ``model`` and analyse it (``ctx``/``tokens`` override its size);
-    ``margin``: the decision rule's m as a fraction of the cache's own (or the baseline's) KLD."""
+    ``margin``: the decision rule's ``--margin`` (None: each finding's default, 10% but for depth's pre-declared 5%)."""
     if name not in FINDINGS:
         raise ConfigError(f"unknown finding {name!r}; use one of {', '.join(FINDINGS)}")
+    stated, margin = margin, DEFAULT_MARGIN if margin is None else margin
     store = Path(store)
     # the grids' windows (search and engine have their own, checked where they are built)
-    sized = lambda: grids.size_for(model, tokens=tokens, ctx=ctx, depth=name == "depth")  # noqa: E731
+    sized = lambda: grids.size_for(model, tokens=tokens, ctx=ctx, depth=name.startswith("depth"))  # noqa: E731
     where = {"device": device, "dtype": dtype}
     started = time.perf_counter()
     if name in ("additivity", "methods"):
@@ -97,14 +98,17 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         by_text = {(s.calibration.data, s.data[0]): r for s, r in zip(specs, grids_out)}
         rows = analysis.calibration(by_text, margin=margin)
         markdown, data = render.calibration_markdown(rows), {"rows": [r.to_dict() for r in rows]}
-    elif name == "depth":
-        from wkvlab.findings.depth import DEPTH_TARGET, measure_depth
+    elif name in ("depth", "depth-long"):
+        from wkvlab.findings.depth import (DEPTH_DATA, DEPTH_DOCUMENTS, DEPTH_MARGIN, DEPTH_TARGET, LONG_DATA, LONG_DOCUMENTS,
+                                           measure_depth)
 
         # identical target tokens after prefixes of increasing length (findings/depth.py); --tokens: the target
-        # tokens per document, --ctx: the longest window (default: the model's limit)
+        # tokens per document, --ctx: the longest window (default: the model's limit); depth: the longest prefix at
+        # least 32 standard-library modules reach, depth-long: the eight longest modules to the model's limit
         target = tokens or DEPTH_TARGET
-        found = measure_depth(model, grids.DEPTH_KV, target=target, longest=(ctx - target) if ctx else None, progress=progress,
-                              margin=margin, **where)
+        data, documents = (DEPTH_DATA, DEPTH_DOCUMENTS) if name == "depth" else (LONG_DATA, LONG_DOCUMENTS)
+        found = measure_depth(model, grids.DEPTH_KV, target=target, longest=(ctx - target) if ctx else None, data=data,
+                              documents=documents, progress=progress, margin=DEPTH_MARGIN if stated is None else stated, **where)
         data = found.to_dict()
         markdown = render.identical_depth_markdown(data)
     elif name == "search":

@@ -16,11 +16,24 @@ the quantized weights. Every comparison is made **at equal memory** (issue #24 i
   search over the groups), approximated on each replicate's 16-bit-weight profile
   (:mod:`wkvlab.search.kvtuner`: its pruning and grouping code is unpublished, the rest follows
   github.com/cmd2001/KVTuner@babe775 ``search_optuna_adaptive.py``) and filled to the budget;
+* the held-out windows are **spread over documents** — one window from each of the first documents
+  of the text that hold one (:func:`wkvlab.data.windows.make_document_windows`), the same windows
+  for every plan — and the **document** is the unit: each plan's held-out KLD is averaged per
+  document, because windows of one document share its difficulty (16 consecutive windows of a
+  stream come from a handful of documents, and resampling them as independent units under-covers:
+  issue #38 simulated 16 windows from 4 documents and the 95% interval missed 17.8–23.2%);
 * the profile is replicated: ``replicates`` (≥ 5) profiles per profile text, each on its own
-  disjoint windows of the text, each giving its own plans; the held-out windows (after every
-  profile window, the same for every plan) are shared. Differences are decided from the two-stage
-  (profile × window) bootstrap (:func:`wkvlab.stats.twostage.two_stage`), so the profile's own
-  variation is in every interval; random mix *r* is paired with replicate *r*.
+  disjoint windows cut from the documents no held-out window touches, each giving its own plans.
+  Differences are decided from the two-stage (profile × document) bootstrap
+  (:func:`wkvlab.stats.twostage.two_stage`), so the profile's own variation is in every interval;
+  random mix *r* is paired with replicate *r*;
+* a rival whose plans are the aware plans in every replicate (the greedy mix often is; every plan at
+  the smallest budget is) is **not tested**: its difference is exactly 0, which says the two
+  procedures chose the same plan, not that two different plans are equivalent. The row says
+  "same plans", and "equivalent" is only ever counted on distinct plans;
+* the predictor's rank correlation (Spearman of predicted vs held-out KLD over the distinct plans)
+  is printed next to the same plans ranked by their bytes alone: at equal-memory budgets a plan's
+  bytes already order most of them, and only the gap between the two is the profile's contribution.
 
 Every verdict goes through the one decision rule (:func:`wkvlab.stats.decision.decide`: margin,
 Holm over the finding's family). Profiles and held-out scores are cached on disk by content, so an
@@ -39,7 +52,9 @@ from wkvlab.stats import Interval
 
 Tick = Callable[[str, float], None]
 
-VERSION = 2  # 1: one profile per text, "best fitting uniform" at or under the budget (unequal memory)
+# 1: one profile per text, "best fitting uniform" at or under the budget (unequal memory); 2: held-out windows of a stream,
+# resampled as windows; 3: held-out windows spread over documents, resampled by document, identical plans not tested
+VERSION = 3
 RIVALS = ("unaware", "kvtuner", "greedy", "random", "uniform")
 
 
@@ -84,6 +99,8 @@ class PlanRow:
     bytes: dict = field(default_factory=dict)
     differences: dict = field(default_factory=dict)  # rival -> Interval
     verdicts: dict = field(default_factory=dict)  # rival -> Verdict (the one rule, Holm over the finding)
+    identical: tuple = ()  # rivals whose plans are the aware ones in every replicate: no test (a zero is no evidence)
+    per_document: dict = field(default_factory=dict)  # kind -> [replicate][document] mean held-out KLD (re-decidable)
 
     @property
     def aware_minus_unaware(self) -> Interval | None:
@@ -99,21 +116,25 @@ class PlanRow:
         diffs = {k: v.to_dict() for k, v in self.differences.items()}
         return {**{k: getattr(self, k) for k in plain}, "bytes": {k: list(v) for k, v in self.bytes.items()},
                 "differences": diffs, "aware_minus_unaware": diffs.get("unaware"), "aware_minus_uniform": diffs.get("uniform"),
-                "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}}
+                "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}, "identical": list(self.identical),
+                "per_document": self.per_document}
 
 
 @dataclass
 class SearchFinding:
     rows: list[PlanRow]
-    rank_correlation: dict  # "profile text -> held-out text" -> Spearman of predicted vs held-out KLD (replicate 0)
+    rank_correlation: dict  # "profile text -> held-out text" -> Spearman of predicted vs held-out KLD (replicate 0, distinct plans)
     layer_agreement: dict  # format -> Spearman of two profiles' per-layer deltas (weight-aware)
     plans: dict  # "profile text / replicate / kind / share" -> per-layer choice labels
     profile_seconds: dict = field(default_factory=dict)
     curve: dict = field(default_factory=dict)  # "profile text -> held-out text" -> points (name, kind, share, bytes, kld, front)
     agreement_between: str = ""
+    bytes_rank_correlation: dict = field(default_factory=dict)  # the same plans ranked by their bytes alone (more bytes, lower KLD)
+    distinct_plans: dict = field(default_factory=dict)  # how many distinct plans each correlation ranks
 
     def to_dict(self) -> dict:
         return {"version": VERSION, "rows": [r.to_dict() for r in self.rows], "rank_correlation": self.rank_correlation,
+                "bytes_rank_correlation": self.bytes_rank_correlation, "distinct_plans": self.distinct_plans,
                 "layer_agreement": self.layer_agreement, "agreement_between": self.agreement_between, "plans": self.plans,
                 "profile_seconds": self.profile_seconds, "curve": self.curve}
 
@@ -150,10 +171,17 @@ def _cached_score(path_key: dict, score_fn):
     return score
 
 
-def window_means(score) -> np.ndarray:
-    """Mean KLD of each held-out window (window ids in sorted order)."""
-    _, inverse = np.unique(score.windows, return_inverse=True)
-    return np.bincount(inverse, weights=score.per_token) / np.bincount(inverse)
+def rank_correlations(plans: dict, predict, measured: dict, plan_bytes) -> tuple[float, float, int]:
+    """(Spearman of predicted vs measured KLD, Spearman of −bytes vs measured KLD, distinct plans) over ``plans``
+    (name → per-layer plan), each distinct plan once (the first name that has it): two names for one plan are one point."""
+    from wkvlab.search.predict import spearman
+
+    first = {}
+    for name, plan in plans.items():
+        first.setdefault(plan, name)
+    names = list(first.values())
+    kld = [measured[k] for k in names]
+    return (spearman([predict(plans[k]) for k in names], kld), spearman([-plan_bytes(plans[k]) for k in names], kld), len(names))
 
 
 def measure_search(model: str, grid: SearchGrid, *, progress=None, device: str = "auto", dtype: str = "auto",
@@ -174,28 +202,57 @@ def measure_search(model: str, grid: SearchGrid, *, progress=None, device: str =
 
 
 def _windows(grid: SearchGrid, texts, tok, bos):
-    """Per text: ``replicates`` disjoint profile window sets, then the held-out windows after all of them."""
+    """Per text: the held-out windows, spread one per document over the first documents that hold one (the units
+    intervals resample), then ``replicates`` disjoint profile window sets cut from the documents no held-out window
+    touches — so no profile sees a held-out document — and how many tokens of the text they reach."""
     from wkvlab.data import load_corpus, make_windows, tokenize
+    from wkvlab.data.windows import make_document_windows
     from wkvlab.errors import DataError
+    from wkvlab.stats.bootstrap import MIN_UNITS
 
     body = grid.ctx - (1 if bos is not None else 0)
     per_profile = max(1, grid.profile_tokens // grid.ctx)
     corpora, profile_windows, heldout_windows, used = {}, {}, {}, {}
     for text in texts:
         corpus = load_corpus(text)
-        ids = tokenize(tok, corpus.text)
-        needed = (grid.replicates * per_profile + max(1, grid.heldout_tokens // grid.ctx)) * body
+        if not corpus.documents:
+            raise DataError(f"{corpus.name} is one stream; the search finding's held-out windows are spread over documents "
+                            "(an embedded text, or a .jsonl file of records)")
+        docs = [tokenize(tok, d) for d in corpus.documents]
+        held = make_document_windows(docs, ctx=grid.ctx, n_tokens=grid.heldout_tokens, bos_id=bos)
+        distinct = len(set(held.documents))
+        if distinct < MIN_UNITS:
+            raise DataError(f"the held-out windows of {corpus.name} cover {distinct} documents, fewer than the {MIN_UNITS} an interval "
+                            "needs; use a smaller --ctx")
+        touched = set(held.documents)
+        needed = grid.replicates * per_profile * body
+        stream, last = [], max(touched)
+        for d, ids in enumerate(docs):
+            if d not in touched and sum(x.numel() for x in stream) < needed:
+                stream.append(ids)
+                last = max(last, d)
+        import torch
+
+        ids = torch.cat(stream) if stream else torch.zeros(0, dtype=torch.long)
         if ids.numel() < needed:
-            raise DataError(f"{corpus.name} has {ids.numel():,} tokens, too few for {grid.replicates} profiles and the held-out "
-                            f"windows of the search finding ({needed:,}); lower --tokens")
+            raise DataError(f"{corpus.name} has {ids.numel():,} tokens outside the held-out documents, too few for {grid.replicates} "
+                            f"profiles of the search finding ({needed:,}); lower --tokens")
         start, sets = 0, []
         for _ in range(grid.replicates):
             sets.append(make_windows(ids[start:], ctx=grid.ctx, n_tokens=grid.profile_tokens, bos_id=bos))
             start += sets[-1].n_windows * body
-        corpora[text], profile_windows[text] = corpus, sets
-        heldout_windows[text] = make_windows(ids[start:], ctx=grid.ctx, n_tokens=grid.heldout_tokens, bos_id=bos)
-        used[text] = start + heldout_windows[text].n_windows * body
+        corpora[text], profile_windows[text], heldout_windows[text] = corpus, sets, held
+        end = sum(len(t) for t in corpus.documents[: last + 1]) + 2 * last  # joined by blank lines
+        used[text] = tokenize(tok, corpus.text[:end]).numel()  # calibration comes from after every window
     return corpora, profile_windows, heldout_windows, used
+
+
+def document_means(score, documents) -> np.ndarray:
+    """Mean KLD of each held-out document (sorted document order): the unit intervals resample (issue #38: windows of one
+    document share its difficulty, and resampling them as independent under-covers)."""
+    owner = np.asarray(documents)[np.asarray(score.windows, dtype=np.int64)]
+    _, inverse = np.unique(owner, return_inverse=True)
+    return np.bincount(inverse, weights=score.per_token) / np.bincount(inverse)
 
 
 def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, device: str, dtype: str,
@@ -319,32 +376,40 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
             if uni is not None:
                 names["uniform"] = [f"uniform {uni_name}"] * R
                 spent["uniform"] = (plan_bytes(uniforms[uni_name]),) * 2
+            same = {k: all(configs[a] == configs[b] for a, b in zip(names["aware"], v)) for k, v in names.items() if k != "aware"}
             for held in grid.heldout_texts:
-                per = {k: np.stack([window_means(scores[(held, x)]) for x in v]) for k, v in names.items()}
+                owners = heldout_windows[held].documents
+                per = {k: np.stack([document_means(scores[(held, x)], owners) for x in v]) for k, v in names.items()}
                 kld = {k: float(np.mean([scores[(held, x)].kld for x in v])) for k, v in names.items()}
                 tokens = scores[(held, names["aware"][0])].tokens
                 diffs, mine = {}, {}
                 for rival in RIVALS:
                     if rival not in per:
                         continue
-                    draws = two_stage(per["aware"] - per[rival])
+                    draws = replace(two_stage(per["aware"] - per[rival]), unit="documents")
                     diffs[rival] = draws.interval()
+                    if same[rival]:  # the same plans in every replicate: a difference of exactly 0 is no evidence of anything
+                        continue
                     label = (f"uniform {uni_name}" if rival == "uniform" else "random mixes" if rival == "random"
                              else "KVTuner's rule (approx.)" if rival == "kvtuner" else f"the {rival} plans")
                     mine[rival] = len(effects)
                     effects.append(Effect(f"{text}/{share:.0%}/{held}: aware − {label}", draws,
                                           MarginRule.parse(margin).difference(kld[rival], f"KLD of {label}", "nats"), tokens, SEARCH_WORDS))
                 rows.append((PlanRow(text, budget, share, held, kld["aware"], kld["unaware"], uni_name, kld.get("uniform", float("nan")),
-                                     tokens, R, kld["greedy"], kld["random"], step, kld["kvtuner"], spent, diffs), mine))
+                                     tokens, R, kld["greedy"], kld["random"], step, kld["kvtuner"], spent, diffs,
+                                     identical=tuple(k for k in RIVALS if same.get(k) and k in per),
+                                     per_document={k: [[float(f"{x:.6g}") for x in row] for row in v] for k, v in per.items()}), mine))
     verdicts = decide(effects, family="search finding: every aware − rival difference at equal memory")
     rows = [replace(row, verdicts={k: verdicts[i] for k, i in mine.items()}) for row, mine in rows]
 
-    rho, curve = {}, {}
+    rho, curve, by_bytes, distinct = {}, {}, {}, {}
     for text in grid.profile_texts:
         p = predictors[(text, 0, "aware")]
         for held in grid.heldout_texts:
             mine = [k for k in configs if not k.split("/")[0] in grid.profile_texts or k.startswith(f"{text}/")]
-            rho[f"{text} -> {held}"] = spearman([p.predict(configs[k]) for k in mine], [scores[(held, k)].kld for k in mine])
+            key = f"{text} -> {held}"
+            rho[key], by_bytes[key], distinct[key] = rank_correlations({k: configs[k] for k in mine}, p.predict,
+                                                                      {k: scores[(held, k)].kld for k in mine}, plan_bytes)
             points = [(f"uniform {k}", "uniform", plan_bytes(v) / fp16_bytes, plan_bytes(v), scores[(held, f"uniform {k}")].kld)
                       for k, v in uniforms.items()]
             for share in grid.budgets:
@@ -364,7 +429,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
         for fmt in getattr(first, deltas):
             agreement[f"{side} {fmt}"] = spearman(list(getattr(first, deltas)[fmt]), list(getattr(second, deltas)[fmt]))
     labels = {name_of(*key): [choice_label(c) for c in plan] for key, plan in plans.items()}
-    return SearchFinding(rows, rho, agreement, labels, seconds, curve, between)
+    return SearchFinding(rows, rho, agreement, labels, seconds, curve, between, by_bytes, distinct)
 
 
 def search_rows_from_dict(data: dict) -> list[PlanRow]:
@@ -376,7 +441,8 @@ def search_rows_from_dict(data: dict) -> list[PlanRow]:
     return [PlanRow(**{k: (float("nan") if r[k] is None else r[k]) for k in plain if k in r},
                     bytes={k: tuple(v) for k, v in (r.get("bytes") or {}).items()},
                     differences={k: Interval.from_dict(v) for k, v in (r.get("differences") or {}).items()},
-                    verdicts={k: Verdict.from_dict(v) for k, v in (r.get("verdicts") or {}).items()})
+                    verdicts={k: Verdict.from_dict(v) for k, v in (r.get("verdicts") or {}).items()},
+                    identical=tuple(r.get("identical") or ()), per_document=r.get("per_document") or {})
             for r in data["rows"]]
 
 

@@ -24,6 +24,7 @@ TITLES = {
     "attention": "Where the cross term sits inside attention: score-error terms, sinks, layers",
     "calibration": "Calibration domain: KLD by calibration text and evaluation text",
     "depth": "Depth: KV penalty on the same tokens after longer prefixes (stores before issue #24: position buckets, content-confounded)",
+    "depth-long": "Depth on the eight longest standard-library modules, to the model's limit (too few documents for a small change)",
     "search": "Weight-aware vs weight-unaware per-layer KV plans",
     "engine": "Engine confirmation: llama.cpp's own KLD next to the presets",
 }
@@ -198,7 +199,10 @@ def _identical_depth(f: StoredFinding, cid: str):
                *_interval_columns("penalty", lambda r: r["penalty"]),
                *_interval_columns("minus the shortest prefix", lambda r: r["growth"]),
                *_interval_columns("relative growth", lambda r: r["relative"]),
-               Column("verdict", lambda r: _decision(r) if r.get("decision") else "—"))
+               *_interval_columns("adjusted for the reference's sharpening", lambda r: r.get("adjusted")),
+               *_interval_columns("reference NLL change", lambda r: r.get("sharpening")),
+               Column("verdict", lambda r: _decision(r) if r.get("decision") else "—"),
+               Column("verdict, adjusted", lambda r: _decision(r["adjusted_decision"]) if r.get("adjusted_decision") else "—"))
     groups = _grouped(rows, lambda r: r["kv"], lambda r: (f"{r['length']:,}", r["penalty"]))
     chart = _interval_chart(cid, f"KV penalty on the same tokens after longer prefixes — {f.model}", "penalty (KLD)", groups,
                             f"The same {f.data['target']} target tokens of {f.data['documents']} documents; bars: 95% interval, "
@@ -224,7 +228,8 @@ def _search(f: StoredFinding, cid: str):
                       lambda r: (f"{100 * r['share']:.0f}% of 16-bit", r["aware_minus_unaware"]))
     chart = _interval_chart(cid, f"Weight-aware minus weight-unaware plan — {f.model}", "held-out KLD difference", groups,
                             "Below 0: the weight-aware plan's held-out KLD is lower (described; the verdicts, with margin and Holm family, are the "
-                            "table's). Bars: 95% interval, held-out windows resampled (and, in findings "
+                            "table's). Bars: 95% interval, held-out "
+                            + ("documents" if f.data.get("version", 2) >= 3 else "windows") + " resampled (and, in findings "
                             "stored with replicated profiles, the profiles too: two-stage). Every rival at the same budget.")
     return columns, rows, (chart,)
 
@@ -243,8 +248,8 @@ def _engine(f: StoredFinding, cid: str):
     return columns, rows, (chart,)
 
 
-BUILDERS = {"additivity": _additivity, "methods": _methods, "attention": _attention, "calibration": _calibration, "depth": _depth, "search": _search,
-            "engine": _engine}
+BUILDERS = {"additivity": _additivity, "methods": _methods, "attention": _attention, "calibration": _calibration, "depth": _depth,
+            "depth-long": _depth, "search": _search, "engine": _engine}
 
 
 def _slug(text: str) -> str:
