@@ -13,7 +13,9 @@ average (/proc/loadavg) every few seconds while both run: the record keeps the c
 the date, each phase's wall time and the load's minimum, median and maximum over the run (the README's
 ranges must include runs on a loaded machine, so the load during the run is the number that matters, not
 the load before it). The record is appended to ``docs/runs/readme-times.json``; the README's sentences
-between ``<!-- readme-times: TARGET -->`` and ``<!-- /readme-times -->`` are its rendering.
+between ``<!-- readme-times: TARGET -->`` and ``<!-- /readme-times -->`` are its rendering. Runs measured
+before this script existed are in the record too, with the load noted before and after them
+(``"sampled": false``) and what they ran next to.
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ class LoadSampler:
 
     def summary(self) -> dict:
         return {"min": min(self.samples), "median": round(statistics.median(self.samples), 2),
-                "max": max(self.samples), "samples": len(self.samples), "every_s": self.period}
+                "max": max(self.samples), "samples": len(self.samples), "every_s": self.period, "sampled": True}
 
 
 def timed(command: list[str], cwd: Path, log) -> tuple[float, int]:
@@ -107,7 +109,7 @@ def run(target: str, repo: Path, rev: str, keep: bool) -> dict:
     if rc2 != 0:
         record["log_tail"] = text[-2000:]
     if keep:
-        record["log"] = str(log_path)
+        print(f"readme_times: the clone and its make log are in {folder}", file=sys.stderr)
     else:
         shutil.rmtree(folder, ignore_errors=True)
     return record
@@ -128,27 +130,38 @@ def clock(seconds: float) -> str:
 
 
 def load_text(load: dict) -> str:
-    return f"{load['min']:.1f}" if load["min"] == load["max"] else f"{load['min']:.1f}–{load['max']:.1f}"
+    """Sampled during the run: its range and median; an older run noted by hand: the load before → after."""
+    if not load.get("sampled", True):
+        return f"{load['min']:.1f} before, {load['max']:.1f} after"
+    return f"{load['min']:.1f}–{load['max']:.1f}, median {load['median']:.1f}"
+
+
+def _run_text(r: dict) -> str:
+    """``25:13 at load 1.7–15.7, median 12.2 (df4893c, next to ...; install 3:03 of it)``."""
+    facts = [r["commit"]] + ([f"next to {r['next_to']}"] if r.get("next_to") else [])
+    install = f"; install {clock(r['install_s'])} of it" if r.get("install_s") else ""
+    return f"{clock(r['wall_s'])} at load {load_text(r['load'])} ({', '.join(facts)}{install})"
 
 
 def sentence(target: str, runs: list[dict]) -> str:
-    """The README's sentence for one target: the range over every successful recorded run, each run's load."""
+    """The README's sentence for one target: the range over every successful recorded run, its two ends with
+    their load, and where the rest are."""
     done = sorted((r for r in runs if r["target"] == target and r["returncode"] == 0), key=lambda r: r["wall_s"])
     if not done:
         raise SystemExit(f"readme_times: no successful `make {target}` in {RECORD.relative_to(ROOT)}; "
                          f"record one with `python scripts/readme_times.py run {target}`")
-    low, high = done[0]["wall_s"], done[-1]["wall_s"]
-    span = f"{int(low // 60)}–{int(-(-high // 60))} minutes" if int(low // 60) != int(-(-high // 60)) else clock(low)
-    each = "; ".join(f"{clock(r['wall_s'])} at load {load_text(r['load'])} ({r['commit']}, {r['date']}"
-                     f"{', install ' + clock(r['install_s']) if r['install_s'] >= 1 else ''}"
-                     f"{', pytest ' + r['pytest'] if r.get('pytest') else ''})" for r in done)
+    low, high = int(done[0]["wall_s"] // 60), int(-(-done[-1]["wall_s"] // 60))
+    span = f"{low}–{high} minutes" if high > low + 1 else f"about {clock(done[-1]['wall_s'])}"
+    ends = [done[0]] + ([done[-1]] if len(done) > 1 else [])
     loaded = [r for r in done if r["load"]["max"] >= LOADED]
     note = "" if loaded else f" No recorded run yet had a load of {LOADED:g} or more."
-    return (f"From a fresh clone on a {done[0]['cores']}-core machine it took {span} "
-            f"({len(done)} runs recorded by `scripts/readme_times.py`, load sampled during each: {each}).{note}")
+    return (f"From a fresh clone on a {done[0]['cores']}-core machine it took {span}: "
+            f"{' to '.join(_run_text(r) for r in ends)}. Every run, with its date, commit and load, is in "
+            f"docs/runs/readme-times.json ({len(done)} runs; `python scripts/readme_times.py run {target}` "
+            f"adds one, sampling the load during it, and rewrites this sentence).{note}")
 
 
-BLOCK = re.compile(r"(<!-- readme-times: (\w+) -->\n)(.*?)(\n<!-- /readme-times -->)", re.S)
+BLOCK = re.compile(r"(<!-- readme-times: (\w+) -->)(.*?)(<!-- /readme-times -->)", re.S)
 
 
 def render(readme: str, runs: list[dict]) -> str:
