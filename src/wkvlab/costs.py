@@ -18,9 +18,10 @@ or a cached copy). Priors are seconds on one thread of this project's 2-core mac
 * kv-calibration: 850 s per 1e9 — ``+scales=calculate`` statistics of Qwen2.5-Coder-0.5B, 7:03 (issue #42, load 3.6-7.5);
 * convert: 200 s per 1e9 — Gemma-3-270M's first load, 54 s at load 5 (README); load: 15 s per 1e9 — its second, 4 s.
 
-They are rough (load and CPU move them by 2-5x); what they are for is weighting: the ETA prints a number only
-once the steps it has timed make up most of the work ahead by these weights, and a dry run scales every prior by
-the pass speed a store has measured for the model (``ResultStore.seconds_per_token``) when it has one.
+They are rough (the CPU moves them, and the load: the demo's grid took 22:10 at load 12 against the record's
+4:38); what they are for is weighting: the ETA prints a number only once the steps it has timed make up most of
+the work ahead by these weights. A dry run scales every prior by the pass speed a store has measured for the
+model (``ResultStore.seconds_per_token``) when it has one, and otherwise by the load now (:func:`load_factor`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,17 @@ PASS_SECONDS_PER_TOKEN = 0.0367  # per 1e9 parameters, one thread
 BUILD_SECONDS = {"cheap": 10.0, "calibrated": 1440.0, "kv-calibration": 850.0}  # per 1e9 parameters
 LOAD_SECONDS = {"convert": 200.0, "load": 15.0}  # per 1e9 parameters
 REFERENCE_TOKENS = 512  # the window the ETA's relative weights assume when a caller does not say
+PRIOR_LOAD = 1.75  # the load the pass prior was measured at (the demo record: 1.35 before, 2.18 after)
+
+
+def load_factor(load: float | None, cores: int, threads: int = 1) -> float:
+    """How much slower than the priors a run that starts now goes: the run's threads share the cores with
+    ``load`` other runnable tasks, against the share they had when the priors were measured, never below 1.
+    At load 11.6 on 2 cores, 4.6: a 512-token window of SmolLM2 took 12 s there against the prior's 2.5 s."""
+    if load is None or cores < 1:
+        return 1.0
+    crowd = lambda busy: max(1.0, (busy + threads) / cores)  # noqa: E731 - runnable tasks per core, ours included
+    return max(1.0, crowd(load) / crowd(PRIOR_LOAD))
 
 
 def relative_costs(tokens_per_pass: int = REFERENCE_TOKENS) -> dict[str, float]:
@@ -71,14 +83,19 @@ class Estimate:
         return f"about {duration(self.seconds)}" + (f" ({inner}; {self.basis})" if parts else "")
 
 
-def estimate(work: WorkItems, params: float, measured_seconds_per_token: float | None = None) -> Estimate:
+def estimate(work: WorkItems, params: float, measured_seconds_per_token: float | None = None,
+             load: float | None = None, cores: int = 2) -> Estimate:
     """The seconds ``work`` takes on a model of ``params`` parameters: the priors, all scaled by the measured pass
-    speed when a store has one (a machine twice as slow is twice as slow at building too)."""
+    speed when a store has one (a machine twice as slow is twice as slow at building too), else by the load now."""
     billions = max(params, 1.0) / 1e9
     prior_pass = PASS_SECONDS_PER_TOKEN * billions
-    scale = measured_seconds_per_token / prior_pass if measured_seconds_per_token else 1.0
-    basis = (f"priors scaled by this model's measured {measured_seconds_per_token * 1000:.2f} ms per token and config"
-             if measured_seconds_per_token else "priors for one thread of a 2-core machine (wkvlab/costs.py); nothing measured on this model yet")
+    if measured_seconds_per_token:
+        scale = measured_seconds_per_token / prior_pass
+        basis = f"priors scaled by this model's measured {measured_seconds_per_token * 1000:.2f} ms per token and config"
+    else:
+        scale = load_factor(load, cores)
+        crowded = f", ×{scale:.1f} for the load now ({load:.1f} on {cores} cores)" if scale > 1 else ""
+        basis = f"priors for one thread (wkvlab/costs.py){crowded}; nothing measured on this model yet"
     return Estimate(
         passes=work.pass_tokens * prior_pass * scale,
         builds=sum(count * BUILD_SECONDS[kind] for kind, count in work.builds) * billions * scale,

@@ -82,7 +82,11 @@ def test_dry_run_prices_builds_calibrations_and_loading_from_the_cost_model(tmp_
     from wkvlab import costs
     from wkvlab.plan import parameter_count, resolve_source
 
+    from wkvlab import threads
+
     monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(threads, "busy_cores", lambda: 0.5)  # a quiet machine: the priors as they are
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
     spec = SweepSpec.from_dict({"ctx": 64, "tokens": 128, "weights": ["int8", "gptq-int4-g128", "awq-int4-g128"],
                                 "kv": ["fp16", "vllm@0.27:fp8_e4m3+scales=calculate"]})
     billions = parameter_count(resolve_source("default")[0]) / 1e9
@@ -95,6 +99,12 @@ def test_dry_run_prices_builds_calibrations_and_loading_from_the_cost_model(tmp_
     assert text.startswith(f"about {by_hand:.0f}s (passes ") and "builds" in text and "KV calibration" in text and "loading" in text
     # the ETA weighs the same classes by the same priors: one model, one table
     assert costs.relative_costs()["calibrated"] == pytest.approx(1440.0 / (0.0367 * 512))
+
+    # on a crowded machine the priors stretch with the load: 12.6 runnable tasks per 2 cores against 2.75 when measured
+    monkeypatch.setattr(threads, "busy_cores", lambda: 11.6)
+    crowded = api.sweep(spec, tmp_path / "new.db", dry_run=True)
+    assert crowded.seconds == pytest.approx(by_hand * (12.6 / 2) / (2.75 / 2), rel=1e-9)
+    assert "×4.6 for the load now (11.6 on 2 cores)" in crowded.estimate(str)
 
     # a store that has timed this model's passes scales every prior by the measured speed
     run_sweep(SPEC, tmp_path / "new.db", executor=FakeExecutor())

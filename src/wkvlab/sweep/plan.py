@@ -306,13 +306,17 @@ def task_work(tasks: list[GridTask]) -> dict[str, "WorkItems"]:
 
 def estimate_tasks(tasks: list[GridTask], seconds_per_token: dict[str, float | None]) -> "Estimate | None":
     """The cost model's estimate (wkvlab.costs) of every task: passes, builds, KV calibrations and loading, each
-    model's priors scaled by its measured seconds per token when the store has some; None when nothing runs."""
+    model's priors scaled by its measured seconds per token when the store has some, else by the load now;
+    None when nothing runs."""
     from wkvlab.costs import Estimate, estimate
+
+    from wkvlab.threads import available_cores, busy_cores
 
     if not tasks:
         return None
     names = {t.first.model_sha256: t.first.model for t in tasks}
-    parts = [estimate(work, model_parameters(names[fp]) or DEFAULT_PARAMETERS, seconds_per_token.get(fp))
+    load, cores = busy_cores(), available_cores()
+    parts = [estimate(work, model_parameters(names[fp]) or DEFAULT_PARAMETERS, seconds_per_token.get(fp), load, cores)
              for fp, work in task_work(tasks).items()]
     bases = sorted({p.basis for p in parts})
     return Estimate(sum(p.passes for p in parts), sum(p.builds for p in parts), sum(p.kv_calibrations for p in parts),
