@@ -132,6 +132,10 @@ CASES = [
     (["eval", "--model", TRUNCATED_GGUF, "--kv", "q4_0"], TRUNCATED_GGUF + " is truncated: tensor blk.0.ffn_down.weight ends at byte", {}),
     (["eval", "--model", FAKE_GGUF, "--kv", "q4_0"], FAKE_GGUF + ": the GGUF header ends early", {}),
     (["eval", "--model", RANDOM_GGUF, "--kv", "q4_0"], "random.gguf is not a GGUF file (no GGUF magic)", {}),
+    # intact but not convertible (issue 42): the file named, what to do, before transformers' converter runs for seconds
+    (["eval", "--model", "{rwkv_gguf}", "--kv", "q4_0"], "{rwkv_gguf}: GGUF architecture 'rwkv7' cannot be converted", {}),
+    (["eval", "--model", "{q8k_gguf}", "--kv", "q4_0"], "{q8k_gguf}: tensor blk.0.ffn_up.weight is stored as Q8_K, which gguf", {}),
+    (["sweep", "{sweep_rwkv}", "--store", OUT + "/r.db"], "pass the model's Hugging Face folder", {}),
     (["eval", "--kv", "q4_0", "--device", "cuda"], "--device cuda: CUDA_VISIBLE_DEVICES='' hides every GPU", {"CUDA_VISIBLE_DEVICES": ""}),
     (["eval", "--kv", "q4_0", "--device", "cuda:0"], "hides every GPU; use --device cpu", {"CUDA_VISIBLE_DEVICES": "-1"}),
     (["eval", "--kv", "q4_0", "--device", "tpu"], "unknown --device 'tpu'", {}),
@@ -181,22 +185,29 @@ RUNNER = textwrap.dedent('''
 ''')
 
 
-def _write_truncated_gguf(path: Path) -> None:
-    """A small llama GGUF whose last tensor's data is cut short, as an interrupted download leaves it."""
+def _write_gguf(path: Path, arch: str = "llama", q8_k: bool = False) -> None:
+    """A small intact GGUF of ``arch``; ``q8_k``: with one tensor stored as Q8_K, a type gguf-py cannot dequantize."""
     import numpy as np
-    from gguf import GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter
 
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), arch)
     for key, value in (("block_count", 1), ("context_length", 256), ("embedding_length", 64), ("head_count", 4), ("head_count_kv", 2)):
         getattr(writer, f"add_{key}")(value)
     writer.add_feed_forward_length(128)
     writer.add_token_list([f"t{i}" for i in range(64)])
     writer.add_tensor("token_embd.weight", np.zeros((64, 64), dtype=np.float32))
     writer.add_tensor("blk.0.ffn_down.weight", np.zeros((64, 128), dtype=np.float32))
+    if q8_k:  # one block of 256 values: 292 bytes
+        writer.add_tensor("blk.0.ffn_up.weight", np.zeros((1, 292), dtype=np.uint8), raw_dtype=GGMLQuantizationType.Q8_K)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _write_truncated_gguf(path: Path) -> None:
+    """A small llama GGUF whose last tensor's data is cut short, as an interrupted download leaves it."""
+    _write_gguf(path)
     data = path.read_bytes()
     path.write_bytes(data[:-1000])
 
@@ -218,6 +229,9 @@ def test_every_bad_input_is_one_fast_line_and_leaves_nothing(tmp_path):
         conn.execute("CREATE TABLE notes (x)")
     (inputs / "random.gguf").write_bytes(os.urandom(4096))
     _write_truncated_gguf(inputs / "cut.gguf")
+    _write_gguf(inputs / "rwkv.gguf", arch="rwkv7")
+    _write_gguf(inputs / "q8k.gguf", q8_k=True)
+    (inputs / "rwkv.yaml").write_text(f"models: [{inputs / 'rwkv.gguf'}]\nctx: 64\ntokens: 128\nkv: [q4_0]\n")
     (inputs / "fake.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little") + b"\xff" * 64)
     (inputs / "skip.yaml").write_text("ctx: 64\ntokens: 128\nweights: [awq-int4-g128+skip=40]\nkv: [fp16]\n")
     sliding = inputs / "gemma-like"
@@ -235,7 +249,8 @@ def test_every_bad_input_is_one_fast_line_and_leaves_nothing(tmp_path):
         paths = {"out": str(cwd), "binary": str(inputs / "random.bin"), "text": str(inputs / "notes.txt"),
                  "spec": str(inputs / "grid.yaml"), "foreign_db": str(inputs / "other.db"), "empty": str(inputs / "empty.txt"),
                  "truncated_gguf": str(inputs / "cut.gguf"), "fake_gguf": str(inputs / "fake.gguf"), "sliding": str(sliding), "random_gguf": str(inputs / "random.gguf"),
-                 "sweep_skip": str(inputs / "skip.yaml"), "sweep_hqq": str(inputs / "hqq.yaml")}
+                 "sweep_skip": str(inputs / "skip.yaml"), "sweep_hqq": str(inputs / "hqq.yaml"),
+                 "rwkv_gguf": str(inputs / "rwkv.gguf"), "q8k_gguf": str(inputs / "q8k.gguf"), "sweep_rwkv": str(inputs / "rwkv.yaml")}
         cases.append({"args": [_fill(a, paths) for a in args], "cwd": str(cwd), "env": {k: _fill(v, paths) for k, v in env.items()},
                       "fragment": _fill(fragment, paths)})
     cache = tmp_path / "cache"  # every case's --cache-dir: a refusal writes nothing there either

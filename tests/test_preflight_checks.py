@@ -76,3 +76,16 @@ def test_calibration_text_refusals_name_calib(tmp_path):
         preflight.check_calibration(str(tmp_path / "empty.txt"))
     preflight.check_calibration("code")
     preflight.check_calibration("default")  # any text --data names is calibration text too
+
+
+def test_a_gguf_the_converter_rejects_is_named_by_its_file_not_its_folder(tmp_path):
+    # the header checks pass a file the converter then fails on (an architecture added to the list by name only):
+    # the one line names the file and what to do, not "<folder> could not be loaded" (issue 42)
+    import torch
+
+    from wkvlab.errors import ModelError
+    from wkvlab.models.loading import _from_pretrained
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(ModelError, match=rf"^{tmp_path}/m.gguf could not be loaded .*pass the model's Hugging Face folder$"):
+        _from_pretrained(tmp_path, torch.float32, gguf_file="m.gguf")

@@ -127,9 +127,10 @@ def _worst_eta_error(events, classes):
             continue
         ratio = left / truth
         marked.append(untimed)
-        if untimed:  # something ahead is not timed yet: never an overestimate past 2x, and the line says '+'
-            worst = max(worst, ratio)
-            assert costs.text().endswith("+") or (costs.text() == "estimating…" and left < 1)  # no "0:00+" read as almost done
+        if untimed:  # something ahead is not timed yet: never an overestimate past 2x; the line says '+' (a lower bound)
+            worst = max(worst, ratio)  # or, while the untimed steps may be most of what is left, 'estimating…' (issue 42)
+            rest = costs.untimed_seconds()
+            assert costs.text() == ("estimating…" if left < 1 or rest is None or rest > left else costs.text().rstrip("+") + "+")
         else:
             worst = max(worst, ratio, 1 / ratio)
     return worst, marked
@@ -224,7 +225,8 @@ def test_a_command_that_cannot_list_its_builds_still_times_a_build_apart(monkeyp
             continue
         if costs.current[0] is not None:  # building (the passes not timed yet: a lower bound, '+'): the build's own rest
             ratios.append(left / (300.0 - clock.now))
-            assert untimed and costs.text().endswith("+")
+            assert untimed and costs.text() in ("estimating…", costs.text().rstrip("+") + "+")
+            assert costs.text() == "estimating…" or costs.untimed_seconds() <= left  # a number only on a basis
         elif not untimed:
             ratios.append(left / (finish - clock.now))
     assert 0.5 <= min(ratios) and max(ratios) <= 2.0, (min(ratios), max(ratios))
@@ -255,3 +257,25 @@ def test_a_builds_float_remainder_tick_is_not_a_new_build():
         truth = finish - clock.now
         if truth > 60:
             assert left < 2.5 * truth, (description, left, truth)
+
+
+def test_the_demo_grids_first_eta_is_estimating_then_a_number_within_2x():
+    """The demo's own log (make demo at load 12, 2026-12-06): bf16's cast 2 s, int8's and int4-g128's RTN 7 s each,
+    the reference 13 s a window (the first window's text prepared with it), the cells 10, 10, 14 and 10 s. Its first line said 'eta 0:04+' — the two RTN builds priced at the
+    cast's 2 s, the 104 passes left out — for a run of 17 minutes. Weighted by the cost model (wkvlab.costs), the
+    timed cast is no basis for what is left: 'estimating…' until a pass is timed, then a number within 2x."""
+    events = _grid_events(builds=[("bf16", 2.0, 1), ("int8", 7.0, 1), ("int4-g128", 7.0, 1)], windows=8, reference=13.0,
+                          cells=[10.0, 10.0, 14.0, 10.0])
+    clock, lines, times = Clock(), [], []
+    progress = PlainProgress(sum(s for *_, s in events), "demo", lines.append, interval=0.0, clock=clock,
+                             builds={"bf16": "cheap", "int8": "cheap", "int4-g128": "cheap"})
+    finish = sum(e[0] for e in events)
+    for seconds, description, steps in events:
+        clock.now += seconds
+        progress.advance(description, steps)
+        times.append(clock.now)
+    etas = [line.split(" eta ")[1].split(" · ")[0] for line in lines]
+    assert etas[:3] == ["estimating…"] * 3  # before: '0:04+', '0:07+', '0:00+' read as almost done
+    for eta, now in list(zip(etas, times))[3:-1]:  # from the first pass (the reference's) on: a number, never 2x off
+        minutes, seconds = eta.rstrip("+").split(":")
+        assert 0.5 <= (60 * int(minutes) + int(seconds)) / (finish - now) <= 2.0, (eta, finish - now)

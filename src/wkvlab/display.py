@@ -18,6 +18,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
+from wkvlab.costs import relative_costs
 from wkvlab.heartbeat import POLL, Heartbeat
 from wkvlab.units import mib
 
@@ -138,8 +139,10 @@ class StepCosts:
     """
 
     def __init__(self, total: float, builds: dict[str, str] | list[tuple[str, str]] | None, clock: Callable[[], float],
-                 kv_calibrations: int = 0) -> None:
+                 kv_calibrations: int = 0, weights: dict[str, float] | None = None) -> None:
         self.total, self.clock = max(total, 1e-9), clock
+        # each class's prior cost in window passes: the cost model sweep --dry-run prices with (wkvlab.costs)
+        self.weights = weights or relative_costs()
         # one (label, class) pair per build the run reports (a sweep or explain builds a label once per grid); a dict: once each
         pairs = list(builds.items()) if isinstance(builds, dict) else builds
         self.classes = dict(pairs) if pairs is not None else None
@@ -251,13 +254,48 @@ class StepCosts:
                 untimed = True
         return left, untimed
 
+    def untimed_seconds(self) -> float | None:
+        """What the steps left that no measurement prices would cost, by the cost model's weights
+        (:func:`wkvlab.costs.relative_costs`) at the seconds per unit the steps timed so far took; None
+        before anything is timed. Not an estimate to print — it decides whether the timed part is a basis."""
+        weights = self.weights
+        calibrated = weights.get("calibrated", 1.0)
+        kind, fraction, spent = self.current
+        units = self.pass_steps + fraction * weights.get(kind, calibrated) if kind else self.pass_steps
+        seconds = self.pass_seconds + (spent if kind else 0.0)
+        for cls, done in self.finished.items():
+            units += len(done) * weights.get(cls, calibrated)
+            seconds += sum(done)
+        if units <= 0 or seconds <= 0:
+            return None
+        untimed = 0.0
+        for cls, count in self.expected.items():
+            if self.finished.get(cls):
+                continue
+            running = cls == kind and fraction > 0
+            if running and self.projected() is not None:
+                continue
+            untimed += ((1 - fraction) if running else 0.0) * weights.get(cls, calibrated)
+            untimed += max(0, count - running) * weights.get(cls, calibrated)
+        if kind is not None and kind not in self.expected and fraction > 0 and self.projected() is None:
+            untimed += (1 - fraction) * weights.get(kind, calibrated)
+        if self.pass_steps <= 0:
+            untimed += max(0.0, self.total - sum(self.expected.values()) - self.pass_steps) * weights["pass"]
+        return untimed * seconds / units
+
     def text(self) -> str:
-        """``4:10``; ``5:12+`` (a lower bound: some steps left not yet timed); ``estimating…`` while
-        nothing left is timed — a number then would be a guess (``0:00+`` read as "almost done")."""
+        """``4:10``; ``5:12+`` (a lower bound: some steps left not yet timed, but the timed ones are most of the
+        work ahead by the cost model's weights); ``estimating…`` until the timed steps are such a basis — a
+        number then would be a guess (the demo's first line read ``0:01+``: a cast timed, 104 passes not)."""
         left, untimed = self.remaining()
-        if left is None or (untimed and self.done < self.total and left < 1):
+        if left is None:
             return ESTIMATING
-        return _clock(left) + ("+" if untimed and self.done < self.total else "")
+        if untimed and self.done < self.total:
+            rest = self.untimed_seconds() if self.classes is not None else None
+            if left < 1 or rest is None or rest > left:  # the steps not yet timed may well be most of what is left
+                return ESTIMATING
+            return _clock(left) + "+"
+        return _clock(left)
 
 
 def build_classes(weights, kv) -> tuple[dict[str, str], int]:

@@ -51,3 +51,14 @@ def profile_payload(model: str = "tiny", layers: int = 6, seed: int = 0) -> dict
     return {"version": 1, "model": model, "data": "default", "weights": "int4-g128", "layers": layers, "base": {"kld": base, "se": 0.0, "tokens": 100},
             "k": {"int4": list(base + rng.uniform(0, 0.01, layers)), "int8": list(base + rng.uniform(0, 0.001, layers))},
             "v": {"int4": list(base + rng.uniform(0, 0.004, layers))}, "uniform": {}, "weight_layers": list(rng.uniform(0, 0.002, layers))}
+
+
+def demo_record_grid() -> list[EvalResult]:
+    """The committed demo run's twelve configs (docs/runs/demo.json): their real memory, KV bytes and mean KLDs on
+    8 windows of 512 tokens, so the page lays out the demo's crowded points (issue #42: labels at 195–210 MiB)."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" / "demo.json").read_text())["rows"]
+    return [make_result(r["weights"], r["kv"], r["kld"]["mean"], model=r["model"], ctx=512, weight_bytes=r["weight_bytes"],
+                        kv_bytes=r["kv_bytes_per_token"]) for r in rows]

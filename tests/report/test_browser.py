@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from wkvlab.report import load_profile, write_report
-from tests.report.helpers import demo_like_grid, profile_payload
+from tests.report.helpers import demo_like_grid, demo_record_grid, make_result, profile_payload
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 HOSTILE_MODEL = "<script>alert(1)</script>"
@@ -107,3 +107,88 @@ def test_page_has_no_network_references(report):
     body = text.split("</head>", 1)[1]  # plotly.min.js mentions URLs in its code; the page itself must load none
     assert "http://" not in body and "https://" not in body
     assert "Content-Security-Policy" in text  # and the CSP forbids every request
+
+
+# --- The page's layout at a laptop's width (issue #42): measured in the browser, not estimated. ---
+
+WIDTH = 1400
+
+
+@pytest.fixture(scope="module")
+def demo_page(tmp_path_factory) -> Path:
+    """The demo run's own configs (docs/runs/demo.json), where the cross-term table ran 1,645 px wide."""
+    return write_report(demo_record_grid(), tmp_path_factory.mktemp("layout") / "report", source="wkvlab demo", n_resamples=100).page
+
+
+@pytest.fixture(scope="module")
+def wide(browser):
+    browser.set_window_size(WIDTH, 1200)
+    yield browser
+    browser.set_window_size(1280, 2000)
+
+
+def _boxes(driver, selector: str) -> list[dict]:
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).filter(e => e.textContent !== '' || e.tagName === 'path')"
+        ".map(e => { const r = e.getBoundingClientRect(); return {text: e.textContent, l: r.left, t: r.top, r: r.right, b: r.bottom}; })",
+        selector)
+
+
+def _overlaps(a: dict, b: dict) -> bool:
+    return a["l"] < b["r"] and b["l"] < a["r"] and a["t"] < b["b"] and b["t"] < a["b"]
+
+
+def test_the_demo_page_fits_1400_px_and_no_header_breaks_a_word(demo_page, wide):
+    wide.get(demo_page.as_uri())
+    _wait_rendered(wide, 3)
+    assert wide.execute_script("return window.innerWidth") == WIDTH
+    page = wide.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert page[0] <= page[1], f"the page is {page[0]} px wide in a {page[1]} px window"
+    # Every table fits its column without its own scroll bar (the scroller is for narrower windows).
+    tables = wide.execute_script("return Array.from(document.querySelectorAll('div.table-scroll'))"
+                                 ".map(d => [d.firstElementChild.id, d.scrollWidth, d.clientWidth])")
+    assert len(tables) == 3 and all(scroll <= client for _, scroll, client in tables), tables
+    # A header wraps between its words, never inside one ('group' was set one letter a line): each header
+    # takes no more lines than it has words.
+    headers = wide.execute_script(
+        "return Array.from(document.querySelectorAll('table.data th')).map(th => { const range = document.createRange();"
+        " range.selectNodeContents(th); const lines = new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top)));"
+        " return [th.textContent, lines.size]; })")
+    broken = [(text, lines) for text, lines in headers if lines > len(text.split())]
+    assert headers and not broken, broken
+
+
+def test_demo_memory_labels_touch_no_other_label_and_no_marker(demo_page, wide):
+    wide.get(demo_page.as_uri())
+    _wait_rendered(wide, 3)
+    labels = _boxes(wide, "#g0-memory .textpoint text")
+    markers = _boxes(wide, "#g0-memory .scatterlayer .trace .points path.point")
+    assert len(labels) >= 10 and len(markers) >= 12  # most of the twelve configs keep their label
+    clashes = [(a["text"], b["text"]) for k, a in enumerate(labels) for b in labels[k + 1:] if _overlaps(a, b)]
+    assert clashes == []
+    on_markers = [(a["text"], round(m["l"]), round(m["t"])) for a in labels for m in markers if _overlaps(a, m)]
+    assert on_markers == []
+
+
+def test_demo_position_axis_starts_at_the_first_bucket_and_ticks_read_plainly(demo_page, wide):
+    wide.get(demo_page.as_uri())
+    _wait_rendered(wide, 3)
+    low, high = wide.execute_script("return document.getElementById('g0-position')._fullLayout.xaxis.range")
+    first_centre = 7.5  # the first bucket: positions 0-15
+    assert first_centre / 2 < 10 ** low < first_centre and 10 ** high > 511 / 2
+    xticks = [t["text"] for t in _boxes(wide, "#g0-position .xtick text")]
+    assert xticks[0] == "8" and "1" not in xticks and "2" not in xticks
+    for chart in ("g0-memory", "g0-penalty", "g0-position"):
+        yticks = [t["text"] for t in _boxes(wide, f"#{chart} .ytick text")]
+        assert yticks and not any("e-0" in t for t in yticks), (chart, yticks)
+
+
+def test_a_tiny_negative_penalty_gets_the_zero_tick_not_a_minus_1e_06(tmp_path, wide):
+    # bf16 × int8 a hair below bf16 × fp16 (float noise): the penalty is -3e-7 next to int4's 0.1
+    results = [make_result(w, kv, k) for w, kv, k in (("bf16", "fp16", 0.001), ("bf16", "int8", 0.001 - 3e-7), ("bf16", "int4", 0.1),
+                                                      ("int8", "fp16", 0.004), ("int8", "int8", 0.0045), ("int8", "int4", 0.11))]
+    page = write_report(results, tmp_path / "report", source="synthetic", n_resamples=100).page
+    wide.get(page.as_uri())
+    _wait_rendered(wide, 3)
+    yticks = [t["text"] for t in _boxes(wide, "#g0-penalty .ytick text")]
+    assert "0" in yticks and not any(t.startswith(("-", "−")) for t in yticks), yticks

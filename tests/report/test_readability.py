@@ -74,10 +74,43 @@ def test_memory_labels_never_overlap_and_a_point_without_room_keeps_only_its_hov
 def test_position_chart_ticks_are_whole_numbers_and_the_legend_shows_dashes():
     data = _data()
     chart = position_chart(data, 0)
-    assert chart.x_ticks[:4] == (1.0, 2.0, 4.0, 8.0) and chart.x_ticks[-1] >= 64
+    # the axis spans the buckets (centres 7.5 and 39.5 at ctx 64), not 1 to 64: its ticks are the powers of two within
+    assert chart.x_ticks == (8.0, 16.0, 32.0) and 4 < chart.x_range[0] < 7.5 and 39.5 < chart.x_range[1] < 64
     figure = plotly_figure(chart)
     axis = figure["layout"]["xaxis"]
-    assert axis["tickmode"] == "array" and axis["ticktext"][:4] == ["1", "2", "4", "8"]
+    assert axis["tickmode"] == "array" and axis["ticktext"] == ["8", "16", "32"]
+    assert axis["range"] == [math.log10(v) for v in chart.x_range]  # plotly's log axis: its range in decades
     assert figure["layout"]["legend"]["itemwidth"] >= 60  # a dash pattern needs room to show in the legend sample
     assert {t["line"]["dash"] for t in figure["data"]} >= {"solid", "dash", "dot"}
     assert "bf16 solid" in chart.caption and "int8 dashed" in chart.caption and "int4-g128 dotted" in chart.caption
+
+
+def test_symlog_ticks_show_zero_not_a_minus_1e_06_for_float_noise():
+    from wkvlab.report.charts import symlog_threshold
+    from wkvlab.report.html import _symlog_ticks
+
+    penalties = [0.14, 0.0097, 0.00097, -3e-7]  # bf16 × int8 a hair below bf16 × fp16: float noise, not a gain
+    threshold = symlog_threshold(penalties)
+    assert threshold == 1e-4  # the smallest real effect's decade, not the noise's (1e-6 before)
+    ticks = _symlog_ticks(penalties, threshold)["ticktext"]
+    assert ticks == ["0", "0.0001", "0.001", "0.01", "0.1", "1"]
+    # a real negative reach gets its decades, and only those the data reach
+    assert _symlog_ticks([0.1, -0.002], 1e-3)["ticktext"] == ["-0.001", "0", "0.001", "0.01", "0.1"]
+    assert _symlog_ticks([3e-5, 0.5], 1e-5)["ticktext"][:2] == ["0", "1e-5"]
+
+
+def test_the_png_position_axis_starts_at_the_first_bucket_not_at_1():
+    # issue 42: the PNG's axis ran from 1 (its tick list started at 2^0) while the first bucket is centred at 7.5
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from wkvlab.report.png import _draw_chart
+
+    chart = position_chart(_data(), 0)
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    _draw_chart(ax, chart)
+    low, high = ax.get_xlim()
+    assert 4 < low < 7.5 and 39.5 < high < 64
+    assert [t for t in ax.get_xticks() if low <= t <= high] == [8.0, 16.0, 32.0]

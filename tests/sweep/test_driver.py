@@ -74,17 +74,47 @@ def test_dry_run_plans_without_creating_the_store(tmp_path):
     assert len(again.done) == 12 and again.tasks == () and again.seconds == 0
 
 
-def test_dry_run_names_what_its_estimate_leaves_out(tmp_path):
-    """The passes are priced; the builds and calibrations the run's ETA times apart (display.StepCosts) are
-    named, and the time is a lower bound, not 12 s for a sweep of minutes (issue 42)."""
+def test_dry_run_prices_builds_calibrations_and_loading_from_the_cost_model(tmp_path, monkeypatch):
+    """issue 42: a dry run said 12 s for a sweep of 2:59, pricing the window passes alone. Now every class the
+    run's ETA times apart (wkvlab.costs, the weights display.StepCosts judges by) is priced, by hand here:
+    2 windows x 64 tokens x (6 configs + the reference), 1 cheap and 2 calibrated builds, 3 KV calibrations
+    (one per weight config) and the GGUF's first load (no float copy in this empty cache)."""
+    from wkvlab import costs
+    from wkvlab.plan import parameter_count, resolve_source
+
+    from wkvlab import threads
+
+    monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(threads, "busy_cores", lambda: 0.5)  # a quiet machine: the priors as they are
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
     spec = SweepSpec.from_dict({"ctx": 64, "tokens": 128, "weights": ["int8", "gptq-int4-g128", "awq-int4-g128"],
                                 "kv": ["fp16", "vllm@0.27:fp8_e4m3+scales=calculate"]})
+    billions = parameter_count(resolve_source("default")[0]) / 1e9
+    assert 0.13 < billions < 0.14  # SmolLM2-135M, from its GGUF header
+    by_hand = billions * (2 * 64 * 7 * 0.0367 + 10.0 + 2 * 1440.0 + 3 * 850.0 + 200.0)
     plan = api.sweep(spec, tmp_path / "new.db", dry_run=True)
-    assert plan.untimed == ("2 calibrated weight build(s) (GPTQ/AWQ/SmoothQuant)", "3 KV calibration(s)", "loading 1 model(s)")
+    assert plan.seconds == pytest.approx(by_hand, rel=1e-9)
+    assert plan.cost.builds == pytest.approx(billions * 2890.0) and plan.cost.loading == pytest.approx(billions * 200.0)
     text = plan.estimate(lambda s: f"{s:.0f}s")
-    assert text == (f"at least {plan.seconds:.0f}s (window passes; not timed yet: 2 calibrated weight build(s) (GPTQ/AWQ/SmoothQuant), "
-                    "3 KV calibration(s), loading 1 model(s))")
-    done = api.sweep(SPEC, tmp_path / "new.db", dry_run=True)
+    assert text.startswith(f"about {by_hand:.0f}s (passes ") and "builds" in text and "KV calibration" in text and "loading" in text
+    # the ETA weighs the same classes by the same priors: one model, one table
+    assert costs.relative_costs()["calibrated"] == pytest.approx(1440.0 / (0.0367 * 512))
+
+    # on a crowded machine the priors stretch with the load: 12.6 runnable tasks per 2 cores against 2.75 when measured
+    monkeypatch.setattr(threads, "busy_cores", lambda: 11.6)
+    crowded = api.sweep(spec, tmp_path / "new.db", dry_run=True)
+    assert crowded.seconds == pytest.approx(by_hand * (12.6 / 2) / (2.75 / 2), rel=1e-9)
+    assert "×4.6 for the load now (11.6 on 2 cores)" in crowded.estimate(str)
+
+    # a store that has timed this model's passes scales every prior by the measured speed
     run_sweep(SPEC, tmp_path / "new.db", executor=FakeExecutor())
     assert api.sweep(SPEC, tmp_path / "new.db", dry_run=True).estimate(str) == "about 0"  # nothing left to run or load
-    assert done.untimed == ("loading 1 model(s)",)
+    with open_store(tmp_path / "new.db") as store:  # one result of this model (the fakes carry another fingerprint)
+        timed = fake_result(1)
+        timed.fingerprints = {**timed.fingerprints, "model_sha256": plan.configs[0].model_sha256}
+        store.put("timed", plan.configs[0].to_dict(), timed)
+        measured = store.seconds_per_token(plan.configs[0].model_sha256)
+    assert measured == pytest.approx(0.5 / timed.tokens)
+    again = api.sweep(spec, tmp_path / "new.db", dry_run=True)
+    assert again.seconds == pytest.approx(by_hand * measured / (0.0367 * billions), rel=1e-9)
+    assert "measured" in again.estimate(str)

@@ -27,8 +27,8 @@ def _gguf_parameters(path: Path) -> int:
     return total
 
 
-def _copy_write(model: str, dtype: str) -> str | None:
-    """The GGUF copy's size when it is not cached yet (None: a folder, or already cached)."""
+def _pending_gguf(model: str, dtype: str) -> Path | None:
+    """The model's GGUF when its float copy is not cached yet (None: a folder, or already cached)."""
     from wkvlab.models.facts import _existing_file
     from wkvlab.models.fingerprint import file_sha256
 
@@ -36,6 +36,19 @@ def _copy_write(model: str, dtype: str) -> str | None:
     if source is None or source.is_dir() or source.suffix.lower() != ".gguf":
         return None
     if (cache_dir() / "models" / f"{file_sha256(source)[:16]}-{dtype}" / "wkvlab-source.json").is_file():
+        return None
+    return source
+
+
+def copy_pending(model: str, dtype: str) -> bool:
+    """Whether loading ``model`` first converts its GGUF (no float copy cached): what a dry run prices as a conversion."""
+    return _pending_gguf(model, dtype) is not None
+
+
+def _copy_write(model: str, dtype: str) -> str | None:
+    """The GGUF copy's size when it is not cached yet (None: a folder, or already cached)."""
+    source = _pending_gguf(model, dtype)
+    if source is None:
         return None
     return f"a {dtype} copy of {source.name} {gib(_gguf_parameters(source) * _DTYPE_BYTES[dtype])} (models/)"
 

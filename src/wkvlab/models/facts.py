@@ -44,9 +44,12 @@ def check_model_source(spec: str) -> None:
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ModelError(f"{path} is not a .gguf file; pass a GGUF file or a folder with config.json")
     if path.is_file():  # before transformers' conversion, which fails on a truncated file after seconds, naming the folder
-        from wkvlab.plan.gguf import check_gguf_file
+        from wkvlab.models.gguf_support import check_gguf_convertible
+        from wkvlab.plan.gguf import check_gguf_file, read_directory
 
-        check_gguf_file(path)
+        directory = read_directory(path)
+        check_gguf_file(path, directory)  # whole: every tensor inside the file
+        check_gguf_convertible(path, directory[0], directory[1])  # and convertible: its architecture and tensor types
     if path.is_dir() and not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json; pass a Hugging Face model folder or a .gguf file")
 

@@ -173,7 +173,9 @@ def _from_pretrained(folder: Path, dtype: torch.dtype, *, device: str = "cpu", d
         raise
     except Exception as exc:  # a corrupt GGUF raises struct/IO/Value errors alike: all mean "cannot load"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{folder} could not be loaded as a causal language model ({first[:160]})") from None
+        source = folder / kwargs["gguf_file"] if kwargs.get("gguf_file") else folder  # the file, not its folder (issue #42)
+        raise ModelError(f"{source} could not be loaded as a causal language model ({first[:160]}); check that transformers "
+                         "supports its architecture, or pass the model's Hugging Face folder") from None
     model.eval()
     return model, tokenizer
 

@@ -147,12 +147,13 @@ def _gguf_version() -> str:
     return version("gguf")
 
 
-def check_gguf_file(path: str | Path) -> int:
+def check_gguf_file(path: str | Path, directory: tuple[dict, dict, int] | None = None) -> int:
     """The integrity a header can prove before any conversion: the header reads to its end, every
     tensor's type is known, and every tensor's data lies inside the file (a truncated download ends
-    mid-tensor). Returns the bytes of the tensor data; refusals name the file."""
+    mid-tensor). Returns the bytes of the tensor data; refusals name the file. ``directory``:
+    :func:`read_directory`'s answer when the caller has it already."""
     path = Path(path)
-    meta, tensors, start = read_directory(path)
+    meta, tensors, start = directory or read_directory(path)
     length = path.stat().st_size
     total = 0
     for name, (ttype, dims, offset) in tensors.items():

@@ -54,6 +54,9 @@ class Chart:
     # Tick values of a log x axis, each labelled with its whole number (plotly's own log ticks read
     # "100 2 3 4" within a decade); None: the renderer's own.
     x_ticks: tuple[float, ...] | None = None
+    # The x axis's extent (data units): None lets the renderer choose. The position chart's ticks alone would
+    # stretch a matplotlib axis from 1 while its first bucket is centred near 8 (issue #42).
+    x_range: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,17 @@ class Heatmap:
     kind: str = field(default="heatmap", init=False)
 
 
+# Values this far below the largest |value| are noise around zero (a penalty of -3e-7 next to 0.14): they sit
+# in the linear band rather than pulling the band down to 1e-6 and labelling a "-1e-06" tick (issue #42).
+NEGLIGIBLE = 1e-5
+
+
 def symlog_threshold(values) -> float:
-    """The linear range of a symmetric log axis: the decade of the smallest non-zero |value|
-    (within 1e-6 .. 1e-2), so the smallest effect still gets its own decade above the linear band."""
-    small = min((abs(v) for v in values if v), default=1e-4)
+    """The linear range of a symmetric log axis: the decade of the smallest |value| that is not negligible next
+    to the largest (within 1e-6 .. 1e-2), so the smallest real effect still gets its own decade above the linear band."""
+    magnitudes = [abs(v) for v in values if v]
+    top = max(magnitudes, default=0.0)
+    small = min((m for m in magnitudes if m >= NEGLIGIBLE * top), default=1e-4)
     return min(1e-2, max(1e-6, 10 ** math.floor(math.log10(small))))
 
 
@@ -143,13 +153,19 @@ def penalty_chart(data: ReportData, group: int) -> Chart | None:
                          "(linear below), so an 8-bit cache's small penalty does not vanish next to a 4-bit one.")
 
 
+POSITION_PAD = 1.3  # the position axis reaches this factor beyond the first and last bucket centres (log scale)
+
+
 def position_chart(data: ReportData, group: int) -> Chart:
     curves: list[PositionCurve] = data.in_group(data.positions, group)
     # Colour by KV config and dash by weight config: a grid of 3 × 4 stays tellable apart.
     kv_color = {kv: PALETTE[i % len(PALETTE)] for i, kv in enumerate(dict.fromkeys(c.kv for c in curves))}
     weight_dash = {w: DASHES[i % len(DASHES)] for i, w in enumerate(dict.fromkeys(c.weights for c in curves))}
     series = []
-    highest = max((b for c in curves for b in c.ends), default=2)
+    centres = [(a + b - 1) / 2 for c in curves for a, b in zip(c.starts, c.ends)]
+    low, high = (min(centres), max(centres)) if centres else (1.0, 2.0)
+    x_range = (low / POSITION_PAD, high * POSITION_PAD)  # the buckets, not the axis's 1: the first centre is near 8
+    ticks = tuple(2.0 ** k for k in range(math.ceil(math.log2(x_range[0])), math.floor(math.log2(x_range[1])) + 1))
     for c in curves:
         centers = tuple((a + b - 1) / 2 for a, b in zip(c.starts, c.ends))
         series.append(Series(f"{c.weights} / {c.kv}", centers, c.kld_mean, mode="lines+markers", color=kv_color[c.kv], dash=weight_dash[c.weights],
@@ -159,7 +175,7 @@ def position_chart(data: ReportData, group: int) -> Chart:
     return Chart(f"g{group}-position", "KLD by position in the context window", "query position (bucket centre, log scale)",
                  "mean KLD (nats/token, symlog)", tuple(series), x_log=True,
                  y_symlog=symlog_threshold(k for c in curves for k in c.kld_mean),
-                 x_ticks=tuple(2.0 ** k for k in range(0, max(1, math.ceil(math.log2(highest))) + 1)),
+                 x_ticks=ticks, x_range=x_range,
                  caption=f"Mean KLD of the tokens in each position bucket (buckets double in width); colour: KV config, line: weight config "
                          f"({dashes}). Each bucket holds other text: a line rising to the right mixes position with content "
                          "(wkvlab findings depth decides depth on identical tokens).")

@@ -59,16 +59,28 @@ def _symlog(y: float, threshold: float) -> float:
 
 
 def _symlog_ticks(values: list[float], threshold: float) -> dict:
-    top = max((abs(v) for v in values), default=threshold)
+    """Zero and each decade from the threshold up to the data's reach, on each side the data reach: a
+    negative decade only where a value (or an error bar's end) is at least that negative, so a penalty of
+    -3e-7 inside the linear band shows the 0 tick, not a "-1e-06" one (issue #42)."""
+    top = max((v for v in values if v > 0), default=threshold)
+    bottom = max((-v for v in values if v < 0), default=0.0)
     decades = [threshold * 10 ** k for k in range(0, max(1, math.ceil(math.log10(max(top / threshold, 1.0)))) + 1)]
-    ticks = [0.0] + decades + ([-d for d in decades] if any(v < 0 for v in values) else [])
-    ticks.sort()
-    return {"tickmode": "array", "tickvals": [_symlog(v, threshold) for v in ticks], "ticktext": [f"{v:g}" for v in ticks]}
+    negative = [-threshold * 10 ** k for k in range(0, 12) if threshold * 10 ** k <= bottom]
+    ticks = sorted([0.0] + decades + negative)
+    return {"tickmode": "array", "tickvals": [_symlog(v, threshold) for v in ticks], "ticktext": [_tick_text(v) for v in ticks]}
+
+
+def _tick_text(value: float) -> str:
+    """A decade as people write it: 0.001, 1e-5 (not Python's 1e-05), -0.01."""
+    return re.sub(r"e([+-])0*(\d)", lambda m: "e" + m.group(1).replace("+", "") + m.group(2), f"{value:g}")
 
 
 # A label's box in fractions of the plot (plotly's text at 10 px on a plot about 700 × 380 px):
 # a character's width and the line's height, and the gap between a marker and its label.
 CHAR_WIDTH, LINE_HEIGHT, GAP = 0.0095, 0.04, 0.012
+# A marker's box (10 px, an error bar's cap beside it) in the same fractions: labels keep off every marker,
+# not only off other labels — in the demo "int4-g128 × fp8_e4m3" was printed over int4-g128 × int8's diamond.
+MARKER_HALF_WIDTH, MARKER_HALF_HEIGHT = 0.012, 0.025
 POSITIONS = ("top right", "bottom right", "top left", "bottom left", "middle right", "middle left", "top center", "bottom center")
 
 
@@ -79,30 +91,36 @@ def _label_box(x: float, y: float, width: float, position: str) -> tuple[float, 
     return x0, y0, x0 + width, y0 + LINE_HEIGHT
 
 
+def _marker_box(x: float, y: float) -> tuple[float, float, float, float]:
+    return x - MARKER_HALF_WIDTH, y - MARKER_HALF_HEIGHT, x + MARKER_HALF_WIDTH, y + MARKER_HALF_HEIGHT
+
+
 def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def _label_positions(chart: Chart) -> dict[int, list[str]]:
     """plotly's textposition per labelled point: the first of :data:`POSITIONS` whose box overlaps no
-    label placed so far and stays inside the plot; a point with no free place keeps its hover text and
-    no label (two configs at the same memory and KLD), so labels never print over each other."""
+    label placed so far and no marker, and stays inside the plot; a point with no free place keeps its hover
+    text and no label (two configs at the same memory and KLD), so labels never print over each other."""
     points = [(i, j, x, y) for i, s in enumerate(chart.series) if s.labels for j, (x, y) in enumerate(zip(s.x, s.y))]
     if not points:
         return {}
     ys = [(_symlog(y, chart.y_symlog) if chart.y_symlog else y) for *_, y in points]
     xs = [x for _, _, x, _ in points]
     x_span, y_span = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    # plotly pads the axes by about 5% of the span on each side: the plot's fractions of these points
+    where = [(0.05 + 0.9 * (x - min(xs)) / x_span, 0.05 + 0.9 * (y - min(ys)) / y_span) for x, y in zip(xs, ys)]
+    markers = [_marker_box(fx, fy) for fx, fy in where]
     placed: list[tuple[float, float, float, float]] = []
     out: dict[int, list[str]] = {i: [""] * len(chart.series[i].x) for i, *_ in points}
     hidden: dict[int, set[int]] = {}
-    for (i, j, x, _), y in sorted(zip(points, ys), key=lambda p: (p[0][2], p[1])):
-        # plotly pads the axes by about 5% of the span on each side: the plot's fractions of these points
-        fx, fy = 0.05 + 0.9 * (x - min(xs)) / x_span, 0.05 + 0.9 * (y - min(ys)) / y_span
+    for (i, j, x, _), (fx, fy) in sorted(zip(points, where), key=lambda p: (p[0][2], p[1][1])):
         width = CHAR_WIDTH * len(chart.series[i].labels[j])
         for position in POSITIONS:
             box = _label_box(fx, fy, width, position)
-            if box[0] >= 0 and box[2] <= 1 and box[3] <= 1.02 and not any(_overlap(box, other) for other in placed):
+            if (box[0] >= 0 and box[2] <= 1 and box[3] <= 1.02 and not any(_overlap(box, other) for other in placed)
+                    and not any(_overlap(box, marker) for marker in markers)):
                 placed.append(box)
                 out[i][j] = position
                 break
@@ -156,6 +174,8 @@ def plotly_figure(chart: Chart | Heatmap) -> dict:
     layout["xaxis"] = _axis(chart.x_title, type="log" if chart.x_log else ("category" if chart.x_categories else "linear"))
     if chart.x_ticks:  # whole numbers at each tick, not plotly's "100 2 3 4" within a decade
         layout["xaxis"].update(tickmode="array", tickvals=list(chart.x_ticks), ticktext=[f"{t:,.0f}" for t in chart.x_ticks])
+    if chart.x_range:  # plotly's log axis takes its range in decades
+        layout["xaxis"]["range"] = [math.log10(v) for v in chart.x_range] if chart.x_log else list(chart.x_range)
     if any("lines" in s.mode and s.dash != "solid" for s in chart.series):
         layout["legend"]["itemwidth"] = 60  # long enough for a dash or dot pattern to show in the legend's sample line
     if chart.x_categories:
@@ -164,9 +184,19 @@ def plotly_figure(chart: Chart | Heatmap) -> dict:
         layout["xaxis"]["categoryarray"] = [plotly_text(c) for c in chart.x_categories]
     layout["yaxis"] = _axis(chart.y_title, zeroline=chart.zero_line, zerolinecolor="#444", zerolinewidth=1)
     if chart.y_symlog:
-        layout["yaxis"].update(_symlog_ticks([y for s in chart.series for y in s.y], chart.y_symlog))
+        layout["yaxis"].update(_symlog_ticks(_reach(chart), chart.y_symlog))
     positions = _label_positions(chart)
     return {"id": chart.id, "data": [_trace(s, chart.y_symlog, positions.get(i)) for i, s in enumerate(chart.series)], "layout": layout}
+
+
+def _reach(chart: Chart) -> list[float]:
+    """Every value the y axis must show: the points and their error bars' ends."""
+    out = []
+    for s in chart.series:
+        out += s.y
+        if s.error_low is not None:
+            out += [y - e for y, e in zip(s.y, s.error_low)] + [y + e for y, e in zip(s.y, s.error_high)]
+    return out
 
 
 def _figure_block(chart: Chart | Heatmap) -> str:
@@ -175,14 +205,17 @@ def _figure_block(chart: Chart | Heatmap) -> str:
 
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; padding: 0 1em; }
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1300px; color: #222; padding: 0 1em; }
 h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; } h3 { margin-top: 1.5em; }
 .chart { width: 100%; height: 480px; }
 figure { margin: 1em 0 2em 0; } figcaption { color: #555; font-size: 0.9em; }
 table.data { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em 0; max-width: 100%; }
 table.data th, table.data td { border: 1px solid #ddd; padding: 3px 6px; text-align: right; }
+div.table-scroll { overflow-x: auto; max-width: 100%; }
 table.data td { white-space: nowrap; }
-table.data th { background: #f3f3f3; white-space: normal; overflow-wrap: anywhere; vertical-align: bottom; }
+table.data td.prose { white-space: normal; min-width: 14em; text-align: left; }
+table.data td.interval { white-space: normal; } table.data td.interval span { white-space: nowrap; }
+table.data th { background: #f3f3f3; white-space: normal; overflow-wrap: normal; hyphens: none; vertical-align: bottom; }
 table.data td:nth-child(-n+2), table.data th:nth-child(-n+2) { text-align: left; }
 p.empty, p.meta { color: #555; } p.columns { color: #555; font-size: 0.85em; max-width: 70em; }
 code { background: #f3f3f3; padding: 1px 4px; }

@@ -52,12 +52,16 @@ def _draw_chart(ax, chart: Chart) -> list[tuple[float, float, str]]:
     if chart.x_ticks:  # whole numbers at each tick (matplotlib's log axis writes 10^2 and leaves 2, 4, 8 unlabelled)
         ax.set_xticks(list(chart.x_ticks), [f"{t:,.0f}" for t in chart.x_ticks])
         ax.minorticks_off()
+    if chart.x_range:  # the ticks alone would stretch the axis to 1 while the first bucket sits near 8
+        ax.set_xlim(*chart.x_range)
     if chart.y_symlog:
         ax.set_yscale("symlog", linthresh=chart.y_symlog, linscale=0.5)
         lowest = min((y - (s.error_low[k] if s.error_low is not None else 0.0) for s in chart.series for k, y in enumerate(s.y)), default=0.0)
-        if lowest >= 0:  # no negative values: no negative decades (the zero line would otherwise pull them in)
-            highest = max(y + (s.error_high[k] if s.error_high is not None else 0.0) for s in chart.series for k, y in enumerate(s.y))
-            ax.set_ylim(bottom=0.0, top=_symlog_top(highest, chart.y_symlog))
+        highest = max(y + (s.error_high[k] if s.error_high is not None else 0.0) for s in chart.series for k, y in enumerate(s.y))
+        # no negative values: no negative decades (the zero line would otherwise pull them in); negative ones: only
+        # as far down as the lowest bar reaches, not the decades matplotlib's autoscale adds below it
+        bottom = 0.0 if lowest >= 0 else -_symlog_top(-lowest, chart.y_symlog)
+        ax.set_ylim(bottom=bottom, top=_symlog_top(highest, chart.y_symlog))
     if chart.zero_line:
         ax.axhline(0.0, color="#444", linewidth=0.8, linestyle="--")
     ax.grid(True, alpha=0.3)

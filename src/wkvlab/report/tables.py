@@ -9,6 +9,7 @@ import csv
 import html
 import io
 import math
+import re
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, Callable
@@ -174,13 +175,29 @@ def to_markdown(table: Table, empty: str) -> str:
     return "\n".join(lines + [""])
 
 
+# A cell longer than this is prose (a verdict with its reason) and wraps at its spaces; shorter cells stay on
+# one line. Before, every cell was one line and the cross-term table ran 1,645 px wide (issue #42).
+PROSE_CHARS = 40
+INTERVAL = re.compile(r"(\S+) (\[.*\])")
+
+
+def _html_cell(text: str) -> str:
+    """One <td>: an estimate with its interval may break between the two, prose at its spaces, numbers never."""
+    interval = INTERVAL.fullmatch(text)
+    if interval:
+        return f"<td class=\"interval\"><span>{html.escape(interval[1])}</span> <span>{html.escape(interval[2])}</span></td>"
+    return f"<td class=\"prose\">{html.escape(text)}</td>" if len(text) > PROSE_CHARS else f"<td>{html.escape(text)}</td>"
+
+
 def to_html(table: Table, empty: str) -> str:
     if not table.rows:
         return f"<p class=\"empty\">{html.escape(empty)}</p>"
     head = "".join(f"<th>{html.escape(c.header.replace('_', ' '))}</th>" for c in table.shown)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(t)}</td>" for t in row) + "</tr>" for row in table.text_rows())
+    body = "".join("<tr>" + "".join(_html_cell(t) for t in row) + "</tr>" for row in table.text_rows())
     caption = f"<p class=\"columns\">{html.escape(table.caption)}</p>" if all(c.doc for c in table.shown) else ""
-    return f"<table class=\"data\" id=\"table-{html.escape(table.name)}\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{caption}"
+    # The scroller keeps a table wider than the window (a narrow one) from widening the whole page.
+    return (f"<div class=\"table-scroll\"><table class=\"data\" id=\"table-{html.escape(table.name)}\"><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table></div>{caption}")
 
 
 EMPTY = {

@@ -32,9 +32,8 @@ from wkvlab.sweep.spec import SweepSpec
 from wkvlab.weights.spec import WeightSpec
 
 ID_VERSION = 1  # bump when the same config would produce different numbers (a metric's definition changed)
-# Fallback for --dry-run estimates before anything of this model is stored: seconds per scored
-# token and config, measured for SmolLM2-135M on 2 CPU cores (weight build amortized over 4 KV configs).
-DEFAULT_SECONDS_PER_TOKEN = 0.002
+# --dry-run prices a model whose files do not give its size (a planner inventory failed) as SmolLM2-135M
+DEFAULT_PARAMETERS = 134_515_008
 
 
 def canonical_json(data) -> str:
@@ -266,22 +265,59 @@ def make_tasks(configs: list[SweepConfig], done: set[str] | frozenset[str] = fro
     return tasks
 
 
-def estimate_seconds(configs: list[SweepConfig], seconds_per_token: dict[str, float | None]) -> float:
-    """A rough wall time of the window passes: measured seconds per token of this model in the store, else the default."""
-    return sum(c.tokens * (seconds_per_token.get(c.model_sha256) or DEFAULT_SECONDS_PER_TOKEN) for c in configs)
+def model_parameters(model: str) -> int:
+    """The model's parameter count from its files (the planner's inventory: no torch); 0 when they cannot tell."""
+    from wkvlab.errors import WkvlabError
+    from wkvlab.plan import parameter_count, resolve_source
+
+    try:
+        return parameter_count(resolve_source(model)[0])
+    except (WkvlabError, OSError, ValueError, KeyError):
+        return 0
 
 
-def untimed_steps(tasks: list[GridTask]) -> tuple[str, ...]:
-    """What :func:`estimate_seconds` cannot price before anything runs, in the cost classes the run's
-    ETA times apart (``display.StepCosts``, ``display.grids_classes``): calibrated weight builds and KV
-    calibrations, each minutes where a pass takes seconds, and loading each model (a GGUF's first
-    load converts it). A dry run names them beside a lower bound rather than print a sum of passes
-    as the time (12 s said for a sweep that took 2:59, issue 42)."""
+def task_work(tasks: list[GridTask]) -> dict[str, "WorkItems"]:
+    """What the tasks do, per model fingerprint, in the classes of the cost model (wkvlab.costs), which are the
+    ETA's (display.grids_classes): window passes and their tokens, weight builds by class, KV calibrations, and
+    each model load — a GGUF not yet in the cache is converted first (models/cache_writes.py tells)."""
+    from wkvlab.costs import WorkItems
     from wkvlab.display import grids_classes
+    from wkvlab.models.cache_writes import copy_pending
 
-    pairs, calibrations = grids_classes([task.grid for task in tasks])
-    calibrated = sum(1 for _, kind in pairs if kind == "calibrated")
-    models = len({c.model_sha256 for task in tasks for c in task.configs})
-    parts = [f"{calibrated} calibrated weight build(s) (GPTQ/AWQ/SmoothQuant)"] if calibrated else []
-    parts += [f"{calibrations} KV calibration(s)"] if calibrations else []
-    return (*parts, f"loading {models} model(s)") if models else tuple(parts)
+    work: dict[str, dict] = {}
+    loaded = None
+    for task in tasks:
+        first = task.first
+        item = work.setdefault(first.model_sha256, {"pass_tokens": 0, "builds": {}, "kv_calibrations": 0, "conversions": 0, "loads": 0})
+        reference = first.reference is None or not first.reference_file().exists()
+        item["pass_tokens"] += task.n_windows * first.ctx * (len(task.configs) + reference)
+        pairs, calibrations = grids_classes([task.grid])
+        for _, kind in pairs:
+            item["builds"][kind] = item["builds"].get(kind, 0) + 1
+        item["kv_calibrations"] += calibrations
+        key = (first.model, first.model_sha256, first.device, first.dtype)
+        if key != loaded:  # the executor loads a model when the task's differs from the one before (sweep.executor)
+            first_load = not item["conversions"] and not item["loads"] and copy_pending(first.model, first.dtype)
+            item["conversions" if first_load else "loads"] += 1
+            loaded = key
+    return {fp: WorkItems(i["pass_tokens"], tuple(sorted(i["builds"].items())), i["kv_calibrations"], i["conversions"], i["loads"])
+            for fp, i in work.items()}
+
+
+def estimate_tasks(tasks: list[GridTask], seconds_per_token: dict[str, float | None]) -> "Estimate | None":
+    """The cost model's estimate (wkvlab.costs) of every task: passes, builds, KV calibrations and loading, each
+    model's priors scaled by its measured seconds per token when the store has some, else by the load now;
+    None when nothing runs."""
+    from wkvlab.costs import Estimate, estimate
+
+    from wkvlab.threads import available_cores, busy_cores
+
+    if not tasks:
+        return None
+    names = {t.first.model_sha256: t.first.model for t in tasks}
+    load, cores = busy_cores(), available_cores()
+    parts = [estimate(work, model_parameters(names[fp]) or DEFAULT_PARAMETERS, seconds_per_token.get(fp), load, cores)
+             for fp, work in task_work(tasks).items()]
+    bases = sorted({p.basis for p in parts})
+    return Estimate(sum(p.passes for p in parts), sum(p.builds for p in parts), sum(p.kv_calibrations for p in parts),
+                    sum(p.loading for p in parts), "; ".join(bases))

@@ -13,7 +13,8 @@ from wkvlab.errors import DataError
 from wkvlab.eval.runner import Progress
 from wkvlab.store import ResultStore, open_store
 from wkvlab.sweep.executor import Executor, InProcessExecutor
-from wkvlab.sweep.plan import GridTask, SweepConfig, estimate_seconds, expand, make_tasks, untimed_steps
+from wkvlab.costs import Estimate
+from wkvlab.sweep.plan import GridTask, SweepConfig, estimate_tasks, expand, make_tasks
 from wkvlab.sweep.spec import SweepSpec, load_spec
 
 
@@ -23,14 +24,16 @@ class SweepPlan:
     configs: tuple[SweepConfig, ...]
     done: frozenset[str]
     tasks: tuple[GridTask, ...]
-    seconds: float  # estimated wall time of the missing configs' window passes
-    untimed: tuple[str, ...] = ()  # what that estimate leaves out (sweep.plan.untimed_steps): then a lower bound
+    cost: Estimate | None = None  # the cost model's estimate of the missing configs (wkvlab.costs); None: nothing to run
+
+    @property
+    def seconds(self) -> float:
+        """Estimated wall time of everything left: passes, builds, KV calibrations and model loading."""
+        return self.cost.seconds if self.cost is not None else 0.0
 
     def estimate(self, duration) -> str:
-        """``about 1m10s``, or ``at least 0m12s (not timed yet: 2 calibrated weight build(s) ...)``."""
-        if not self.untimed:
-            return f"about {duration(self.seconds)}"
-        return f"at least {duration(self.seconds)} (window passes; not timed yet: {', '.join(self.untimed)})"
+        """``about 3m10s (passes 1m02s, builds 1m40s, loading 0m08s; priors scaled by ...)``, or ``about 0``."""
+        return self.cost.describe(duration) if self.cost is not None else f"about {duration(0)}"
 
     @property
     def missing(self) -> list[SweepConfig]:
@@ -41,7 +44,9 @@ class SweepPlan:
         return sum(t.steps for t in self.tasks)
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec.to_dict(), "estimated_seconds": self.seconds, "untimed": list(self.untimed), "tasks": len(self.tasks),
+        parts = {} if self.cost is None else {"passes": self.cost.passes, "builds": self.cost.builds,
+                                               "kv_calibrations": self.cost.kv_calibrations, "loading": self.cost.loading, "basis": self.cost.basis}
+        return {"spec": self.spec.to_dict(), "estimated_seconds": self.seconds, "estimate": parts, "tasks": len(self.tasks),
                 "configs": [{"config_id": c.config_id, "label": c.label, "done": c.config_id in self.done} for c in self.configs]}
 
 
@@ -66,7 +71,7 @@ def plan_sweep(spec: SweepSpec | str | Path, store: ResultStore | None) -> Sweep
     missing = [c for c in configs if c.config_id not in done]
     speeds = {fp: store.seconds_per_token(fp) if store is not None else None for fp in {c.model_sha256 for c in missing}}
     tasks = tuple(make_tasks(missing, grid=spec.grid))
-    return SweepPlan(spec, tuple(configs), done, tasks, estimate_seconds(missing, speeds), untimed_steps(list(tasks)))
+    return SweepPlan(spec, tuple(configs), done, tasks, estimate_tasks(list(tasks), speeds))
 
 
 def _fresh_tasks(plan: SweepPlan, store: ResultStore, tick: Progress):
