@@ -31,7 +31,8 @@ def test_the_cpu_part_runs_passes_on_llama_and_says_the_rest_needs_a_gpu(gc, cap
     for expected in ("b: llama: chunked logits == whole", "b: llama: identity KLD exactly 0", "b: llama: calibrated KV specs twice",
                      "b: llama: int4-g32 quantizes the decoder", "forward calls per chunk (tiny-llama)",
                      "b: llama: bfloat16: identity KLD exactly 0", "m: meta audit, copies plan: no host sync per chunk",
-                     "m: meta audit, one-model plan: no host sync per chunk"):
+                     "m: meta audit, one-model plan: no host sync per chunk",
+                     "m: meta build audit, llama-awq: peak within ±15% of the estimate, flat per layer"):
         assert expected in names
     finite = next(r for r in report["checks"] if r["check"].endswith("configs give a finite KLD above 0") and "bfloat16" not in r["check"])
     assert finite["configs"] == len(gc.KV_SPECS) + len(gc.WEIGHT_SPECS)
@@ -41,6 +42,7 @@ def test_the_cpu_part_runs_passes_on_llama_and_says_the_rest_needs_a_gpu(gc, cap
 def test_a_failed_check_fails_the_run(gc, monkeypatch, capsys):
     monkeypatch.setattr(gc, "model_checks", lambda checks, *a: checks.check("planted", False))
     monkeypatch.setattr(gc, "meta_audit", lambda checks: None)  # runs (and passes) in the test above
+    monkeypatch.setattr(gc, "meta_build_audit", lambda checks: None)
     assert gc.main(["--cpu", "--models", "llama"]) == 1
     assert json.loads(capsys.readouterr().out)["failed"] == ["planted"]
 
@@ -135,13 +137,14 @@ def test_calibrated_twice_counts_the_files_of_its_own_folder(gc, monkeypatch):
 
 def test_the_budget_skips_what_it_cannot_start_and_exits_2(gc, monkeypatch, capsys):
     monkeypatch.setattr(gc, "meta_audit", lambda checks: checks.check("m: planted", True))
+    monkeypatch.setattr(gc, "meta_build_audit", lambda checks: checks.check("m: planted build", True))
     monkeypatch.setattr(gc, "model_checks", lambda checks, *a: checks.check("b: planted", True))
     monkeypatch.setattr(gc, "forward_calls", lambda checks, *a: checks.check("f: planted", True))
     assert gc.main(["--cpu", "--models", "llama,qwen2", "--budget", "0"]) == 2
     out = capsys.readouterr()
     report = json.loads(out.out)
-    assert report["failed"] == [] and report["skipped"] == ["m: meta audit", "b: llama", "b: qwen2", "forward calls per chunk (tiny llama)"]
-    assert "left 4 group(s) unrun" in out.err
+    assert report["failed"] == [] and report["skipped"] == ["m: meta audit", "m: meta build audit", "b: llama", "b: qwen2", "forward calls per chunk (tiny llama)"]
+    assert "left 5 group(s) unrun" in out.err
 
 
 def test_the_meta_audit_fails_on_a_per_chunk_host_copy(gc, monkeypatch):
@@ -155,3 +158,22 @@ def test_the_meta_audit_fails_on_a_per_chunk_host_copy(gc, monkeypatch):
     sync = checks.rows[0]
     assert sync["ok"] is False and sync["extra_chunks"] == 2 and sync["per_chunk"] >= 1, sync
     assert any(site.startswith("host to device at eval/chunks.py") for site in sync["sites"]), sync["sites"]
+
+
+def test_the_meta_build_audit_fails_on_a_planted_extra_hessian(gc, monkeypatch):
+    """It passes on this code (the CPU-part test above); planted, a second Hessian kept per input group
+    (what a linear keeping its own did before issue 40) puts the GPTQ build past +15% of its estimate."""
+    from wkvlab.weights import gptq
+
+    real, kept = gptq.hessian_of, []
+
+    def keeping_a_copy(layer, hidden, kwargs, module):
+        hessian = real(layer, hidden, kwargs, module)
+        kept.append(hessian.clone())
+        return hessian
+
+    monkeypatch.setattr(gptq, "hessian_of", keeping_a_copy)
+    checks = gc.Checks()
+    gc.meta_build_audit(checks, cases=("llama-gptq",))
+    row = checks.rows[0]
+    assert row["ok"] is False and row["ratio"] > 1.15 and kept, row

@@ -43,21 +43,19 @@ def _plain_attention(query, key, key_q, value, value_q, selection, scaling):
     return ((probs * use) @ vq + (probs * ~use) @ v).transpose(1, 2)
 
 
-def test_mixed_attention_streams_the_cache_in_blocks(monkeypatch):
+def test_mixed_attention_groups_queries_and_never_repeats_the_cache():
     torch.manual_seed(0)
     batch, heads, kv_heads, tokens, dim = 1, 4, 2, 192, 16
     query = torch.randn(batch, heads, tokens, dim, dtype=torch.bfloat16)
     key, value = (torch.randn(batch, kv_heads, tokens, dim, dtype=torch.bfloat16) for _ in range(2))
     key_q, value_q = key + 0.1 * torch.randn_like(key), value + 0.1 * torch.randn_like(value)
     selection = A.flush_selection(8)
-    # keys in blocks of 16: 16 × 4 heads × 32 queries × 4 bytes per score block
-    monkeypatch.setattr(A, "SCORE_BLOCK_BYTES", 16 * heads * 32 * 4)
     with _Largest() as seen:
         out = A.mixed_attention(query, key, key_q, value, value_q, None, scaling=dim ** -0.5, selection=selection, chunk=32)
     whole_cache = batch * kv_heads * tokens * dim
-    # float32 copies: a chunk of queries or a block of keys, never the whole cache (nor repeated per query head)
-    assert seen.copy == batch * heads * 32 * dim < whole_cache
-    assert seen.any < batch * heads * 32 * tokens  # nor a [heads, chunk, all keys] score matrix
+    # float32 copies: the quantized cache once (not repeated per query head), a group of queries, a band of keys
+    assert seen.copy == whole_cache
+    assert seen.any == batch * heads * 32 * tokens  # the largest: one group's [heads, 32 queries, all keys] scores
     expected = _plain_attention(query, key, key_q, value, value_q, selection, dim ** -0.5)
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-2)  # bf16 output
     again = A.mixed_attention(query.float(), key.float(), key_q.float(), value.float(), value_q.float(), None,

@@ -127,3 +127,93 @@ def test_an_unscored_chunk_fills_the_cache_without_the_head(make, dtype):
         assert heads in ([], [0])  # the head saw no position (HF calls it on an empty slice)
         got = skipping.step(ids[16:], slice(4, 12))
     assert torch.equal(got, expected)
+
+
+# -- the split bf16 head a GPU runs (eval/logits.py: split_product) -------------------------------------
+
+U = 2.0 ** -24  # float32's unit roundoff
+
+
+def _rounding_bound(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The textbook bound on a float32 dot product of K exact terms, |computed - exact| ≤ γ_{K+2} Σ|h_i w_i|
+    (γ_n = n·u / (1 - n·u)), per logit: every product and sum rounds once; +2 for the split's two additions."""
+    k = hidden.shape[-1] + 2
+    return k * U / (1 - k * U) * (hidden.double().abs() @ weight.double().abs().T)
+
+
+def test_three_bf16_pieces_sum_to_the_float32_hidden_exactly_and_two_do_not():
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(0)) * torch.logspace(-6, 6, 512)
+    three = L.split_bf16(x, 3)
+    assert all(p.dtype == torch.bfloat16 for p in three)
+    assert torch.equal(sum(p.double() for p in three), x.double())
+    assert not torch.equal(sum(p.double() for p in L.split_bf16(x, 2)), x.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_split_head_is_within_the_float32_heads_own_rounding_bound(dtype):
+    """Logits from bf16 GEMMs of the split pieces differ from the exact product by no more than the
+    float32 head's own worst-case rounding (γ_{K+2}·Σ|h·w|), so they are float32-grade; a single
+    bf16 piece (the hidden state rounded to bf16, what a plain bf16 head does) is far outside it."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(48, 256, generator=g) * 3
+    weight = (torch.randn(300, 256, generator=g) * 0.05).to(dtype)
+    exact = hidden.double() @ weight.double().T
+    bound = _rounding_bound(hidden, weight)
+    split = L.split_product(L.split_bf16(hidden, L.SPLIT_TERMS), weight)
+    fp32 = hidden @ weight.float().T
+    assert split.dtype == torch.float32
+    assert ((split.double() - exact).abs() <= bound).all()
+    assert ((fp32.double() - exact).abs() <= bound).all()  # the float32 head's error is of the same kind
+    one_piece = L.split_product(L.split_bf16(hidden, 1), weight)
+    assert ((one_piece.double() - exact).abs() > bound).float().mean() > 0.5
+
+
+def _klds(ref: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    a, b = torch.log_softmax(ref.double(), -1), torch.log_softmax(cand.double(), -1)
+    return (a.exp() * (a - b)).sum(-1)
+
+
+def test_split_head_klds_match_the_float32_heads_within_the_bound(monkeypatch):
+    """A bf16 model's KLD (reference vs a KV-quantized candidate) with the head split as on a GPU, against
+    the float32 head, per token. If every logit moves by at most ε, each log-probability moves by at most
+    2ε, and KLD = Σ p (a - b) moves by at most 4ε + (e^{2ε} - 1)·Σ p |a - b| (the first from the log-
+    probabilities, the second from p). ε here is the largest logit difference measured on that token;
+    the test above bounds it by float32's own rounding."""
+    from wkvlab.kv.hook import kv_quantization
+
+    model = _loud(tiny_llama).to(torch.bfloat16)
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(2))
+
+    def both(split: bool):
+        monkeypatch.setattr(L, "splits_head", lambda weight, device: split)
+        with torch.no_grad():
+            ref = L.model_logits(model, ids, use_cache=False)
+            with kv_quantization(model, KVSpec.parse("q4_0")):
+                cand = L.model_logits(model, ids, use_cache=False)
+        return ref, cand
+
+    (ref32, cand32), (ref_split, cand_split) = both(False), both(True)
+    eps = torch.maximum((ref32 - ref_split).abs().amax(-1), (cand32 - cand_split).abs().amax(-1)).double()
+    assert 0 < eps.max() < 1e-4  # the split really ran (not bit-identical), at float32's rounding level (logits ~±40)
+    kld32, kld_split = _klds(ref32, cand32), _klds(ref_split, cand_split)
+    a, b = torch.log_softmax(ref32.double(), -1), torch.log_softmax(cand32.double(), -1)
+    allowed = 4 * eps + torch.expm1(2 * eps) * (a.exp() * (a - b).abs()).sum(-1)
+    assert kld32.mean() > 1e-3  # q4_0 moves this model: the comparison is not of zeros
+    assert ((kld_split - kld32).abs() <= allowed).all()
+    assert ((kld_split - kld32).abs() / kld32).max() < 1e-3
+
+
+def test_the_split_head_runs_on_meta_for_a_bf16_model_and_not_on_the_cpu(monkeypatch):
+    products = []
+    real = L._product_f32
+    monkeypatch.setattr(L, "_product_f32", lambda a, b: products.append(b.shape) or real(a, b))
+    head = torch.nn.Linear(64, 100, bias=False, dtype=torch.bfloat16)
+    assert not L.splits_head(head.weight, torch.device("cpu"))  # the CPU keeps the exact float32 GEMM
+    assert not L.splits_head(head.weight.float(), torch.device("meta"))
+    meta = torch.nn.Linear(64, 100, bias=False, dtype=torch.bfloat16, device="meta")
+    from tests.fake_device import fake_accelerator
+
+    with fake_accelerator() as audit:
+        out = L.head_in_float32(meta, torch.empty(5, 64, device="meta"))
+    assert out.shape == (5, 100) and out.dtype == torch.float32 and audit.syncs == 0
+    assert len(products) == L.SPLIT_TERMS  # one bf16 GEMM per hidden piece (one block of rows)

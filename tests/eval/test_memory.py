@@ -162,12 +162,14 @@ def test_the_attention_term_is_repeat_kvs_expanded_keys_and_values_not_a_score_b
     flash on CUDA; the memory-efficient kernel takes it); what grouped-query attention allocates is
     repeat_kv's K and V expanded to every query head. Llama-3-8B, bf16, 32k keys: 2 × 32 heads ×
     32,768 × 128 × 2 bytes = 512 MiB, where the old float32 score block (32 × 512 × 32,768 × 4) said
-    2 GiB; a spec that runs the blocked mixed-precision attention adds its score blocks."""
-    from wkvlab.eval.memory import MIXED_ATTENTION_BYTES, _attention, _query_dependent
+    2 GiB. A spec that runs the mixed-precision attention counts it where it is larger (by hand, 512
+    queries: the float32 K and V, 2 × 8 × 32,768 × 128 × 4 = 256 MiB; two score tensors of a 64-query
+    group, 2 × 32 × 64 × 32,768 × 4 = 512 MiB; the group's mask, 8 MiB, and the float32 output, 8 MiB)."""
+    from wkvlab.eval.memory import _attention, _query_dependent
 
     desc = ModelDescription.from_name("llama-3-8b")
     assert _attention(desc, 32768, 2, mixed=False) == 2 * 32 * 32768 * 128 * 2 == 512 << 20
-    assert _attention(desc, 32768, 2, mixed=True) == (512 << 20) + MIXED_ATTENTION_BYTES
+    assert _attention(desc, 32768, 2, mixed=True, chunk=512) == (256 + 512 + 8 + 8) << 20
     mha = ModelDescription.from_config({**TINY, "num_key_value_heads": TINY["num_attention_heads"]}, name="mha")
     assert _attention(mha, 4096, 4, mixed=False) == 0  # repeat_kv returns K and V as they are
     assert _query_dependent(KVSpec.parse("int2+residual=8")) and not _query_dependent(KVSpec.parse("q4_0"))

@@ -15,6 +15,17 @@ hidden state is normalized and projected in float32 here:
   ``logit_scale``, Granite's ``logits_scaling``; pre-hooks on ``lm_head`` (an engine baseline's
   input rounding) are applied to the head's input as the module call would.
 
+On a GPU the float32 head is a true FP32 GEMM, ~16× slower than a bf16 one on tensor cores
+(~+70% per pass on an 8B model, paid by the reference and every candidate). There the head runs as
+bf16 GEMMs with float32 accumulation and output instead (:func:`split_product`): the float32
+hidden state is split into three bf16 pieces that sum to it exactly (3 × 8 significant bits =
+float32's 24), a bf16 head is exact as it is and an fp16 head splits into two bf16 pieces exactly
+(11 bits), and each product of two bf16 values is exact in float32. So the split head computes
+the same sum as the float32 head from the same exact terms; only the order and grouping of the
+float32 additions differ, within the rounding bound that the float32 head already has
+(tests/eval/test_logits.py states it). On the CPU, which has no fast bf16 GEMM with a float32
+output, the head stays a float32 GEMM.
+
 A float32 model takes none of this: its own logits are already full precision (and the numbers
 of every float32 run stay bit-identical).
 """
@@ -48,8 +59,51 @@ def _norm_in_float32(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tenso
     return out
 
 
+SPLIT_TERMS = 3  # bf16 pieces of a float32 hidden state: 3 × 8 significant bits = float32's 24, so they sum to it exactly
+_SPLIT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def split_bf16(x: torch.Tensor, terms: int) -> list[torch.Tensor]:
+    """``x`` as ``terms`` bf16 tensors, largest first, each the rounding of what the ones before left;
+    the remainder is exact in float32 (a float minus its own rounding), so enough terms sum to ``x``."""
+    parts, rest = [], x.float()
+    for i in range(terms):
+        parts.append(rest.to(torch.bfloat16))
+        if i + 1 < terms:
+            rest = rest - parts[-1].float()
+    return parts
+
+
+def _product_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b.T`` of two bf16 matrices with float32 accumulation and a float32 result: cuBLAS's bf16
+    GEMM on a GPU (``out_dtype``); on the CPU, which has none, the float32 GEMM of the same values
+    (the products are exact either way, only the accumulation order may differ)."""
+    if a.device.type == "cpu":
+        return a.float() @ b.float().T
+    return torch.mm(a, b.T, out_dtype=torch.float32)
+
+
+def split_product(pieces: list[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+    """``hidden @ weight.T`` in float32 from ``pieces`` (:func:`split_bf16` of a ``[tokens, H]`` hidden
+    state) and a bf16 or fp16 ``weight`` ``[rows, H]``, as bf16 GEMMs. Piece products whose size is
+    below float32's last bit (2^-24 of the leading product) are left out; the rest are added smallest first."""
+    w_pieces = [weight] if weight.dtype == torch.bfloat16 else split_bf16(weight, 2)  # fp16: 11 bits = 8 + 3, exact
+    pairs = sorted(((i, j) for i in range(len(pieces)) for j in range(len(w_pieces)) if i + j < SPLIT_TERMS), key=lambda p: -sum(p))
+    out = None
+    for i, j in pairs:
+        term = _product_f32(pieces[i], w_pieces[j])
+        out = term if out is None else out.add_(term)
+    return out
+
+
+def splits_head(weight: torch.Tensor, device: torch.device) -> bool:
+    """Whether the head runs as split bf16 GEMMs: a 16-bit head off the CPU (a GPU, or ``meta`` standing in for one)."""
+    return weight.dtype in _SPLIT_DTYPES and device.type != "cpu"
+
+
 def head_in_float32(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """``head(hidden)`` in float32, ``hidden`` ``[..., H]`` float32; the weight upcast a block of rows at a time."""
+    """``head(hidden)`` in float32, ``hidden`` ``[..., H]`` float32: on the CPU the weight upcast a block of
+    rows at a time, on a GPU a 16-bit head as split bf16 GEMMs (:func:`split_product`), block by block too."""
     for hook in head._forward_pre_hooks.values():
         changed = hook(head, (hidden,))
         if changed is not None:
@@ -58,9 +112,13 @@ def head_in_float32(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor
     vocab, width = weight.shape
     rows = max(1, HEAD_BLOCK_BYTES // (4 * width))
     out = torch.empty(*hidden.shape[:-1], vocab, dtype=torch.float32, device=hidden.device)
+    pieces = split_bf16(hidden.reshape(-1, width), SPLIT_TERMS) if splits_head(weight, hidden.device) else None
     for start in range(0, vocab, rows):
         block = slice(start, min(start + rows, vocab))
-        torch.matmul(hidden, weight[block].float().T, out=out[..., block])
+        if pieces is not None:
+            out[..., block] = split_product(pieces, weight[block]).reshape(*hidden.shape[:-1], -1)
+        else:
+            torch.matmul(hidden, weight[block].float().T, out=out[..., block])
         if bias is not None:
             out[..., block] += bias[block].float()
     return out

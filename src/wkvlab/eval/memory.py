@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from wkvlab.errors import ConfigError
 from wkvlab.eval.constants import DEFAULT_SAMPLES, DEFAULT_TOPK
+from wkvlab.kv.attention_sizes import mixed_attention_bytes
 from wkvlab.kv.readprec import READ_BYTES, engine_read
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
@@ -186,26 +187,23 @@ def _cache_bytes(desc: ModelDescription, spec: KVSpec, ctx: int, chunk: int, dty
     return total
 
 
-# wkvlab.kv.attention.mixed_attention (specs whose view of a key depends on the query: residual,
-# window, past-only...) keeps its scores in float32 blocks of SCORE_BLOCK_BYTES (32 MiB there):
-# the two products, their selection and the probabilities are alive at once.
-MIXED_ATTENTION_BYTES = 4 * (32 << 20)
-
-
-def _attention(desc: ModelDescription, ctx: int, dtype_bytes: int, mixed: bool) -> int:
+def _attention(desc: ModelDescription, ctx: int, dtype_bytes: int, mixed: bool, chunk: int = 1) -> int:
     """One layer's attention beyond its inputs and output. transformers' sdpa path passes a mask
     with a chunk of queries against a longer cache, so torch's fused kernels (flash on the CPU,
     memory-efficient on CUDA) run without a score matrix, but ``repeat_kv`` first expands K and V
     of a grouped-query model to every query head: 2 × heads × keys × head_dim in the model's dtype.
-    The blocked mixed-precision path (``mixed``) adds its score blocks."""
+    A grid with a query-dependent spec (``mixed``) also runs :func:`wkvlab.kv.attention.mixed_attention`
+    (its float32 K/V and one query group's scores, as ``mixed_attention_bytes`` states); the larger counts."""
     expanded = 2 * desc.num_heads * ctx * desc.head_dim * dtype_bytes if desc.num_heads > desc.num_kv_heads else 0
-    return expanded + (MIXED_ATTENTION_BYTES if mixed else 0)
+    if not mixed:
+        return expanded
+    return max(expanded, mixed_attention_bytes(1, desc.num_heads, desc.num_kv_heads, chunk, ctx, desc.head_dim, dtype_bytes))
 
 
 def _activations(desc: ModelDescription, chunk: int, ctx: int, dtype_bytes: int, mixed: bool = False) -> int:
     """One chunk's forward: hidden-size tensors, the MLP's gate/up/product, and :func:`_attention`."""
     inter = desc.moe.expert_intermediate_size * desc.moe.experts_per_token if desc.moe else desc.intermediate_size
-    return chunk * (6 * desc.hidden_size + 3 * inter) * dtype_bytes + _attention(desc, ctx, dtype_bytes, mixed)
+    return chunk * (6 * desc.hidden_size + 3 * inter) * dtype_bytes + _attention(desc, ctx, dtype_bytes, mixed, chunk)
 
 
 def _query_dependent(spec: KVSpec) -> bool:
