@@ -168,3 +168,28 @@ def test_a_fresh_demo_on_another_cpu_is_compared_looser_and_says_so():
     assert tables.cell_differences(report, other, cross_cpu=True) == []  # interactions and verdicts not compared across CPUs
     assert tables.cell_differences(report, other.replace("0.14351", "0.2"), cross_cpu=True)
     assert "(" in tables.cpu() or tables.cpu()
+
+
+def test_a_finding_with_per_unit_values_is_decided_again_and_an_older_one_is_labelled(tmp_path):
+    """A record keeping per-unit values renders the tables today's rule decides from them, not its stored Markdown;
+    one keeping only intervals from before issue #38 renders as printed, labelled as the older rule with its commit."""
+    import json
+
+    from tests.findings.test_records import _grid
+    from wkvlab.findings.run import analyse
+
+    tables = _load()
+    markdown, data = analyse("additivity", {("grid",): _grid()}, "10%")
+    record = {"command": "wkvlab findings additivity --model default --store out/findings.db --threads 1 --tokens 512",
+              "commit": "abc1234", "date": "2026-12-06", "wall_s": 60.0, "load_before": 2.0, "load_after": 1.1, "load_min": 1.0,
+              "load_max": 4.0, "threads": 1, "weight_cache": "empty", "resumed": 0, "name": "additivity", "model": "default",
+              "data": json.loads(json.dumps(data)), "markdown": "stale tables"}
+    path = tmp_path / "findings-additivity-default.json"
+    path.write_text(json.dumps(record))
+    text = tables.finding_block(path)(None)
+    assert text.endswith(markdown.strip("\n")) and "stale tables" not in text
+    assert "decided by the rule of src/wkvlab/stats at this doc's commit" in text and "margin 10%" in text
+    old = {**record, "data": {"rows": [{"interaction": {"estimate": 0.1, "low": 0.0, "high": 0.2, "n_units": 16}}]}}
+    path.write_text(json.dumps(old))
+    text = tables.finding_block(path)(None)
+    assert text.endswith("stale tables") and "**Older rule: decided by the bootstrap rule before issue #38 at commit abc1234" in text

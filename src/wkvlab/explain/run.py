@@ -54,6 +54,8 @@ class ExplainReport:
     extras: dict = field(default_factory=dict)  # generation / retrieval / selfgen results (part B)
     verdict: tuple = ()
     seconds: dict = field(default_factory=dict)
+    # the factorial cells' per-unit values (wkvlab.findings.records): its verdicts decided again from a record
+    units: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         part = lambda x: x.to_dict() if x is not None else None  # noqa: E731
@@ -62,7 +64,7 @@ class ExplainReport:
             "factorial": self.factorial.to_dict(), "noise": part(self.noise), "attention": part(self.attention),
             "hidden": part(self.hidden), "context": part(self.context), "mitigations": part(self.mitigations),
             **{name: part(value) for name, value in self.extras.items()},
-            "verdict": list(self.verdict), "seconds": self.seconds,
+            "verdict": list(self.verdict), "seconds": self.seconds, "units": self.units,
         }
 
 
@@ -206,8 +208,10 @@ def explain(
         mitigations = timed("mitigations", run_mitigations)
 
     tick("done", 0)
+    from wkvlab.findings.records import factorial_record
+
     report = ExplainReport(options, work.loaded.name, work.corpus.name, cells["ref"].ppl_ref, fact, noise, attention, hidden,
-                           context, mitigations, extras, seconds=seconds)
+                           context, mitigations, extras, seconds=seconds, units=factorial_record(cells))
     return _with_verdict(report)
 
 
