@@ -354,13 +354,19 @@ def _decided_before_issue_38(data) -> bool:
 def finding_markdown(rec: dict, where) -> tuple[str, str]:
     """(the finding's tables, a sentence on whose rule decided them): decided again by today's rule from the
     record's per-unit values (src/wkvlab/findings/records.py) where it keeps them, else as the run printed them."""
-    from wkvlab.findings.records import REDECIDED, redecide
+    from wkvlab.findings.records import REDECIDED_VERDICTS, can_redecide, redecide
 
     commit = rec["commit"].split("+")[0]
-    if rec["name"] in REDECIDED and (rec.get("data") or {}).get("units"):
+    if can_redecide(rec["name"], rec.get("data") or {}):
         markdown, _ = redecide(rec["name"], rec["data"], where=str(where))
+        margin = rec["data"].get("margin", "10%")
+        if rec["name"] in REDECIDED_VERDICTS:
+            return markdown, (f"The cross-term table's intervals and verdicts decided by the rule of src/wkvlab/stats at this doc's "
+                              f"commit (docs/stats.md) from the per-window means the record keeps, margin {margin}; **the energy "
+                              f"shares' intervals are the bootstrap rule's before issue #38, at commit {commit}** (the record keeps "
+                              f"no per-window energies).")
         return markdown, (f"Intervals and verdicts decided by the rule of src/wkvlab/stats at this doc's commit (docs/stats.md) "
-                          f"from the per-unit values the record keeps for every cell, margin {rec['data'].get('margin', '10%')}.")
+                          f"from the per-unit values the record keeps for every cell, margin {margin}.")
     if _decided_before_issue_38(rec.get("data")):
         return rec["markdown"], (f"**Older rule: decided by the bootstrap rule before issue #38 at commit {commit}, not by today's "
                                  f"(docs/stats.md); the record keeps intervals, not per-unit values, so these verdicts stand until "

@@ -121,3 +121,27 @@ def test_explains_factorial_is_decided_again_from_its_record():
     assert before.kld.verdict.word == again.kld.verdict.word == "compounds"
     assert again.kld.verdict.adjusted.low == pytest.approx(before.kld.verdict.adjusted.low, rel=1e-9)
     assert again.metric("ppl").verdict.outcome == before.metric("ppl").verdict.outcome
+
+
+def test_the_committed_attention_record_is_decided_again_from_its_per_window_means():
+    """docs/runs/findings-attention-default.json keeps per-window means of every (W, C) pair: today's rule decides its
+    75 cross-term effects again with the run's own point estimates; a pair without them is refused in one line."""
+    from pathlib import Path
+
+    from wkvlab.findings.records import can_redecide
+
+    path = Path(__file__).parents[2] / "docs" / "runs" / "findings-attention-default.json"
+    data = json.loads(path.read_text())["data"]
+    assert can_redecide("attention", data)
+    _, again = redecide("attention", data)
+    old = {(r["weights"], r["kv"]): r["cross"] for r in data["rows"] if r["cross"]}
+    new = {(r["weights"], r["kv"]): r["cross"] for r in again["rows"] if r["cross"]}
+    assert set(new) == set(old) and len(new) == 15
+    for pair, cross in new.items():
+        for effect, verdict in cross["verdicts"].items():
+            assert verdict["family_size"] == 75 and verdict["adjusted"]["method"]  # today's analytic interval
+            assert verdict["raw"]["estimate"] == pytest.approx(old[pair]["verdicts"][effect]["raw"]["estimate"], rel=1e-9, abs=1e-12)
+    broken = json.loads(json.dumps(data))
+    next(r for r in broken["rows"] if r["cross"])["cross"]["per_window"] = None
+    with pytest.raises(DataError, match="keeps no per-window means"):
+        redecide("attention", broken)

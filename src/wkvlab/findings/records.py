@@ -31,6 +31,8 @@ from wkvlab.stats.bootstrap import per_unit, unit_labels
 FORMAT = 1  # version of the per-unit block; a reader refuses any other
 ARRAYS = ("kld", "nll", "nll_ref", "top1_agree", "delta_p")  # TokenArrays' per-token metrics
 REDECIDED = ("additivity", "methods", "calibration")  # findings whose every interval is a function of unit sums
+# the attention finding: its cross-term verdicts from the per-window means its rows keep (windows of equal length)
+REDECIDED_VERDICTS = ("attention",)
 # what an EvalResult keeps besides its arrays, carried through the record unchanged
 IDENTITY = ("model", "data", "ctx", "weights", "kv", "weights_spec", "kv_spec", "weight_bytes", "kv_bytes_per_token", "seconds",
             "fingerprints", "notes", "run", "threads", "quantized_fraction")
@@ -82,16 +84,55 @@ def grids_from_record(data: Mapping, where: str = "the record") -> dict[tuple, l
     return {tuple(grid["key"]): [result_from_units(c) for c in grid["cells"]] for grid in block["grids"]}
 
 
+def can_redecide(name: str, data: Mapping) -> bool:
+    """Whether :func:`redecide` can decide this finding's data again (it keeps the values that needs)."""
+    if name in REDECIDED_VERDICTS:
+        return any((row.get("cross") or {}).get("per_window") for row in data.get("rows", []))
+    return name in REDECIDED and bool(data.get("units"))
+
+
 def redecide(name: str, data: Mapping, margin=None, where: str = "the record") -> tuple[str, dict]:
     """(markdown, data) of finding ``name`` decided again by today's rule from the per-unit values in ``data``;
     ``margin``: the rule's --margin (default: the one the run stated, else today's default)."""
     from wkvlab.findings.run import analyse
 
+    if name in REDECIDED_VERDICTS:
+        return redecide_attention(data, margin, where)
     if name not in REDECIDED:
-        raise DataError(f"the {name} finding is not re-decided from per-unit values (only {', '.join(REDECIDED)}); "
+        raise DataError(f"the {name} finding is not re-decided from per-unit values (only {', '.join(REDECIDED + REDECIDED_VERDICTS)}); "
                         "measure it again")
     grids = grids_from_record(data, where)
     return analyse(name, grids, margin if margin is not None else data.get("margin", "10%"))
+
+
+def redecide_attention(data: Mapping, margin=None, where: str = "the record") -> tuple[str, dict]:
+    """The attention finding with its cross-term verdicts decided again by today's rule from the per-window means its
+    record keeps for every (W, C) pair (each window's mean on each of its tokens: the windows are of equal length).
+    The rows' energy shares keep the intervals the run stored: the record has no per-window energies."""
+    from dataclasses import replace
+
+    from wkvlab.explain.crossterm import ATTENTION_CELLS, CELLS, CrossTermData, cross_terms
+    from wkvlab.findings.attention import AttentionRow
+    from wkvlab.findings.render import attention_markdown
+
+    pairs = []
+    for row in data.get("rows", []):
+        cross = row.get("cross")
+        if not cross:
+            continue
+        means, windows, tokens = cross.get("per_window"), cross["windows"], cross["tokens"]
+        if not means or not windows or tokens % windows:
+            raise DataError(f"{where}: the {row['weights']} × {row['kv']} pair keeps no per-window means of equal windows, so its "
+                            "verdicts cannot be decided again; measure the finding again")
+        pairs.append((row["weights"], row["kv"], CrossTermData({c: [np.full(tokens // windows, v) for v in means[c]] for c in CELLS},
+                                                                 {c: list(means[f"attention_{c}"]) for c in ATTENTION_CELLS})))
+    if not pairs:
+        raise DataError(f"{where} keeps no cross-term per-window means; measure the attention finding again")
+    margin = margin if margin is not None else data.get("margin", "10%")
+    crossed = {(x.weights, x.kv): x for x in cross_terms(pairs, family=f"attention finding: {len(pairs)} (W, C) pairs × 5 effects",
+                                                         margin=margin)}
+    rows = [replace(AttentionRow.from_dict(r), cross=crossed.get((r["weights"], r["kv"]))) for r in data["rows"]]
+    return attention_markdown(rows), {"rows": [r.to_dict() for r in rows], "ctx": data.get("ctx"), "margin": str(margin)}
 
 
 def factorial_record(cells: Mapping[str, EvalResult]) -> dict:
