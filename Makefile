@@ -72,7 +72,8 @@ test-all: install $(TEST_STAMP) $(LLAMACPP_STAMP)
 
 # Which measured numbers in README.md and docs/ are older than the code they describe: each stamp
 # (a <!-- measured: commit=... covers=... --> marker, or a prose "at commit <sha>") against git log
-# since that commit (scripts/docs_check.py; git and python3 only, a listing: exit 0).
+# since that commit (scripts/docs_check.py; git and python3 only, a listing: exit 0), and every
+# `git show <commit>:<path>` pointer in them, which must resolve in this clone (exit 1 if one does not).
 docs-check:
 	$(PYTHON) scripts/docs_check.py
 

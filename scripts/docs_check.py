@@ -9,7 +9,8 @@ A measurement names the commit it was taken at. Two forms are read:
 
 For each, ``git log <commit>..HEAD -- <covers>`` says whether the code moved since; the listing names
 the doc, the line, the commit, how many later commits touch what it covers and the newest one. It exits
-0 (a listing, not a verdict: a refactor that changes no number also counts) unless ``--strict``.
+0 (a listing, not a verdict: a refactor that changes no number also counts) unless ``--strict`` — or
+unless a ``git show <commit>:<path>`` pointer in the docs does not resolve in this clone (exit 1 always).
 Needs only git and Python: no venv.
 """
 from __future__ import annotations
@@ -109,6 +110,23 @@ def check(root: Path) -> tuple[list[str], int]:
     return lines, total
 
 
+POINTER = re.compile(r"git show ([0-9a-f]{7,40}):([^\s`'\")]+)")
+
+
+def invalid_pointers(root: Path) -> list[str]:
+    """One line per ``git show <commit>:<path>`` in README.md and docs/ that this clone cannot show (no such
+    commit, or no such file at it): a reader told to look there would get an error."""
+    lines = []
+    for doc in documents(root):
+        for number, text in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for match in POINTER.finditer(text):
+                if _git(root, "cat-file", "-e", f"{match.group(1)}:{match.group(2)}").returncode != 0:
+                    what = "no such commit" if not _known(root, match.group(1)) else "no such file at that commit"
+                    lines.append(f"{doc.relative_to(root)}:{number}: `git show {match.group(1)}:{match.group(2)}` fails ({what}); "
+                                 "point at a commit that has the file (git log --oneline -- PATH)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
@@ -118,7 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         print(line)
     print(f"{len(lines)} of {total} stamped measurements in README.md and docs/ are older than the code they describe (or unknown)")
-    return 1 if args.strict and lines else 0
+    broken = invalid_pointers(args.root)
+    for line in broken:
+        print(line)
+    if broken:  # a pointer is a fact about this history, not a listing: always an error
+        print(f"{len(broken)} `git show` pointer(s) in README.md and docs/ do not resolve")
+    return 1 if broken or (args.strict and lines) else 0
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ runs ``wkvlab findings NAME --model M --store S --threads T [extra options]`` (T
 progress on this terminal), samples the machine's load average every 30 s while it runs, and writes a
 record: the command, the commit, the date, the wall time, the load before / after / lowest / highest,
 the weight cache's state at the start (a cold cache means the quantizations are inside the wall time),
-and the finding exactly as the store keeps it (its rows with intervals and the Markdown it printed).
-``python scripts/doc_tables.py --write findings-<name>-<model>`` then renders the record into the doc,
+and the finding exactly as the store keeps it (its rows with intervals, the Markdown it printed and,
+for additivity, methods and calibration, every cell's per-unit values: src/wkvlab/findings/records.py).
+``python scripts/doc_tables.py --write findings-<name>-<model>`` then renders the record into the doc —
+those three decided again from the per-unit values by the rule of the checkout that renders them —
 and the fast tier checks that the doc is that rendering.
 
 The store makes a finding resumable: a record written after an interrupted run measures only the

@@ -6,8 +6,9 @@
 runs ``wkvlab ARGS`` from this checkout with a fixed terminal width (``COLUMNS=140``, no colour), samples
 the load average every 30 s while it runs, and writes a record: the command, the commit, the date, the
 wall time, the load before / after / lowest / highest, the doc it belongs in, and the command's
-standard output. ``python scripts/doc_tables.py --write output-<name>`` then puts the output into its
-doc between ``<!-- doc-table: output-<name> -->`` markers, and the fast tier checks that the doc is
+standard output — and, for ``explain``, the per-unit values of its factorial's four cells and the verdicts
+it printed on them (from its ``--json``), so that doc_tables.py decides them again by today's rule.
+``python scripts/doc_tables.py --write output-<name>`` then puts the output into its doc between ``<!-- doc-table: output-<name> -->`` markers, and the fast tier checks that the doc is
 the record's rendering. The run fails (nothing recorded) when the command exits non-zero.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -56,11 +58,20 @@ def load_words(loads: list[float]) -> dict:
 def run(args: list[str]) -> dict:
     commit, date = _commit(), f"{datetime.now(timezone.utc):%Y-%m-%d}"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"}
-    code, stdout, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *args], env, capture=True)
-    if code != 0:
-        raise SystemExit(f"wkvlab {' '.join(args)} failed (exit {code}); nothing recorded")
-    return {"command": "wkvlab " + " ".join(args), "commit": commit, "date": date, "wall_s": round(wall, 1), **load_words(loads),
-            "columns": int(WIDTH), "stdout": stdout}
+    with tempfile.TemporaryDirectory() as folder:
+        # explain also writes its JSON, whose factorial cells' per-unit values the record keeps (its verdicts decided again later)
+        json_out = Path(folder) / "explain.json"
+        extra = ["--json", str(json_out)] if args[:1] == ["explain"] and "--json" not in args else []
+        code, stdout, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *args, *extra], env, capture=True)
+        if code != 0:
+            raise SystemExit(f"wkvlab {' '.join(args)} failed (exit {code}); nothing recorded")
+        written = json.loads(json_out.read_text(encoding="utf-8")) if extra else {}
+    record = {"command": "wkvlab " + " ".join(args), "commit": commit, "date": date, "wall_s": round(wall, 1), **load_words(loads),
+              "columns": int(WIDTH), "stdout": stdout}
+    if written.get("units"):
+        record.update(margin=written["options"].get("margin", "10%"), units=written["units"],
+                      factorial={m: (written["factorial"][m].get("verdict") or {}).get("word") for m in ("kld", "ppl")})
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:

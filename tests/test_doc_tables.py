@@ -168,3 +168,56 @@ def test_a_fresh_demo_on_another_cpu_is_compared_looser_and_says_so():
     assert tables.cell_differences(report, other, cross_cpu=True) == []  # interactions and verdicts not compared across CPUs
     assert tables.cell_differences(report, other.replace("0.14351", "0.2"), cross_cpu=True)
     assert "(" in tables.cpu() or tables.cpu()
+
+
+def test_a_finding_with_per_unit_values_is_decided_again_and_an_older_one_is_labelled(tmp_path):
+    """A record keeping per-unit values renders the tables today's rule decides from them, not its stored Markdown;
+    one keeping only intervals from before issue #38 renders as printed, labelled as the older rule with its commit."""
+    import json
+
+    from tests.findings.test_records import _grid
+    from wkvlab.findings.run import analyse
+
+    tables = _load()
+    markdown, data = analyse("additivity", {("grid",): _grid()}, "10%")
+    record = {"command": "wkvlab findings additivity --model default --store out/findings.db --threads 1 --tokens 512",
+              "commit": "abc1234", "date": "2026-12-06", "wall_s": 60.0, "load_before": 2.0, "load_after": 1.1, "load_min": 1.0,
+              "load_max": 4.0, "threads": 1, "weight_cache": "empty", "resumed": 0, "name": "additivity", "model": "default",
+              "data": json.loads(json.dumps(data)), "markdown": "stale tables"}
+    path = tmp_path / "findings-additivity-default.json"
+    path.write_text(json.dumps(record))
+    text = tables.finding_block(path)(None)
+    assert text.endswith(markdown.strip("\n")) and "stale tables" not in text
+    assert "decided by the rule of src/wkvlab/stats at this doc's commit" in text and "margin 10%" in text
+    old = {**record, "data": {"rows": [{"interaction": {"estimate": 0.1, "low": 0.0, "high": 0.2, "n_units": 16}}]}}
+    path.write_text(json.dumps(old))
+    text = tables.finding_block(path)(None)
+    assert text.endswith("stale tables") and "**Older rule: decided by the bootstrap rule before issue #38 at commit abc1234" in text
+
+
+def test_an_explain_output_says_whether_todays_rule_still_gives_its_verdicts(tmp_path):
+    """A recorded explain output keeps its factorial's per-unit values: the caption decides them again and says
+    whether they are what the run printed; one recorded before issue #38 without them is labelled the older rule."""
+    import json
+
+    from tests.findings.test_records import _grid
+    from wkvlab.explain.factorial import factorial
+    from wkvlab.findings.records import factorial_record
+
+    tables = _load()
+    grid = {(r.weights, r.kv): r for r in _grid()}
+    cells = {"ref": grid[("none", "fp16")], "w": grid[("int4-g128", "fp16")], "c": grid[("none", "int4")], "wc": grid[("int4-g128", "int4")]}
+    record = {"command": "wkvlab explain --weights int4-g128 --kv int4", "commit": "abc1234", "date": "2026-12-06", "wall_s": 60.0,
+              "load_before": 1.0, "load_after": 1.0, "load_min": 1.0, "load_max": 1.0, "columns": 140, "stdout": "x\n",
+              "doc": "docs/explain.md", "margin": "10%", "units": json.loads(json.dumps(factorial_record(cells))),
+              "factorial": {m: factorial(cells, margin="10%").metric(m).verdict.word for m in ("kld", "ppl")}}
+    path = tmp_path / "output-explain-x.json"
+    path.write_text(json.dumps(record))
+    words = tables.output_block(path)(None)
+    assert "KLD compounds" in words and "the same as printed" in words
+    record["factorial"]["kld"] = "undecided"  # what an older rule printed
+    path.write_text(json.dumps(record))
+    assert "**not what the run printed: record the output again**" in tables.output_block(path)(None)
+    old = {k: v for k, v in record.items() if k not in ("units", "factorial", "margin")}
+    path.write_text(json.dumps({**old, "commit": "fdfde32"}))
+    assert "**Older rule: printed by the rule before issue #38 (commit fdfde32)" in tables.output_block(path)(None)

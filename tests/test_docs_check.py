@@ -62,3 +62,26 @@ def test_a_findings_table_is_measured_again_from_its_own_record_not_the_demo():
     assert docs_check.regenerate("output-explain-default-int4").startswith("rerun scripts/output_record.py with the command in "
                                                                            "docs/runs/output-explain-default-int4.json")
     assert docs_check.regenerate("report-demo") == "python scripts/doc_tables.py --save docs/runs/demo.json --write report-demo"
+
+
+def test_a_git_show_pointer_that_does_not_resolve_fails(tmp_path):
+    docs_check = _load()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "runs.json").write_text("{}\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "record")
+    sha = _git(tmp_path, "rev-parse", "--short", "HEAD")
+    (tmp_path / "docs" / "a.md").write_text(f"the record: `git show {sha}:docs/runs.json`\n")
+    assert docs_check.invalid_pointers(tmp_path) == []
+    (tmp_path / "docs" / "a.md").write_text(f"`git show {sha}:docs/other.json` and (git show 0123456:docs/runs.json)\n")
+    broken = docs_check.invalid_pointers(tmp_path)
+    assert len(broken) == 2 and "docs/a.md:1" in broken[0]
+    assert "no such file at that commit" in broken[0] and "no such commit" in broken[1]
+    assert docs_check.main(["--root", str(tmp_path)]) == 1
+
+
+def test_every_git_show_pointer_in_the_docs_resolves():
+    """Every `git show <commit>:<path>` that README.md and docs/ tell a reader to run works in this clone."""
+    docs_check = _load()
+    assert docs_check.invalid_pointers(Path(__file__).parents[1]) == []

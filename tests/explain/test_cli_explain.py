@@ -51,6 +51,13 @@ def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     assert "log PPL" in data["verdict"][1] and "no verdict" in data["verdict"][2]
     assert not any(w in data["verdict"][2] for w in ("compounds", "sub-additive", "additive within"))
     assert set(data["seconds"]) >= {"factorial", "noise", "attention", "hidden", "context", "mitigations"}
+    # the factorial cells' per-unit values: its verdicts decided again from the JSON alone (wkvlab.findings.records)
+    from wkvlab.findings.records import redecide_factorial
+
+    assert [g["key"] for g in data["units"]["grids"]] == [["ref"], ["w"], ["c"], ["wc"]]
+    again = redecide_factorial(data["units"])
+    assert again.tokens == data["factorial"]["tokens"] and again.kld.verdict.outcome == data["factorial"]["kld"]["verdict"]["outcome"]
+    assert again.kld.wc.estimate == pytest.approx(data["factorial"]["kld"]["wc"]["estimate"], rel=1e-9)
 
 
 def test_explain_bad_skip_is_one_line():

@@ -55,6 +55,8 @@ class ExplainReport:
     verdict: tuple = ()
     seconds: dict = field(default_factory=dict)
     tolerance: tuple = ()  # --tolerance: the ship decision on W, C and W+C (stats.tolerance.ToleranceVerdict each)
+    # the factorial cells' per-unit values (wkvlab.findings.records): its verdicts decided again from a record
+    units: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         part = lambda x: x.to_dict() if x is not None else None  # noqa: E731
@@ -64,6 +66,7 @@ class ExplainReport:
             "hidden": part(self.hidden), "context": part(self.context), "mitigations": part(self.mitigations),
             **{name: part(value) for name, value in self.extras.items()},
             "verdict": list(self.verdict), "seconds": self.seconds, "tolerance": [v.to_dict() for v in self.tolerance],
+            "units": self.units,
         }
 
 
@@ -215,8 +218,10 @@ def explain(
         from wkvlab.stats.tolerance import tolerance_verdicts
 
         ship = tuple(tolerance_verdicts([cells["w"], cells["c"], cells["wc"]], tolerance, family="W, C and W+C of this explain"))
+    from wkvlab.findings.records import factorial_record
+
     report = ExplainReport(options, work.loaded.name, work.corpus.name, cells["ref"].ppl_ref, fact, noise, attention, hidden,
-                           context, mitigations, extras, seconds=seconds, tolerance=ship)
+                           context, mitigations, extras, seconds=seconds, tolerance=ship, units=factorial_record(cells))
     return _with_verdict(report)
 
 

@@ -61,6 +61,33 @@ def _run_sweeps(specs, store: Path, progress: ProgressFactory) -> list[list]:
     return out
 
 
+def analyse(name: str, cells: dict[tuple, list], margin) -> tuple[str, dict]:
+    """(markdown, data) of the additivity, methods or calibration finding from its grids' results
+    (``cells``: one grid under ``("grid",)``; calibration: ``(calibration text, evaluation data)`` → grid).
+
+    The data keep every cell's per-unit values (:mod:`wkvlab.findings.records`), so the verdicts can be
+    decided again from a run record by :func:`wkvlab.findings.records.redecide`, which calls this."""
+    from wkvlab.findings.records import cells_record
+    from wkvlab.stats.decision import MarginRule
+
+    rule = MarginRule.parse(margin)
+    if name == "additivity":
+        rows = analysis.additivity(cells[("grid",)], margin=rule)
+        markdown, data = render.additivity_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+    elif name == "methods":
+        results = cells[("grid",)]
+        rows = analysis.penalties(results, margin=rule)
+        differences = analysis.method_differences(results, margin=rule)
+        markdown = render.penalty_markdown(rows) + "\n\n" + render.method_differences_markdown(differences)
+        data = {"rows": [r.to_dict() for r in rows], "differences": [d.to_dict() for d in differences]}
+    elif name == "calibration":
+        rows = analysis.calibration(cells, margin=rule)
+        markdown, data = render.calibration_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+    else:
+        raise ConfigError(f"the {name} finding is not analysed from grids of results; use one of additivity, methods, calibration")
+    return markdown, {**data, "margin": str(rule), "units": cells_record(cells)}
+
+
 def run_finding(name: str, *, model: str = "default", store: str | Path = "out/findings.db", tokens: int | None = None,
                 ctx: int | None = None, device: str = "auto", dtype: str = "auto", progress: ProgressFactory = _silent,
                 margin=None) -> Finding:
@@ -76,14 +103,7 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
     started = time.perf_counter()
     if name in ("additivity", "methods"):
         (results,) = _run_sweeps(grids.additivity_sweeps(model, sized(), **where), store, progress)
-        if name == "additivity":
-            rows = analysis.additivity(results, margin=margin)
-            markdown, data = render.additivity_markdown(rows), {"rows": [r.to_dict() for r in rows]}
-        else:
-            rows = analysis.penalties(results, margin=margin)
-            differences = analysis.method_differences(results, margin=margin)
-            markdown = render.penalty_markdown(rows) + "\n\n" + render.method_differences_markdown(differences)
-            data = {"rows": [r.to_dict() for r in rows], "differences": [d.to_dict() for d in differences]}
+        markdown, data = analyse(name, {("grid",): results}, margin)
     elif name == "attention":
         from wkvlab.findings.attention import measure_attention
 
@@ -95,9 +115,7 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
     elif name == "calibration":
         specs = grids.calibration_sweeps(model, sized(), **where)
         grids_out = _run_sweeps(specs, store, progress)
-        by_text = {(s.calibration.data, s.data[0]): r for s, r in zip(specs, grids_out)}
-        rows = analysis.calibration(by_text, margin=margin)
-        markdown, data = render.calibration_markdown(rows), {"rows": [r.to_dict() for r in rows]}
+        markdown, data = analyse(name, {(s.calibration.data, s.data[0]): r for s, r in zip(specs, grids_out)}, margin)
     elif name in ("depth", "depth-long"):
         from wkvlab.findings.depth import (DEPTH_DATA, DEPTH_DOCUMENTS, DEPTH_MARGIN, DEPTH_TARGET, LONG_DATA, LONG_DOCUMENTS,
                                            measure_depth)
