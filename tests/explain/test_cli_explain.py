@@ -27,7 +27,7 @@ def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     monkeypatch.setattr(explain_run, "explain", functools.partial(explain, loaded=tiny_loaded()))
     out = tmp_path / "explain.json"
     args = ["explain", "--weights", "int4-g32", "--kv", "int2", "--ctx", "32", "--tokens", "96", "--max-ctx", "256",
-            "--context-docs", "2", "--resamples", "200", "--json", str(out)]
+            "--context-docs", "2", "--json", str(out)]
     run = CliRunner().invoke(app, args, env=ENV)
     assert run.exit_code == 0, run.output
     for title in ("2×2 factorial", "noise floor", "cross term", "KLD by query position", "mitigations", "verdict", "model's own samples"):
@@ -59,6 +59,17 @@ def test_explain_bad_skip_is_one_line():
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
 
 
+@pytest.mark.parametrize("command", [("explain", "--weights", "int4-g128", "--kv", "int4"), ("compare", "aaaa", "bbbb")])
+def test_the_removed_resamples_option_is_one_line_saying_why(command):
+    """Every interval is analytic since issue #38: an old command line with --resamples gets one line, no traceback,
+    and the option is gone from the help."""
+    proc = _wkvlab(*command, "--resamples", "2000")
+    assert proc.returncode == 2 and "--resamples is gone: every interval is analytic" in proc.stderr
+    assert "no Monte-Carlo error" in proc.stderr and "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+    assert "--resamples" not in _wkvlab(command[0], "--help").stdout
+
+
 def test_compare_two_stored_results(tmp_path):
     from wkvlab.cli import app
     from wkvlab.store import open_store
@@ -87,7 +98,7 @@ def test_explain_on_the_default_model(default_model):
     from wkvlab.explain.run import explain
 
     report = explain("int4-g128", "int4", loaded=default_model, ctx=32, tokens=64, max_ctx=32, diag_windows=1,
-                     n_resamples=200, skip=("noise", "hidden", "generation", "retrieval", "selfgen"))
+                     skip=("noise", "hidden", "generation", "retrieval", "selfgen"))
     f = report.factorial
     assert f.identity_kld_max == 0.0 and f.kld.w.estimate > 0 and f.kld.c.estimate > 0
     assert report.attention.layers == 30 and report.context.max_ctx == 32

@@ -44,14 +44,14 @@ def _by_length(growth_per_doubling: float, noise: float = 0.002, documents: int 
 
 
 def test_growth_is_paired_by_document_and_decided_by_the_rule():
-    rows = depth_rows(_by_length(0.5), n_resamples=500)
+    rows = depth_rows(_by_length(0.5))
     assert [r.length for r in rows] == [16, 32, 64, 128] and rows[0].growth is None and rows[0].verdict is None
     last = rows[-1]
     assert last.relative.estimate == pytest.approx(1.5, abs=0.2) and last.verdict.word == "grows"
     assert last.verdict.family_size == 3 and "Holm over 3 tests" in last.verdict.describe()
-    flat = depth_rows(_by_length(0.0, noise=1e-5), n_resamples=500)
+    flat = depth_rows(_by_length(0.0, noise=1e-5))
     assert all(r.verdict.outcome == "within" for r in flat[1:])
-    few = depth_rows(_by_length(0.5, documents=4), n_resamples=500)
+    few = depth_rows(_by_length(0.5, documents=4))
     assert all(r.verdict.word == "undecided" for r in few[1:])  # 4 documents: no interval, never "flat"
     with pytest.raises(DataError, match="at least 4 prefix lengths"):
         depth_rows({k: v for k, v in _by_length(0.5).items() if k < 128})
@@ -60,7 +60,7 @@ def test_growth_is_paired_by_document_and_decided_by_the_rule():
 def test_the_finding_runs_on_a_tiny_model_and_renders(tiny_folder):
     from wkvlab.findings.render import identical_depth_markdown
 
-    found = measure_depth(tiny_folder, ("int4", "q4_0"), target=32, longest=256, device="cpu", dtype="float32", n_resamples=200)
+    found = measure_depth(tiny_folder, ("int4", "q4_0"), target=32, longest=256, device="cpu", dtype="float32")
     assert found.documents == 8 and found.lengths == (32, 64, 128, 256) and found.data == "code-long"
     assert [(r.kv, r.length) for r in found.rows][:4] == [("int4", 32), ("int4", 64), ("int4", 128), ("int4", 256)]
     assert all(r.tokens == 8 * 32 and r.penalty.n_units == 8 and r.penalty.decided for r in found.rows)
@@ -84,7 +84,7 @@ def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_pref
         seen["total"] = total
         yield lambda desc, n: seen["ticks"].append((desc, n))
 
-    measure_depth(tiny_folder, ("int4",), target=32, longest=256, device="cpu", dtype="float32", n_resamples=50, progress=recording)
+    measure_depth(tiny_folder, ("int4",), target=32, longest=256, device="cpu", dtype="float32", progress=recording)
     assert sum(n for _, n in seen["ticks"]) == pytest.approx(seen["total"])
     passes = [n for desc, n in seen["ticks"] if desc == "reference"]  # one per document and length, shortest first
     bos = (0, 1)  # the tiny tokenizer may or may not prepend BOS to each window

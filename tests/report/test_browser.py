@@ -35,7 +35,7 @@ def report(tmp_path_factory) -> Path:
         r.data = HOSTILE_DATA
     profile = tmp / "profile.json"
     profile.write_text(json.dumps(profile_payload(HOSTILE_MODEL)))
-    return write_report(results, tmp / "report", source="synthetic", profiles=[load_profile(profile)], n_resamples=100).page
+    return write_report(results, tmp / "report", source="synthetic", profiles=[load_profile(profile)]).page
 
 
 @pytest.fixture(scope="module")

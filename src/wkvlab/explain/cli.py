@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ResamplesGoneOption, ThreadsOption, refuse_resamples, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import DataError
 from wkvlab.explain.options import STEPS, ExplainOptions, planned_grids, planned_steps
@@ -134,7 +134,7 @@ def explain_command(
     context_docs: Annotated[int, typer.Option(help="long documents for the position curve")] = 4,
     diag_windows: Annotated[int, typer.Option(help="windows for the attention decomposition and per-layer diagnostics")] = 1,
     skip: Annotated[Optional[str], typer.Option(help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")] = None,
-    resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
+    resamples: ResamplesGoneOption = None,
     margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
     threads: ThreadsOption = None,
@@ -142,8 +142,9 @@ def explain_command(
     no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
+    refuse_resamples(resamples)
     skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
-    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples, margin=margin)
+    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, margin=margin)
     # Everything that can be refused without the model, before the progress bar draws: a typo is one error line.
     weight_specs, kv_specs = parse_configs([weights], [kv])
     check_one_config(weight_specs, kv_specs, "explain")
@@ -165,7 +166,7 @@ def explain_command(
     total = planned_steps(options, max(1, tokens // ctx))
     with progress_bar(total, "explain", grid=planned_grids(options, weight_specs[0], kv_specs[0])) as advance:
         report = explain(weights, kv, model=model, data=data, ctx=ctx, tokens=tokens, max_ctx=max_ctx, context_docs=context_docs,
-                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, margin=margin, progress=advance)
+                         diag_windows=diag_windows, skip=skipped, margin=margin, progress=advance)
     print_report(report)
     if json_out is not None:
         write_json_atomic(json_out, {**report.to_dict(), "threads": choice.to_dict()})
@@ -208,11 +209,12 @@ def compare_command(
     a: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the first result")],
     b: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the second result")],
     store: Annotated[Path, typer.Option(help="results store written by 'wkvlab sweep' (it keeps the per-token arrays pairing needs)")] = Path("results.db"),
-    resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
+    resamples: ResamplesGoneOption = None,
     margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the comparison as JSON")] = None,
 ) -> None:
     """Compare two stored results scored on the same tokens: b − a for KLD, PPL and top-1, with paired intervals."""
+    refuse_resamples(resamples)
     require_store(store)
     check_output_file(json_out, "--json")
     from wkvlab.explain.compare import compare_results
@@ -220,7 +222,7 @@ def compare_command(
 
     with open_store(store, create=False) as db:
         first, second = db.get(_resolve(db, a)), db.get(_resolve(db, b))
-    comparison = compare_results(first, second, n_resamples=resamples, margin=margin)
+    comparison = compare_results(first, second, margin=margin)
     console.print(comparison_table(comparison))
     if json_out is not None:
         write_json_atomic(json_out, comparison.to_dict())

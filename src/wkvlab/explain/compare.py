@@ -103,8 +103,7 @@ def _own_effect(result: EvalResult, metric: str) -> float:
     return float(1.0 - a.top1_agree.mean()) if a.top1_agree.size else 0.0
 
 
-def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None, b_label: str | None = None,
-                    n_resamples: int = 2000, seed: int | None = None, margin: float = DEFAULT_MARGIN) -> Comparison:
+def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None, b_label: str | None = None, margin: float = DEFAULT_MARGIN) -> Comparison:
     """The paired difference ``b − a`` of two results scored on the same tokens, each decided by the one rule."""
     check_same_tokens(a, b)
     cells = {"a": a, "b": b}
@@ -113,7 +112,7 @@ def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None,
         f = metric_value(metric)
         sign = -1.0 if metric == "top1" else 1.0  # metric_arrays holds top-1 *loss*; report agreement
         statistic: Callable = lambda m: sign * (f(m["b"]) - f(m["a"]))  # noqa: E731
-        return resample(statistic, metric_arrays(cells, metric), a.arrays.units, n_resamples=n_resamples, seed=seed)
+        return resample(statistic, metric_arrays(cells, metric), a.arrays.units)
 
     a_name, b_name = a_label or label(a), b_label or label(b)
     draws = {m: difference(m) for m in ("kld", "ppl", "top1")}

@@ -138,8 +138,7 @@ class ContextCurve:
         ]
 
 
-def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, int]] | None = None,
-                  n_resamples: int = 2000, seed: int = 0) -> ContextCurve:
+def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, int]] | None = None) -> ContextCurve:
     """Position curve of the factorial cells (``ref``, ``w``, ``c``, ``wc``) scored on the same windows."""
     from wkvlab.explain.compare import check_same_tokens
 
@@ -159,7 +158,7 @@ def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, i
             arrays[f"agree_{name}@{start}"] = cells[name].arrays.top1_agree * mask
 
     def interval(statistic) -> Interval:
-        return paired_interval(statistic, arrays, units, n_resamples=n_resamples, seed=seed)
+        return paired_interval(statistic, arrays, units)
 
     def excess(start: int, kind: str = "kld"):
         return lambda m: _bucket_mean(f"{kind}_wc", start)(m) - _bucket_mean(f"{kind}_w", start)(m)
@@ -176,7 +175,7 @@ def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, i
     first = next((b for b in buckets if b[0] >= SINKS), buckets[0])[0]
     last = buckets[-1][0]
     kld_c = lambda s: _bucket_mean("kld_c", s)  # noqa: E731
-    growth = resample(lambda m: excess(last)(m) - excess(first)(m), arrays, units, n_resamples=n_resamples, seed=seed)
+    growth = resample(lambda m: excess(last)(m) - excess(first)(m), arrays, units)
     return ContextCurve(
         model=ref.model, data=ref.data, weights=cells["wc"].weights, kv=cells["wc"].kv, max_ctx=ref.ctx,
         documents=int(np.unique(units.labels).size), rows=tuple(rows),

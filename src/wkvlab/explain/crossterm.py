@@ -114,7 +114,7 @@ class CrossTerm:
         ]
 
 
-def cross_term_draws(data: CrossTermData, *, n_resamples: int = 2000, seed: int | None = None) -> dict[str, Resampled]:
+def cross_term_draws(data: CrossTermData) -> dict[str, Resampled]:
     """Paired bootstrap draws over windows of every cell's KLD and every effect (tokens of one window resampled together)."""
     arrays = {c: np.concatenate(data.kld[c]) for c in CELLS}
     # the unit is the diagnosis window (its verdicts say "windows resampled", not a vague "units"):
@@ -128,12 +128,12 @@ def cross_term_draws(data: CrossTermData, *, n_resamples: int = 2000, seed: int 
                   "removed": lambda m: m["wc_removed"] - m["wc"],
                   "sinks": lambda m: m["wc_sinks"] - m["wc"],
                   "explained": lambda m: (m["wc"] - m["wc_removed"]) / interaction(m)}
-    draws = {name: resample(stat, arrays, units, n_resamples=n_resamples, seed=seed) for name, stat in statistics.items()}
+    draws = {name: resample(stat, arrays, units) for name, stat in statistics.items()}
     attn = {c: np.asarray(data.attention_kl[c]) for c in ATTENTION_CELLS}
     windows = Units(np.arange(data.windows), "windows")
-    draws["attention_interaction"] = resample(lambda m: m["wc"] - m["w"] - m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
-    draws["attention_c"] = resample(lambda m: m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
-    draws["attention_w"] = resample(lambda m: m["w"], attn, windows, n_resamples=n_resamples, seed=seed)
+    draws["attention_interaction"] = resample(lambda m: m["wc"] - m["w"] - m["c"], attn, windows)
+    draws["attention_c"] = resample(lambda m: m["c"], attn, windows)
+    draws["attention_w"] = resample(lambda m: m["w"], attn, windows)
     return draws
 
 
@@ -151,10 +151,9 @@ def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, ma
             for e in EFFECTS]
 
 
-def cross_terms(pairs: Sequence[tuple[str, str, CrossTermData]], *, family: str, margin: float = DEFAULT_MARGIN,
-                n_resamples: int = 2000, seed: int | None = None) -> list[CrossTerm]:
+def cross_terms(pairs: Sequence[tuple[str, str, CrossTermData]], *, family: str, margin: float = DEFAULT_MARGIN) -> list[CrossTerm]:
     """Every pair's :class:`CrossTerm`, all their effects decided as one Holm family named ``family``."""
-    draws = [cross_term_draws(d, n_resamples=n_resamples, seed=seed) for _, _, d in pairs]
+    draws = [cross_term_draws(d) for _, _, d in pairs]
     tokens = [int(sum(len(a) for a in d.kld["wc"])) for _, _, d in pairs]
     tests = [t for (w, c, _), dr, n in zip(pairs, draws, tokens) for t in cross_term_tests(dr, n, f"{w} × {c}", margin)]
     verdicts = decide(tests, family=family)

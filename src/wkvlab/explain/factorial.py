@@ -85,7 +85,7 @@ def metric_arrays(cells: Mapping[str, EvalResult], metric: str) -> dict[str, np.
 
 
 def metric_value(metric: str) -> Callable:
-    """Mean of a metric's per-token array → the metric (exp for PPL; numpy, so it works on resamples)."""
+    """Mean of a metric's per-token array → the metric (exp for PPL; numpy, so it works on the leave-one-out means)."""
     return np.exp if metric == "ppl" else (lambda m: m)
 
 
@@ -123,7 +123,7 @@ class Effects:
                    verdict)
 
 
-def effect_draws(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int | None = None) -> dict[str, Resampled]:
+def effect_draws(cells: Mapping[str, EvalResult], metric: str) -> dict[str, Resampled]:
     """Bootstrap draws of effect(W), effect(C), effect(W+C), the interaction and the ratio (paired over units)."""
     arrays = metric_arrays(cells, metric)
     units = cells["ref"].arrays.units
@@ -139,7 +139,7 @@ def effect_draws(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: i
     statistics = {"w": w, "c": c, "wc": wc, "interaction": lambda m: lwc(m) - lw(m) - lc(m),
                   "ratio": lambda m: lwc(m) / (lw(m) + lc(m)),  # NaN when both effects are 0
                   "w_log": lw, "c_log": lc, "total": lambda m: lw(m) + lc(m)}  # total: what the default margin is a share of
-    return {name: resample(stat, arrays, units, n_resamples=n_resamples, seed=seed) for name, stat in statistics.items()}
+    return {name: resample(stat, arrays, units) for name, stat in statistics.items()}
 
 
 def interaction_effect(draws: Mapping[str, Resampled], metric: str, tokens: int, margin: "float | str | MarginRule" = DEFAULT_MARGIN,
@@ -163,11 +163,11 @@ def _reference_value(cells: Mapping[str, EvalResult], metric: str) -> float:
     return float(metric_value(metric)(metric_arrays({"ref": cells["ref"]}, metric)["ref"].mean()))
 
 
-def effects(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int | None = None,
+def effects(cells: Mapping[str, EvalResult], metric: str, *,
             margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> Effects:
     """Effects of W, C, W+C and their interaction for one metric; the interaction decided alone (a family
     of one), except top-1's, which is never decided (see the module docstring)."""
-    draws = effect_draws(cells, metric, n_resamples=n_resamples, seed=seed)
+    draws = effect_draws(cells, metric)
     verdict = decide([interaction_effect(draws, metric, cells["ref"].tokens, margin)])[0] if metric in DECIDED else None
     return _effects(metric, _reference_value(cells, metric), draws, verdict)
 
@@ -201,7 +201,7 @@ class Factorial:
         return cls(**plain, **{m: Effects.from_dict(data[m]) for m in METRICS})
 
 
-def factorial(cells: Mapping[str, EvalResult], *, n_resamples: int = 2000, seed: int | None = None,
+def factorial(cells: Mapping[str, EvalResult], *,
               margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> Factorial:
     """The factorial from four results scored on the same tokens (see :func:`cells_from_grid`).
 
@@ -214,7 +214,7 @@ def factorial(cells: Mapping[str, EvalResult], *, n_resamples: int = 2000, seed:
     for name in ("w", "c", "wc"):
         check_same_tokens(cells["ref"], cells[name])
     ref, wc = cells["ref"], cells["wc"]
-    draws = {m: effect_draws(cells, m, n_resamples=n_resamples, seed=seed) for m in METRICS}
+    draws = {m: effect_draws(cells, m) for m in METRICS}
     decided = decide([interaction_effect(draws[m], m, ref.tokens, margin) for m in DECIDED],
                      family=f"{wc.weights} × {wc.kv}: KLD and NLL (log PPL) interactions")
     verdicts = [dict(zip(DECIDED, decided)).get(m) for m in METRICS]

@@ -188,7 +188,7 @@ EXCESS = ("an excess", "below the quantized weights alone", "no excess within ±
 
 
 def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], chosen: Sequence[Candidate], *,
-            n_resamples: int = 2000, seed: int = 0, margin: float = DEFAULT_MARGIN) -> Mitigations:
+            margin: float = DEFAULT_MARGIN) -> Mitigations:
     """Mitigation results from the factorial's W and W+C cells and W+C' results on the same windows."""
     from wkvlab.explain.compare import check_same_tokens
 
@@ -200,14 +200,13 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
         arrays[f"agree_m{i}"] = result.arrays.top1_agree.astype(np.float64)
 
     def interval(statistic) -> Interval:
-        return paired_interval(statistic, arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)
+        return paired_interval(statistic, arrays, wc.arrays.units)
 
     rows, effects = [], []
     for i, (candidate, result) in enumerate(zip(chosen, mitigated)):
         m = f"m{i}"
         with np.errstate(divide="ignore", invalid="ignore"):  # no excess at all: share undefined (nan)
-            share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.units,
-                             n_resamples=n_resamples, seed=seed)
+            share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.units)
         # the share is already relative to the excess: m = 10% of all of it
         effects.append(Effect(f"{candidate.name}: share recovered", share, MarginRule.parse(margin).difference(1.0, "the cache's excess (share)"),
                               wc.tokens, RECOVERY))
@@ -219,7 +218,7 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
     # lowest KLD first: the same order as "most recovered" when the excess is positive, and still
     # meaningful when the excess is noise around zero (the share's sign then flips at random)
     rows.sort(key=lambda r: r.kld.estimate)
-    excess = resample(lambda s: s["wc"] - s["w"], arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)
+    excess = resample(lambda s: s["wc"] - s["w"], arrays, wc.arrays.units)
     (excess_verdict,) = decide([Effect("cache excess KLD(W+C) − KLD(W)", excess,
                                        MarginRule.parse(margin).difference(float(wc.arrays.kld.mean()) if wc.tokens else 0.0, "KLD(W+C)", "nats"),
                                        wc.tokens, EXCESS)], family="cache excess over the quantized weights")

@@ -34,8 +34,7 @@ class ExplainOptions:
     context_docs: int = 4
     diag_windows: int = 1
     skip: tuple = ()
-    n_resamples: int = 2000
-    seed: int = 0
+    seed: int = 0  # the retrieval step's planted facts (no interval draws anything: they are analytic)
     margin: "float | str" = "10%"  # the decision rule's m (wkvlab.stats.decision.MarginRule: 10%, 0.002, cache:10%)
 
     def __post_init__(self) -> None:
@@ -44,7 +43,7 @@ class ExplainOptions:
         if unknown:
             raise ConfigError(f"unknown step(s) to skip: {', '.join(unknown)}; use any of {', '.join(STEPS)}")
         object.__setattr__(self, "skip", skip)
-        for name in ("ctx", "tokens", "max_ctx", "context_docs", "diag_windows", "n_resamples"):
+        for name in ("ctx", "tokens", "max_ctx", "context_docs", "diag_windows"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         from wkvlab.stats.decision import MarginRule
@@ -69,6 +68,7 @@ class ExplainOptions:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ExplainOptions":
+        data = {k: v for k, v in data.items() if k != "n_resamples"}  # runs stored before issue #38 recorded the bootstrap's count
         reject_unknown_fields(cls, dict(data), "explain options")
         return cls(**{**data, "skip": tuple(data.get("skip") or ())})
 

@@ -91,7 +91,6 @@ def explain(
     context_docs: int = 4,
     diag_windows: int = 1,
     skip: tuple | list = (),
-    n_resamples: int = 2000,
     seed: int = 0,
     margin: float = 0.10,
     progress: Progress | None = None,
@@ -101,7 +100,7 @@ def explain(
 
     ``loaded``: an already loaded :class:`wkvlab.models.loading.LoadedModel` to use instead of ``model``.
     """
-    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), n_resamples, seed, margin)
+    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), seed, margin)
     w_spec, c_spec = WeightSpec.parse(weights), KVSpec.parse(kv)
     work = api.prepare(loaded or model, data, ctx=ctx, tokens=tokens, device="cpu")  # explain has no --device: CPU float32, as always
     net = work.loaded.model
@@ -112,7 +111,6 @@ def explain(
     seconds: dict[str, float] = {}
     calibration = api.prepare_calibration(work, [w_spec], None, [c_spec])
     fingerprint = work.loaded.fingerprint
-    boot = dict(n_resamples=n_resamples, seed=seed)
 
     def grid(windows, w_list, kv_list) -> list[EvalResult]:
         return run_grid(net, windows, w_list, kv_list, model_name=work.loaded.name, data_name=work.corpus.name,
@@ -137,7 +135,7 @@ def explain(
         items = build_items(work.loaded.tokenizer, work.corpus.text, ctx=max_ctx, per_depth=RETRIEVAL_PER_DEPTH, seed=seed, bos_id=_bos(work))
 
     cells = timed("factorial", lambda: cells_from_grid(grid(work.windows, *factorial_specs(w_spec, c_spec))))
-    fact = factorial(cells, margin=margin, **boot)
+    fact = factorial(cells, margin=margin)
 
     noise = None
     if options.runs("noise"):
@@ -146,8 +144,8 @@ def explain(
             current, other = net.config._attn_implementation, other_backend(net)
             backend = backend_result(net, work.windows, cells["ref"], other, progress=tick)
             return NoiseFloor(
-                repeat=compare_results(cells["wc"], again, b_label="the same, run again", **boot),
-                backend=compare_results(cells["ref"], backend, a_label=f"reference ({current})", b_label=f"reference ({other})", **boot),
+                repeat=compare_results(cells["wc"], again, b_label="the same, run again"),
+                backend=compare_results(cells["ref"], backend, a_label=f"reference ({current})", b_label=f"reference ({other})"),
             )
         noise = timed("noise", noise_floor)
 
@@ -167,7 +165,7 @@ def explain(
             # the (none, C) cell's calibration is the reference's own
             ref_stats = kv_stats_under(quantize_model_weights(net, WeightSpec.parse("none")), c_spec, calibration, fingerprint)
             attention, extras["cross_term"] = timed("attention", lambda: decompose_and_intervene(
-                net, quantized.model, c_spec, diag_tokens, reference_stats=ref_stats, margin=margin, **boot, **common))
+                net, quantized.model, c_spec, diag_tokens, reference_stats=ref_stats, margin=margin, **common))
         if options.runs("hidden"):
             from wkvlab.explain.hidden import layer_diagnostics
 
@@ -189,9 +187,9 @@ def explain(
     if options.runs("context"):
         def run_context() -> ContextCurve:
             if max_ctx <= ctx:  # the evaluation windows are already the longest asked for
-                return context_curve(cells, **boot)
+                return context_curve(cells)
             docs = long_windows(work.corpus, work.loaded.tokenizer, max_ctx, context_docs, work.loaded.max_context)
-            return context_curve(cells_from_grid(grid(docs, *factorial_specs(w_spec, c_spec))), **boot)
+            return context_curve(cells_from_grid(grid(docs, *factorial_specs(w_spec, c_spec))))
         context = timed("context", run_context)
 
     mitigations = None
@@ -202,7 +200,7 @@ def explain(
 
             chosen = candidates(c_spec, net.config.get_text_config().num_hidden_layers, model_head_dim(net), shares)
             results = grid(work.windows, [w_spec], [c.kv for c in chosen])
-            return measure(cells, results, chosen, margin=margin, **boot)
+            return measure(cells, results, chosen, margin=margin)
         mitigations = timed("mitigations", run_mitigations)
 
     tick("done", 0)
@@ -248,4 +246,4 @@ def _selfgen_factorial(work, options: ExplainOptions, w_spec, c_spec, grid, tick
     selfgen_corpus(work.loaded, spec, progress=tick)  # sampled here with progress, then read from the disk cache by prepare
     sg = api.prepare(work.loaded, data, ctx=options.ctx, tokens=spec.n_tokens)
     cells = cells_from_grid(grid(sg.windows, *factorial_specs(w_spec, c_spec)))
-    return SelfGenFactorial(sg.corpus.name, factorial(cells, n_resamples=options.n_resamples, seed=options.seed, margin=options.margin))
+    return SelfGenFactorial(sg.corpus.name, factorial(cells, margin=options.margin))

@@ -88,7 +88,7 @@ class DepthRow:
                 "verdict": self.verdict.word if self.verdict else None, "decision": self.verdict.to_dict() if self.verdict else None}
 
 
-def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[DepthRow]:
+def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, margin: float = DEFAULT_MARGIN) -> list[DepthRow]:
     """``results[length][kv]``: each cache's result on :func:`identical_token_windows` (same documents, same targets)."""
     lengths = sorted(results)
     if len(lengths) < MIN_LENGTHS:
@@ -106,12 +106,12 @@ def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, n_resamples
         base = f"L{first}"
         for length in lengths:
             name = f"L{length}"
-            penalty = resample(lambda m, n=name: m[n], arrays, doc_units, n_resamples=n_resamples).interval()
+            penalty = resample(lambda m, n=name: m[n], arrays, doc_units).interval()
             growth = relative = None
             if length != first:
-                draws = resample(lambda m, n=name: m[n] - m[base], arrays, doc_units, n_resamples=n_resamples)
+                draws = resample(lambda m, n=name: m[n] - m[base], arrays, doc_units)
                 growth = draws.interval()
-                relative = resample(lambda m, n=name: m[n] / m[base] - 1.0, arrays, doc_units, n_resamples=n_resamples).interval()
+                relative = resample(lambda m, n=name: m[n] / m[base] - 1.0, arrays, doc_units).interval()
                 effects.append((len(rows), Effect(f"{kv}: prefix {length} − prefix {first}", draws,
                                                   MarginRule.parse(margin).difference(float(cells[first].arrays.kld.mean()),
                                                                                       f"the penalty at prefix {first}", "nats"), int(units.size), GROWTH_WORDS)))
@@ -154,8 +154,7 @@ def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]
 
 
 def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGET, longest: int | None = None, data: str = DEPTH_DATA,
-                  documents: int = MIN_UNITS, progress=None, device: str = "auto", dtype: str = "auto", margin: float = DEFAULT_MARGIN,
-                  n_resamples: int = 2000) -> DepthFinding:
+                  documents: int = MIN_UNITS, progress=None, device: str = "auto", dtype: str = "auto", margin: float = DEFAULT_MARGIN) -> DepthFinding:
     """Score each document's same ``target`` tokens after prefixes of increasing length, up to
     ``longest`` (default: the model's context limit, or what the shortest document allows)."""
     import time
@@ -204,7 +203,7 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
             grid = run_grid(loaded.model, win, [WeightSpec()], specs, model_name=loaded.name, data_name=f"{corpus.name}@prefix{length}",
                             fingerprints=fingerprints, progress=weighted)
             results[length] = {r.kv: r for r in grid}
-    rows = depth_rows(results, n_resamples=n_resamples, margin=margin)
+    rows = depth_rows(results, margin=margin)
     return DepthFinding(loaded.name, corpus.name, len(ids), target, lengths, rows, time.perf_counter() - started)
 
 
