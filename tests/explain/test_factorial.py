@@ -127,7 +127,8 @@ def test_three_windows_and_a_true_interaction_print_undecided_never_additive():
     assert lines[0].startswith("Undecided") and "Additive" not in lines[0] and "additive" not in lines[0]
     assert "margin ±" in lines[0] and "Holm over 2 tests" in lines[0] and "≥ 8 windows" in lines[0]
     assert "3 windows, skew-robust t" in lines[0]
-    assert all("margin ±" in line and "Holm over 2 tests" in line for line in lines[:2]) and "no verdict" in lines[2]
+    assert all("margin ±" in line and "Holm over 2 tests" in line for line in lines[:2])
+    assert "no interaction verdict on PPL" in lines[2] and "no verdict" in lines[3]  # PPL, top-1: described only
 
 
 def test_verdicts_follow_the_margin_and_name_it():
@@ -163,3 +164,25 @@ def test_non_interacting_cells_never_show_a_ppl_or_top1_interaction_verdict():
     assert f.kld.verdict.outcome == "within"
     for e in (f.ppl, f.top1):
         assert e.word not in ("compounds", "sub-additive")
+
+
+def test_replicates_pool_into_every_interval_and_their_disagreement_widens_it():
+    """Issue #38 item 3: a second build (another calibration sample, another chunk size) that moves the interaction
+    puts that run-to-run variance inside the interval; the verdict names the replicates."""
+    base = _cells()
+    one = factorial(base)
+    moved = dict(base, wc=result(0.17 + 0.004 + 2 * window_noise(), nll=1.4, weights="int4-g128", kv="int4"))
+    two = factorial(base, replicates=[moved], variation="chunk sizes 32, 16")
+    assert one.replicates == 1 and two.replicates == 2 and two.variation == "chunk sizes 32, 16"
+    assert two.kld.interaction.estimate == pytest.approx(0.022)  # the mean of 0.02 and 0.024
+    assert one.kld.interaction.high - one.kld.interaction.low == pytest.approx(0.0)  # one run: a point (the noise cancels)
+    assert two.kld.interaction.high - two.kld.interaction.low > 0.004 and two.kld.interaction.replicates == 2
+    assert "2 replicates (between-replicate variance inside the interval, df 1.0)" in two.kld.verdict.describe()
+    assert "1 replicate (run-to-run variance not measured)" in one.kld.verdict.describe()
+    assert Factorial.from_dict(json.loads(json.dumps(two.to_dict()))).replicates == 2
+
+
+def test_replicates_on_other_windows_are_refused():
+    other = {k: result(0.1, windows=9, weights=v.weights, kv=v.kv) for k, v in _cells().items()}
+    with pytest.raises(DataError):
+        factorial(_cells(), replicates=[other])

@@ -27,7 +27,7 @@ import numpy as np
 
 from wkvlab.stats import Interval, Resampled, resample
 from wkvlab.stats.bootstrap import Units
-from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, Margin, MarginRule, Verdict, decide
 
 SINK_TOKENS = 4  # = wkvlab.explain.attention.SINK_TOKENS (kept torch-free here)
 CELLS = ("w", "c", "wc", "wc_removed", "wc_sinks")  # output KLD per token of each cell and intervention
@@ -137,13 +137,15 @@ def cross_term_draws(data: CrossTermData) -> dict[str, Resampled]:
     return draws
 
 
-def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> list[Effect]:
+def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, margin: "float | str | MarginRule" = DEFAULT_MARGIN,
+                     kld_margin: Margin | None = None) -> list[Effect]:
     """The :data:`EFFECTS` of one pair as tests for :func:`wkvlab.stats.decide`: m by ``margin``
     (:class:`MarginRule`; by default 10% of the predicted total KLD(W)+KLD(C), for the attention-KL
-    interaction its attention-KL counterpart)."""
+    interaction its attention-KL counterpart). ``kld_margin``: the KLD effects' m as another measurement
+    already set it (explain: the factorial's, so one run states one KLD(W)+KLD(C) per margin)."""
     rule = MarginRule.parse(margin)
-    m = rule.interaction(draws["kld_w"].estimate - draws["kld_ref"].estimate if "kld_ref" in draws else draws["kld_w"].estimate,
-                         draws["kld_c"].estimate, "KLD")
+    m = kld_margin or rule.interaction(draws["kld_w"].estimate - draws["kld_ref"].estimate if "kld_ref" in draws else draws["kld_w"].estimate,
+                                       draws["kld_c"].estimate, "KLD")
     m_attn = rule.interaction(draws["attention_w"].estimate, draws["attention_c"].estimate, "attention KL")
     words = {"interaction": INTERACTION, "interaction_removed": INTERACTION, "removed": DIFFERENCE, "attention_interaction": INTERACTION,
              "sinks": DIFFERENCE}
@@ -151,11 +153,13 @@ def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, ma
             for e in EFFECTS]
 
 
-def cross_terms(pairs: Sequence[tuple[str, str, CrossTermData]], *, family: str, margin: float = DEFAULT_MARGIN) -> list[CrossTerm]:
-    """Every pair's :class:`CrossTerm`, all their effects decided as one Holm family named ``family``."""
+def cross_terms(pairs: Sequence[tuple[str, str, CrossTermData]], *, family: str, margin: float = DEFAULT_MARGIN,
+                kld_margin: Margin | None = None) -> list[CrossTerm]:
+    """Every pair's :class:`CrossTerm`, all their effects decided as one Holm family named ``family``
+    (``kld_margin``: see :func:`cross_term_tests`)."""
     draws = [cross_term_draws(d) for _, _, d in pairs]
     tokens = [int(sum(len(a) for a in d.kld["wc"])) for _, _, d in pairs]
-    tests = [t for (w, c, _), dr, n in zip(pairs, draws, tokens) for t in cross_term_tests(dr, n, f"{w} × {c}", margin)]
+    tests = [t for (w, c, _), dr, n in zip(pairs, draws, tokens) for t in cross_term_tests(dr, n, f"{w} × {c}", margin, kld_margin)]
     verdicts = decide(tests, family=family)
     out = []
     for i, ((w, c, d), dr, n) in enumerate(zip(pairs, draws, tokens)):
