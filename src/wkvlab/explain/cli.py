@@ -76,7 +76,7 @@ def factorial_table(f: Factorial, ppl_ref: float) -> Table:
 
 
 def noise_table(report: ExplainReport) -> Table:
-    table = _table("noise floor (difference b − a, 95% paired bootstrap)", ["a", "b", "ΔKLD", "Δ top-1 agreement", "max |ΔKLD| per token"], left=2)
+    table = _table("noise floor (difference b − a, 95% paired skew-robust t, analytic)", ["a", "b", "ΔKLD", "Δ top-1 agreement", "max |ΔKLD| per token"], left=2)
     for c in (report.noise.repeat, report.noise.backend):
         if c is not None:
             table.add_row(c.a, c.b, f"{c.kld:.2e}", f"{c.top1:.3%}", f"{c.max_abs_kld_diff:.2e}")

@@ -1,7 +1,7 @@
 """Paired comparison of two results on the same tokens, and the noise floor such comparisons sit on.
 
-Two configs evaluated on the same windows differ by ``metric(b) − metric(a)``; its interval comes
-from the paired bootstrap over windows, so window-to-window variation both share cancels. Results
+Two configs evaluated on the same windows differ by ``metric(b) − metric(a)``; its interval is
+paired over the same units (analytic, :mod:`wkvlab.stats`), so unit-to-unit variation both share cancels. Results
 from different tokens cannot be paired and are refused with one line. Each difference is decided
 by the one rule (:func:`wkvlab.stats.decide`): margin m = 10% (``margin``) of ``a``'s own effect on
 that metric (its KLD, its PPL above the reference's, its top-1 loss), the three metrics one Holm

@@ -12,7 +12,7 @@ the corpus is too short for the documents asked for, the other embedded corpora 
 a fixed order, rather than repeating text (repeats would be easy to predict from the cache and flatter
 a quantized cache at long range).
 
-Intervals: each long window (a "document" here, cut from the stream) is the bootstrap unit
+Intervals: each long window (a "document" here, cut from the stream) is the interval's unit
 (:attr:`wkvlab.eval.TokenArrays.units`, which says so in every verdict). A bucket mean is a ratio of two token-weighted means
 (masked sum / masked count), so every per-bucket statistic and the growth between two buckets is a
 function of whole-set means and goes through the same :func:`paired_interval`.

@@ -115,7 +115,7 @@ class CrossTerm:
 
 
 def cross_term_draws(data: CrossTermData) -> dict[str, Resampled]:
-    """Paired bootstrap draws over windows of every cell's KLD and every effect (tokens of one window resampled together)."""
+    """Paired draws over windows of every cell's KLD and every effect (the tokens of one window are one unit)."""
     arrays = {c: np.concatenate(data.kld[c]) for c in CELLS}
     # the unit is the diagnosis window (its verdicts say "windows resampled", not a vague "units"):
     # the passes are recorded per window, without the document it came from

@@ -9,9 +9,10 @@ An interaction of zero means the two errors add; above zero, the combination cos
 sum (the cross term ε_q·ε_kᵀ and shared outlier channels are the suspects, see attention.py).
 For top-1 the effect is the *loss* of agreement (1 − agreement), so positive is worse everywhere.
 
-Every number comes with a paired bootstrap interval (:mod:`wkvlab.stats`) over documents where the
-text has them, windows otherwise (:attr:`wkvlab.eval.TokenArrays.units`): all four cells were
-scored on the same tokens, and one resample draws the same units for all of them.
+Every number comes with a paired analytic interval (:mod:`wkvlab.stats`: no resampling, no
+Monte-Carlo error) over documents where the text has them, windows otherwise
+(:attr:`wkvlab.eval.TokenArrays.units`): all four cells were scored on the same tokens, and every
+statistic is computed on the same units for all of them.
 Interactions are decided by the one rule (:func:`wkvlab.stats.decide`) only on scales where
 "additive" means "the two errors do not interact" (issue #38):
 

@@ -6,7 +6,7 @@ C' is evaluated with the same weights on the same windows, and reported as
 
     recovered = (KLD(W+C) − KLD(W+C')) / (KLD(W+C) − KLD(W))
 
-with a paired bootstrap interval (1 = the cache costs nothing any more, 0 = no help, negative =
+with a paired interval (1 = the cache costs nothing any more, 0 = no help, negative =
 worse), next to the bytes per token it costs — a mitigation is a trade of memory for quality.
 
 The candidates follow what engines offer and the literature recommends:
