@@ -81,11 +81,12 @@ def parse_kv(values: Iterable[str]) -> list[KVSpec]:
 
 
 def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: CalibrationSpec | None = None,
-                        kv: Iterable[KVSpec] = ()) -> CalibrationSet | None:
+                        kv: Iterable[KVSpec] = (), replicate: int = 0) -> CalibrationSet | None:
     """Calibration tokens for the weight and KV configs that need them (None when none does).
 
     Samples come from the end of the calibration text; when it is the evaluation text, the tokens
-    evaluation uses at its start are reserved, so the two never overlap.
+    evaluation uses at its start are reserved, so the two never overlap. ``replicate`` r: the r-th
+    disjoint sample of the same size before that (another build of the same method, for replicates).
     """
     if not any(w.needs_calibration for w in weights) and not any(k.needs_calibration for k in kv):
         return None
@@ -98,7 +99,7 @@ def prepare_calibration(work: Workload, weights: list[WeightSpec], calibration: 
         # windows spread over the documents can reach the text's end (SmolLM2's 32 default findings windows
         # reach the 78th of the 79 prose topics): then what follows each document's windows is drawn on too
         spare = unused_remainders(work.corpus, work.loaded.tokenizer, work.windows)
-    return calibration_set(spec, work.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved, spare=spare)
+    return calibration_set(spec, work.loaded.tokenizer, corpus=corpus, reserved_tokens=reserved, spare=spare, replicate=replicate)
 
 
 def run_options(work: Workload | None, weights: list[WeightSpec], *, chunk: int | None = None, reference: str | Path | None = None,

@@ -29,6 +29,20 @@ MarginOption = Annotated[str, typer.Option(
                      "(0.002 nats), or cache:10% (an interaction's m as a share of the cache's own KLD(C), the rule before "
                      "issue #38) — docs/stats.md")]
 
+# --resamples set the bootstrap's resample count; every interval is analytic since issue #38, so the option
+# is gone from the help, and an old command line that still passes it gets one line saying so (refuse_resamples)
+ResamplesGoneOption = Annotated[Optional[str], typer.Option("--resamples", hidden=True, show_default=False)]
+RESAMPLES_GONE = ("--resamples is gone: every interval is analytic since issue #38 (Student t with a skewness allowance: "
+                  "no resampling, no seed, no Monte-Carlo error; docs/stats.md); drop the option")
+
+
+def refuse_resamples(value: str | None) -> None:
+    """A one-line error for a command line that still passes the removed ``--resamples``."""
+    if value is not None:
+        from wkvlab.errors import ConfigError
+
+        raise ConfigError(RESAMPLES_GONE)
+
 
 CacheDirOption = Annotated[Optional[Path], typer.Option(
     "--cache-dir", help="wkvlab's disk cache: calibrated weight builds, K/V statistics, GGUF copies (docs/weights.md); "

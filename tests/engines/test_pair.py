@@ -119,19 +119,19 @@ def _result(kld, window, kv):
 def test_kv_delta_is_paired_per_prompt():
     base = _result([0.1, 0.2, 0.3, 0.0, 0.0, 0.3], [0, 0, 0, 1, 1, 1], "f16")
     cand = _result([0.2, 0.4, 0.3, 0.1, 0.1, 0.4], [0, 0, 0, 1, 1, 1], "q4_0")
-    d = kv_delta(base, cand, n_resamples=200)
+    d = kv_delta(base, cand)
     assert d["baseline"] == "f16" and d["tokens"] == 6
     assert d["kld"]["estimate"] == pytest.approx(0.6 / 6)
     assert [p["kld_delta"] for p in d["per_prompt"]] == pytest.approx([0.1, 0.1])
     assert d["kld"]["low"] is None and not d["kld"]["decided"]  # two prompts: too few for an interval (wkvlab.stats)
     eight = [p // 2 for p in range(16)]
-    d8 = kv_delta(_result([0.1] * 16, eight, "f16"), _result([0.2] * 16, eight, "q4_0"), n_resamples=200)
+    d8 = kv_delta(_result([0.1] * 16, eight, "f16"), _result([0.2] * 16, eight, "q4_0"))
     assert d8["kld"]["low"] == pytest.approx(0.1) and d8["kld"]["high"] == pytest.approx(0.1)  # every prompt moved by 0.1
     assert d["top1"]["estimate"] == 0.0
     # a candidate that scored one token fewer is paired on the shared tokens only
     short = _result([0.2, 0.4, 0.1, 0.1, 0.4], [0, 0, 1, 1, 1], "q4_0")
     short.arrays.position = np.array([0, 1, 0, 1, 2])
-    d = kv_delta(base, short, n_resamples=200)
+    d = kv_delta(base, short)
     assert d["tokens"] == 5 and d["per_prompt"][0]["kld_delta"] == pytest.approx((0.2 + 0.4 - 0.1 - 0.2) / 2)
 
 
@@ -149,7 +149,7 @@ def test_served_reference_and_candidates_end_to_end_against_exact_klds():
     for k, exact_expected in ((5, False), (VOCAB, True)):
         with FakeServer(handler(tables[0])) as r, FakeServer(handler(tables[1])) as a, FakeServer(handler(tables[2])) as b:
             engine = lambda s: OpenAIEngine(ServerSpec(url=s.url, model="tiny", topk=k), TinyTokenizer())  # noqa: E731
-            results = evaluate_pair(engine(r), [engine(a), engine(b)], work, n_resamples=200)
+            results = evaluate_pair(engine(r), [engine(a), engine(b)], work)
         exact = [np.concatenate([_exact(bigram_logits(w.tolist(), tables[0]).float(), bigram_logits(w.tolist(), t).float(), w,
                                         torch.arange(0, len(w) - 1)).kld for w in windows]) for t in tables[1:]]
         for result, full in zip(results, exact):

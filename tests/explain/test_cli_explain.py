@@ -27,7 +27,7 @@ def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     monkeypatch.setattr(explain_run, "explain", functools.partial(explain, loaded=tiny_loaded()))
     out = tmp_path / "explain.json"
     args = ["explain", "--weights", "int4-g32", "--kv", "int2", "--ctx", "32", "--tokens", "96", "--max-ctx", "256",
-            "--context-docs", "2", "--resamples", "200", "--json", str(out)]
+            "--context-docs", "2", "--json", str(out)]
     run = CliRunner().invoke(app, args, env=ENV)
     assert run.exit_code == 0, run.output
     for title in ("2×2 factorial", "noise floor", "cross term", "KLD by query position", "mitigations", "verdict", "model's own samples"):
@@ -44,13 +44,15 @@ def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     cross = data["cross_term"]
     assert cross["windows"] == 1 and {v["outcome"] for v in cross["verdicts"].values()} == {"undecided"}
     assert "ε_q·ε_k,cᵀ removed" in run.output and "first 4 tokens at 16 bits" in run.output
-    assert data["mitigations"]["results"] and data["verdict"][0].startswith("Undecided")  # 3 windows: no interval, never "additive"
+    # 3 windows: no interval, never "additive"
+    assert data["mitigations"]["results"] and data["verdict"][0].startswith("[factorial: 3 windows of 32, 93 tokens, 2 replicates] Undecided")
     assert data["factorial"]["kld"]["verdict"]["outcome"] == "undecided" and "undecided" in run.output
-    # KLD and NLL (log PPL) interactions: one family of 2; top-1's interaction is never decided (issue #38)
+    # KLD and NLL interactions: one family of 2; PPL's and top-1's interactions are never decided (issue #38)
     assert all("margin ±" in line and "Holm over 2 tests" in line for line in data["verdict"][:2])
-    assert "log PPL" in data["verdict"][1] and "no verdict" in data["verdict"][2]
-    assert not any(w in data["verdict"][2] for w in ("compounds", "sub-additive", "additive within"))
-    assert set(data["seconds"]) >= {"factorial", "noise", "attention", "hidden", "context", "mitigations"}
+    assert "NLL (mean log-loss, nats) interaction" in data["verdict"][1] and "no interaction verdict on PPL" in data["verdict"][2]
+    assert "no verdict" in data["verdict"][3]
+    assert not any(w in line for line in data["verdict"][2:4] for w in ("compounds", "sub-additive", "additive within", "undecided"))
+    assert set(data["seconds"]) >= {"factorial", "replicates", "noise", "attention", "hidden", "context", "mitigations"}
     # the factorial cells' per-unit values: its verdicts decided again from the JSON alone (wkvlab.findings.records)
     from wkvlab.findings.records import redecide_factorial
 
@@ -64,6 +66,17 @@ def test_explain_bad_skip_is_one_line():
     proc = _wkvlab("explain", "--weights", "int4-g128", "--kv", "int4", "--skip", "everything")
     assert proc.returncode == 2 and "unknown step(s) to skip: everything" in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.parametrize("command", [("explain", "--weights", "int4-g128", "--kv", "int4"), ("compare", "aaaa", "bbbb")])
+def test_the_removed_resamples_option_is_one_line_saying_why(command):
+    """Every interval is analytic since issue #38: an old command line with --resamples gets one line, no traceback,
+    and the option is gone from the help."""
+    proc = _wkvlab(*command, "--resamples", "2000")
+    assert proc.returncode == 2 and "--resamples is gone: every interval is analytic" in proc.stderr
+    assert "no Monte-Carlo error" in proc.stderr and "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+    assert "--resamples" not in _wkvlab(command[0], "--help").stdout
 
 
 def test_compare_two_stored_results(tmp_path):
@@ -94,7 +107,7 @@ def test_explain_on_the_default_model(default_model):
     from wkvlab.explain.run import explain
 
     report = explain("int4-g128", "int4", loaded=default_model, ctx=32, tokens=64, max_ctx=32, diag_windows=1,
-                     n_resamples=200, skip=("noise", "hidden", "generation", "retrieval", "selfgen"))
+                     skip=("noise", "hidden", "generation", "retrieval", "selfgen"))
     f = report.factorial
     assert f.identity_kld_max == 0.0 and f.kld.w.estimate > 0 and f.kld.c.estimate > 0
     assert report.attention.layers == 30 and report.context.max_ctx == 32
@@ -137,3 +150,55 @@ def test_explain_bad_tolerance_is_one_line_before_loading():
     proc = _wkvlab("explain", "--weights", "int4-g128", "--kv", "int4", "--tolerance", "top1=2")
     assert proc.returncode != 0 and "top-1 agreement is between 0 and 1" in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_replicate_chunks_halve_within_the_caches_token_group_and_replicates_are_checked():
+    from wkvlab.errors import ConfigError
+    from wkvlab.explain.options import ExplainOptions, planned_steps, replicate_chunk
+
+    assert [replicate_chunk(512, r) for r in range(3)] == [512, 256, 128]
+    assert replicate_chunk(64, 1, 64) == 64 and replicate_chunk(512, 2, 96) == 96
+    with pytest.raises(ConfigError, match="--replicates"):
+        ExplainOptions("int4-g128", "int4", replicates=0)
+    one, two = ExplainOptions("int4-g128", "int4", replicates=1), ExplainOptions("int4-g128", "int4")
+    assert planned_steps(two, 4) - planned_steps(one, 4) == 8 * 5 + 2  # the factorial again at half the chunk: 2 passes a window
+
+
+def test_explain_names_margin_family_replicates_monte_carlo_error_and_windows(tmp_path, monkeypatch):
+    """Issue #38's done-when and #42 item 4, on a tiny random model: no PPL or top-1 interaction verdict; every
+    decided line names its margin, its Holm family with its size, the replicates and the Monte-Carlo error (none:
+    analytic); each line says which windows its numbers come from; one KLD(W)+KLD(C) behind every KLD margin."""
+    import re
+
+    import wkvlab.explain.run as explain_run
+    from wkvlab.cli import app
+    from wkvlab.explain.run import explain
+
+    monkeypatch.setattr(explain_run, "explain", functools.partial(explain, loaded=tiny_loaded()))
+    out = tmp_path / "explain.json"
+    args = ["explain", "--weights", "int4-g32", "--kv", "int2", "--ctx", "32", "--tokens", "320", "--max-ctx", "32",
+            "--skip", "noise,hidden,context,mitigations,generation,retrieval,selfgen", "--json", str(out)]
+    run = CliRunner().invoke(app, args, env={**ENV, "COLUMNS": "400"})
+    assert run.exit_code == 0, run.output
+    lines = json.loads(out.read_text())["verdict"]
+    factorial = [line for line in lines if line.startswith("[factorial: 10 windows of 32, 310 tokens, 2 replicates]")]
+    kld, nll, ppl, top1, replicates = factorial
+    verdicts = ("compounds", "sub-additive", "additive within", "undecided")
+    for line in (kld, nll):
+        assert "margin ±" in line and "Holm over 2 tests" in line and "analytic: no Monte-Carlo error" in line
+        assert "2 replicates (between-replicate variance inside the interval, df" in line
+        assert any(w in line for w in verdicts)
+    assert "KLD interaction" in kld and nll.split("] ", 1)[1].startswith("NLL (mean log-loss, nats) interaction")
+    for line in (ppl, top1):  # described only: the scales make an interaction of independent errors
+        assert not any(w in line for w in verdicts)
+    assert "no interaction verdict on PPL" in ppl and "no verdict" in top1 and "chunk sizes 32, 16 (float order)" in replicates
+    assert "PPL" not in kld + nll  # the decided interactions are named for their scale, NLL, not PPL
+    cross = [line for line in lines if line.startswith("[attention: the first 1 window of 32, 1 replicate]")]
+    assert any("output KLD interaction" in line for line in cross)
+    margins = set(re.findall(r"margin ±(\S+) \(10% of the (?:factorial's \(10 windows\) )?predicted total KLD\(W\)\+KLD\(C\) (\S+)\)",
+                             "\n".join(lines)))
+    assert len(margins) == 1, margins  # the cross-term step states the factorial's margin, not one from its own window
+    table = " ".join(run.output.split())
+    for words in ("Holm over 2 tests", "analytic: no Monte-Carlo error", "2 replicates", "(decided on NLL)",
+                  "NLL interaction (nats)", "[factorial: 10 windows of 32, 310 tokens, 2 replicates]"):
+        assert words in table, words

@@ -40,7 +40,7 @@ def _cells(windows=8, ctx=129):
 
 
 def test_curve_by_hand():
-    curve = context_curve(_cells(), n_resamples=300)
+    curve = context_curve(_cells())
     assert [(r.start, r.end) for r in curve.rows] == [(0, 4), (4, 64), (64, 128)]
     n = window_noise(2, 8, 129).mean()
     mid = curve.rows[1]
@@ -63,5 +63,5 @@ def test_curve_by_hand():
 
 
 def test_one_document_gives_no_growth_verdict():
-    curve = context_curve(_cells(windows=1), n_resamples=100)
+    curve = context_curve(_cells(windows=1))
     assert not curve.growth_wc.decided and "no interval" in curve.lines()[0] and curve.verdict is None

@@ -42,7 +42,7 @@ def test_recovered_share_by_hand():
     cells = {"w": result(0.1 + n), "wc": result(0.3 + 2 * n, agree=np.arange(256) % 2 == 0)}
     chosen = candidates(KVSpec.parse("int4"), 8, 64, None)[:2]
     mitigated = [result(0.2 + 1.5 * n, kv_bytes=150.0), result(0.35 + 2 * n, kv_bytes=120.0)]
-    m = measure(cells, mitigated, chosen, n_resamples=300)
+    m = measure(cells, mitigated, chosen)
     best, worse = m.results
     assert best.kv == chosen[0].kv.label and best.kv_bytes_per_token == 150.0
     nm = n.mean()
@@ -61,7 +61,7 @@ def test_no_measurable_excess_is_said_not_divided():
     n = window_noise(6, scale=0.005)
     cells = {"w": result(0.1 + n), "wc": result(0.1 + n[::-1])}  # W+C differs from W by window noise only
     chosen = candidates(KVSpec.parse("q8_0"), 8, 64, None)[:2]
-    m = measure(cells, [result(0.09 + n), result(0.12 + n)], chosen, n_resamples=300)
+    m = measure(cells, [result(0.09 + n), result(0.12 + n)], chosen)
     assert m.excess.contains(0.0)
     assert [r.kld.estimate for r in m.results] == sorted(r.kld.estimate for r in m.results)  # lowest KLD first
     # the excess goes through the one rule: within ±m of KLD(W+C) here, so nothing is divided by it

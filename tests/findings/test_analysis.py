@@ -31,7 +31,7 @@ def _grid(interaction: float, noise: float = 0.01):
 
 
 def test_compounding_is_found_and_decided():
-    (row,) = additivity(_grid(interaction=0.05), n_resamples=500)
+    (row,) = additivity(_grid(interaction=0.05))
     assert (row.weights, row.kv) == ("int4-g128", "int4")
     assert row.interaction.estimate == pytest.approx(0.05 - 0.0, abs=0.01)  # wc − w − c, per_window counted twice in wc
     assert row.interaction.low > 0 and row.verdict.word == "compounds" and row.tokens_needed is None
@@ -43,14 +43,14 @@ def test_compounding_is_found_and_decided():
 
 
 def test_additive_grid_is_additive_within_the_margin():
-    (row,) = additivity(_grid(interaction=0.0), n_resamples=500)
+    (row,) = additivity(_grid(interaction=0.0))
     assert row.interaction.decided and row.verdict.outcome == "within"
     assert row.verdict.adjusted.low >= -row.verdict.margin.value and row.verdict.adjusted.high <= row.verdict.margin.value
 
 
 def test_an_interval_wider_than_the_margin_is_undecided_not_additive():
     # per-token noise 1.5 against a cache effect of 0.10: the interval holds 0 but cannot tell 0 from ±m
-    (row,) = additivity(_grid(interaction=0.0, noise=1.5), n_resamples=500)
+    (row,) = additivity(_grid(interaction=0.0, noise=1.5))
     assert row.interaction.contains(0.0) and row.verdict.outcome == "undecided"
     # sized for 80% power at this estimate (stats.decision.units_to_decide): more than it has, in whole units
     assert row.verdict.units_needed > row.interaction.n_units
@@ -63,7 +63,7 @@ def test_the_grid_is_one_family():
     grid = _grid(interaction=0.05)
     extra = _grid(interaction=0.0)
     grid += [_result("none", "int8", extra[1].arrays.kld), _result("int4-g128", "int8", grid[2].arrays.kld + extra[1].arrays.kld)]
-    rows = additivity(grid, n_resamples=500)
+    rows = additivity(grid)
     assert len(rows) == 2 and all(r.verdict.family_size == 2 for r in rows)
     assert all(r.verdict.adjusted.low <= r.interaction.low and r.verdict.adjusted.high >= r.interaction.high for r in rows)
     assert "Holm over 2 tests" in additivity_markdown(rows)
@@ -73,8 +73,8 @@ def test_methods_difference_is_the_additivity_interaction():
     # a reference cell that is not exactly 0 (an fp16 cache on float32 weights is not lossless)
     grid = _grid(interaction=0.05)
     grid[0] = _result("none", "fp16", np.full(grid[0].arrays.kld.size, 0.004))
-    (row,) = additivity(grid, n_resamples=300)
-    versus = {(r.weights, r.kv): r for r in penalties(grid, n_resamples=300)}[("int4-g128", "int4")].vs_unquantized
+    (row,) = additivity(grid)
+    versus = {(r.weights, r.kv): r for r in penalties(grid)}[("int4-g128", "int4")].vs_unquantized
     assert (versus.estimate, versus.low, versus.high) == (row.interaction.estimate, row.interaction.low, row.interaction.high)
 
 
@@ -106,7 +106,7 @@ def test_search_and_engine_check_their_own_windows_not_the_grids():
 
 
 def test_penalty_under_quantized_weights_and_its_difference():
-    rows = {(r.weights, r.kv): r for r in penalties(_grid(interaction=0.05), n_resamples=500)}
+    rows = {(r.weights, r.kv): r for r in penalties(_grid(interaction=0.05))}
     plain, under = rows[("none", "int4")], rows[("int4-g128", "int4")]
     assert plain.penalty.estimate == pytest.approx(0.10, abs=0.01) and plain.vs_unquantized is None
     assert under.penalty.estimate == pytest.approx(0.15, abs=0.01)  # c + interaction
@@ -121,7 +121,7 @@ def test_calibration_mismatch_is_paired_against_the_own_domain():
     grid = {}
     for calib, level in (("prose", 0.10), ("code", 0.13), ("math", 0.12)):
         grid[(calib, "default")] = [_result("none", "fp16", np.zeros(size)), _result("gptq-int4-g128", "fp16", level + rng.normal(0, 0.01, size))]
-    (row,) = calibration(grid, n_resamples=500)
+    (row,) = calibration(grid)
     assert row.own == "prose" and set(row.mismatch) == {"code", "math"}
     assert row.mismatch["code"].estimate == pytest.approx(0.03, abs=0.005) and row.mismatch["code"].low > 0
     assert row.verdicts["code"].word == "higher" and row.verdicts["code"].family_size == 2
@@ -138,7 +138,7 @@ def test_a_calibration_text_other_than_prose_code_math_is_accepted():
     size = WINDOWS * (CTX - 1)
     grid = {(calib, "default"): [_result("gptq-int4-g128", "fp16", level + rng.normal(0, 0.01, size))]
             for calib, level in (("prose", 0.10), ("legal", 0.11))}
-    (row,) = calibration(grid, n_resamples=200)
+    (row,) = calibration(grid)
     assert set(row.mismatch) == {"legal"}
 
 
@@ -171,7 +171,7 @@ def test_weight_methods_are_compared_as_differences():
     size = WINDOWS * (CTX - 1)
     w2 = 0.20 + rng.normal(0, 0.01, size)
     grid += [_result("gptq-int4-g128", "fp16", w2), _result("gptq-int4-g128", "int4", w2 + grid[1].arrays.kld + rng.normal(0, 0.01, size))]
-    (d,) = method_differences(grid, n_resamples=500)
+    (d,) = method_differences(grid)
     assert (d.kv, d.a, d.b) == ("int4", "int4-g128", "gptq-int4-g128")
     assert d.difference.estimate == pytest.approx(0.05, abs=0.01) and d.verdict.word == "higher"
     assert d.verdict.margin.value == pytest.approx(0.1 * grid[1].arrays.kld.mean())

@@ -35,7 +35,7 @@ def report(tmp_path_factory) -> Path:
         r.data = HOSTILE_DATA
     profile = tmp / "profile.json"
     profile.write_text(json.dumps(profile_payload(HOSTILE_MODEL)))
-    return write_report(results, tmp / "report", source="synthetic", profiles=[load_profile(profile)], n_resamples=100).page
+    return write_report(results, tmp / "report", source="synthetic", profiles=[load_profile(profile)]).page
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ WIDTH = 1400
 @pytest.fixture(scope="module")
 def demo_page(tmp_path_factory) -> Path:
     """The demo run's own configs (docs/runs/demo.json), where the cross-term table ran 1,645 px wide."""
-    return write_report(demo_record_grid(), tmp_path_factory.mktemp("layout") / "report", source="wkvlab demo", n_resamples=100).page
+    return write_report(demo_record_grid(), tmp_path_factory.mktemp("layout") / "report", source="wkvlab demo").page
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +187,7 @@ def test_a_tiny_negative_penalty_gets_the_zero_tick_not_a_minus_1e_06(tmp_path, 
     # bf16 × int8 a hair below bf16 × fp16 (float noise): the penalty is -3e-7 next to int4's 0.1
     results = [make_result(w, kv, k) for w, kv, k in (("bf16", "fp16", 0.001), ("bf16", "int8", 0.001 - 3e-7), ("bf16", "int4", 0.1),
                                                       ("int8", "fp16", 0.004), ("int8", "int8", 0.0045), ("int8", "int4", 0.11))]
-    page = write_report(results, tmp_path / "report", source="synthetic", n_resamples=100).page
+    page = write_report(results, tmp_path / "report", source="synthetic").page
     wide.get(page.as_uri())
     _wait_rendered(wide, 3)
     yticks = [t["text"] for t in _boxes(wide, "#g0-penalty .ytick text")]

@@ -38,7 +38,7 @@ def test_kv_bit_classes(kv, bits, cls):
 
 
 def test_configs_memory_and_pareto_flags():
-    data = build_report_data(demo_like_grid(), source="t", context=1000, batch=2, n_resamples=50)
+    data = build_report_data(demo_like_grid(), source="t", context=1000, batch=2)
     row = next(r for r in data.configs if r.weights == "int8" and r.kv == "int4")
     assert row.memory_bytes == 100_000_000 + 280.0 * 1000 * 2
     assert row.kld_mean == pytest.approx(0.004 + 0.01)
@@ -51,7 +51,7 @@ def test_configs_memory_and_pareto_flags():
 
 
 def test_cross_terms_hand_computed_with_a_cast_baseline():
-    data = build_report_data(demo_like_grid(), source="t", n_resamples=200)
+    data = build_report_data(demo_like_grid(), source="t")
     rows = {(r.weights, r.kv): r for r in data.cross_terms}
     assert len(rows) == 6  # int8, int4 × fp8, int8, int4 (the bf16 row is the baseline)
     both = rows[("int4-g128", "int4")]
@@ -66,7 +66,7 @@ def test_cross_terms_hand_computed_with_a_cast_baseline():
 def test_cross_terms_prefer_the_identity_baseline_and_resample_windows():
     grid = [make_result("none", "fp16", 0.0), make_result("none", "int4", 0.01), make_result("int8", "fp16", 0.004),
             make_result("int8", "int4", np.array([0.014, 0.016, 0.018, 0.020, 0.014, 0.016, 0.018, 0.020])), make_result("bf16", "fp16", 0.001)]
-    (row,) = [r for r in build_report_data(grid, source="t", n_resamples=500).cross_terms if r.weights == "int8"]
+    (row,) = [r for r in build_report_data(grid, source="t").cross_terms if r.weights == "int8"]
     assert row.baseline_weights == "none" and row.kld_baseline == 0.0
     assert row.interaction.estimate == pytest.approx(0.017 - 0.004 - 0.01)
     # Windows differ (0 .. +0.006 of interaction), so the interval is a real spread around it (the skewness
@@ -75,7 +75,7 @@ def test_cross_terms_prefer_the_identity_baseline_and_resample_windows():
 
 
 def test_kv_penalty_pairs_each_quantized_cache_with_its_16bit_twin():
-    data = build_report_data(demo_like_grid(), source="t", n_resamples=50)
+    data = build_report_data(demo_like_grid(), source="t")
     rows = {(r.weights, r.kv): r for r in data.penalties}
     assert len(rows) == 9
     assert rows[("int4-g128", "int4")].penalty.estimate == pytest.approx(0.013)
@@ -86,7 +86,7 @@ def test_kv_penalty_pairs_each_quantized_cache_with_its_16bit_twin():
 def test_results_on_other_tokens_are_not_paired():
     grid = demo_like_grid()
     other = make_result("int8", "int4", 0.02, windows=3)  # same names, different windows: a group of its own
-    data = build_report_data(grid[:4] + [other], source="t", n_resamples=50)
+    data = build_report_data(grid[:4] + [other], source="t")
     assert len(data.groups) == 2
     assert {r.group for r in data.penalties} == {0}
 
@@ -110,7 +110,7 @@ def test_no_results_is_a_one_line_error():
 def test_cross_terms_from_too_few_windows_are_not_called_significant():
     grid = [make_result(w, k, v, windows=2) for w, k, v in (("none", "fp16", 0.0), ("none", "int4", 0.01), ("int8", "fp16", 0.004),
                                                                 ("int8", "int4", 0.03))]
-    (row,) = build_report_data(grid, source="t", n_resamples=200).cross_terms
+    (row,) = build_report_data(grid, source="t").cross_terms
     assert row.interaction.estimate == pytest.approx(0.016) and not row.interaction.decided and not row.interaction.excludes_zero
     assert row.verdict.word == "undecided" and "≥ 8 windows" in row.verdict.need()  # a stream: windows are the units
 
@@ -128,7 +128,7 @@ def test_report_rows_use_the_recorded_head_dim():
     grid = demo_like_grid()
     for r in grid:
         r.model_shape = {"layers": 30, "kv_heads": 3, "head_dim": 64}
-    data = build_report_data(grid, source="t", n_resamples=20)
+    data = build_report_data(grid, source="t")
     assert {r.kv: r.kv_bits for r in data.configs if r.weights == "bf16"} == pytest.approx(
         {"fp16": 16.0, "fp8_e4m3": 8.0, "int8": 8.25, "int4": 4.5})
     unknown = demo_like_grid()[0]  # no recorded shape and a model name that is no file: the nominal 128

@@ -31,8 +31,8 @@ def _findings():
               "rank_correlation": {"default -> code": 0.5}, "layer_agreement": {}, "plans": {}}
     engine = {"rows": [{"kv": "q4_0", "preset": "llamacpp:q4_0", "engine_kld": {"mean": 0.05, "se": 0.001}, "sim_kld": {"mean": 0.047, "se": 0.001},
                         "ratio": 0.94, "window_ratios": [0.9], "engine_top1": 0.8, "sim_top1": 0.81}]}
-    return [StoredFinding("additivity", "default", 0.0, 10.0, {"rows": [r.to_dict() for r in additivity(grid, n_resamples=200)]}, ""),
-            StoredFinding("methods", "default", 0.0, 10.0, {"rows": [r.to_dict() for r in penalties(grid, n_resamples=200)]}, ""),
+    return [StoredFinding("additivity", "default", 0.0, 10.0, {"rows": [r.to_dict() for r in additivity(grid)]}, ""),
+            StoredFinding("methods", "default", 0.0, 10.0, {"rows": [r.to_dict() for r in penalties(grid)]}, ""),
             StoredFinding("depth", "gemma3-270m", 0.0, 10.0, depth, ""),
             StoredFinding("search", "default", 0.0, 10.0, search, ""),
             StoredFinding("engine", "default", 0.0, 10.0, engine, "")]
@@ -79,7 +79,7 @@ def test_the_report_from_a_store_shows_its_findings(tmp_path):
             store.put(f"id{i}", {"score": "all"}, result)
         for f in _findings():
             store.put_finding(f.name, f.model, f.seconds, f.data, f.markdown)
-    report = report_from_store(db, tmp_path / "rep", n_resamples=20)
+    report = report_from_store(db, tmp_path / "rep")
     names = {p.name for p in report.files}
     assert {"finding-additivity-default.csv", "finding-depth-gemma3-270m.csv", "finding0-additivity.png", "finding4-engine.png"} <= names
     page = (tmp_path / "rep" / "index.html").read_text()
@@ -91,7 +91,7 @@ def test_the_report_from_a_store_shows_its_findings(tmp_path):
 
 
 def test_a_report_without_findings_has_no_findings_section():
-    files = render_report(build_report_data(demo_like_grid(), source="s", n_resamples=20))
+    files = render_report(build_report_data(demo_like_grid(), source="s"))
     assert b'id="findings"' not in files["index.html"] and not any(n.startswith("finding") for n in files)
 
 
@@ -104,8 +104,8 @@ def test_calibration_and_methods_sections_show_the_rules_verdicts():
     rng = np.random.default_rng(1)
     size = WINDOWS * (CTX - 1)
     grid = {(c, "default"): [_result("gptq-int4-g128", "fp16", level + rng.normal(0, 0.01, size))] for c, level in (("prose", 0.1), ("code", 0.13))}
-    rows = [r.to_dict() for r in calibration(grid, n_resamples=200)]
-    methods = [r.to_dict() for r in penalties(_grid(interaction=0.05), n_resamples=200)]
+    rows = [r.to_dict() for r in calibration(grid)]
+    methods = [r.to_dict() for r in penalties(_grid(interaction=0.05))]
     cal, meth = finding_sections([StoredFinding("calibration", "default", 0.0, 1.0, {"rows": rows}, ""),
                                   StoredFinding("methods", "default", 0.0, 1.0, {"rows": methods}, "")])
     shown = dict(zip([c.header for c in cal.table.shown], cal.table.text_rows()[0]))

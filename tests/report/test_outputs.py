@@ -25,7 +25,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def data():
-    return build_report_data(demo_like_grid("a|b <i>"), source="grid.db", context=4096, n_resamples=100)
+    return build_report_data(demo_like_grid("a|b <i>"), source="grid.db", context=4096)
 
 
 def test_csv_holds_raw_numbers_for_every_config(data):
@@ -59,7 +59,7 @@ def test_script_json_cannot_close_the_script_element():
 
 def test_folder_is_written_rewritten_and_foreign_folders_refused(tmp_path):
     out = tmp_path / "rep"
-    first = write_report(demo_like_grid(), out, source="t", n_resamples=20)
+    first = write_report(demo_like_grid(), out, source="t")
     names = {p.name for p in first.files}
     assert {"index.html", "report.md", "report.json", "configs.csv", "cross_terms.csv", "kv_penalty.csv",
             "g0-memory.png", "g0-penalty.png", "g0-position.png"} == names
@@ -69,7 +69,7 @@ def test_folder_is_written_rewritten_and_foreign_folders_refused(tmp_path):
     assert oct((out / "index.html").stat().st_mode & 0o777) != oct(0o600)
 
     # A rewrite with fewer charts removes the files the last report wrote and this one does not.
-    write_report([r for r in demo_like_grid() if r.kv == "fp16"], out, source="t", n_resamples=20)
+    write_report([r for r in demo_like_grid() if r.kv == "fp16"], out, source="t")
     assert not (out / "g0-penalty.png").exists() and (out / "g0-memory.png").exists()
     assert json.loads((out / MANIFEST).read_text())["files"] == sorted(p.name for p in out.iterdir() if p.name != MANIFEST)
 
@@ -77,10 +77,10 @@ def test_folder_is_written_rewritten_and_foreign_folders_refused(tmp_path):
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     with pytest.raises(ConfigError, match="not a wkvlab report"):
-        write_report(demo_like_grid(), mine, source="t", n_resamples=20)
+        write_report(demo_like_grid(), mine, source="t")
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     with pytest.raises(ConfigError, match="is a file"):
-        write_report(demo_like_grid(), mine / "notes.txt", source="t", n_resamples=20)
+        write_report(demo_like_grid(), mine / "notes.txt", source="t")
 
 
 def test_profiles_become_a_heatmap_and_bad_ones_are_one_line(tmp_path):
@@ -93,7 +93,7 @@ def test_profiles_become_a_heatmap_and_bad_ones_are_one_line(tmp_path):
     assert profile.values[0][0] == pytest.approx(payload["k"]["int4"][0] - 0.004)  # K/V cells: KLD above the base
     assert profile.values[1][0] is None  # a NaN measurement is a blank cell, not a number
     assert profile.values[2][3] == payload["weight_layers"][2]  # weight cells: that layer's KLD itself
-    out = write_report(demo_like_grid(), tmp_path / "rep", source="t", profiles=[profile], n_resamples=20)
+    out = write_report(demo_like_grid(), tmp_path / "rep", source="t", profiles=[profile])
     assert (tmp_path / "rep" / "profile0-sensitivity.png").read_bytes()[:8] == PNG_MAGIC
     assert "no-profile" not in out.page.read_text(encoding="utf-8")
     payload["k"]["int8"] = [0.1]
@@ -116,7 +116,7 @@ def test_report_from_a_store(tmp_path):
     with open_store(db) as store:
         for i, result in enumerate(demo_like_grid()):
             store.put(f"id{i}", {"score": "all"}, result)
-    report = report_from_store(db, tmp_path / "rep", context=2048, n_resamples=20)
+    report = report_from_store(db, tmp_path / "rep", context=2048)
     assert len(report.data.configs) == 12 and len(report.data.cross_terms) == 6
     empty = tmp_path / "empty.db"
     open_store(empty).close()

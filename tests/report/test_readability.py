@@ -13,7 +13,7 @@ from wkvlab.stats.bootstrap import Interval
 
 
 def _data(results=None, **kw):
-    return build_report_data(results or demo_like_grid(), source="test", n_resamples=200, **kw)
+    return build_report_data(results or demo_like_grid(), source="test", **kw)
 
 
 def test_an_interval_from_too_few_windows_says_so_instead_of_nan():

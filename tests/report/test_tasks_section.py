@@ -37,7 +37,7 @@ def test_scores_join_their_configs_kld_in_every_group_and_stand_alone_without_on
 
 def test_report_files_with_and_without_task_scores(tmp_path):
     grid = demo_like_grid()
-    data = build_report_data(grid, source="s", n_resamples=20)
+    data = build_report_data(grid, source="s")
     plain = render_report(data)
     assert "tasks.csv" not in plain and b"downstream-tasks" not in plain["index.html"]
     files = render_report(data, tasks=[_score("int8", "int4", 0.625), _score("int4-g128", "int4", 0.375)])
@@ -57,6 +57,6 @@ def test_report_from_a_store_reads_its_task_scores(tmp_path):
         for i, result in enumerate(demo_like_grid()):
             store.put(f"id{i}", {"score": "all"}, result)
         store.put_task_scores({"c": 1}, [_score("int8", "int8", 0.5, cid="c1")])
-    report = report_from_store(db, tmp_path / "rep", n_resamples=20)
+    report = report_from_store(db, tmp_path / "rep")
     assert (tmp_path / "rep" / "tasks.csv").read_text().count("\n") == 2
     assert "tasks.csv" in {p.name for p in report.files}

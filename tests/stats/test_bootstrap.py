@@ -54,11 +54,14 @@ def test_a_pure_mean_is_student_t_plus_the_allowance():
 
 
 def test_the_same_data_give_the_same_interval_whatever_the_seed():
-    """Analytic: no draws, so the seed (and n_resamples, kept for older callers) changes nothing."""
+    """Analytic: no draws, so there is no seed or resample count to pass, and repeated calls agree."""
     units = np.repeat(np.arange(10), 4)
     x = np.random.default_rng(0).lognormal(size=units.size)
-    same = {paired_interval(lambda m: m["x"], {"x": x}, units, seed=s, n_resamples=r) for s in range(20) for r in (500, 2000)}
+    same = {paired_interval(lambda m: m["x"], {"x": x}, units) for _ in range(5)}
     assert len(same) == 1
+    for gone in ({"seed": 1}, {"n_resamples": 2000}):
+        with pytest.raises(TypeError):
+            paired_interval(lambda m: m["x"], {"x": x}, units, **gone)
 
 
 def test_a_unit_without_the_statistic_leaves_no_interval():

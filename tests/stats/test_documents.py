@@ -9,6 +9,7 @@ windows of the same data does not. ``pytest -s`` prints the rates (docs/explain.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from wkvlab.eval.result import TokenArrays
 from wkvlab.stats import paired_interval, resample
@@ -36,7 +37,7 @@ def _coverage(trials: int = 200, n_resamples: int = 400) -> dict[str, float]:
     for trial in range(trials):
         arrays, docs, windows, truth = _corpus(rng)
         for name, units in (("documents", Units(docs, "documents")), ("windows", Units(windows, "windows"))):
-            iv = paired_interval(lambda m: m["d"], arrays, units, n_resamples=n_resamples, seed=trial)
+            iv = paired_interval(lambda m: m["d"], arrays, units)
             hits[name] += iv.low <= truth <= iv.high
     rates = {k: v / trials for k, v in hits.items()}
     print(f"\ncoverage of 95% intervals, {DOCUMENTS} documents × {WINDOWS} windows, document-level difficulty, {trials} trials: "
@@ -71,7 +72,7 @@ def test_token_arrays_resample_documents_when_they_have_them_and_say_so():
 
 def test_every_verdict_prints_its_unit_margin_family_and_method():
     arrays = _arrays(list(range(10)))
-    draws = resample(lambda m: m["k"], {"k": arrays.kld}, arrays.units, n_resamples=500)
+    draws = resample(lambda m: m["k"], {"k": arrays.kld}, arrays.units)
     v = decide([Effect("kld", draws, Margin.relative_to(0.01, "KLD(C)"))], family="test")[0]
     text = v.describe()
     assert "margin ±0.001 (10% of KLD(C) 0.01)" in text and "Holm over 1 test" in text
@@ -79,9 +80,12 @@ def test_every_verdict_prints_its_unit_margin_family_and_method():
     assert v.to_dict()["resampling"].startswith("10 documents, skew-robust t")
 
 
-def test_the_interval_does_not_depend_on_a_seed_or_the_effect_name():
-    """Issue #38: no Monte-Carlo verdicts. The interval is analytic: every seed gives the same bounds."""
+def test_the_interval_takes_no_seed():
+    """Issue #38: no Monte-Carlo verdicts. The interval is analytic: there is no seed to give, and every call gives
+    the same bounds."""
     arrays = _arrays(list(range(10)))
-    draw = lambda seed: paired_interval(lambda m: m["k"], {"k": arrays.kld}, arrays.units, n_resamples=300, seed=seed)  # noqa: E731
-    assert draw("Δkld") == draw("Δppl") == draw(None) == draw(7)
+    draw = lambda: paired_interval(lambda m: m["k"], {"k": arrays.kld}, arrays.units)  # noqa: E731
+    assert draw() == draw()
+    with pytest.raises(TypeError):
+        paired_interval(lambda m: m["k"], {"k": arrays.kld}, arrays.units, seed=7)
 

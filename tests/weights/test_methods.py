@@ -180,3 +180,18 @@ def test_the_default_findings_windows_leave_prose_to_calibrate_on(default_model)
     # none of its token runs is a window's: calibration never sees a scored token
     scored = {tuple(row[int(work.windows.bos):][i:i + 64].tolist()) for row in work.windows.tokens for i in range(0, body - 64, 64)}
     assert not any(tuple(row[1:][i:i + 64].tolist()) in scored for row in cal.tokens for i in range(0, 511 - 64, 64))
+
+
+def test_calibration_replicates_are_disjoint_samples_of_the_same_size():
+    """Replicate r of a calibrated build (issue #38 item 3) calibrates on the r-th block before the end: same size,
+    no token shared with replicate 0 or the evaluation text; too little text is one error naming --replicates."""
+    from wkvlab.data import Corpus
+
+    corpus = Corpus("t", "".join(chr(97 + i % 26) for i in range(1000)))
+    ids = torch.tensor(_Tok()(corpus.text).input_ids)
+    first = calibration_set(CalibrationSpec("t", 4, 50), _Tok(), corpus=corpus, reserved_tokens=500)
+    second = calibration_set(CalibrationSpec("t", 4, 50), _Tok(), corpus=corpus, reserved_tokens=500, replicate=1)
+    assert torch.equal(first.tokens.reshape(-1), ids[-200:]) and torch.equal(second.tokens.reshape(-1), ids[-400:-200])
+    assert first.key != second.key
+    with pytest.raises(DataError, match="--replicates"):
+        calibration_set(CalibrationSpec("t", 4, 50), _Tok(), corpus=corpus, reserved_tokens=500, replicate=2)

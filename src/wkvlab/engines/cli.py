@@ -172,8 +172,10 @@ def kv_delta_table(results) -> Table:
     prompts = len(delta.get("per_prompt", []))
     unit = (delta.get("kld") or {}).get("unit") or "prompts"
     unit = "prompts" if unit in ("windows", "units") else unit  # a served window is one prompt
-    table = Table(title=f"KV delta vs {base.kv}, paired over {prompts} prompts (95% bootstrap over {unit}, "
-                        f"{(delta.get('kld') or {}).get('dropped', 0)} resamples dropped)", title_justify="left")
+    dropped = (delta.get("kld") or {}).get("dropped", 0)
+    table = Table(title=f"KV delta vs {base.kv}, paired over {prompts} prompts (95% skew-robust t over {unit}, analytic: "
+                        f"no Monte-Carlo error" + (f"; {dropped} {unit} left out leave it undefined" if dropped else "") + ")",
+                  title_justify="left")
     for name in ("candidate", "ΔKLD [95%]", "Δtop-1 [95%]", "per-prompt ΔKLD (first 8)"):
         table.add_column(name, justify="left" if name == "candidate" else "right", no_wrap=name != "per-prompt ΔKLD (first 8)")
     for r in results[1:]:

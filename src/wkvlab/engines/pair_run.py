@@ -26,7 +26,7 @@ from wkvlab.engines.pair import compare_pair
 from wkvlab.engines.run import EngineEvalResult, engine_result
 from wkvlab.engines.tokens import TokenWorkload
 from wkvlab.eval.runner import Progress
-from wkvlab.stats.bootstrap import DEFAULT_RESAMPLES, Units, paired_interval
+from wkvlab.stats.bootstrap import Units, paired_interval
 
 
 def describe_engine(engine: Engine) -> dict:
@@ -45,7 +45,7 @@ def _bound_note(ref_topk: int, cand_topk: int) -> str | None:
 
 @torch.no_grad()
 def evaluate_pair(reference: Engine, candidates: list[Engine], work: TokenWorkload, *, score_from: int = 0,
-                  progress: Progress | None = None, n_resamples: int = DEFAULT_RESAMPLES) -> list[EngineEvalResult]:
+                  progress: Progress | None = None) -> list[EngineEvalResult]:
     """Every candidate against the reference engine on every window of ``work``; results in candidate order."""
     tick = progress or (lambda _d, _n: None)
     windows = work.windows
@@ -75,7 +75,7 @@ def evaluate_pair(reference: Engine, candidates: list[Engine], work: TokenWorklo
         for c, engine in enumerate(candidates)
     ]
     for result in results[1:]:
-        result.kv_delta = kv_delta(results[0], result, n_resamples=n_resamples)
+        result.kv_delta = kv_delta(results[0], result)
     return results
 
 
@@ -88,7 +88,7 @@ def _shared_tokens(a: EngineEvalResult, b: EngineEvalResult) -> tuple[np.ndarray
     return ia, ib
 
 
-def kv_delta(baseline: EngineEvalResult, result: EngineEvalResult, *, n_resamples: int = DEFAULT_RESAMPLES) -> dict:
+def kv_delta(baseline: EngineEvalResult, result: EngineEvalResult) -> dict:
     """``result`` minus ``baseline`` on the tokens both scored: KLD and top-1, paired over windows, and per prompt."""
     ia, ib = _shared_tokens(baseline, result)
     windows = baseline.arrays.window[ia]
@@ -96,8 +96,8 @@ def kv_delta(baseline: EngineEvalResult, result: EngineEvalResult, *, n_resample
     units = Units(np.asarray(units.labels)[ia], units.kind)
     arrays = {"base_kld": baseline.arrays.kld[ia], "kld": result.arrays.kld[ib],
               "base_top1": baseline.arrays.top1_agree[ia].astype(np.float64), "top1": result.arrays.top1_agree[ib].astype(np.float64)}
-    kld = paired_interval(lambda m: m["kld"] - m["base_kld"], arrays, units, n_resamples=n_resamples, seed=f"ΔKLD {result.kv}")
-    top1 = paired_interval(lambda m: m["top1"] - m["base_top1"], arrays, units, n_resamples=n_resamples, seed=f"Δtop-1 {result.kv}")
+    kld = paired_interval(lambda m: m["kld"] - m["base_kld"], arrays, units)
+    top1 = paired_interval(lambda m: m["top1"] - m["base_top1"], arrays, units)
     per_prompt = []
     for w in np.unique(windows):
         mask = windows == w

@@ -89,8 +89,7 @@ def _identity(result: EvalResult) -> bool:
     return KVSpec.from_dict(result.kv_spec).is_identity
 
 
-def depth_tables(results: list[EvalResult], *, block: int = DEFAULT_BLOCK, first: int = FIRST_EDGE,
-                 n_resamples: int = 2000, seed: int = 0) -> list[DepthTable]:
+def depth_tables(results: list[EvalResult], *, block: int = DEFAULT_BLOCK, first: int = FIRST_EDGE) -> list[DepthTable]:
     """One table per quantized-cache result of a grid scored on the same windows (empty for short windows)."""
     tables = []
     for result in results:
@@ -105,7 +104,7 @@ def depth_tables(results: list[EvalResult], *, block: int = DEFAULT_BLOCK, first
         units = block_units(arrays.window, arrays.position, block)
 
         def interval(statistic, *starts: int) -> Interval:
-            found = paired_interval(statistic, data, Units(units, "blocks"), n_resamples=n_resamples, seed=seed)
+            found = paired_interval(statistic, data, Units(units, "blocks"))
             # the rule on units counts those the statistic reads: the blocks inside its buckets
             inside = min(int(np.unique(units[data[f"n@{s}"] > 0]).size) for s in starts)
             return found if inside >= MIN_UNITS else Interval(found.estimate, float("nan"), float("nan"), found.level, inside, 0, unit="blocks")

@@ -5,12 +5,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, ToleranceOption, start_run
+from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ResamplesGoneOption, ThreadsOption, ToleranceOption, refuse_resamples, start_run
 from wkvlab.display import console, err_console, progress_bar
 from wkvlab.errors import DataError
-from wkvlab.explain.options import STEPS, ExplainOptions, planned_grids, planned_steps
+from wkvlab.explain.options import DEFAULT_REPLICATES, STEPS, ExplainOptions, planned_grids, planned_steps
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.preflight import check_grid, check_model, check_one_config, parse_configs, require_store
 
@@ -38,32 +39,44 @@ def _two_lines(iv, fmt: str) -> str:
 
 def _verdict_cell(v, fmt: str = ".3g", metric: str = "") -> str:
     """The verdict word over its margin (the adjustment is in the table title); percents for top-1."""
+    if metric in NO_VERDICT:
+        return NO_VERDICT[metric]
     if v is None:
-        return "no verdict\n(scale makes −pq)" if metric == "top1" else "undecided\n(stored without a rule)"
+        return "undecided\n(stored without a rule)"
     return f"[bold]{v.word}[/]\nm ±{v.margin.value:{fmt if fmt.endswith('%') else '.3g'}}"
 
 
+NO_VERDICT = {"top1": "no verdict\n(scale makes −pq)", "ppl": "no verdict\n(decided on NLL)"}
+
+
 def factorial_table(f: Factorial, ppl_ref: float) -> Table:
-    from wkvlab.explain.factorial import METRIC_LABELS, METRICS
+    from wkvlab.explain.factorial import METRIC_LABELS
+    from wkvlab.explain.verdict import factorial_source
 
     v = f.kld.verdict
-    family = (f"; verdicts: {v.adjustment}, KLD margin {v.margin.format()}; {v.resampling}; PPL interaction on log PPL "
-              "(NLL nats), top-1 interaction not decided") if v is not None else ""
-    table = _table(f"2×2 factorial: {f.weights} × {f.kv} on {f.model}/{f.data}, {f.tokens} tokens in {f.windows} windows of {f.ctx} "
-                   f"(effects vs the unquantized reference, PPL {ppl_ref:.3f}; 95% intervals paired over units{family})",
+    family = (f"; verdicts: {v.adjustment}, KLD margin {v.margin.format()}; {v.resampling}; interactions decided on KLD and "
+              "NLL (mean log-loss), none on PPL or top-1") if v is not None else ""
+    replicates = f"; {f.variation}" if f.variation else ""
+    table = _table(f"2×2 factorial {escape(factorial_source(f))}: {f.weights} × {f.kv} on {f.model}/{f.data} (effects vs the unquantized "
+                   f"reference, PPL {ppl_ref:.3f}; 95% intervals paired over units{family}{replicates})",
                    ["metric", "W", "C", "W+C", "interaction (raw 95%)", "Holm-adjusted", "verdict", "ratio (W+C)/(W + C)"])
-    for name in METRICS:
-        e = f.metric(name)
+    blank = "—"
+    for name in ("kld", "ppl", "nll", "top1"):
+        e = f.metric("ppl" if name == "nll" else name)
         fmt = ".2%" if name == "top1" else ".4f"
-        adjusted = _two_lines(e.verdict.adjusted, fmt) if e.verdict is not None else "—"
-        label = "PPL (interaction: NLL)" if name == "ppl" else METRIC_LABELS[name]
-        table.add_row(label, *(_two_lines(getattr(e, k), fmt) for k in ("w", "c", "wc", "interaction")),
-                      adjusted, _verdict_cell(e.verdict, fmt, name), _two_lines(e.ratio, ".2f"))
+        singles = [blank] * 3 if name == "nll" else [_two_lines(getattr(e, k), fmt) for k in ("w", "c", "wc")]
+        if name == "ppl":  # the W, C, W+C columns in PPL; the interaction of its log is the NLL row
+            table.add_row("PPL", *singles, blank, blank, _verdict_cell(None, fmt, name), blank)
+            continue
+        adjusted = _two_lines(e.verdict.adjusted, fmt) if e.verdict is not None else blank
+        label = "NLL interaction (nats)" if name == "nll" else METRIC_LABELS[name]
+        table.add_row(label, *singles, _two_lines(e.interaction, fmt), adjusted, _verdict_cell(e.verdict, fmt, name),
+                      _two_lines(e.ratio, ".2f"))
     return table
 
 
 def noise_table(report: ExplainReport) -> Table:
-    table = _table("noise floor (difference b − a, 95% paired bootstrap)", ["a", "b", "ΔKLD", "Δ top-1 agreement", "max |ΔKLD| per token"], left=2)
+    table = _table("noise floor (difference b − a, 95% paired skew-robust t, analytic)", ["a", "b", "ΔKLD", "Δ top-1 agreement", "max |ΔKLD| per token"], left=2)
     for c in (report.noise.repeat, report.noise.backend):
         if c is not None:
             table.add_row(c.a, c.b, f"{c.kld:.2e}", f"{c.top1:.3%}", f"{c.max_abs_kld_diff:.2e}")
@@ -120,7 +133,7 @@ def print_report(report: ExplainReport) -> None:
         console.print(mitigations_table(report.mitigations))
     console.print("[bold]verdict[/]")
     for line in report.verdict:
-        console.print(f"• {line}", highlight=False)
+        console.print(f"• {escape(line)}", highlight=False)  # "[factorial: 16 windows …]" is text, not rich markup
     if report.tolerance:
         from wkvlab.stats.tolerance import ship_lines
 
@@ -139,7 +152,10 @@ def explain_command(
     context_docs: Annotated[int, typer.Option(help="long documents for the position curve")] = 4,
     diag_windows: Annotated[int, typer.Option(help="windows for the attention decomposition and per-layer diagnostics")] = 1,
     skip: Annotated[Optional[str], typer.Option(help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")] = None,
-    resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
+    replicates: Annotated[int, typer.Option(help="factorial runs pooled into every factorial interval, each with another calibration "
+                                                 "sample (calibrated W or C) and another chunk size (float order): run-to-run "
+                                                 "variance inside the interval; each adds the factorial's cost once more")] = DEFAULT_REPLICATES,
+    resamples: ResamplesGoneOption = None,
     margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write everything (tables, per-layer/head arrays, verdict) as JSON")] = None,
     tolerance: ToleranceOption = None,
@@ -148,13 +164,15 @@ def explain_command(
     no_weight_cache: NoWeightCacheOption = False,
 ) -> None:
     """Is W + C just the sum of the two errors? Factorial with intervals, where the cross term sits, position curve, measured mitigations, verdict."""
+    refuse_resamples(resamples)
     ship = None
     if tolerance is not None:  # a bad --tolerance: one line, before any model loads
         from wkvlab.stats.tolerance import Tolerance
 
         ship = Tolerance.parse(tolerance)
     skipped = tuple(s.strip() for s in (skip or "").split(",") if s.strip())
-    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, resamples, margin=margin)
+    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, skipped, margin=margin,
+                             replicates=replicates)
     # Everything that can be refused without the model, before the progress bar draws: a typo is one error line.
     weight_specs, kv_specs = parse_configs([weights], [kv])
     check_one_config(weight_specs, kv_specs, "explain")
@@ -176,7 +194,7 @@ def explain_command(
     total = planned_steps(options, max(1, tokens // ctx))
     with progress_bar(total, "explain", grid=planned_grids(options, weight_specs[0], kv_specs[0])) as advance:
         report = explain(weights, kv, model=model, data=data, ctx=ctx, tokens=tokens, max_ctx=max_ctx, context_docs=context_docs,
-                         diag_windows=diag_windows, skip=skipped, n_resamples=resamples, margin=margin, progress=advance,
+                         diag_windows=diag_windows, skip=skipped, margin=margin, replicates=replicates, progress=advance,
                          tolerance=ship)
     print_report(report)
     if json_out is not None:
@@ -220,11 +238,12 @@ def compare_command(
     a: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the first result")],
     b: Annotated[str, typer.Argument(help="config id (or a unique prefix) of the second result")],
     store: Annotated[Path, typer.Option(help="results store written by 'wkvlab sweep' (it keeps the per-token arrays pairing needs)")] = Path("results.db"),
-    resamples: Annotated[int, typer.Option(help="unused since issue #38: every interval is analytic (docs/stats.md); kept so existing command lines run")] = 2000,
+    resamples: ResamplesGoneOption = None,
     margin: MarginOption = "10%",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the comparison as JSON")] = None,
 ) -> None:
     """Compare two stored results scored on the same tokens: b − a for KLD, PPL and top-1, with paired intervals."""
+    refuse_resamples(resamples)
     require_store(store)
     check_output_file(json_out, "--json")
     from wkvlab.explain.compare import compare_results
@@ -232,7 +251,7 @@ def compare_command(
 
     with open_store(store, create=False) as db:
         first, second = db.get(_resolve(db, a)), db.get(_resolve(db, b))
-    comparison = compare_results(first, second, n_resamples=resamples, margin=margin)
+    comparison = compare_results(first, second, margin=margin)
     console.print(comparison_table(comparison))
     if json_out is not None:
         write_json_atomic(json_out, comparison.to_dict())

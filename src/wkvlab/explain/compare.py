@@ -1,7 +1,7 @@
 """Paired comparison of two results on the same tokens, and the noise floor such comparisons sit on.
 
-Two configs evaluated on the same windows differ by ``metric(b) − metric(a)``; its interval comes
-from the paired bootstrap over windows, so window-to-window variation both share cancels. Results
+Two configs evaluated on the same windows differ by ``metric(b) − metric(a)``; its interval is
+paired over the same units (analytic, :mod:`wkvlab.stats`), so unit-to-unit variation both share cancels. Results
 from different tokens cannot be paired and are refused with one line. Each difference is decided
 by the one rule (:func:`wkvlab.stats.decide`): margin m = 10% (``margin``) of ``a``'s own effect on
 that metric (its KLD, its PPL above the reference's, its top-1 loss), the three metrics one Holm
@@ -104,7 +104,7 @@ def _arrays(a: EvalResult, b: EvalResult, metric: str) -> dict[str, np.ndarray]:
 
 
 def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None, b_label: str | None = None,
-                    n_resamples: int = 2000, seed: int | None = None, margin: float = DEFAULT_MARGIN) -> Comparison:
+                    margin: float = DEFAULT_MARGIN) -> Comparison:
     """The paired difference ``b − a`` of two results scored on the same tokens, each decided by the one rule.
 
     Each difference's m is a share of ``a``'s own cost on that metric, estimated on the same units (its
@@ -112,7 +112,7 @@ def compare_results(a: EvalResult, b: EvalResult, *, a_label: str | None = None,
     check_same_tokens(a, b)
 
     def draws_of(metric: str, statistic: Callable) -> Resampled:
-        return resample(statistic, _arrays(a, b, metric), a.arrays.units, n_resamples=n_resamples, seed=seed)
+        return resample(statistic, _arrays(a, b, metric), a.arrays.units)
 
     def difference(metric: str) -> Resampled:
         f = metric_value(metric)

@@ -12,7 +12,7 @@ the corpus is too short for the documents asked for, the other embedded corpora 
 a fixed order, rather than repeating text (repeats would be easy to predict from the cache and flatter
 a quantized cache at long range).
 
-Intervals: each long window (a "document" here, cut from the stream) is the bootstrap unit
+Intervals: each long window (a "document" here, cut from the stream) is the interval's unit
 (:attr:`wkvlab.eval.TokenArrays.units`, which says so in every verdict). A bucket mean is a ratio of two token-weighted means
 (masked sum / masked count), so every per-bucket statistic and the growth between two buckets is a
 function of whole-set means and goes through the same :func:`paired_interval`.
@@ -143,8 +143,7 @@ class ContextCurve:
         ]
 
 
-def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, int]] | None = None,
-                  n_resamples: int = 2000, seed: int = 0) -> ContextCurve:
+def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, int]] | None = None) -> ContextCurve:
     """Position curve of the factorial cells (``ref``, ``w``, ``c``, ``wc``) scored on the same windows."""
     from wkvlab.explain.compare import check_same_tokens
 
@@ -164,7 +163,7 @@ def context_curve(cells: Mapping[str, EvalResult], *, buckets: list[tuple[int, i
             arrays[f"agree_{name}@{start}"] = cells[name].arrays.top1_agree * mask
 
     def interval(statistic) -> Interval:
-        return paired_interval(statistic, arrays, units, n_resamples=n_resamples, seed=seed)
+        return paired_interval(statistic, arrays, units)
 
     def excess(start: int, kind: str = "kld"):
         return lambda m: _bucket_mean(f"{kind}_wc", start)(m) - _bucket_mean(f"{kind}_w", start)(m)

@@ -27,7 +27,7 @@ import numpy as np
 
 from wkvlab.stats import Interval, Resampled, resample
 from wkvlab.stats.bootstrap import Units
-from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import DEFAULT_MARGIN, DIFFERENCE, INTERACTION, Effect, Margin, MarginRule, Verdict, decide
 
 SINK_TOKENS = 4  # = wkvlab.explain.attention.SINK_TOKENS (kept torch-free here)
 CELLS = ("w", "c", "wc", "wc_removed", "wc_sinks")  # output KLD per token of each cell and intervention
@@ -114,8 +114,8 @@ class CrossTerm:
         ]
 
 
-def cross_term_draws(data: CrossTermData, *, n_resamples: int = 2000, seed: int | None = None) -> dict[str, Resampled]:
-    """Paired bootstrap draws over windows of every cell's KLD and every effect (tokens of one window resampled together)."""
+def cross_term_draws(data: CrossTermData) -> dict[str, Resampled]:
+    """Paired draws over windows of every cell's KLD and every effect (the tokens of one window are one unit)."""
     arrays = {c: np.concatenate(data.kld[c]) for c in CELLS}
     # the unit is the diagnosis window (its verdicts say "windows resampled", not a vague "units"):
     # the passes are recorded per window, without the document it came from
@@ -128,35 +128,38 @@ def cross_term_draws(data: CrossTermData, *, n_resamples: int = 2000, seed: int 
                   "removed": lambda m: m["wc_removed"] - m["wc"],
                   "sinks": lambda m: m["wc_sinks"] - m["wc"],
                   "explained": lambda m: (m["wc"] - m["wc_removed"]) / interaction(m)}
-    draws = {name: resample(stat, arrays, units, n_resamples=n_resamples, seed=seed) for name, stat in statistics.items()}
+    draws = {name: resample(stat, arrays, units) for name, stat in statistics.items()}
     attn = {c: np.asarray(data.attention_kl[c]) for c in ATTENTION_CELLS}
     windows = Units(np.arange(data.windows), "windows")
-    draws["attention_interaction"] = resample(lambda m: m["wc"] - m["w"] - m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
-    draws["attention_c"] = resample(lambda m: m["c"], attn, windows, n_resamples=n_resamples, seed=seed)
-    draws["attention_w"] = resample(lambda m: m["w"], attn, windows, n_resamples=n_resamples, seed=seed)
+    draws["attention_interaction"] = resample(lambda m: m["wc"] - m["w"] - m["c"], attn, windows)
+    draws["attention_c"] = resample(lambda m: m["c"], attn, windows)
+    draws["attention_w"] = resample(lambda m: m["w"], attn, windows)
     return draws
 
 
-def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> list[Effect]:
+def cross_term_tests(draws: Mapping[str, Resampled], tokens: int, label: str, margin: "float | str | MarginRule" = DEFAULT_MARGIN,
+                     kld_margin: Margin | None = None) -> list[Effect]:
     """The :data:`EFFECTS` of one pair as tests for :func:`wkvlab.stats.decide`: m by ``margin``
     (:class:`MarginRule`; by default 10% of the predicted total KLD(W)+KLD(C), for the attention-KL
-    interaction its attention-KL counterpart)."""
+    interaction its attention-KL counterpart). ``kld_margin``: the KLD effects' m as another measurement
+    already set it (explain: the factorial's, so one run states one KLD(W)+KLD(C) per margin)."""
     rule = MarginRule.parse(margin)
     words = {"interaction": INTERACTION, "interaction_removed": INTERACTION, "removed": DIFFERENCE, "attention_interaction": INTERACTION,
              "sinks": DIFFERENCE}
     # every effect's m from the single effects' draws on the same windows (the margin's own uncertainty in the test)
     singles = {e: ("attention_w", "attention_c", "attention KL") if e == "attention_interaction" else ("kld_w", "kld_c", "KLD") for e in EFFECTS}
     return [rule.interaction_effect(f"{label}: {EFFECT_LABELS[e]}", draws[e], draws[singles[e][0]], draws[singles[e][1]], tokens,
-                                    label=singles[e][2], words=words[e])
+                                    label=singles[e][2], words=words[e], measured=None if singles[e][2] != "KLD" else kld_margin)
             for e in EFFECTS]
 
 
 def cross_terms(pairs: Sequence[tuple[str, str, CrossTermData]], *, family: str, margin: float = DEFAULT_MARGIN,
-                n_resamples: int = 2000, seed: int | None = None) -> list[CrossTerm]:
-    """Every pair's :class:`CrossTerm`, all their effects decided as one Holm family named ``family``."""
-    draws = [cross_term_draws(d, n_resamples=n_resamples, seed=seed) for _, _, d in pairs]
+                kld_margin: Margin | None = None) -> list[CrossTerm]:
+    """Every pair's :class:`CrossTerm`, all their effects decided as one Holm family named ``family``
+    (``kld_margin``: see :func:`cross_term_tests`)."""
+    draws = [cross_term_draws(d) for _, _, d in pairs]
     tokens = [int(sum(len(a) for a in d.kld["wc"])) for _, _, d in pairs]
-    tests = [t for (w, c, _), dr, n in zip(pairs, draws, tokens) for t in cross_term_tests(dr, n, f"{w} × {c}", margin)]
+    tests = [t for (w, c, _), dr, n in zip(pairs, draws, tokens) for t in cross_term_tests(dr, n, f"{w} × {c}", margin, kld_margin)]
     verdicts = decide(tests, family=family)
     out = []
     for i, ((w, c, d), dr, n) in enumerate(zip(pairs, draws, tokens)):

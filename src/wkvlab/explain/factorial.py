@@ -9,9 +9,10 @@ An interaction of zero means the two errors add; above zero, the combination cos
 sum (the cross term ε_q·ε_kᵀ and shared outlier channels are the suspects, see attention.py).
 For top-1 the effect is the *loss* of agreement (1 − agreement), so positive is worse everywhere.
 
-Every number comes with a paired bootstrap interval (:mod:`wkvlab.stats`) over documents where the
-text has them, windows otherwise (:attr:`wkvlab.eval.TokenArrays.units`): all four cells were
-scored on the same tokens, and one resample draws the same units for all of them.
+Every number comes with a paired analytic interval (:mod:`wkvlab.stats`: no resampling, no
+Monte-Carlo error) over documents where the text has them, windows otherwise
+(:attr:`wkvlab.eval.TokenArrays.units`): all four cells were scored on the same tokens, and every
+statistic is computed on the same units for all of them.
 Interactions are decided by the one rule (:func:`wkvlab.stats.decide`) only on scales where
 "additive" means "the two errors do not interact" (issue #38):
 
@@ -27,13 +28,19 @@ Interactions are decided by the one rule (:func:`wkvlab.stats.decide`) only on s
 
 The KLD and NLL interactions of one factorial form one Holm family. Without an interval (fewer than
 8 units) the verdict is *undecided*, never *additive*.
+
+**Replicates** (``replicates``): the four cells measured again with another calibration sample (for the
+configs that have one) and another float order (chunk size), on the same units. Every effect is then
+the mean over the replicates, and its interval holds the between-replicate variance too
+(:func:`wkvlab.stats.bootstrap.pool`, :mod:`wkvlab.stats.replicates`): the verdict is about the
+method and config, not about one build and one run of it.
 One ``run_grid`` call with weights ``[none, W]`` and KV ``[fp16, C]`` yields the four cells; the
 identity cell is computed too (its KLD is exactly zero when the hook is exact — a built-in check).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -41,6 +48,7 @@ from wkvlab.errors import DataError
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats import Interval, Resampled, resample
+from wkvlab.stats.bootstrap import pool
 from wkvlab.stats.decision import DEFAULT_MARGIN, Effect, MarginRule, Verdict, decide
 from wkvlab.weights.spec import WeightSpec
 
@@ -48,7 +56,7 @@ CELLS = ("ref", "w", "c", "wc")  # grid order of run_grid([none, W], [fp16, C])
 METRICS = ("kld", "ppl", "top1")
 METRIC_LABELS = {"kld": "KLD", "ppl": "PPL", "top1": "top-1 loss"}
 DECIDED = ("kld", "ppl")  # metrics whose interaction is decided (PPL's on the NLL scale); top-1: described only
-INTERACTION_LABELS = {"kld": "KLD", "ppl": "NLL (log PPL)", "top1": "top-1 loss"}
+INTERACTION_LABELS = {"kld": "KLD", "ppl": "NLL (mean log-loss)", "top1": "top-1 loss"}
 NO_TOP1_VERDICT = ("no verdict: on top-1 agreement two independent errors lose p + q − pq, an interaction of −pq that "
                    "the scale makes, not the errors")
 
@@ -85,7 +93,7 @@ def metric_arrays(cells: Mapping[str, EvalResult], metric: str) -> dict[str, np.
 
 
 def metric_value(metric: str) -> Callable:
-    """Mean of a metric's per-token array → the metric (exp for PPL; numpy, so it works on resamples)."""
+    """Mean of a metric's per-token array → the metric (exp for PPL; numpy, so it works on the leave-one-out means)."""
     return np.exp if metric == "ppl" else (lambda m: m)
 
 
@@ -123,7 +131,7 @@ class Effects:
                    verdict)
 
 
-def effect_draws(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int | None = None) -> dict[str, Resampled]:
+def effect_draws(cells: Mapping[str, EvalResult], metric: str) -> dict[str, Resampled]:
     """Bootstrap draws of effect(W), effect(C), effect(W+C), the interaction and the ratio (paired over units)."""
     arrays = metric_arrays(cells, metric)
     units = cells["ref"].arrays.units
@@ -139,7 +147,13 @@ def effect_draws(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: i
     statistics = {"w": w, "c": c, "wc": wc, "interaction": lambda m: lwc(m) - lw(m) - lc(m),
                   "ratio": lambda m: lwc(m) / (lw(m) + lc(m)),  # NaN when both effects are 0
                   "w_log": lw, "c_log": lc, "total": lambda m: lw(m) + lc(m)}  # total: what the default margin is a share of
-    return {name: resample(stat, arrays, units, n_resamples=n_resamples, seed=seed) for name, stat in statistics.items()}
+    return {name: resample(stat, arrays, units) for name, stat in statistics.items()}
+
+
+def pooled_effect_draws(replicates: "Sequence[Mapping[str, EvalResult]]", metric: str) -> dict[str, Resampled]:
+    """:func:`effect_draws` of every replicate's cells, pooled (one replicate: its own draws)."""
+    each = [effect_draws(cells, metric) for cells in replicates]
+    return {name: pool([d[name] for d in each]) for name in each[0]}
 
 
 def interaction_effect(draws: Mapping[str, Resampled], metric: str, tokens: int, margin: "float | str | MarginRule" = DEFAULT_MARGIN,
@@ -160,11 +174,11 @@ def _reference_value(cells: Mapping[str, EvalResult], metric: str) -> float:
     return float(metric_value(metric)(metric_arrays({"ref": cells["ref"]}, metric)["ref"].mean()))
 
 
-def effects(cells: Mapping[str, EvalResult], metric: str, *, n_resamples: int = 2000, seed: int | None = None,
+def effects(cells: Mapping[str, EvalResult], metric: str, *,
             margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> Effects:
     """Effects of W, C, W+C and their interaction for one metric; the interaction decided alone (a family
     of one), except top-1's, which is never decided (see the module docstring)."""
-    draws = effect_draws(cells, metric, n_resamples=n_resamples, seed=seed)
+    draws = effect_draws(cells, metric)
     verdict = decide([interaction_effect(draws, metric, cells["ref"].tokens, margin)])[0] if metric in DECIDED else None
     return _effects(metric, _reference_value(cells, metric), draws, verdict)
 
@@ -184,40 +198,55 @@ class Factorial:
     kld: Effects
     ppl: Effects
     top1: Effects
+    replicates: int = 1  # measurements pooled into every interval (0: stored before replicates existed)
+    variation: str = ""  # what differs between them (calibration samples, chunk sizes)
 
     def metric(self, name: str) -> Effects:
         return {"kld": self.kld, "ppl": self.ppl, "top1": self.top1}[name]
 
     def to_dict(self) -> dict:
-        data = {k: getattr(self, k) for k in ("model", "data", "weights", "kv", "ctx", "tokens", "windows", "identity_kld_max")}
+        data = {k: getattr(self, k) for k in ("model", "data", "weights", "kv", "ctx", "tokens", "windows", "identity_kld_max",
+                                                 "replicates", "variation")}
         return {**data, **{m: self.metric(m).to_dict() for m in METRICS}}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Factorial":
         plain = {k: data[k] for k in ("model", "data", "weights", "kv", "ctx", "tokens", "windows", "identity_kld_max")}
-        return cls(**plain, **{m: Effects.from_dict(data[m]) for m in METRICS})
+        return cls(**plain, **{m: Effects.from_dict(data[m]) for m in METRICS}, replicates=data.get("replicates", 0),
+                   variation=data.get("variation", ""))
 
 
-def factorial(cells: Mapping[str, EvalResult], *, n_resamples: int = 2000, seed: int | None = None,
-              margin: "float | str | MarginRule" = DEFAULT_MARGIN) -> Factorial:
+def factorial(cells: Mapping[str, EvalResult], *, margin: "float | str | MarginRule" = DEFAULT_MARGIN,
+              replicates: Sequence[Mapping[str, EvalResult]] = (), variation: str = "") -> Factorial:
     """The factorial from four results scored on the same tokens (see :func:`cells_from_grid`).
 
+    ``replicates``: more sets of the four cells on the same tokens (another calibration sample, another float
+    order; ``variation`` says which), pooled with ``cells`` into every interval (see the module docstring).
     The KLD and NLL (log PPL) interactions are one family, Holm-adjusted together; top-1's is described only."""
     from wkvlab.explain.compare import check_same_tokens  # one definition of "same tokens"
 
     missing = [name for name in CELLS if name not in cells]
     if missing:
         raise DataError(f"factorial cells missing: {', '.join(missing)}; evaluate weights [none, W] × KV [fp16, C]")
-    for name in ("w", "c", "wc"):
-        check_same_tokens(cells["ref"], cells[name])
+    runs = [cells, *replicates]
+    for run in runs:
+        for name in CELLS:
+            check_same_tokens(run["ref"], run[name])
+        # across replicates the units must be the same; the reference losses may differ in the last bits (another
+        # chunk size is another float order, the very variation a replicate is there to measure)
+        if not (np.array_equal(run["ref"].arrays.window, cells["ref"].arrays.window)
+                and np.array_equal(run["ref"].arrays.position, cells["ref"].arrays.position)):
+            raise DataError("replicates of a factorial must be scored on the same windows; evaluate each with the same "
+                            "--model, --data, --ctx and --tokens")
     ref, wc = cells["ref"], cells["wc"]
-    draws = {m: effect_draws(cells, m, n_resamples=n_resamples, seed=seed) for m in METRICS}
+    draws = {m: pooled_effect_draws(runs, m) for m in METRICS}
     decided = decide([interaction_effect(draws[m], m, ref.tokens, margin) for m in DECIDED],
-                     family=f"{wc.weights} × {wc.kv}: KLD and NLL (log PPL) interactions")
+                     family=f"{wc.weights} × {wc.kv}: KLD and NLL interactions")
     verdicts = [dict(zip(DECIDED, decided)).get(m) for m in METRICS]
     return Factorial(
         model=ref.model, data=ref.data, weights=wc.weights, kv=wc.kv, ctx=ref.ctx, tokens=ref.tokens,
         windows=int(np.unique(ref.arrays.window).size),
         identity_kld_max=float(np.abs(ref.arrays.kld).max()) if ref.tokens else 0.0,
         **{m: _effects(m, _reference_value(cells, m), draws[m], v) for m, v in zip(METRICS, verdicts)},
+        replicates=len(runs), variation=variation,
     )

@@ -171,11 +171,12 @@ def window_cells(candidate: torch.nn.Module, kv: KVSpec, ids: torch.Tensor, stor
 
 @torch.no_grad()
 def decompose_and_intervene(reference: torch.nn.Module, candidate: torch.nn.Module, kv: KVSpec, tokens: torch.Tensor, *,
-                            weights_label: str, stats=None, reference_stats=None, margin: float | None = None,
-                            n_resamples: int = 2000, seed: int | None = None, progress=None):
+                            weights_label: str, stats=None, reference_stats=None, margin: float | None = None, kld_margin=None,
+                            progress=None):
     """``wkvlab explain``'s attention step: the decomposition of each window ``tokens`` ``[n, ctx]`` and the
     interventions on it, pooled. Returns ``(AttentionDecomposition, CrossTerm)``; the cross term's five effects
-    are one Holm family. ``stats``/``reference_stats``: KV calibration under the candidate's / the reference's weights."""
+    are one Holm family. ``stats``/``reference_stats``: KV calibration under the candidate's / the reference's weights.
+    ``kld_margin``: the KLD effects' margin, when another measurement set it (explain: the factorial's)."""
     from wkvlab.explain.attention import pooled
     from wkvlab.explain.cells import record_pass
     from wkvlab.explain.crossterm import CrossTermData, cross_terms
@@ -197,7 +198,7 @@ def decompose_and_intervene(reference: torch.nn.Module, candidate: torch.nn.Modu
         data.add(kld, attention_kl)
         tick("attention decomposition and interventions", 1)
     (cross,) = cross_terms([(weights_label, kv.label, data)], family=f"{weights_label} × {kv.label}: cross-term effects",
-                           margin=DEFAULT_MARGIN if margin is None else margin, n_resamples=n_resamples, seed=seed)
+                           margin=DEFAULT_MARGIN if margin is None else margin, kld_margin=kld_margin)
     return pooled(parts), cross
 
 

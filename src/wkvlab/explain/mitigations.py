@@ -6,7 +6,7 @@ C' is evaluated with the same weights on the same windows, and reported as
 
     recovered = (KLD(W+C) − KLD(W+C')) / (KLD(W+C) − KLD(W))
 
-with a paired bootstrap interval (1 = the cache costs nothing any more, 0 = no help, negative =
+with a paired interval (1 = the cache costs nothing any more, 0 = no help, negative =
 worse), next to the bytes per token it costs — a mitigation is a trade of memory for quality.
 
 The candidates follow what engines offer and the literature recommends:
@@ -188,7 +188,7 @@ EXCESS = ("an excess", "below the quantized weights alone", "no excess within ±
 
 
 def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], chosen: Sequence[Candidate], *,
-            n_resamples: int = 2000, seed: int = 0, margin: float = DEFAULT_MARGIN) -> Mitigations:
+            margin: float = DEFAULT_MARGIN) -> Mitigations:
     """Mitigation results from the factorial's W and W+C cells and W+C' results on the same windows."""
     from wkvlab.explain.compare import check_same_tokens
 
@@ -200,14 +200,13 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
         arrays[f"agree_m{i}"] = result.arrays.top1_agree.astype(np.float64)
 
     def interval(statistic) -> Interval:
-        return paired_interval(statistic, arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)
+        return paired_interval(statistic, arrays, wc.arrays.units)
 
     rows, effects = [], []
     for i, (candidate, result) in enumerate(zip(chosen, mitigated)):
         m = f"m{i}"
         with np.errstate(divide="ignore", invalid="ignore"):  # no excess at all: share undefined (nan)
-            share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.units,
-                             n_resamples=n_resamples, seed=seed)
+            share = resample(lambda s, m=m: (s["wc"] - s[m]) / (s["wc"] - s["w"]), arrays, wc.arrays.units)
         # the share is already relative to the excess: m = 10% of all of it
         effects.append(MarginRule.parse(margin).difference_effect(f"{candidate.name}: share recovered", share, 1.0,
                                                                    "the cache's excess (share)", wc.tokens, words=RECOVERY))
@@ -219,8 +218,8 @@ def measure(cells: Mapping[str, EvalResult], mitigated: Sequence[EvalResult], ch
     # lowest KLD first: the same order as "most recovered" when the excess is positive, and still
     # meaningful when the excess is noise around zero (the share's sign then flips at random)
     rows.sort(key=lambda r: r.kld.estimate)
-    excess = resample(lambda s: s["wc"] - s["w"], arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)
-    own = resample(lambda s: s["wc"], arrays, wc.arrays.units, n_resamples=n_resamples, seed=seed)  # the margin's basis, same units
+    excess = resample(lambda s: s["wc"] - s["w"], arrays, wc.arrays.units)
+    own = resample(lambda s: s["wc"], arrays, wc.arrays.units)  # the margin's basis, same units
     (excess_verdict,) = decide([MarginRule.parse(margin).difference_effect("cache excess KLD(W+C) − KLD(W)", excess, own, "KLD(W+C)",
                                                                            wc.tokens, unit="nats", words=EXCESS)],
                                family="cache excess over the quantized weights")

@@ -18,6 +18,10 @@ RETRIEVAL_PER_DEPTH = 2  # × 5 depths, each item one pass of max_ctx tokens per
 # there is no filler left to hide the fact in (explain.retrieval.build_items checks it exactly).
 RETRIEVAL_MIN_CTX = 128
 CONTEXT_MIN_CTX = 10  # the position curve needs buckets past the 4 sink positions (explain.context.long_windows)
+# The factorial measured this many times (another calibration sample, another chunk size), pooled with its
+# run-to-run variance inside every interval (stats.replicates). 2 doubles the factorial's cost, the least that
+# estimates the between-replicate variance at all; its 1 df widens intervals where replicates disagree.
+DEFAULT_REPLICATES = 2
 
 
 @dataclass(frozen=True)
@@ -34,9 +38,9 @@ class ExplainOptions:
     context_docs: int = 4
     diag_windows: int = 1
     skip: tuple = ()
-    n_resamples: int = 2000
-    seed: int = 0
+    seed: int = 0  # the retrieval step's planted facts (no interval draws anything: they are analytic)
     margin: "float | str" = "10%"  # the decision rule's m (wkvlab.stats.decision.MarginRule: 10%, 0.002, cache:10%)
+    replicates: int = DEFAULT_REPLICATES  # factorial runs pooled (replicate_chunk, weights.calibration's replicate)
 
     def __post_init__(self) -> None:
         skip = tuple(sorted({s.strip() for s in self.skip if s.strip()}))
@@ -44,7 +48,7 @@ class ExplainOptions:
         if unknown:
             raise ConfigError(f"unknown step(s) to skip: {', '.join(unknown)}; use any of {', '.join(STEPS)}")
         object.__setattr__(self, "skip", skip)
-        for name in ("ctx", "tokens", "max_ctx", "context_docs", "diag_windows", "n_resamples"):
+        for name in ("ctx", "tokens", "max_ctx", "context_docs", "diag_windows", "replicates"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         from wkvlab.stats.decision import MarginRule
@@ -69,6 +73,7 @@ class ExplainOptions:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ExplainOptions":
+        data = {k: v for k, v in data.items() if k != "n_resamples"}  # runs stored before issue #38 recorded the bootstrap's count
         reject_unknown_fields(cls, dict(data), "explain options")
         return cls(**{**data, "skip": tuple(data.get("skip") or ())})
 
@@ -77,6 +82,8 @@ def planned_steps(options: ExplainOptions, n_windows: int) -> int:
     """Progress-bar units (window passes) the run will take; an upper bound for mitigations."""
     grid = lambda windows, n_w, n_kv: windows * (1 + n_w * n_kv) + n_w  # noqa: E731 - as runner.grid_steps
     steps = grid(n_windows, 2, 2)
+    for r in range(1, options.replicates):  # each replicate's chunks are half the last one's: twice the passes
+        steps += grid(n_windows * 2 ** r, 2, 2)
     if options.runs("noise"):
         steps += grid(n_windows, 1, 1) + n_windows
     diag = min(options.diag_windows, n_windows)
@@ -102,7 +109,7 @@ def planned_grids(options: ExplainOptions, weights, kv) -> list[tuple[list, list
     from wkvlab.explain.factorial import factorial_specs
 
     factorial = factorial_specs(weights, kv)
-    grids = [factorial]
+    grids = [factorial] * options.replicates
     if options.runs("noise"):
         grids.append(([weights], [kv]))
     if options.runs("context") and options.max_ctx > options.ctx:
@@ -112,6 +119,12 @@ def planned_grids(options: ExplainOptions, weights, kv) -> list[tuple[list, list
     if options.runs("selfgen"):
         grids.append(factorial)
     return grids
+
+
+def replicate_chunk(base: int, replicate: int, multiple: int = 1) -> int:
+    """Replicate r's chunk size: the base chunk halved r times, a multiple of the cache's token group, at least one
+    group — another float order for the same tokens (a coarse cache amplifies it, docs/engines.md)."""
+    return max(multiple, (base >> replicate) // multiple * multiple)
 
 
 def selfgen_tokens(options: ExplainOptions) -> int:

@@ -25,13 +25,14 @@ from typing import Any, Callable, Mapping
 from wkvlab import api
 from wkvlab.errors import ConfigError
 from wkvlab.eval.result import EvalResult
-from wkvlab.eval.runner import Progress, run_grid
+from wkvlab.eval.runner import Progress, RunOptions, run_grid
 from wkvlab.explain.compare import NoiseFloor, backend_result, compare_results, other_backend
 from wkvlab.explain.context import ContextCurve, context_curve, long_windows
 from wkvlab.explain.factorial import Factorial, cells_from_grid, factorial, factorial_specs
 from wkvlab.explain.mitigations import Mitigations, candidates, measure
-from wkvlab.explain.options import (CANDIDATE_STEPS, GENERATION_NEW_TOKENS, GENERATION_PROMPT_TOKENS, GENERATION_PROMPTS,
-                                    RETRIEVAL_PER_DEPTH, STEPS, ExplainOptions, planned_steps, selfgen_tokens)
+from wkvlab.explain.options import (CANDIDATE_STEPS, DEFAULT_REPLICATES, GENERATION_NEW_TOKENS, GENERATION_PROMPT_TOKENS,
+                                    GENERATION_PROMPTS, RETRIEVAL_PER_DEPTH, STEPS, ExplainOptions, planned_steps, replicate_chunk,
+                                    selfgen_tokens)
 from wkvlab.explain.verdict import verdict
 from wkvlab.kv.spec import KVSpec
 from wkvlab.specio import reject_unknown_fields
@@ -95,20 +96,22 @@ def explain(
     context_docs: int = 4,
     diag_windows: int = 1,
     skip: tuple | list = (),
-    n_resamples: int = 2000,
     seed: int = 0,
     margin: float = 0.10,
+    replicates: int = DEFAULT_REPLICATES,
     progress: Progress | None = None,
     loaded=None,
     tolerance=None,
 ) -> ExplainReport:
     """Run every diagnosis of ``weights`` × ``kv`` (see the module docstring) and return the report.
 
+    ``replicates``: factorial runs pooled into its intervals (see :func:`replicate_factorials`).
     ``loaded``: an already loaded :class:`wkvlab.models.loading.LoadedModel` to use instead of ``model``.
     ``tolerance`` (:class:`wkvlab.stats.tolerance.Tolerance`): the ship decision on the factorial's W, C and W+C cells,
     one Holm family of three, as ``eval --tolerance`` decides it.
     """
-    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), n_resamples, seed, margin)
+    options = ExplainOptions(weights, kv, model, data, ctx, tokens, max_ctx, context_docs, diag_windows, tuple(skip), seed, margin,
+                             replicates)
     w_spec, c_spec = WeightSpec.parse(weights), KVSpec.parse(kv)
     work = api.prepare(loaded or model, data, ctx=ctx, tokens=tokens, device="cpu")  # explain has no --device: CPU float32, as always
     net = work.loaded.model
@@ -119,12 +122,11 @@ def explain(
     seconds: dict[str, float] = {}
     calibration = api.prepare_calibration(work, [w_spec], None, [c_spec])
     fingerprint = work.loaded.fingerprint
-    boot = dict(n_resamples=n_resamples, seed=seed)
 
-    def grid(windows, w_list, kv_list) -> list[EvalResult]:
+    def grid(windows, w_list, kv_list, samples=calibration, chunk: int | None = None) -> list[EvalResult]:
         return run_grid(net, windows, w_list, kv_list, model_name=work.loaded.name, data_name=work.corpus.name,
                         fingerprints={"model_sha256": fingerprint, "data_sha256": work.corpus.sha256},
-                        progress=tick, calibration=calibration)
+                        progress=tick, calibration=samples, options=RunOptions(chunk=chunk))
 
     def timed(name: str, fn: Callable):
         start = time.perf_counter()
@@ -144,7 +146,8 @@ def explain(
         items = build_items(work.loaded.tokenizer, work.corpus.text, ctx=max_ctx, per_depth=RETRIEVAL_PER_DEPTH, seed=seed, bos_id=_bos(work))
 
     cells = timed("factorial", lambda: cells_from_grid(grid(work.windows, *factorial_specs(w_spec, c_spec))))
-    fact = factorial(cells, margin=margin, **boot)
+    runs, variation = timed("replicates", lambda: replicate_factorials(work, net, w_spec, c_spec, calibration, replicates, grid))
+    fact = factorial(cells, margin=margin, replicates=runs, variation=variation)
 
     noise = None
     if options.runs("noise"):
@@ -153,8 +156,8 @@ def explain(
             current, other = net.config._attn_implementation, other_backend(net)
             backend = backend_result(net, work.windows, cells["ref"], other, progress=tick)
             return NoiseFloor(
-                repeat=compare_results(cells["wc"], again, b_label="the same, run again", **boot),
-                backend=compare_results(cells["ref"], backend, a_label=f"reference ({current})", b_label=f"reference ({other})", **boot),
+                repeat=compare_results(cells["wc"], again, b_label="the same, run again"),
+                backend=compare_results(cells["ref"], backend, a_label=f"reference ({current})", b_label=f"reference ({other})"),
             )
         noise = timed("noise", noise_floor)
 
@@ -174,7 +177,8 @@ def explain(
             # the (none, C) cell's calibration is the reference's own
             ref_stats = kv_stats_under(quantize_model_weights(net, WeightSpec.parse("none")), c_spec, calibration, fingerprint)
             attention, extras["cross_term"] = timed("attention", lambda: decompose_and_intervene(
-                net, quantized.model, c_spec, diag_tokens, reference_stats=ref_stats, margin=margin, **boot, **common))
+                net, quantized.model, c_spec, diag_tokens, reference_stats=ref_stats, margin=margin,
+                kld_margin=factorial_margin(fact), **common))
         if options.runs("hidden"):
             from wkvlab.explain.hidden import layer_diagnostics
 
@@ -196,9 +200,9 @@ def explain(
     if options.runs("context"):
         def run_context() -> ContextCurve:
             if max_ctx <= ctx:  # the evaluation windows are already the longest asked for
-                return context_curve(cells, **boot)
+                return context_curve(cells)
             docs = long_windows(work.corpus, work.loaded.tokenizer, max_ctx, context_docs, work.loaded.max_context)
-            return context_curve(cells_from_grid(grid(docs, *factorial_specs(w_spec, c_spec))), **boot)
+            return context_curve(cells_from_grid(grid(docs, *factorial_specs(w_spec, c_spec))))
         context = timed("context", run_context)
 
     mitigations = None
@@ -209,7 +213,7 @@ def explain(
 
             chosen = candidates(c_spec, net.config.get_text_config().num_hidden_layers, model_head_dim(net), shares)
             results = grid(work.windows, [w_spec], [c.kv for c in chosen])
-            return measure(cells, results, chosen, margin=margin, **boot)
+            return measure(cells, results, chosen, margin=margin)
         mitigations = timed("mitigations", run_mitigations)
 
     tick("done", 0)
@@ -223,6 +227,48 @@ def explain(
     report = ExplainReport(options, work.loaded.name, work.corpus.name, cells["ref"].ppl_ref, fact, noise, attention, hidden,
                            context, mitigations, extras, seconds=seconds, tolerance=ship, units=factorial_record(cells))
     return _with_verdict(report)
+
+
+def replicate_factorials(work, net, w_spec: WeightSpec, c_spec: KVSpec, calibration, replicates: int, grid) -> tuple[list, str]:
+    """The factorial's cells again, ``replicates`` − 1 times, and what differs between the runs.
+
+    Replicate r (1, 2, …) takes the r-th disjoint calibration sample of the same size (when W or C is
+    calibrated: GPTQ, AWQ, SmoothQuant, a calibrated cache) and chunks of half the size of the run before
+    (another float order: the reference, W, C and W+C are all summed in another order). Its cells are on
+    the same windows, so :func:`~wkvlab.explain.factorial.factorial` pools them by
+    :func:`wkvlab.stats.bootstrap.pool`."""
+    from wkvlab.kv.tokens import token_group_multiple
+
+    specs = factorial_specs(w_spec, c_spec)
+    base = RunOptions().chunk_for(net, work.windows.ctx, specs[1])
+    multiple = max(token_group_multiple(k) for k in specs[1])
+    chunks = [base] + [replicate_chunk(base, r, multiple) for r in range(1, replicates)]
+    samples = [calibration] + [api.prepare_calibration(work, [w_spec], None, [c_spec], replicate=r) if calibration is not None else None
+                               for r in range(1, replicates)]
+    runs = [cells_from_grid(grid(work.windows, *specs, samples=samples[r], chunk=chunks[r])) for r in range(1, replicates)]
+    if replicates == 1:
+        return runs, "one run: run-to-run variance not measured (--replicates 2 or more measures it)"
+    varied = [f"chunk sizes {', '.join(map(str, chunks))} (float order)"]
+    if calibration is not None:
+        calibrated = " and ".join(s.label for s in (w_spec, c_spec) if s.needs_calibration)
+        varied.append(f"{replicates} disjoint calibration samples of {calibration.spec.label} ({calibrated})")
+    else:
+        varied.append(f"no calibration sample to vary ({w_spec.label} and {c_spec.label} are not calibrated)")
+    if len(set(chunks)) < len(chunks):
+        varied[0] += f"; the cache's token group ({multiple}) leaves no smaller chunk to try"
+    return runs, f"{replicates} replicates: " + "; ".join(varied)
+
+
+def factorial_margin(f: Factorial):
+    """The factorial's KLD margin, saying where it was measured: the cross-term step states the same m, not one
+    from its own few diagnosis windows (two values of KLD(C) in one run's margins read as a contradiction)."""
+    from dataclasses import replace
+
+    v = f.kld.verdict
+    if v is None or v.margin.stated:
+        return None if v is None else v.margin
+    of = v.margin.of[len("the "):] if v.margin.of.startswith("the ") else v.margin.of
+    return replace(v.margin, of=f"the factorial's ({f.windows} windows) {of}")
 
 
 def _with_verdict(report: ExplainReport) -> ExplainReport:
@@ -262,4 +308,4 @@ def _selfgen_factorial(work, options: ExplainOptions, w_spec, c_spec, grid, tick
     selfgen_corpus(work.loaded, spec, progress=tick)  # sampled here with progress, then read from the disk cache by prepare
     sg = api.prepare(work.loaded, data, ctx=options.ctx, tokens=spec.n_tokens)
     cells = cells_from_grid(grid(sg.windows, *factorial_specs(w_spec, c_spec)))
-    return SelfGenFactorial(sg.corpus.name, factorial(cells, n_resamples=options.n_resamples, seed=options.seed, margin=options.margin))
+    return SelfGenFactorial(sg.corpus.name, factorial(cells, margin=options.margin))

@@ -80,7 +80,7 @@ def _check_cells(cells: dict[str, EvalResult]) -> None:
             check_same_tokens(cells["ref"], result)
 
 
-def additivity(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[AdditivityRow]:
+def additivity(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN) -> list[AdditivityRow]:
     """The 2×2 factorial of every (W, C) pair of a weights × KV grid that holds none and fp16.
 
     The grid's interactions are one family: their verdicts are Holm-adjusted together."""
@@ -94,7 +94,7 @@ def additivity(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin
             continue
         cells = {"ref": ref, "w": by_w[r.weights], "c": by_c[r.kv], "wc": r}
         _check_cells(cells)
-        found.append((r, effect_draws(cells, "kld", n_resamples=n_resamples)))
+        found.append((r, effect_draws(cells, "kld")))
     tests = [interaction_effect(d, "kld", r.tokens, margin, name=f"{r.weights} × {r.kv}") for r, d in found]
     verdicts = decide(tests, family=f"{ref.model} additivity grid")
     return [AdditivityRow(r.weights, r.kv, d["w"].interval(), d["c"].interval(), d["wc"].interval(), d["interaction"].interval(), r.tokens, v)
@@ -117,7 +117,7 @@ class PenaltyRow:
                 "verdict": self.verdict.word if self.verdict else None, "decision": self.verdict.to_dict() if self.verdict else None}
 
 
-def penalties(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[PenaltyRow]:
+def penalties(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN) -> list[PenaltyRow]:
     """The KV penalty of every cache under every weight config of a grid, paired by window.
 
     "Larger under these weights" is the additivity interaction, decided by the one rule; the
@@ -132,13 +132,13 @@ def penalties(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin:
             continue
         check_same_tokens(base[r.weights], r)
         arrays = {"wc": r.arrays.kld, "w": base[r.weights].arrays.kld}
-        penalty = resample(lambda m: m["wc"] - m["w"], arrays, r.arrays.units, n_resamples=n_resamples).interval()
+        penalty = resample(lambda m: m["wc"] - m["w"], arrays, r.arrays.units).interval()
         test = None
         if not _is_none(r) and r.kv in plain:
             # (wc − w) − (c − ref): the same interaction, on the same windows, as the additivity finding's
             cells = {"ref": ref, "w": base[r.weights], "c": plain[r.kv], "wc": r}
             _check_cells(cells)
-            test = interaction_effect(effect_draws(cells, "kld", n_resamples=n_resamples), "kld", r.tokens, margin,
+            test = interaction_effect(effect_draws(cells, "kld"), "kld", r.tokens, margin,
                                       name=f"{r.weights} × {r.kv}")
         found.append((r, penalty, test))
     tests = [t for _, _, t in found if t is not None]
@@ -162,7 +162,7 @@ class MethodDifference:
                 "decision": self.verdict.to_dict()}
 
 
-def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000, margin: float = DEFAULT_MARGIN) -> list[MethodDifference]:
+def method_differences(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN) -> list[MethodDifference]:
     """Every pair of quantized weight methods, per cache: penalty(a) − penalty(b) = (KLD(a×C) − KLD(a×fp16)) − (KLD(b×C) − KLD(b×fp16)).
 
     What "the cache hurts more under GPTQ than under RTN" must rest on: a tested difference, not a
@@ -185,7 +185,7 @@ def method_differences(results: Iterable[EvalResult], *, n_resamples: int = 2000
                 arrays = {"ac": cells[(a, kv)].arrays.kld, "a": base[a].arrays.kld, "bc": cells[(b, kv)].arrays.kld, "b": base[b].arrays.kld}
                 for r in (cells[(a, kv)], base[a], cells[(b, kv)], base[b]):
                     check_same_tokens(ref, r)
-                draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.units, n_resamples=n_resamples)
+                draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.units)
                 # one basis text for the family: the table's footnote states it once, and each row's margin column
                 # gives that row's m (naming the first row's cache there read as if it held for every row)
                 found.append((kv, a, b, MarginRule.parse(margin).difference_effect(
@@ -216,7 +216,7 @@ CALIBRATION_ORDER = ("prose", "code", "math")  # known texts first, any other ca
 OWN_DOMAIN = {"default": "prose", "prose": "prose", "code": "code"}
 
 
-def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, n_resamples: int = 2000,
+def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *,
                 margin: float = DEFAULT_MARGIN) -> list[CalibrationRow]:
     """``results_by_text[(calibration text, evaluation data)]``: one grid each, on the same windows per data.
 
@@ -236,8 +236,8 @@ def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, n_r
                 check_same_tokens(first, r)
             units = first.arrays.units
             arrays = {c: r.arrays.kld for c, r in cells.items()}
-            kld = {c: resample(lambda m, c=c: m[c], arrays, units, n_resamples=n_resamples) for c in cells}
-            mismatch = {c: resample(lambda m, c=c: m[c] - m[own], arrays, units, n_resamples=n_resamples)
+            kld = {c: resample(lambda m, c=c: m[c], arrays, units) for c in cells}
+            mismatch = {c: resample(lambda m, c=c: m[c] - m[own], arrays, units)
                         for c in cells if c != own and own in cells}
             tests = {c: MarginRule.parse(margin).difference_effect(f"{weights} on {data}: calibrated on {c} − on {own}", d, kld[own],
                                                                    f"KLD calibrated on {own}", first.tokens, unit="nats")

@@ -50,7 +50,7 @@ import numpy as np
 from wkvlab.errors import DataError
 from wkvlab.stats import Interval, resample
 from wkvlab.stats.bootstrap import MIN_UNITS, Units
-from wkvlab.stats.decision import Effect, MarginRule, Verdict, decide
+from wkvlab.stats.decision import MarginRule, Verdict, decide
 
 DEPTH_DATA = "code"
 LONG_DATA = "code-long"
@@ -165,12 +165,12 @@ def depth_table(kld: Mapping[str, Mapping[int, np.ndarray]], nll_ref: Mapping[in
                 relative = resample(lambda m: m[k] / m[base] - 1.0, arrays, units).interval()
                 row = replace(row, growth=growth.interval(), relative=relative, adjusted=adjusted.interval())
                 if length == last:
-                    m = rule.difference(baseline.estimate, f"the penalty at prefix {first}", "nats")
-                    effects.append((len(rows), "verdict", Effect(f"{kv}: prefix {length} − prefix {first}", growth, m, n_tokens,
-                                                                 GROWTH_WORDS, margin_draws=baseline)))
-                    effects.append((len(rows), "adjusted_verdict", Effect(f"{kv}: prefix {length} − prefix {first}, adjusted for the "
-                                                                          "reference's sharpening", adjusted, m, n_tokens, GROWTH_WORDS,
-                                                                          margin_draws=baseline)))
+                    of = f"the penalty at prefix {first}"
+                    effects.append((len(rows), "verdict", rule.difference_effect(f"{kv}: prefix {length} − prefix {first}", growth, baseline,
+                                                                                 of, n_tokens, unit="nats", words=GROWTH_WORDS)))
+                    effects.append((len(rows), "adjusted_verdict", rule.difference_effect(
+                        f"{kv}: prefix {length} − prefix {first}, adjusted for the reference's sharpening", adjusted, baseline, of, n_tokens,
+                        unit="nats", words=GROWTH_WORDS)))
             rows.append(row)
     verdicts = decide([e for *_, e in effects], family=FAMILY)
     for (i, name, _), v in zip(effects, verdicts):
@@ -178,9 +178,8 @@ def depth_table(kld: Mapping[str, Mapping[int, np.ndarray]], nll_ref: Mapping[in
     return rows
 
 
-def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, margin=DEPTH_MARGIN, n_resamples: int | None = None) -> list[DepthRow]:
+def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, margin=DEPTH_MARGIN) -> list[DepthRow]:
     """``results[length][kv]``: each cache's result on :func:`identical_token_windows` (same documents, same targets)."""
-    del n_resamples  # the rule's interval is analytic (wkvlab.stats.skewt)
     lengths = sorted(results)
     if len(lengths) < MIN_LENGTHS:
         raise DataError(f"depth needs at least {MIN_LENGTHS} prefix lengths, got {len(lengths)}")
@@ -238,7 +237,7 @@ def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]
 
 def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGET, longest: int | None = None, data: str = DEPTH_DATA,
                   documents: int = DEPTH_DOCUMENTS, shortest: int | None = None, progress=None, device: str = "auto", dtype: str = "auto",
-                  margin=DEPTH_MARGIN, n_resamples: int | None = None) -> DepthFinding:
+                  margin=DEPTH_MARGIN) -> DepthFinding:
     """Score the same ``target`` tokens of every document long enough after prefixes of increasing length, from
     ``shortest`` (default: 512, or the target if smaller) to the longest that at least ``documents`` documents reach
     within the model's limit (or ``longest``)."""
@@ -253,7 +252,6 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     from wkvlab.models.loading import load_model, resolve_device, resolve_dtype
     from wkvlab.weights.spec import WeightSpec
 
-    del n_resamples
     if documents < MIN_UNITS:
         raise DataError(f"the depth finding needs at least {MIN_UNITS} documents (the rule's minimum), got {documents}")
     started = time.perf_counter()

@@ -257,7 +257,7 @@ def measurement(result, model_name: str) -> Measurement:
     from wkvlab.stats import paired_interval
 
     arrays = result.arrays
-    kld = paired_interval(lambda m: m["kld"], {"kld": arrays.kld}, arrays.units, seed=f"probe {result.weights} × {result.kv}")  # documents where the text has them
+    kld = paired_interval(lambda m: m["kld"], {"kld": arrays.kld}, arrays.units)  # documents where the text has them
     low, high = (kld.low, kld.high) if kld.decided else (None, None)
     summary = result.kld
     return Measurement(model_name, result.data, result.ctx, result.tokens, result.weights, result.kv, summary["mean"],

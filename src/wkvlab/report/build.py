@@ -63,20 +63,20 @@ def render_report(data: ReportData, profiles: Sequence[Profile] = (), tasks: Seq
 
 
 def write_report(results: Sequence[EvalResult], out: str | Path, *, source: str, context: int = 8192, batch: int = 1,
-                 profiles: Sequence[Profile] = (), n_resamples: int = 2000, tasks: Sequence[TaskScore] = (),
+                 profiles: Sequence[Profile] = (), tasks: Sequence[TaskScore] = (),
                  findings: Sequence[StoredFinding] = ()) -> ReportFiles:
     """Build the report of ``results`` into folder ``out`` (created; a foreign non-empty folder is refused)."""
-    data = build_report_data(results, source=source, context=context, batch=batch, n_resamples=n_resamples)
+    data = build_report_data(results, source=source, context=context, batch=batch)
     written = write_folder(Path(out), render_report(data, profiles, tasks, findings))
     return ReportFiles(Path(out), tuple(written), data)
 
 
 def report_from_store(store: str | Path, out: str | Path, *, context: int = 8192, batch: int = 1,
-                      profiles: Sequence[Profile] = (), n_resamples: int = 2000) -> ReportFiles:
+                      profiles: Sequence[Profile] = ()) -> ReportFiles:
     """The report of every result in a results store (opened read-only: a missing store is an error)."""
     with open_store(store, create=False) as db:
         results = db.results()
         tasks = db.task_scores()
         findings = db.findings()
-    return write_report(results, out, source=str(store), context=context, batch=batch, profiles=profiles, n_resamples=n_resamples, tasks=tasks,
+    return write_report(results, out, source=str(store), context=context, batch=batch, profiles=profiles, tasks=tasks,
                         findings=findings)

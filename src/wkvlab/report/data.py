@@ -224,7 +224,7 @@ class PenaltyRow:
         return {**{k: v for k, v in asdict(self).items() if k != "penalty"}, "penalty": self.penalty.to_dict()}
 
 
-def penalty_rows(group: Group, n_resamples: int) -> list[PenaltyRow]:
+def penalty_rows(group: Group) -> list[PenaltyRow]:
     rows = []
     for r in group.results:
         if KVSpec.from_dict(r.kv_spec).is_identity:
@@ -232,8 +232,7 @@ def penalty_rows(group: Group, n_resamples: int) -> list[PenaltyRow]:
         base = _kv_baseline(group, r.weights)
         if base is None or not same_tokens(base, r):
             continue
-        interval = paired_interval(lambda m: m["wc"] - m["w"], {"wc": r.arrays.kld, "w": base.arrays.kld}, r.arrays.units,
-                                   n_resamples=n_resamples)
+        interval = paired_interval(lambda m: m["wc"] - m["w"], {"wc": r.arrays.kld, "w": base.arrays.kld}, r.arrays.units)
         rows.append(PenaltyRow(group.index, r.weights, r.kv, kv_bit_class(kv_bits(r.kv_spec, head_dim_of(r))), int(r.weight_bytes),
                                base.kld["mean"], r.kld["mean"], interval))
     return rows
@@ -270,7 +269,7 @@ class CrossTermRow:
                 "verdict": self.verdict.to_dict() if self.verdict is not None else None}
 
 
-def cross_term_rows(group: Group, n_resamples: int) -> list[CrossTermRow]:
+def cross_term_rows(group: Group) -> list[CrossTermRow]:
     w0 = _baseline_weights(group)
     if w0 is None:
         return []
@@ -286,7 +285,7 @@ def cross_term_rows(group: Group, n_resamples: int) -> list[CrossTermRow]:
         if only_w is None or only_c is None or not all(same_tokens(both, x) for x in (only_w, only_c, base00)):
             continue
         arrays = {"wc": both.arrays.kld, "w": only_w.arrays.kld, "c": only_c.arrays.kld, "0": base00.arrays.kld}
-        draws = resample(lambda m: m["wc"] - m["w"] - m["c"] + m["0"], arrays, both.arrays.units, n_resamples=n_resamples)
+        draws = resample(lambda m: m["wc"] - m["w"] - m["c"] + m["0"], arrays, both.arrays.units)
         # the weights' and the cache's own costs on the same units: the predicted total the margin is a share of
         own_w, own_c = (resample(lambda m, x=x: m[x] - m["0"], arrays, both.arrays.units) for x in ("w", "c"))
         found.append((CrossTermRow(group.index, w, c, w0, both.kld["mean"], only_w.kld["mean"], only_c.kld["mean"],
@@ -360,8 +359,7 @@ class ReportData:
         }
 
 
-def build_report_data(results: Sequence[EvalResult], *, source: str, context: int = 8192, batch: int = 1,
-                      n_resamples: int = 2000) -> ReportData:
+def build_report_data(results: Sequence[EvalResult], *, source: str, context: int = 8192, batch: int = 1) -> ReportData:
     if not results:
         raise DataError(f"{source} holds no results; run 'wkvlab sweep <spec.yaml> --store <file>' or 'wkvlab demo --report <dir>' first")
     memory_bytes(0, 0.0, context, batch)  # checks --context and --batch before any work
@@ -369,7 +367,7 @@ def build_report_data(results: Sequence[EvalResult], *, source: str, context: in
     return ReportData(
         source, context, batch, tuple(groups),
         tuple(row for g in groups for row in config_rows(g, context, batch)),
-        tuple(row for g in groups for row in penalty_rows(g, n_resamples)),
-        tuple(row for g in groups for row in cross_term_rows(g, n_resamples)),
+        tuple(row for g in groups for row in penalty_rows(g)),
+        tuple(row for g in groups for row in cross_term_rows(g)),
         tuple(position_curve(g.index, r) for g in groups for r in g.results),
     )

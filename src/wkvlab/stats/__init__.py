@@ -1,11 +1,11 @@
-"""Statistics that compare configs evaluated on the same tokens (paired, resampled by unit), and
+"""Statistics that compare configs evaluated on the same tokens (paired over units, replicates pooled), and
 the one rule that turns an interval into a verdict (:mod:`.decision`)."""
 from __future__ import annotations
 
 from wkvlab.lazy import lazy_exports, names
 
 _EXPORTS = {
-    **names("bootstrap", "Interval", "Resampled", "paired_interval", "resample"),
+    **names("bootstrap", "Interval", "Resampled", "paired_interval", "pool", "resample"),
     **names("ratio", "window_ratio"),
     **names("decision", "Margin", "Effect", "Verdict", "decide", "DEFAULT_MARGIN"),
 }

@@ -1,27 +1,28 @@
-"""Paired bootstrap over evaluation units (windows or documents), studentized.
+"""Paired intervals over evaluation units (windows or documents), analytic, with replicates inside.
 
 Tokens inside one window are strongly correlated (one bad early token shifts all later ones), so a
-standard error over tokens is far too optimistic. The unit of resampling is therefore the
-**document** where the text has them (windows of one document share its difficulty: resampling
-them as if independent under-covers, tests/stats/test_documents.py), and the window where the text
-is one stream (:class:`Units` says which, and every interval prints it). Every config compared was
-scored on the same units, and one resample draws the same units for all of them (paired), which
-cancels the unit-to-unit variation they share.
+standard error over tokens is far too optimistic. The unit is therefore the **document** where the
+text has them (windows of one document share its difficulty: treating them as independent
+under-covers, tests/stats/test_documents.py), and the window where the text is one stream
+(:class:`Units` says which, and every interval prints it). Every config compared was scored on the
+same units, and every statistic is computed on them jointly (paired), which cancels the unit-to-unit
+variation they share.
 
 Every statistic here is a function of token-weighted means of per-token arrays (mean KLD, mean NLL →
-PPL = exp(mean NLL), top-1 agreement, and differences or interactions of those). A resample is a
-vector of multiplicities per unit (multinomial), so the resampled means of any array are one matrix
-product, and any function of the means (for example ``m["wc"] - m["w"] - m["c"]``) is evaluated on
-all resamples at once.
+PPL = exp(mean NLL), top-1 agreement, and differences or interactions of those). Its standard error
+is the jackknife's over units: the statistic with each unit left out is one vectorised evaluation of
+the same function on per-unit sums.
 
 **The interval every verdict is read from is analytic** (:mod:`wkvlab.stats.skewt`): Student's t
-on the jackknife standard error over units, each side widened by a skewness allowance, so that the
-error control holds at the family-adjusted levels where verdicts are made, not only at 95%, and no
-bound depends on a seed (issue #38; docs/stats.md). :func:`resample` computes what it needs: the
-estimate, the jackknife SE and the skewness of the units' jackknife influence values. The
-studentized bootstrap (Efron & Tibshirani 1993, ch. 12) remains for the two-stage design
-(:mod:`wkvlab.stats.twostage`), where the units are crossed and no closed form applies; its
-``Resampled`` carries its sorted t draws and the Monte-Carlo error of its bounds is printed with them.
+on that standard error, each side widened by a skewness allowance, so that the error control holds
+at the family-adjusted levels where verdicts are made, not only at 95%. Nothing is drawn: no
+resample count, no seed, no Monte-Carlo error; the same data give the same bounds (issue #38;
+docs/stats.md). The studentized bootstrap this module was named after (2,000 resamples) set a
+Holm-adjusted bound by its one or two most extreme resamples and moved verdicts with the seed; it is gone.
+
+**Replicates** (:func:`pool`, :mod:`wkvlab.stats.replicates`): a statistic measured again with
+another calibration sample or another float order on the same units pools into one whose standard
+error holds the between-replicate variance too, with Satterthwaite degrees of freedom.
 
 Below :data:`MIN_UNITS` units no interval is computed (the estimate is still given) and nothing is
 decided. When the statistic is not finite with some unit left out (a bucket only that unit has, a
@@ -32,16 +33,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from wkvlab.errors import DataError
 from wkvlab.stats import skewt
+from wkvlab.stats.replicates import Components, components, describe
 
-DEFAULT_RESAMPLES = 2000
 MIN_UNITS = 8  # fewer resampling units: no interval, no verdict (see the module docstring)
-BOOTSTRAP = "studentized bootstrap (jackknife SE within each resample)"
+BOOTSTRAP = "studentized bootstrap (jackknife SE within each resample)"  # how records stored before issue #38 name their intervals
 METHOD = skewt.METHOD
 
 
@@ -64,12 +65,14 @@ def unit_labels(units) -> tuple[np.ndarray, str]:
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate with a studentized bootstrap interval, or none (NaN bounds).
+    """A point estimate with its interval, or none (NaN bounds).
 
-    No interval when there are fewer than :data:`MIN_UNITS` units, or when the statistic was
-    undefined on most resamples (say a ratio whose denominator is 0): such an interval decides
-    nothing, and its missing bounds must never read as "excludes 0". ``dropped`` counts the
-    resamples left out because the statistic or its standard error was not finite."""
+    No interval when there are fewer than :data:`MIN_UNITS` units, or when the statistic is undefined
+    with some unit left out (say a ratio whose denominator is 0 there): such an interval decides
+    nothing, and its missing bounds must never read as "excludes 0". ``dropped`` counts those units
+    (in records stored before issue #38: the bootstrap resamples left out, of ``n_resamples``).
+    ``replicates``: the runs pooled into it (:func:`pool`; 0 in records stored before they existed),
+    ``df`` its t's degrees of freedom."""
 
     estimate: float
     low: float
@@ -79,8 +82,10 @@ class Interval:
     n_resamples: int
     dropped: int = 0
     unit: str = "units"  # what was resampled: documents, windows, blocks (see Units)
-    method: str = ""  # skewt.METHOD (analytic) or BOOTSTRAP; "" in records stored before issue #38
-    mc_error: float = 0.0  # Monte-Carlo standard error of the bounds (0 for the analytic interval)
+    method: str = ""  # skewt.METHOD (analytic); BOOTSTRAP or "" in records stored before issue #38
+    mc_error: float = 0.0  # Monte-Carlo standard error of the bounds: 0 for the analytic interval (stored bootstraps had one)
+    replicates: int = 1
+    df: float = 0.0  # 0: not recorded (an interval without replicates has units − 1)
 
     @property
     def decided(self) -> bool:
@@ -125,10 +130,12 @@ class Interval:
 
     @property
     def precision(self) -> str:
-        """How the bounds were computed and their Monte-Carlo error, for every printed interval."""
+        """How the bounds were computed, their Monte-Carlo error and the replicates, for every printed interval."""
         if self.method == BOOTSTRAP:
             return f"{BOOTSTRAP}, {self.n_resamples} resamples, Monte-Carlo SE of the bounds {self.mc_error:.2g}"
-        return self.method or "studentized bootstrap (stored before issue #38)"
+        if not self.method:
+            return "studentized bootstrap (stored before issue #38)"
+        return f"{self.method}; {describe(self.replicates, self.df if self.replicates > 1 and self.df else None)}"
 
     def __format__(self, spec: str) -> str:
         spec = spec or ".4g"
@@ -160,81 +167,75 @@ def _statistic_on(statistic: Callable, means: Mapping[str, np.ndarray], shape: t
 
 @dataclass(frozen=True, eq=False)
 class Resampled:
-    """A statistic's estimate and jackknife SE, and what its interval at any level is computed from.
+    """A statistic's estimate, its standard error and what its interval at any level is computed from.
 
-    ``method`` :data:`METHOD` (what :func:`resample` gives): the analytic skew-robust t interval from
-    ``se`` and ``skew`` (the skewness of the units' jackknife influence values). ``method``
-    :data:`BOOTSTRAP` (the two-stage design): the sorted studentized resamples ``t``. Intervals at any
-    level come from the same numbers, which is what a family adjustment needs: the adjusted interval
-    is the same interval at a stricter level."""
+    The interval is the analytic skew-robust t (:mod:`wkvlab.stats.skewt`) from ``se``, ``skew`` (the
+    skewness of the units' jackknife influence values) and the degrees of freedom :attr:`df`. With
+    replicates (:func:`pool`: builds with other calibration samples, runs in another float order),
+    ``se`` holds both variance components and ``df`` is their Satterthwaite df
+    (:mod:`wkvlab.stats.replicates`). Intervals at any level come from the same numbers, which is what a
+    family adjustment needs: the adjusted interval is the same interval at a stricter level.
+
+    The class keeps its name from the bootstrap it replaced (issue #38): nothing is resampled."""
 
     estimate: float
     se: float
-    t: np.ndarray
     n_units: int
-    n_resamples: int
-    dropped: int
+    dropped: int = 0  # units whose leaving out leaves the statistic undefined (then: no interval)
     unit: str = "units"
     skew: float = 0.0
-    method: str = BOOTSTRAP
-    influence: np.ndarray | None = None  # per-unit jackknife influence values (analytic): what combine() adds
+    influence: np.ndarray | None = None  # per-unit jackknife influence values: what combine() adds
+    replicate_estimates: np.ndarray | None = None  # the estimate of each replicate (None: one run)
+
+    @property
+    def replicates(self) -> int:
+        return 1 if self.replicate_estimates is None else int(self.replicate_estimates.size)
+
+    @property
+    def components(self) -> Components | None:
+        return None if self.influence is None else components(self.influence, self.replicate_estimates)
+
+    @property
+    def df(self) -> float:
+        """Degrees of freedom of the t quantile: units − 1, or the Satterthwaite df with replicates."""
+        c = self.components
+        return float(self.n_units - 1) if c is None else c.df
 
     def shifted(self, by: float) -> "Resampled":
-        """The draws of the statistic + ``by`` (a constant: same SE, skewness and t draws)."""
-        return replace(self, estimate=self.estimate + by)
+        """The statistic + ``by`` (a constant: same SE, skewness and degrees of freedom)."""
+        reps = None if self.replicate_estimates is None else self.replicate_estimates + by
+        return replace(self, estimate=self.estimate + by, replicate_estimates=reps)
 
     def combine(self, other: "Resampled", coef: float) -> "Resampled | None":
-        """Draws of this statistic + ``coef`` × ``other``, both from the same units (their influence values add);
-        None when either has no influence values (a bootstrap, too few units) or the units differ."""
+        """This statistic + ``coef`` × ``other``, both from the same units (their influence values add, and
+        so do their replicates' estimates); None when either has no influence values (too few units) or the
+        units or replicates differ."""
         a, b = self.influence, other.influence
         if a is None or b is None or a.shape != b.shape or not (self.usable and other.usable):
             return None
-        return _from_influence(self.estimate + coef * other.estimate, a + coef * b, self.n_units, self.unit)
-
-    @property
-    def analytic(self) -> bool:
-        return self.method != BOOTSTRAP
+        if self.replicates != other.replicates:
+            return None
+        reps = None if self.replicate_estimates is None else self.replicate_estimates + coef * other.replicate_estimates
+        return _from_influence(self.estimate + coef * other.estimate, a + coef * b, self.n_units, self.unit, reps)
 
     @property
     def usable(self) -> bool:
-        if self.n_units < MIN_UNITS or not math.isfinite(self.se):
-            return False
-        return self.dropped == 0 if self.analytic else (self.t.size > 0 and 2 * self.dropped <= self.n_resamples)
+        return self.n_units >= MIN_UNITS and math.isfinite(self.se) and self.dropped == 0
 
     def _none(self, level: float) -> Interval:
-        return Interval(self.estimate, float("nan"), float("nan"), level, self.n_units, self.n_resamples, self.dropped, self.unit,
-                        self.method)
+        return Interval(self.estimate, float("nan"), float("nan"), level, self.n_units, 0, self.dropped, self.unit, METHOD,
+                        replicates=self.replicates)
 
     def interval(self, level: float = 0.95) -> Interval:
         if not 0.0 < level < 1.0:
             raise ValueError(f"level must be in (0, 1), got {level}")
         if not self.usable:
             return self._none(level)
-        if self.se == 0.0:  # every unit agrees (identical configs, a constant shift): the point
-            return Interval(self.estimate, self.estimate, self.estimate, level, self.n_units, self.n_resamples, self.dropped,
-                            self.unit, self.method)
-        if self.analytic:
-            low, high = skewt.bounds(self.estimate, self.se, self.skew, self.n_units, level)
-            return Interval(self.estimate, float(low), float(high), level, self.n_units, 0, 0, self.unit, self.method)
-        tail = (1.0 - level) / 2.0
-        t_low, t_high = np.quantile(self.t, [tail, 1.0 - tail])
-        low, high = self.estimate - t_high * self.se, self.estimate - t_low * self.se
-        return Interval(self.estimate, float(low), float(high), level, self.n_units, self.n_resamples, self.dropped, self.unit,
-                        self.method, self._mc_error(tail))
-
-    def _mc_error(self, tail: float) -> float:
-        """Monte-Carlo SE of the bounds: the spread of the order statistics a binomial ±1 SE of draws away.
-
-        The b-th smallest of B draws estimates the b/B quantile; which draw lands there is binomial, with
-        SE √(B·p(1−p)) draws. Half the distance between the draws that far either side, times se, is the
-        SE of the bound; the larger of the two tails is reported."""
-        size = self.t.size
-        out = 0.0
-        for p in (tail, 1.0 - tail):
-            k = math.sqrt(size * p * (1 - p))
-            lo, hi = max(0, int(math.floor(p * size - k))), min(size - 1, int(math.ceil(p * size + k)))
-            out = max(out, (self.t[hi] - self.t[lo]) / 2 * self.se)
-        return float(out)
+        low = high = self.estimate  # se 0: every unit and replicate agrees (identical configs, a constant shift)
+        if self.se > 0.0:
+            low, high = skewt.bounds(self.estimate, self.se, self.skew, self.n_units, level, self.df)
+        return Interval(self.estimate, float(low), float(high), level, self.n_units, 0, 0, self.unit, METHOD,
+                        replicates=self.replicates, df=round(self.df, 2))
 
     def tail_beyond(self, threshold: float, side: str) -> float:
         """The two-sided level α at which the interval's ``side`` bound reaches ``threshold``.
@@ -246,13 +247,7 @@ class Resampled:
         if self.se == 0.0:
             inside = self.estimate > threshold if side == "low" else self.estimate < threshold
             return 0.0 if inside else 1.0
-        if self.analytic:
-            return skewt.tail_beyond(self.estimate, self.se, self.skew, self.n_units, threshold, side)
-        z = (self.estimate - threshold) / self.se
-        # low_α = θ̂ − Q(1−α/2)·se > thr ⟺ Q(1−α/2) < z ⟺ α > 2·(1 − F(z)); high_α < thr ⟺ α > 2·F(z), with F the
-        # inverse of np.quantile's linear interpolation, so the level found is exactly where interval() starts deciding
-        cdf = float(np.interp(z, self.t, np.linspace(0.0, 1.0, self.t.size))) if self.t.size > 1 else float(z > self.t[0])
-        return min(1.0, 2.0 * (1.0 - cdf) if side == "low" else 2.0 * cdf)
+        return skewt.tail_beyond(self.estimate, self.se, self.skew, self.n_units, threshold, side, self.df)
 
 
 def _leave_one_out(statistic: Callable, sums: Mapping[str, np.ndarray], counts: np.ndarray) -> np.ndarray:
@@ -267,9 +262,6 @@ def resample(
     statistic: Callable[[Mapping[str, np.ndarray | float]], np.ndarray | float],
     arrays: Mapping[str, np.ndarray],
     units,
-    *,
-    n_resamples: int | None = None,
-    seed: int | str | None = None,
 ) -> Resampled:
     """What the interval of ``statistic`` applied to token-weighted means of ``arrays`` needs, at any level.
 
@@ -277,29 +269,52 @@ def resample(
     :class:`Units` or a bare label array), all scored on the same tokens. ``statistic`` receives a
     mapping name → mean: floats for the estimate, arrays (one entry per left-out unit) for the
     jackknife, and must work on both (numpy arithmetic does). The interval is analytic
-    (:mod:`wkvlab.stats.skewt`): ``n_resamples`` and ``seed`` are accepted from callers written for
-    the bootstrap and change nothing; the same data always give the same interval.
+    (:mod:`wkvlab.stats.skewt`): nothing is drawn, so there is no resample count and no seed; the
+    same data always give the same interval.
     """
-    del n_resamples, seed  # analytic: nothing is drawn (see the docstring)
     kind = unit_labels(units)[1]
     counts, sums = per_unit(arrays, units)
     n_units = counts.size
     with np.errstate(invalid="ignore", divide="ignore"):
         point = float(_statistic_on(statistic, {k: s.sum() / counts.sum() for k, s in sums.items()}, ()))
     if n_units < MIN_UNITS:
-        return Resampled(point, float("nan"), np.empty(0), n_units, 0, 0, kind, 0.0, METHOD)
+        return Resampled(point, float("nan"), n_units, 0, kind)
     left_out = _leave_one_out(statistic, sums, counts)
     undefined = int((~np.isfinite(left_out)).sum())
     if undefined or not math.isfinite(point):
-        return Resampled(point, float("nan"), np.empty(0), n_units, 0, max(undefined, 1), kind, 0.0, METHOD)
+        return Resampled(point, float("nan"), n_units, max(undefined, 1), kind)
     influence = (n_units - 1) * (left_out.mean() - left_out)  # for a mean of equal units: x_u − x̄
     return _from_influence(point, influence, n_units, kind)
 
 
-def _from_influence(estimate: float, influence: np.ndarray, n_units: int, unit: str) -> Resampled:
-    """Analytic draws from per-unit influence values ψ: jackknife SE √(Σψ² / (n(n−1))), skewness of ψ."""
-    se = float(math.sqrt(float((influence ** 2).sum()) / (n_units * (n_units - 1))))
-    return Resampled(estimate, se, np.empty(0), n_units, 0, 0, unit, skewt.sample_skewness(influence), METHOD, influence)
+def _from_influence(estimate: float, influence: np.ndarray, n_units: int, unit: str,
+                    replicate_estimates: np.ndarray | None = None) -> Resampled:
+    """From per-unit influence values ψ (and the replicates' estimates): SE from the variance components
+    (:mod:`wkvlab.stats.replicates`; with one replicate the jackknife SE √(Σψ² / (n(n−1)))), skewness of ψ."""
+    se = components(influence, replicate_estimates).se
+    return Resampled(estimate, se, n_units, 0, unit, skewt.sample_skewness(influence), influence, replicate_estimates)
+
+
+def pool(replicates: Sequence[Resampled]) -> Resampled:
+    """One statistic measured by several replicates on the same units → its estimate over replicates, with the
+    run-to-run variance inside its interval (:mod:`wkvlab.stats.replicates`: the replicates' estimates give
+    the between-replicate component, their mean influence values the units' one).
+
+    One replicate is returned as it is. A replicate without an interval (too few units, undefined) leaves
+    the pooled statistic without one; replicates scored on different units are an error."""
+    if not replicates:
+        raise DataError("pool: no replicates")
+    if len(replicates) == 1:
+        return replicates[0]
+    first = replicates[0]
+    if any(r.n_units != first.n_units or r.unit != first.unit for r in replicates):
+        raise DataError("replicates must be scored on the same units (the same documents or windows) to be pooled")
+    estimates = np.array([r.estimate for r in replicates], dtype=np.float64)
+    if not all(r.usable and r.influence is not None for r in replicates):
+        return Resampled(float(estimates.mean()), float("nan"), first.n_units, max(max(r.dropped for r in replicates), 1)
+                         if first.n_units >= MIN_UNITS else 0, first.unit, replicate_estimates=estimates)
+    influence = np.mean([r.influence for r in replicates], axis=0)
+    return _from_influence(float(estimates.mean()), influence, first.n_units, first.unit, estimates)
 
 
 def paired_interval(
@@ -308,10 +323,8 @@ def paired_interval(
     units,
     *,
     level: float = 0.95,
-    n_resamples: int | None = None,
-    seed: int | str | None = None,
 ) -> Interval:
     """The interval of ``statistic`` (see :func:`resample`) at ``level``."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    return resample(statistic, arrays, units, n_resamples=n_resamples, seed=seed).interval(level)
+    return resample(statistic, arrays, units).interval(level)

@@ -14,7 +14,7 @@ and search, a penalty in the report) is decided the same way, by :func:`decide`:
   no seed and no Monte-Carlo error), **family-adjusted**: the tests
   of one table (a grid's interactions, one explain run's three metrics) form a family, and Holm's
   step-down procedure (Holm 1979, *Scand. J. Statist.* 6:65–70) controls the chance of any wrong
-  verdict in it at 5%. A test's adjusted interval is the same bootstrap at the level its Holm
+  verdict in it at 5%. A test's adjusted interval is the same interval at the level its Holm
   step allows, so a verdict read off the adjusted interval is exactly Holm's decision;
 * the verdict from the adjusted interval and ±m:
 
@@ -27,8 +27,8 @@ and search, a penalty in the report) is decided the same way, by :func:`decide`:
                               effect is what was estimated
   ========================= =========================================
 
-No interval (fewer than :data:`~wkvlab.stats.bootstrap.MIN_UNITS` units, a statistic undefined on
-most resamples) is *undecided*, never *additive*. A test's p-value is the smallest α at which its
+No interval (fewer than :data:`~wkvlab.stats.bootstrap.MIN_UNITS` units, a statistic undefined with
+a unit left out) is *undecided*, never *additive*. A test's p-value is the smallest α at which its
 interval would decide anything (the three outcomes exclude each other, and intervals shrink with
 α, so that decision is unique); Holm orders the family by these p-values.
 """
@@ -43,6 +43,7 @@ from statistics import NormalDist
 from wkvlab.errors import ConfigError
 from wkvlab.stats import skewt
 from wkvlab.stats.bootstrap import MIN_UNITS, Interval, Resampled
+from wkvlab.stats.replicates import Components
 
 DEFAULT_MARGIN = 0.10  # of the predicted total (interactions) or the baseline (differences), see the module docstring
 POWER = 0.80  # the chance the suggested sample size decides, if the effect is what was estimated
@@ -155,9 +156,17 @@ class MarginRule:
     # caller can treat an estimated margin as a known constant (tests/stats/test_one_rule.py checks that).
 
     def interaction_effect(self, name: str, draws: Resampled, w: Resampled, c: Resampled, tokens: int = 0, *,
-                           label: str = "KLD", total: Resampled | None = None, words: tuple = INTERACTION) -> Effect:
+                           label: str = "KLD", total: Resampled | None = None, words: tuple = INTERACTION,
+                           measured: Margin | None = None) -> Effect:
         """The interaction ``draws`` against m from the single effects ``w`` and ``c`` (draws from the same units);
-        ``total``: draws of w + c when the caller has them (else combined here)."""
+        ``total``: draws of w + c when the caller has them (else combined here).
+
+        ``measured``: m as a larger measurement of the same run already set it (explain's cross-term step takes
+        the factorial's, so one run states one KLD(W)+KLD(C)): its units are other windows, so its draws cannot be
+        paired with these; its own uncertainty is stated with the measurement that set it, and it enters this
+        test as known — a few diagnosis windows' own estimate of the total would be the noisier margin."""
+        if measured is not None:
+            return Effect(name, draws, measured, tokens, words)
         reference = {"total": total if total is not None else w.combine(c, 1.0), "cache": c}.get(self.kind)
         return Effect(name, draws, self.interaction(w.estimate, c.estimate, label), tokens, words, margin_draws=reference)
 
@@ -172,7 +181,7 @@ class MarginRule:
 
 @dataclass(frozen=True, eq=False)
 class Effect:
-    """One effect to decide: its bootstrap draws, its margin, the tokens it rests on, its words."""
+    """One effect to decide: its draws (estimate, SE, replicates), its margin, the tokens it rests on, its words."""
 
     name: str
     draws: Resampled
@@ -289,20 +298,26 @@ class Verdict:
             return f"needs ≥ {MIN_UNITS} {unit} for an interval (has {self.raw.n_units}; ~{self.tokens_needed:,} tokens)" if self.tokens_needed \
                 else f"needs ≥ {MIN_UNITS} {unit} for an interval (has {self.raw.n_units})"
         if self.tokens_needed is None:
-            return "no sample size decides it at this estimate (it sits on the margin)" if self.adjusted.decided else "no interval"
+            if not self.adjusted.decided:
+                return "no interval"
+            if self.raw.replicates > 1:
+                return ("no number of units decides it at this estimate: it sits on the margin, or the between-replicate "
+                        "variance alone keeps it open (more --replicates would)")
+            return "no sample size decides it at this estimate (it sits on the margin)"
         return f"~{self.tokens_needed:,} tokens ({self.units_needed:,} {unit}) would decide it with {POWER:.0%} power at this estimate"
 
     @property
     def resampling(self) -> str:
-        """``16 documents, skew-robust t …: no Monte-Carlo error``: the unit, the method and its Monte-Carlo
-        error (a bootstrap's: the SE of its adjusted bounds), and anything left undefined, on every verdict."""
+        """``16 documents, skew-robust t …: no Monte-Carlo error; 2 replicates (…)``: the unit, the method and
+        its Monte-Carlo error (0: analytic), the replicates inside the interval, and anything left undefined,
+        on every verdict."""
         drops = self.raw.drops
         iv = self.adjusted if self.adjusted.method else self.raw
         return f"{self.raw.n_units} {self.raw.unit}, {iv.precision}" + (f", {drops}" if drops else "")
 
     def describe(self, spec: str = ".4f") -> str:
-        """``word: estimate [adjusted] (raw 95% [..]; margin ±m (…); Holm over k tests; n documents resampled,
-        d of B resamples dropped)`` plus what would decide it."""
+        """``word: estimate [adjusted] (raw 95% [..]; margin ±m (…); Holm over k tests; n documents, the method,
+        its Monte-Carlo error and the replicates)`` plus what would decide it."""
         raw = "no raw interval" if not self.raw.decided else f"raw {100 * self.raw.level:.0f}% [{self.raw.low:{spec}}, {self.raw.high:{spec}}]"
         need = self.need()
         adj = self.adjusted
@@ -328,7 +343,7 @@ _Z = NormalDist()
 
 
 def units_to_decide(estimate: float, se: float, skew: float, n_units: int, threshold_low: float, threshold_high: float,
-                    tail: float, power: float = POWER, limit: int = 10 ** 7) -> int | None:
+                    tail: float, power: float = POWER, limit: int = 10 ** 7, spread: "Components | None" = None) -> int | None:
     """Units at which the interval at one-sided ``tail`` decides with probability ``power``, if the effect is ``estimate``.
 
     The standard error shrinks as 1/√units (se·√(n₀/n)); the estimate is taken as the truth and as
@@ -338,7 +353,11 @@ def units_to_decide(estimate: float, se: float, skew: float, n_units: int, thres
     ``threshold_low``) one side must clear it; between them, both sides must (each at z of
     (1 + power)/2, so that both clear together with probability ≥ power). Not the plug-in "interval
     this wide would decide": that decides in about half the runs (issue #38). ``None``: on a threshold,
-    or beyond ``limit`` units."""
+    or beyond ``limit`` units.
+
+    ``spread``: the variance components of ``se`` when it holds replicates (:mod:`wkvlab.stats.replicates`):
+    then only the units' component shrinks with more units, the replicates' stays, and the df follow;
+    an effect that the replicates alone keep open is undecided at any number of units (``None``)."""
     if not (math.isfinite(se) and se > 0 and math.isfinite(estimate)) or n_units < 2:
         return None
     if estimate > threshold_high:
@@ -354,8 +373,12 @@ def units_to_decide(estimate: float, se: float, skew: float, n_units: int, thres
         return None
 
     def decides(n: int) -> bool:
-        scale = math.sqrt(n / n_units)
-        return all(d / se * scale >= skewt.multiplier(tail, n, side_skew) + z for d, side_skew in sides)
+        if spread is not None and spread.replicates > 1:
+            at = spread.at_units(n)
+            se_n, df = at.se, at.df
+        else:
+            se_n, df = se * math.sqrt(n_units / n), None
+        return all(d / se_n >= skewt.multiplier(tail, n, side_skew, df) + z for d, side_skew in sides)
 
     if decides(n_units):
         return n_units
@@ -381,7 +404,7 @@ def _needed(draws: Resampled, raw: Interval, margin: float, tokens: int, tail: f
     if not draws.usable or not math.isfinite(margin):
         return None, None
     units = units_to_decide(draws.estimate, draws.se, getattr(draws, "skew", 0.0), draws.n_units,
-                            -margin if low is None else low, margin, tail)
+                            -margin if low is None else low, margin, tail, spread=draws.components)
     if units is None:
         return None, None
     units = max(units, draws.n_units + 1)  # undecided now: more than it has

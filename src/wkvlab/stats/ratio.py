@@ -1,12 +1,12 @@
-"""The ratio of two means measured on the same windows, with a paired bootstrap interval.
+"""The ratio of two means measured on the same windows, with a paired interval.
 
 Used for engine fidelity (``wkvlab eval`` KLD / the engine's own KLD, docs/engines.md): both sides
-are scored on identical windows, so one resample draws the same windows for both (paired), and
-the interval is :mod:`wkvlab.stats.bootstrap`'s studentized one, of the statistic
+are scored on identical windows, so the windows are paired, and
+the interval is :mod:`wkvlab.stats.bootstrap`'s analytic one (no resampling, no seed), of the statistic
 ``mean(numerator) / mean(denominator)`` — the ratio of means, not the mean of per-window ratios
 (a window with a tiny denominator would dominate that).
 
-Only the per-window sums enter a window bootstrap of token-weighted means, and the token counts
+Only the per-window sums enter an interval of token-weighted means over windows, and the token counts
 cancel in a ratio of two means over the same tokens: the ratio is ``Σ_w n_w a_w / Σ_w n_w b_w``
 for per-window means ``a_w``, ``b_w`` and ``n_w`` tokens each. So each window is passed on as one
 unit holding its token sums.
@@ -16,12 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from wkvlab.errors import DataError
-from wkvlab.stats.bootstrap import DEFAULT_RESAMPLES, Interval, paired_interval
+from wkvlab.stats.bootstrap import Interval, paired_interval
 
 
-def window_ratio(numerator, denominator, counts=None, *, level: float = 0.95, n_resamples: int = DEFAULT_RESAMPLES,
-                 seed: int | None = None) -> Interval:
-    """Ratio of the token-weighted means of two per-window arrays, windows resampled jointly.
+def window_ratio(numerator, denominator, counts=None, *, level: float = 0.95) -> Interval:
+    """Ratio of the token-weighted means of two per-window arrays, windows paired.
 
     ``numerator`` and ``denominator``: the mean of each window on each side (same windows, same
     order); ``counts``: tokens per window (equal when omitted). Fewer than
@@ -34,8 +33,7 @@ def window_ratio(numerator, denominator, counts=None, *, level: float = 0.95, n_
     if num.size == 0:
         raise DataError("window_ratio: no windows")
     sums = {"num": num * n, "den": den * n}
-    return paired_interval(lambda m: m["num"] / m["den"], sums, np.arange(num.size), level=level,
-                           n_resamples=n_resamples, seed=seed)
+    return paired_interval(lambda m: m["num"] / m["den"], sums, np.arange(num.size), level=level)
 
 
 __all__ = ["window_ratio"]

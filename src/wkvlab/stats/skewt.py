@@ -45,18 +45,77 @@ METHOD = f"skew-robust t (Student t + skewness allowance {SKEW_ALLOWANCE:g}), an
 _NORMAL = NormalDist()
 
 
-def t_quantile(z: float, df: int) -> float:
-    """Student's t quantile at the normal quantile ``z`` (same tail), by its Cornish–Fisher expansion in
-    1/df (A&S 26.7.5, four terms): within 0.3% of the exact quantile at 7 df down to a tail of 10⁻⁴ and
-    0.8% at 10⁻⁵, closer with more df (tests/stats/test_skewt.py). Closed form, so the level at which a
-    bound reaches a threshold is found in microseconds."""
-    if df < 1:
+CORNISH_FISHER_DF = 7  # from here on the expansion is within 0.3% (tail 10⁻⁴); below, the exact quantile
+
+
+def t_quantile(z: float, df: float) -> float:
+    """Student's t quantile at the normal quantile ``z`` (same tail), ``df`` ≥ 1 (not necessarily whole:
+    a Satterthwaite df, :mod:`wkvlab.stats.replicates`).
+
+    From :data:`CORNISH_FISHER_DF` df on, its Cornish–Fisher expansion in 1/df (A&S 26.7.5, four terms):
+    within 0.3% of the exact quantile at 7 df down to a tail of 10⁻⁴ and 0.8% at 10⁻⁵, closer with more
+    df (tests/stats/test_bootstrap.py). Closed form, so the level at which a bound reaches a threshold is
+    found in microseconds. Below 7 df (an interval whose between-replicate variance has few replicates)
+    the expansion is far off (at 1 df it is 40% short in the tail Holm needs), so the quantile is found
+    exactly from the t distribution's tail, P(T > t) = I_{df/(df+t²)}(df/2, 1/2) / 2 (A&S 26.7.1)."""
+    if not df >= 1:
         raise ValueError(f"degrees of freedom must be ≥ 1, got {df}")
+    if df < CORNISH_FISHER_DF:
+        return _exact_t_quantile(z, df)
     g1 = (z ** 3 + z) / 4
     g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
     g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384
     g4 = (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160
     return z + g1 / df + g2 / df ** 2 + g3 / df ** 3 + g4 / df ** 4
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes §6.4)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _beta_regularized(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_tail(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom, t ≥ 0."""
+    return 0.5 * _beta_regularized(df / 2.0, 0.5, df / (df + t * t))
+
+
+def _exact_t_quantile(z: float, df: float) -> float:
+    """The t quantile whose upper tail is the normal tail at ``z``: bisection on log t (tails reach 10⁵ at 1 df)."""
+    tail = _NORMAL.cdf(-abs(z))
+    if tail >= 0.5:
+        return 0.0
+    lo, hi = math.log(1e-12), math.log(1e12)
+    for _ in range(120):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_tail(math.exp(mid), df) > tail else (lo, mid)
+    return math.copysign(math.exp((lo + hi) / 2), z)
 
 
 def sample_skewness(values: np.ndarray) -> float:
@@ -72,38 +131,40 @@ def sample_skewness(values: np.ndarray) -> float:
     return math.sqrt(n * (n - 1)) / (n - 2) * m3 / m2 ** 1.5
 
 
-def _multiplier_at(z: float, n_units: int, allowance: float) -> float:
-    return t_quantile(z, n_units - 1) + allowance * (2 * z * z + 1) / (6 * math.sqrt(n_units))
+def _multiplier_at(z: float, n_units: int, allowance: float, df: float | None = None) -> float:
+    return t_quantile(z, n_units - 1 if df is None else df) + allowance * (2 * z * z + 1) / (6 * math.sqrt(n_units))
 
 
-def multiplier(tail: float, n_units: int, skew: float) -> float:
+def multiplier(tail: float, n_units: int, skew: float, df: float | None = None) -> float:
     """The se multiplier of one side at one-sided tail ``tail``: t quantile plus the skewness term.
 
-    ``skew`` is the skewness the side must allow for (positive widens it); never less than the allowance."""
-    return _multiplier_at(-_NORMAL.inv_cdf(tail), n_units, max(skew, SKEW_ALLOWANCE))
+    ``skew`` is the skewness the side must allow for (positive widens it); never less than the allowance.
+    ``df``: the t's degrees of freedom (default ``n_units − 1``; with replicates, their Satterthwaite df)."""
+    return _multiplier_at(-_NORMAL.inv_cdf(tail), n_units, max(skew, SKEW_ALLOWANCE), df)
 
 
-def bounds(estimate: float, se: float, skew: float, n_units: int, level: float) -> tuple[float, float]:
+def bounds(estimate: float, se: float, skew: float, n_units: int, level: float, df: float | None = None) -> tuple[float, float]:
     """(low, high) at two-sided ``level`` (see the module docstring)."""
     tail = (1.0 - level) / 2.0
-    return (estimate - multiplier(tail, n_units, -skew) * se, estimate + multiplier(tail, n_units, skew) * se)
+    return (estimate - multiplier(tail, n_units, -skew, df) * se, estimate + multiplier(tail, n_units, skew, df) * se)
 
 
-def tail_beyond(estimate: float, se: float, skew: float, n_units: int, threshold: float, side: str) -> float:
+def tail_beyond(estimate: float, se: float, skew: float, n_units: int, threshold: float, side: str,
+                df: float | None = None) -> float:
     """The smallest two-sided α whose ``side`` bound is beyond ``threshold`` (low > thr, high < thr); 1: none.
 
     The multiplier grows monotonically with the normal quantile z of the tail, so z is found by
     bisection where the multiplier equals the standardised distance, and α = 2·Φ(−z)."""
     distance = (estimate - threshold) / se if side == "low" else (threshold - estimate) / se
     allowance = max(-skew if side == "low" else skew, SKEW_ALLOWANCE)
-    if not distance > _multiplier_at(0.0, n_units, allowance):
+    if not distance > _multiplier_at(0.0, n_units, allowance, df):
         return 1.0
     lo, hi = 0.0, 1.0
-    while _multiplier_at(hi, n_units, allowance) < distance:
+    while _multiplier_at(hi, n_units, allowance, df) < distance:
         lo, hi = hi, 2 * hi
         if hi > 64:  # α = 2Φ(−64): nothing smaller is representable
             return 0.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _multiplier_at(mid, n_units, allowance) < distance else (lo, mid)
+        lo, hi = (mid, hi) if _multiplier_at(mid, n_units, allowance, df) < distance else (lo, mid)
     return min(1.0, 2.0 * _NORMAL.cdf(-hi))

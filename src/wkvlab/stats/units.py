@@ -10,7 +10,7 @@ lengthens the blocks automatically; ``depth_tables(block=...)`` takes another le
 
 Bucket means (the mean of an array over the tokens whose position falls in a bucket) are ratios
 of two token-weighted means — masked sum over masked count — so they, and differences between
-buckets, are statistics :func:`wkvlab.stats.paired_interval` resamples directly.
+buckets, are statistics :func:`wkvlab.stats.paired_interval` takes directly.
 """
 from __future__ import annotations
 

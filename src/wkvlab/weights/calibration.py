@@ -113,8 +113,12 @@ def calibration_corpus(data: str) -> Corpus:
 
 
 def calibration_set(spec: CalibrationSpec, tokenizer, *, corpus: Corpus | None = None, reserved_tokens: int = 0,
-                    spare: "torch.Tensor | None" = None) -> CalibrationSet:
+                    spare: "torch.Tensor | None" = None, replicate: int = 0) -> CalibrationSet:
     """Cut ``spec.samples`` chunks of ``spec.length`` tokens from the end of the corpus.
+
+    ``replicate`` r > 0: the r-th such block before the end instead, disjoint from the blocks of every
+    other replicate — another calibration sample of the same size from the same text, for a build whose
+    run-to-run variance goes into the interval (:mod:`wkvlab.stats.replicates`).
 
     ``reserved_tokens`` leading tokens belong to evaluation and are never used. ``spare``: tokens
     inside the reserved part that evaluation does not score either (the remainders of documents
@@ -131,18 +135,23 @@ def calibration_set(spec: CalibrationSpec, tokenizer, *, corpus: Corpus | None =
     ids = tokenize(tokenizer, corpus.text)
     bos = tokenizer.bos_token_id if tokenizer_wants_bos(tokenizer) else None
     body = spec.length - (1 if bos is not None else 0)
-    needed = spec.samples * body
+    if replicate < 0:
+        raise ConfigError(f"calibration replicate {replicate} must be ≥ 0")
+    needed = spec.samples * body * (replicate + 1)
     pool = ids[min(reserved_tokens, ids.numel()):]
     if spare is not None and spare.numel() and needed > pool.numel():
         pool = torch.cat([spare.to(pool.dtype), pool])
     if needed > pool.numel():
         where = (f"lie outside the {reserved_tokens} evaluation tokens" if spare is None or not spare.numel()
                  else "are left outside the evaluation windows")
+        replicas = f" ({replicate + 1} disjoint calibration samples, one per replicate)" if replicate else ""
         raise DataError(
-            f"calibration on {corpus.name} needs {needed} tokens but only {pool.numel()} {where}; "
-            f"lower --calib-samples/--calib-len, evaluate fewer --tokens, or calibrate on another --calib domain"
+            f"calibration on {corpus.name} needs {needed} tokens{replicas} but only {pool.numel()} {where}; "
+            f"lower --calib-samples/--calib-len{' or --replicates' if replicate else ''}, evaluate fewer --tokens, "
+            "or calibrate on another --calib domain"
         )
-    tail = pool[pool.numel() - needed:].reshape(spec.samples, body)
+    end = pool.numel() - replicate * spec.samples * body
+    tail = pool[end - spec.samples * body : end].reshape(spec.samples, body)
     if bos is not None:
         tail = torch.cat([torch.full((spec.samples, 1), bos, dtype=torch.long), tail], dim=1)
     return CalibrationSet(spec=spec, tokens=tail.contiguous(), corpus_sha256=corpus.sha256)
