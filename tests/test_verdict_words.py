@@ -183,7 +183,7 @@ def test_explain_position_table_where_the_excess_rises():
     from wkvlab.explain.cli import context_table
     from wkvlab.explain.context import context_curve
 
-    curve = context_curve(_cells(), n_resamples=300)
+    curve = context_curve(_cells())
     out = io.StringIO()
     Console(file=out, width=250).print(context_table(curve))
     text = out.getvalue() + "\n\n" + "\n".join(curve.lines())
@@ -224,7 +224,7 @@ def test_report_text():
     from wkvlab.report.build import render_report
     from wkvlab.report.data import build_report_data
 
-    files = render_report(build_report_data(demo_like_grid(), source="synthetic", n_resamples=100), findings=_findings())
+    files = render_report(build_report_data(demo_like_grid(), source="synthetic"), findings=_findings())
     text = "\n\n".join(v.decode() if isinstance(v, bytes) else v for k, v in files.items() if k.endswith(".md"))
     assert VERDICT.search(text.split("## Additive or compounding")[1])  # the cross terms' verdicts were looked at
     assert unqualified(text) == []
@@ -236,7 +236,7 @@ def _findings_records():
     from wkvlab.findings.analysis import additivity, method_differences, penalties
 
     grid = _grid(interaction=0.05)
-    return additivity(grid, n_resamples=100), penalties(grid, n_resamples=100), method_differences(grid, n_resamples=100)
+    return additivity(grid), penalties(grid), method_differences(grid)
 
 
 def test_findings_render_on_small_records():
