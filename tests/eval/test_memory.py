@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import tiny_gemma3, tiny_llama
 from wkvlab.errors import ConfigError, OutOfMemory
-from wkvlab.eval.memory import LIVE_LOGITS, RUNTIME_BYTES, GridShape, estimate_memory
+from wkvlab.eval.memory import CPU_PROCESS_BYTES, LIVE_LOGITS, RUNTIME_BYTES, TOKENIZER_BYTES_PER_ENTRY, GridShape, estimate_memory
 from wkvlab.kv.spec import KVSpec
 from wkvlab.plan.models import ModelDescription
 from wkvlab.plan.params import parameter_count
@@ -40,7 +40,11 @@ def test_parts_by_hand():
     assert _part(one, "KV caches") == per_token * 48 * 2  # the residual spec's cache alone
     assert _part(copies, "logits") == LIVE_LOGITS["copies"] * 16 * 128 * 4
     assert _part(one, "logits") == LIVE_LOGITS["one-model"] * 16 * 128 * 4
-    assert _part(one, "runtime") == RUNTIME_BYTES
+    # a CPU run's device is the process: the interpreter with its libraries and the tokenizer, measured; a GPU's, a fixed allowance
+    assert _part(one, "process") == CPU_PROCESS_BYTES and _part(one, "tokenizer") == 128 * TOKENIZER_BYTES_PER_ENTRY
+    gpu = estimate_memory(desc, _grid(device="cuda")).plan("one-model", 1)
+    assert _part(gpu, "runtime") == RUNTIME_BYTES and not any(p.name.startswith(("process", "tokenizer")) for p in gpu.parts)
+    assert one.device_bytes - gpu.device_bytes == CPU_PROCESS_BYTES + 128 * TOKENIZER_BYTES_PER_ENTRY - RUNTIME_BYTES
     assert next(p for p in one.parts if p.name.startswith("original weights")).where == "disk"  # a CPU model: originals on disk
     assert copies.device_bytes > one.device_bytes
 
