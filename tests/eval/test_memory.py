@@ -189,3 +189,23 @@ def test_one_window_of_the_per_token_reference_is_counted_on_the_device():
     parts = {(p.name, p.where): p.bytes for p in estimate_memory(desc, grid).plan("one-model", 1).parts}
     assert parts[("per-token reference (one window)", "device")] == 32768 * (8 * (1024 + 256) + 12) + 128 * 128256 * 4
     assert parts[("per-token reference", "host")] == 65534 * (8 * (1024 + 256) + 12) + 256 * 128256 * 4
+
+
+def test_a_grid_no_preflight_planned_announces_its_estimate(monkeypatch):
+    """explain, plan --probe, sweep, tasks and findings run grids without eval's preflight: the grid's
+    own estimate goes to the listeners (the CLI prints it in the header); a plan a preflight decided is not repeated."""
+    from wkvlab.data.windows import make_windows
+    from wkvlab.eval import memory
+    from wkvlab.eval.runner import RunOptions, run_grid
+
+    heard = []
+    monkeypatch.setattr(memory, "_LISTENERS", [])
+    memory.listen(heard.append)
+    memory.listen(heard.append)  # once per callback
+    model = tiny_llama()
+    windows = make_windows(torch.randint(0, 128, (60,)), ctx=48, n_tokens=48, bos_id=None)
+    specs = dict(model_name="tiny", data_name="random")
+    run_grid(model, windows, [WeightSpec.parse("none")], [KVSpec.parse("fp16"), KVSpec.parse("q8_0")], **specs)
+    assert len(heard) == 1 and heard[0].chosen.plan == "copies" and heard[0].one_line().startswith("memory: copies plan, about ")
+    run_grid(model, windows, [WeightSpec.parse("none")], [KVSpec.parse("fp16")], options=RunOptions(plan="copies", interleave=1), **specs)
+    assert len(heard) == 1

@@ -24,6 +24,7 @@ This module imports no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from wkvlab.errors import ConfigError
 from wkvlab.eval.constants import DEFAULT_SAMPLES, DEFAULT_TOPK
@@ -361,6 +362,22 @@ def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: in
     if not choose:
         return estimate
     return MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes, choose_plan(desc, estimate, requested, stored_reference))
+
+
+# Who is told each estimate a run makes for itself (a grid whose plan no preflight decided: the ones
+# explain, plan --probe, sweep, tasks and findings run): the CLI prints it in the run's header.
+_LISTENERS: list[Callable[[MemoryEstimate], None]] = []
+
+
+def listen(callback: Callable[[MemoryEstimate], None]) -> None:
+    """Call ``callback`` with every estimate :func:`announce` is given (once per callback)."""
+    if callback not in _LISTENERS:
+        _LISTENERS.append(callback)
+
+
+def announce(estimate: MemoryEstimate) -> None:
+    for callback in _LISTENERS:
+        callback(estimate)
 
 
 def grid_estimate(model: str, weights, kv, *, ctx: int, tokens: int, score: str, dtype: str, device: str, chunk: int | None,
