@@ -55,13 +55,13 @@ def start_run(command: str, threads: int | None, facts: str = "", cache_dir: Pat
     os.environ.setdefault("TQDM_DISABLE", "1")
     choice = apply_threads(chosen)
     run_header(command, choice, facts)
-    _print_estimates()
+    print_estimates()
     if warning is not None:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     return choice
 
 
-def _print_estimates() -> None:
+def print_estimates() -> None:
     """Print each memory estimate a grid of this run makes for itself (explain's factorial, a probe,
     a sweep's grids), once per distinct line: the header's ``memory:`` line where no preflight gave one."""
     from wkvlab.eval.memory import listen

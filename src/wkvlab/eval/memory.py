@@ -48,7 +48,7 @@ RUNTIME_BYTES = 512 << 20  # CUDA context, kernel workspaces, allocator slack (a
 # the interpreter with torch 2.13, transformers 5.24 and wkvlab imported (0.414 GiB RSS, measured
 # the same for both packaged models), and the tokenizer, about 1.2 KB per vocabulary entry (+45 MiB
 # for SmolLM2's 49,152, +315 MiB for Gemma 3's 262,144: tokens, merges and the Rust maps).
-# Measured by benchmarks/estimate_vs_peak.py's companion numbers in docs/scale.md.
+# Measured by `benchmarks/estimate_vs_peak.py --components` (docs/scale.md).
 CPU_PROCESS_BYTES = 424 << 20
 TOKENIZER_BYTES_PER_ENTRY = 1200
 HEAD_BLOCK_BYTES = 64 << 20  # float32 head rows upcast at a time (wkvlab.eval.logits)
