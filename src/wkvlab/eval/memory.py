@@ -45,9 +45,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANS = ("auto", "copies", "one-model")
 RUNTIME_BYTES = 512 << 20  # CUDA context, kernel workspaces, allocator slack (a fixed allowance)
 # On the CPU the device is the process itself, and its peak RSS holds, before any tensor of the run:
-# the interpreter with torch 2.13, transformers 5.24 and wkvlab imported (0.414 GiB RSS, measured
-# the same for both packaged models), and the tokenizer, about 1.2 KB per vocabulary entry (+45 MiB
-# for SmolLM2's 49,152, +315 MiB for Gemma 3's 262,144: tokens, merges and the Rust maps).
+# the interpreter with torch 2.13, transformers 5.24 and wkvlab imported (423 MiB RSS, measured
+# the same for both packaged models), and the tokenizer, about 1.2 KB per vocabulary entry (+46 MiB
+# for SmolLM2's 49,152, +321 MiB for Gemma 3's 262,144: tokens, merges and the Rust maps).
 # Measured by `benchmarks/estimate_vs_peak.py --components` (docs/scale.md).
 CPU_PROCESS_BYTES = 424 << 20
 TOKENIZER_BYTES_PER_ENTRY = 1200
