@@ -72,6 +72,27 @@ def start_run(command: str, threads: int | None, facts: str = "", cache_dir: Pat
     os.environ.setdefault("TQDM_DISABLE", "1")
     choice = apply_threads(chosen)
     run_header(command, choice, facts)
+    print_estimates()
     if warning is not None:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     return choice
+
+
+def print_estimates() -> None:
+    """Print each memory estimate a grid of this run makes for itself (explain's factorial, a probe,
+    a sweep's grids), once per distinct line: the header's ``memory:`` line where no preflight gave one."""
+    from wkvlab.eval.memory import listen
+
+    listen(_show_estimate)
+
+
+_PRINTED: set[str] = set()
+
+
+def _show_estimate(estimate) -> None:
+    from wkvlab.display import err_console
+
+    line = estimate.one_line()
+    if line not in _PRINTED:
+        _PRINTED.add(line)
+        err_console.print(escape(line), highlight=False, soft_wrap=True)

@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import tiny_gemma3, tiny_llama
 from wkvlab.errors import ConfigError, OutOfMemory
-from wkvlab.eval.memory import LIVE_LOGITS, RUNTIME_BYTES, GridShape, estimate_memory
+from wkvlab.eval.memory import CPU_PROCESS_BYTES, LIVE_LOGITS, RUNTIME_BYTES, TOKENIZER_BYTES_PER_ENTRY, GridShape, estimate_memory
 from wkvlab.kv.spec import KVSpec
 from wkvlab.plan.models import ModelDescription
 from wkvlab.plan.params import parameter_count
@@ -40,7 +40,11 @@ def test_parts_by_hand():
     assert _part(one, "KV caches") == per_token * 48 * 2  # the residual spec's cache alone
     assert _part(copies, "logits") == LIVE_LOGITS["copies"] * 16 * 128 * 4
     assert _part(one, "logits") == LIVE_LOGITS["one-model"] * 16 * 128 * 4
-    assert _part(one, "runtime") == RUNTIME_BYTES
+    # a CPU run's device is the process: the interpreter with its libraries and the tokenizer, measured; a GPU's, a fixed allowance
+    assert _part(one, "process") == CPU_PROCESS_BYTES and _part(one, "tokenizer") == 128 * TOKENIZER_BYTES_PER_ENTRY
+    gpu = estimate_memory(desc, _grid(device="cuda")).plan("one-model", 1)
+    assert _part(gpu, "runtime") == RUNTIME_BYTES and not any(p.name.startswith(("process", "tokenizer")) for p in gpu.parts)
+    assert one.device_bytes - gpu.device_bytes == CPU_PROCESS_BYTES + 128 * TOKENIZER_BYTES_PER_ENTRY - RUNTIME_BYTES
     assert next(p for p in one.parts if p.name.startswith("original weights")).where == "disk"  # a CPU model: originals on disk
     assert copies.device_bytes > one.device_bytes
 
@@ -187,3 +191,23 @@ def test_one_window_of_the_per_token_reference_is_counted_on_the_device():
     parts = {(p.name, p.where): p.bytes for p in estimate_memory(desc, grid).plan("one-model", 1).parts}
     assert parts[("per-token reference (one window)", "device")] == 32768 * (8 * (1024 + 256) + 12) + 128 * 128256 * 4
     assert parts[("per-token reference", "host")] == 65534 * (8 * (1024 + 256) + 12) + 256 * 128256 * 4
+
+
+def test_a_grid_no_preflight_planned_announces_its_estimate(monkeypatch):
+    """explain, plan --probe, sweep, tasks and findings run grids without eval's preflight: the grid's
+    own estimate goes to the listeners (the CLI prints it in the header); a plan a preflight decided is not repeated."""
+    from wkvlab.data.windows import make_windows
+    from wkvlab.eval import memory
+    from wkvlab.eval.runner import RunOptions, run_grid
+
+    heard = []
+    monkeypatch.setattr(memory, "_LISTENERS", [])
+    memory.listen(heard.append)
+    memory.listen(heard.append)  # once per callback
+    model = tiny_llama()
+    windows = make_windows(torch.randint(0, 128, (60,)), ctx=48, n_tokens=48, bos_id=None)
+    specs = dict(model_name="tiny", data_name="random")
+    run_grid(model, windows, [WeightSpec.parse("none")], [KVSpec.parse("fp16"), KVSpec.parse("q8_0")], **specs)
+    assert len(heard) == 1 and heard[0].chosen.plan == "copies" and heard[0].one_line().startswith("memory: copies plan, about ")
+    run_grid(model, windows, [WeightSpec.parse("none")], [KVSpec.parse("fp16")], options=RunOptions(plan="copies", interleave=1), **specs)
+    assert len(heard) == 1

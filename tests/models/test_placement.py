@@ -94,23 +94,24 @@ def test_load_model_refuses_before_reading_a_weight(monkeypatch, folder):
         _captured_load(monkeypatch, folder, [1000, 1000])
 
 
-def test_a_gguf_loaded_on_the_cpu_moves_by_the_same_plan(monkeypatch):
-    model = tiny_llama(vocab_size=256)
-    moved = []
-    monkeypatch.setattr(model, "to", lambda device: moved.append(device) or model)
-    size = weight_bytes(model)
-    monkeypatch.setattr("wkvlab.models.placement.gpu_budgets", lambda device: {0: 10 * size})
-    assert loading._place(model, "cuda") is model and moved == ["cuda:0"]
-    monkeypatch.setattr("wkvlab.models.placement.gpu_budgets", lambda device: {0: size // 2})
-    with pytest.raises(ModelError, match="does not offload"):
-        loading._place(model, "cuda", name="x.gguf")
+def test_a_gguf_goes_to_the_gpus_from_its_converted_folder(monkeypatch, tmp_path):
+    """The GGUF is converted on the host tensor by tensor, then loaded like any folder: straight to
+    the device by the folder's plan, never as a whole float32 model on the CPU first."""
+    from wkvlab.models.packaged import packaged_gguf
+
+    seen = []
+    monkeypatch.setattr(loading, "_convert_copy", lambda path, dtype, target: tmp_path)
+    monkeypatch.setattr(loading, "_from_pretrained", lambda folder, dtype, **kw: seen.append((folder, kw["device"])) or (tiny_llama(), None))
+    _fake_gpus(monkeypatch, [80 << 30])
+    loading.load_gguf(packaged_gguf("default"), device="cuda", use_cache=False)
+    assert seen == [(tmp_path, "cuda")]
 
 
 def test_a_gguf_too_big_for_the_gpus_is_refused_before_its_conversion(monkeypatch):
     from wkvlab.models.packaged import packaged_gguf
 
     converted = []
-    monkeypatch.setattr(loading, "_from_pretrained", lambda *a, **k: converted.append(a) or (_ for _ in ()).throw(AssertionError("converted")))
+    monkeypatch.setattr(loading, "_convert_copy", lambda *a, **k: converted.append(a) or (_ for _ in ()).throw(AssertionError("converted")))
     _fake_gpus(monkeypatch, [1 << 20])  # 1 MiB free: SmolLM2-135M does not fit
     with pytest.raises(ModelError, match=r"SmolLM2-135M-Instruct\.Q4_1\.gguf needs 0\.5 GiB of weights and the GPUs can take 0\.0 GiB \(cuda:0 0\.0; 90% of what is free\)"):
         loading.load_gguf(packaged_gguf("default"), device="cuda", use_cache=False)

@@ -24,6 +24,7 @@ This module imports no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from wkvlab.errors import ConfigError
 from wkvlab.eval.constants import DEFAULT_SAMPLES, DEFAULT_TOPK
@@ -44,6 +45,13 @@ MIN_CHUNK = 64
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANS = ("auto", "copies", "one-model")
 RUNTIME_BYTES = 512 << 20  # CUDA context, kernel workspaces, allocator slack (a fixed allowance)
+# On the CPU the device is the process itself, and its peak RSS holds, before any tensor of the run:
+# the interpreter with torch 2.13, transformers 5.24 and wkvlab imported (423 MiB RSS, measured
+# the same for both packaged models), and the tokenizer, about 1.2 KB per vocabulary entry (+46 MiB
+# for SmolLM2's 49,152, +321 MiB for Gemma 3's 262,144: tokens, merges and the Rust maps).
+# Measured by `benchmarks/estimate_vs_peak.py --components` (docs/scale.md).
+CPU_PROCESS_BYTES = 424 << 20
+TOKENIZER_BYTES_PER_ENTRY = 1200
 HEAD_BLOCK_BYTES = 64 << 20  # float32 head rows upcast at a time (wkvlab.eval.logits)
 # [T, V] float32 tensors alive at the peak of one chunk's comparison (see the formulas in _logits)
 LIVE_LOGITS = {"copies": 5, "one-model": 3}
@@ -298,6 +306,16 @@ def _reference_record(desc: ModelDescription, grid: GridShape, tokens: int | Non
     return tokens * per_token + -(-tokens // FULL_EVERY) * desc.vocab_size * 4
 
 
+def _fixed_parts(desc: ModelDescription, device: str) -> list[Part]:
+    """What a run holds on its device whatever the grid: on a GPU the CUDA context, kernels'
+    workspaces and allocator slack (a fixed allowance); on the CPU, where the estimate is the
+    process's peak RSS, the interpreter with its libraries and the tokenizer (measured)."""
+    if device == "cpu":
+        return [Part("process (python, torch, transformers)", CPU_PROCESS_BYTES),
+                Part("tokenizer", desc.vocab_size * TOKENIZER_BYTES_PER_ENTRY)]
+    return [Part("runtime (context, workspaces)", RUNTIME_BYTES)]
+
+
 def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: int | None = None,
                     requested: str = "auto", stored_reference: bool = False, choose: bool = True) -> MemoryEstimate:
     """Every plan's device peak for ``grid`` on ``desc``, and the plan chosen within ``budget_bytes``
@@ -313,16 +331,16 @@ def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: in
     identity_cache = _cache_bytes(desc, KVSpec.parse("fp16"), grid.ctx, chunk, d)
     logits_row = chunk * desc.vocab_size * 4
     mixed = any(_query_dependent(k) for k in grid.kv)
+    fixed = _fixed_parts(desc, grid.device)
     common = [Part("activations (one chunk)", _activations(desc, chunk, grid.ctx, d, mixed)),
-              Part("float32 head block", min(HEAD_BLOCK_BYTES, desc.vocab_size * desc.hidden_size * 4) if d != 4 else 0),
-              Part("runtime (context, workspaces)", RUNTIME_BYTES)]
+              Part("float32 head block", min(HEAD_BLOCK_BYTES, desc.vocab_size * desc.hidden_size * 4) if d != 4 else 0), *fixed]
     calibration = _calibration(desc, grid.weights, *grid.calibration, d)
     cells = len(grid.weights) * len(grid.kv)
     copies_parts = (Part("weights", weights), Part(f"weight copies ({len(built)})", len(built) * weights),
                     Part(f"KV caches (reference + {cells})", identity_cache + len(grid.weights) * sum(caches)),
                     Part("logits (one chunk, float32)", LIVE_LOGITS["copies"] * logits_row), *common)
     copies_build = (Part("weights", weights), Part(f"weight copies ({len(built)})", len(built) * weights),
-                    Part("calibration capture", calibration), common[-1])
+                    Part("calibration capture", calibration), *fixed)
     plans = [PlanEstimate("copies", cells, copies_parts, copies_build)]
     off_device = "host" if grid.device.startswith("cuda") else "disk"
     for interleave in range(1, len(grid.kv) + 1):
@@ -336,12 +354,28 @@ def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: in
         # comparison takes a window's record to the device at once (wkvlab.eval.sources)
         parts.append(Part("per-token reference (one window)", _reference_record(desc, grid, min(grid.ctx, grid.tokens))))
         parts.append(Part("per-token reference", _reference_record(desc, grid), "disk" if stored_reference else "host"))
-        build = (Part("weights", weights), Part("calibration capture", calibration), common[-1])
+        build = (Part("weights", weights), Part("calibration capture", calibration), *fixed)
         plans.append(PlanEstimate("one-model", interleave, tuple(parts), build))
     estimate = MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes)
     if not choose:
         return estimate
     return MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes, choose_plan(desc, estimate, requested, stored_reference))
+
+
+# Who is told each estimate a run makes for itself (a grid whose plan no preflight decided: the ones
+# explain, plan --probe, sweep, tasks and findings run): the CLI prints it in the run's header.
+_LISTENERS: list[Callable[[MemoryEstimate], None]] = []
+
+
+def listen(callback: Callable[[MemoryEstimate], None]) -> None:
+    """Call ``callback`` with every estimate :func:`announce` is given (once per callback)."""
+    if callback not in _LISTENERS:
+        _LISTENERS.append(callback)
+
+
+def announce(estimate: MemoryEstimate) -> None:
+    for callback in _LISTENERS:
+        callback(estimate)
 
 
 def grid_estimate(model: str, weights, kv, *, ctx: int, tokens: int, score: str, dtype: str, device: str, chunk: int | None,

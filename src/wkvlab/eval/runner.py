@@ -37,7 +37,7 @@ from wkvlab.errors import ConfigError, OutOfMemory
 from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline, float_baseline
 from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows, window_tokens
 from wkvlab.eval.logits import model_logits
-from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, estimate_memory
+from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, announce, estimate_memory
 from wkvlab.eval.metrics import position_buckets
 from wkvlab.eval.reference import DEFAULT_TOPK, StoredComparison
 from wkvlab.eval.result import EvalResult, TokenArrays
@@ -271,6 +271,8 @@ def memory_plan(model: torch.nn.Module, windows: WindowSet, weight_specs: list[W
         one = options.plan == "one-model" or options.reference is not None
         return PlanEstimate("one-model" if one else "copies", max(1, options.interleave or 1) if one else len(weight_specs) * len(kv_specs), ())
     estimate = estimate_memory(desc, grid, budget_bytes=budget, requested=options.plan, stored_reference=options.reference is not None)
+    if not decided:  # no preflight printed it: the command's header says it now
+        announce(estimate)
     if options.interleave is not None and estimate.chosen.plan == "one-model":
         return estimate.plan("one-model", max(1, min(options.interleave, len(kv_specs))))
     return estimate.chosen

@@ -1,20 +1,18 @@
 """Load a causal LM and its tokenizer: a packaged name, a GGUF file or a Hugging Face folder.
 
-GGUF files are dequantized by transformers into float32 tensors, which takes seconds (and the
-tokenizer conversion more). We keep a safetensors copy of the dequantized model and the converted
-tokenizer in the cache folder, keyed by the GGUF's SHA-256, and reload from it in a fraction of a
-second. transformers 5.x refuses ``save_pretrained`` on a GGUF-loaded model (its GGUF quantizer is
-marked non-serializable) although the tensors are plain float32 by then; we detach the quantizer
-before saving. The reload is bit-identical (tested).
+A GGUF file is converted once, tensor by tensor, into a safetensors folder in the cache, keyed by
+the GGUF's SHA-256 (:mod:`wkvlab.models.gguf_convert`: the values transformers' GGUF loader gives,
+without holding the model two or three times while converting), and every load reads that folder,
+in a fraction of a second.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -102,22 +100,6 @@ _sha256 = file_sha256
 _folder_fingerprint = folder_fingerprint
 
 
-def _place(model: torch.nn.Module, device: str, device_map: str = "auto", name: str = "the model",
-           mapping: dict | None = None) -> torch.nn.Module:
-    """Move a model loaded on the CPU (a GGUF's) to ``device`` as :mod:`wkvlab.models.placement` plans
-    it (``mapping``: the plan already made before the conversion)."""
-    if device == "cpu":
-        return model
-    from wkvlab.models.placement import gpu_budgets, plan_device_map
-
-    mapping = mapping or plan_device_map(model, gpu_budgets(device), device_map, name=name)
-    if set(mapping) == {""}:
-        return model.to(f"cuda:{mapping['']}")
-    from accelerate import dispatch_model
-
-    return dispatch_model(model, device_map=mapping)
-
-
 def model_class(config):
     """The auto class that loads ``config``'s architecture with its language-model head.
 
@@ -180,22 +162,29 @@ def _from_pretrained(folder: Path, dtype: torch.dtype, *, device: str = "cpu", d
     return model, tokenizer
 
 
-def _save_plain_copy(model, tokenizer, target: Path) -> None:
-    """Write a safetensors copy atomically: a half-written cache must never be read back."""
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / "wkvlab-source.json").write_text(json.dumps({"complete": True}))
+def _convert_copy(path: Path, dtype: torch.dtype, target: Path | None) -> Path:
+    """Convert ``path`` tensor by tensor (:mod:`wkvlab.models.gguf_convert`) into a new folder, moved
+    atomically to ``target`` (a half-written cache must never be read back); without a target the
+    folder is a temporary one in the cache root, which the caller removes after loading."""
+    from wkvlab.models.gguf_convert import convert_gguf
+
+    parent = target.parent if target is not None else cache_dir() / "models"
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=(target.name if target is not None else "convert") + ".", dir=parent))
+    try:  # transformers' tokenizer conversion draws its own tqdm bar; ours (or the CLI status) says enough
+        with mock.patch.dict(os.environ, {"TQDM_DISABLE": "1"}):
+            convert_gguf(path, tmp, dtype)
+        if target is None:
+            return tmp
         os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    except BaseException:
+        return target
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if isinstance(exc, ModelError) or not isinstance(exc, Exception):
+            raise
+        # a corrupt GGUF raises struct/IO/Value errors alike: all mean "cannot load"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{path} could not be loaded as a causal language model ({first[:160]})") from None
 
 
 def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, device: str = "cpu", device_map: str = "auto",
@@ -209,7 +198,6 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
         mark_used(cached)  # the last use 'wkvlab cache' lists and prune orders by
         model, tokenizer = _from_pretrained(cached, torch_dtype, device=device, device_map=device_map, attn=attn, name=path.name)
     else:
-        mapping = None
         if device != "cpu":  # a model the GPUs cannot hold is refused before the conversion, from the header's shapes
             from transformers import AutoConfig
 
@@ -217,23 +205,16 @@ def load_gguf(path: Path, *, dtype: str = "float32", use_cache: bool = True, dev
 
             try:
                 config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-            except Exception:  # a corrupt header: the loader below refuses it in its own words
+            except Exception:  # a corrupt header: the conversion below refuses it in its own words
                 config = None
             if config is not None:
-                mapping = plan_device_map(_meta_model(model_class(config), config, torch_dtype), gpu_budgets(device), device_map, name=path.name)
-        # transformers' GGUF converter draws its own tqdm bar; ours (or the CLI status) says enough.
-        previous = os.environ.get("TQDM_DISABLE")
-        os.environ["TQDM_DISABLE"] = "1"
-        try:  # dequantized on the CPU (the copy below is written from there), then placed
-            model, tokenizer = _from_pretrained(path.parent, torch_dtype, attn=attn, gguf_file=path.name)
+                plan_device_map(_meta_model(model_class(config), config, torch_dtype), gpu_budgets(device), device_map, name=path.name)
+        folder = _convert_copy(path, torch_dtype, cached if use_cache else None)
+        try:  # loaded from the converted file (the weights go straight to their device), never converted in memory
+            model, tokenizer = _from_pretrained(folder, torch_dtype, device=device, device_map=device_map, attn=attn, name=path.name)
         finally:
-            if previous is None:
-                os.environ.pop("TQDM_DISABLE", None)
-            else:
-                os.environ["TQDM_DISABLE"] = previous
-        if use_cache:
-            _save_plain_copy(model, tokenizer, cached)
-        model = _place(model, device, device_map, name=path.name, mapping=mapping)
+            if not use_cache:
+                shutil.rmtree(folder, ignore_errors=True)
     # the model's own weights as stored: what --weights none reports (weights/apply.py model_weight_bytes), not float32
     model.wkvlab_stored_bytes = path.stat().st_size
     return LoadedModel(name=path.stem, model=model, tokenizer=tokenizer, source=str(path), fingerprint=fingerprint,

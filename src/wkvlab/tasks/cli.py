@@ -53,6 +53,7 @@ def tasks_command(
 
         check_folder(report)
     from wkvlab import api
+    from wkvlab.cliopts import print_estimates
     from wkvlab.display import console, err_console, progress_bar
     from wkvlab.store import open_store
     from wkvlab.sweep.spec import SweepSpec
@@ -61,6 +62,7 @@ def tasks_command(
     with console.status("indexing lm-eval tasks"):
         manager = task_manager(spec)  # an unknown task name is one line, before any work
     calibration = api.CalibrationSpec(calib, calib_samples, calib_len)
+    print_estimates()  # the KLD grid's memory line, as every grid command prints it
     if tokens:  # the grid's KLD through the sweep machinery: stored under the same labels, resumable
         sweep = SweepSpec(models=(model,), data=(data,), ctx=(ctx,), tokens=(tokens,), weights=tuple(weight_specs), kv=tuple(kv_specs),
                           calibration=calibration, name="tasks")
