@@ -47,6 +47,7 @@ DEFAULT_TOKENS = 1024  # 8 windows of 128 tokens: about a CPU minute for the def
 DEFAULT_BUDGET_S = 180.0  # plan's default --probe-budget: a few CPU minutes on the packaged models
 MAX_CTX = 512
 MIN_CTX = 32
+UNTIMED_SLOWDOWN = 2.0  # a kind of run not timed yet, when tokens are chosen: llama.cpp's baseline measured 1.8x plain passes
 PILOT_CTX = 64  # tokens of the one window a budgeted probe times before sizing the rest
 MAX_TOKENS = 8192  # a budget buys no more tokens than this (more configurations instead)
 LOADABLE = ("packaged", "gguf", "folder")
@@ -251,8 +252,8 @@ class Probe:
                 self.left += [(w, k) for w_list, k_list in todo for w in w_list for k in k_list]
                 self.cost.unmeasured += [f"{w.label} x {k.label}" for w, k in self.left[skipped_before:]]
             else:
-                if self.budget is not None and self.budget.token_pass_s is None:
-                    self._pilot(model, todo)
+                if self.budget is not None and not self.budget.rates:
+                    self._pilot(model, *next((g for g in todo if g[0] == [WeightSpec.parse("none")]), todo[0]))
                 if self.budget is not None and self.tokens is None:
                     self._size(model, todo, context)
                 self._groups(model, todo, combinations)
@@ -286,27 +287,31 @@ class Probe:
             self.budget.load_s = self.cost.load_seconds
             self.say(f"probe: {model.name} loaded in {self.cost.load_seconds:.0f} s ({self.budget.left:.0f} s of the budget left)")
 
-    def _pilot(self, model: ModelDescription, todo: list) -> None:
-        """Time one window of the first group (16-bit weights where there is one): the rate every estimate uses."""
-        none = WeightSpec.parse("none")
-        w_list, k_list = next((g for g in todo if g[0] == [none]), todo[0])
-        self.doing = "timing one window"
+    def _pilot(self, model: ModelDescription, w_list: list[WeightSpec], k_list: list[KVSpec]) -> None:
+        """Time one window of this group (its numbers are not kept): the rate every estimate of its kind uses."""
+        kind = _kind(k_list)
+        self.doing = f"timing one window ({kind} passes)"
+        work = self.work
+        if self.backend.windows(work) != 1:  # after sizing: one window of the plan's length
+            work = self.backend.recut(work, self.data, self.cost.ctx, self.cost.ctx)
         start = self.clock()
-        self.backend.run(self.work, model.name, w_list, k_list, None, "probe: timing one window")
-        self.cost.pilot_seconds = self.clock() - start
+        self.backend.run(work, model.name, w_list, k_list, None, "probe: timing one window")
+        seconds = self.clock() - start
+        self.cost.pilot_seconds += seconds
         configs = len(w_list) * len(k_list)
-        tokens = self.cost.ctx * self.backend.windows(self.work)
-        self.budget.measured(self.cost.pilot_seconds, tokens, configs)
-        self.say(f"probe: one window of {self.cost.ctx} tokens x {1 + configs} passes took {self.cost.pilot_seconds:.1f} s "
-                 f"({self.budget.token_pass_s * 1e3:.1f} ms per token and pass on this machine now)")
+        self.budget.measured(seconds, self.cost.ctx, configs, kind=kind)
+        self.say(f"probe: one window of {self.cost.ctx} tokens x {1 + configs} passes ({kind}) took {seconds:.1f} s "
+                 f"({self.budget.rates[kind] * 1e3:.1f} ms per token and pass on this machine now)")
 
     def _size(self, model: ModelDescription, todo: list, context: int) -> None:
         """Tokens for every measurement of the plan, from the measured rate: all configurations at the fewest windows
         an interval needs before more tokens for some."""
         from wkvlab.stats.bootstrap import MIN_UNITS
 
-        passes = sum(1 + len(w) * len(k) for w, k in todo)
-        affordable = int(self.budget.left / (MARGIN * passes * self.budget.token_pass_s))
+        base = self.budget.rates.get("float") or self.budget.rates["engine"]
+        slower = lambda k: self.budget.rates[_kind(k)] / base if _kind(k) in self.budget.rates else UNTIMED_SLOWDOWN  # noqa: E731
+        passes = sum((1 + len(w) * len(k)) * slower(k) for w, k in todo)
+        affordable = int(self.budget.left / (MARGIN * passes * base))
         ctx = probe_ctx(min(affordable, MAX_TOKENS), context, model)
         tokens = max(MIN_UNITS, min(affordable, MAX_TOKENS) // ctx) * ctx
         self.tokens, self.cost.ctx = tokens, ctx
@@ -319,11 +324,14 @@ class Probe:
             w_list, k_list = queue.pop(0)
             weights = w_list != [none]
             tokens = self.cost.ctx * self.backend.windows(self.work)
+            kind = _kind(k_list)
             if self.budget is not None:
+                if kind not in self.budget.rates and self.budget.left > 0:
+                    self._pilot(model, w_list, k_list)
                 if weights and self.budget.build_s is None and len(w_list) > 1:  # time one build before planning the others
                     queue.insert(0, (w_list[1:], k_list))
                     w_list = w_list[:1]
-                n = self.budget.affordable(tokens, len(w_list) * len(k_list), weights)
+                n = self.budget.affordable(tokens, len(w_list) * len(k_list), weights, kind)
                 if weights:
                     kept, left = w_list[:n], [(w, k) for w in w_list[n:] for k in k_list]
                     w_list = kept
@@ -334,7 +342,7 @@ class Probe:
                 self.left += left
                 if not n:
                     continue
-                self.budget.planned_end = self.budget.elapsed + self.budget.ahead(tokens, [(n, weights)] + self._shapes(queue))
+                self.budget.planned_end = self.budget.elapsed + self.budget.ahead(tokens, [(n, weights, kind)] + self._shapes(queue))
             configs = len(w_list) * len(k_list)
             title = f"probe {', '.join(w.label for w in w_list)} x {', '.join(k.label for k in k_list)}"
             self.doing = title
@@ -351,7 +359,7 @@ class Probe:
             self.cost.configs += configs
             self.cost.tokens, self.cost.windows = tokens, self.backend.windows(self.work)
             if self.budget is not None:
-                self.budget.measured(seconds, tokens, configs, len(w_list) if weights else 0)
+                self.budget.measured(seconds, tokens, configs, len(w_list) if weights else 0, kind)
                 self.budget.planned_end = self.budget.elapsed + self.budget.ahead(tokens, self._shapes(queue))
                 self.say(f"probe: {self.cost.configs} configuration(s) measured, {self.budget.elapsed:.0f} s of the "
                          f"{self.budget_s:g} s budget used (model load {self.cost.load_seconds:.0f} s); eta {self.budget.eta_text()}")
@@ -359,7 +367,7 @@ class Probe:
     @staticmethod
     def _shapes(groups: list) -> list[tuple[int, bool]]:
         none = WeightSpec.parse("none")
-        return [(len(w) * len(k), w != [none]) for w, k in groups]
+        return [(len(w) * len(k), w != [none], _kind(k)) for w, k in groups]
 
     def _unmeasured_note(self, left: list[tuple[WeightSpec, KVSpec]], combinations: bool) -> str:
         """What the budget left unmeasured, and the commands that measure it on the probe's windows."""
@@ -374,6 +382,11 @@ class Probe:
         return (f"--probe-budget {self.budget_s:g} s was spent before these {'combinations ' if combinations else ''}were measured: "
                 f"{', '.join(f'{w.label} x {k.label}' for w, k in left)} — they stay unmeasured and are not recommended; "
                 f"measure them with {commands} and rerun plan with --results more.json, or raise --probe-budget")
+
+
+def _kind(kv: list[KVSpec]) -> str:
+    """Runs with costs of their own: llama.cpp's presets (on a GGUF, eval's engine baseline rounds activations to q8)."""
+    return "engine" if any(k.name.startswith("llamacpp:") for k in kv) else "float"
 
 
 def _what(source: ModelSource) -> str:

@@ -7,7 +7,8 @@ budget is spent on measured costs only:
 * the model load (a GGUF's conversion included) is timed and counted;
 * one window of the first group of configurations is timed (a pilot, whose numbers are thrown
   away: one window has no interval), giving seconds per token and pass *on this machine, under its
-  present load*;
+  present load*; a kind of run with costs of its own (llama.cpp's engine baseline, whose q8
+  activation rounding made a group 1.8x slower per pass than plain ones) gets a pilot of its own;
 * before each group the configurations that fit the time left are chosen with the latest measured
   rate (and, for weight formats, the measured cost of a build); those that do not fit are left
   unmeasured, named, and never recommended;
@@ -33,7 +34,7 @@ class BudgetClock:
     clock: object
     began: float | None = None
     load_s: float = 0.0
-    token_pass_s: float | None = None  # seconds of one forward pass over one token, measured; None until timed
+    rates: dict[str, float] = field(default_factory=dict)  # seconds of one pass over one token, by kind of run, measured
     build_s: float | None = None  # seconds to build one quantized weight format, beyond its passes; None until timed
     planned_end: float | None = None  # elapsed seconds at which the work planned so far should end
     skipped: list[str] = field(default_factory=list)
@@ -50,38 +51,40 @@ class BudgetClock:
     def left(self) -> float:
         return self.budget_s - self.elapsed
 
-    def estimate(self, tokens: int, configs: int, builds: int = 0) -> float | None:
+    def estimate(self, tokens: int, configs: int, builds: int = 0, kind: str = "float") -> float | None:
         """Seconds of a group: a reference pass and one pass per configuration over ``tokens``, plus its weight builds."""
-        if self.token_pass_s is None:
+        rate = self.rates.get(kind)
+        if rate is None:
             return None
-        return MARGIN * (tokens * (1 + configs) * self.token_pass_s + builds * (self.build_s or 0.0))
+        return MARGIN * (tokens * (1 + configs) * rate + builds * (self.build_s or 0.0))
 
-    def affordable(self, tokens: int, configs: int, weights: bool) -> int:
+    def affordable(self, tokens: int, configs: int, weights: bool, kind: str = "float") -> int:
         """How many of ``configs`` configurations (weight formats when ``weights``) fit the time left, at ``tokens``."""
         for n in range(configs, 0, -1):
-            cost = self.estimate(tokens, n, n if weights else 0)
+            cost = self.estimate(tokens, n, n if weights else 0, kind)
             if cost is not None and cost <= self.left:
                 return n
         return 0
 
-    def ahead(self, tokens: int, groups: list[tuple[int, bool]]) -> float:
-        """Seconds of the groups still queued ((configurations, weight formats?) each), as far as the time left affords them."""
+    def ahead(self, tokens: int, groups: list[tuple[int, bool, str]]) -> float:
+        """Seconds of the groups still queued ((configurations, weight formats?, kind) each), as far as the time left
+        affords them; a kind not timed yet is guessed at the rate of plain passes (its own pilot will tell)."""
         left, total = self.left, 0.0
-        for configs, weights in groups:
+        for configs, weights, kind in groups:
             for n in range(configs, 0, -1):
-                cost = self.estimate(tokens, n, n if weights else 0) or 0.0
+                cost = self.estimate(tokens, n, n if weights else 0, kind if kind in self.rates else "float") or 0.0
                 if cost <= left:
                     left, total = left - cost, total + cost
                     break
         return total
 
-    def measured(self, seconds: float, tokens: int, configs: int, builds: int = 0) -> None:
+    def measured(self, seconds: float, tokens: int, configs: int, builds: int = 0, kind: str = "float") -> None:
         """A group of ``configs`` configurations over ``tokens`` took ``seconds``: the rates its successors are planned with."""
         passes = tokens * (1 + configs)
-        if builds and self.token_pass_s is not None:  # weight formats: what the passes do not explain is the builds'
-            self.build_s = max(0.0, (seconds - passes * self.token_pass_s) / builds)
+        if builds and kind in self.rates:  # weight formats: what the passes do not explain is the builds'
+            self.build_s = max(0.0, (seconds - passes * self.rates[kind]) / builds)
         else:
-            self.token_pass_s = seconds / max(1, passes)
+            self.rates[kind] = seconds / max(1, passes)
 
     def eta_text(self) -> str:
         """The time still to go: 'estimating…' until something has been timed."""
