@@ -26,7 +26,7 @@ unmeasured, so it is never recommended.
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -295,13 +295,16 @@ class Probe:
         if self.backend.windows(work) != 1:  # after sizing: one window of the plan's length
             work = self.backend.recut(work, self.data, self.cost.ctx, self.cost.ctx)
         start = self.clock()
-        self.backend.run(work, model.name, w_list, k_list, None, "probe: timing one window")
+        first = FirstStep(self.clock)
+        self.backend.run(work, model.name, w_list, k_list, first.progress, "probe: timing one window")
         seconds = self.clock() - start
         self.cost.pilot_seconds += seconds
         configs = len(w_list) * len(k_list)
-        self.budget.measured(seconds, self.cost.ctx, configs, kind=kind)
+        self.budget.measured(seconds, self.cost.ctx, configs, kind=kind, setup=first.since(start))
+        setup = self.budget.setups.get(kind, 0.0)
         self.say(f"probe: one window of {self.cost.ctx} tokens x {1 + configs} passes ({kind}) took {seconds:.1f} s "
-                 f"({self.budget.rates[kind] * 1e3:.1f} ms per token and pass on this machine now)")
+                 f"({self.budget.rates[kind] * 1e3:.1f} ms per token and pass on this machine now"
+                 + (f", after {setup:.1f} s of setup per run)" if setup >= 1 else ")"))
 
     def _size(self, model: ModelDescription, todo: list, context: int) -> None:
         """Tokens for every measurement of the plan, from the measured rate: all configurations at the fewest windows
@@ -350,7 +353,8 @@ class Probe:
                      f"({self.backend.windows(self.work)} windows of {self.cost.ctx}) through wkvlab eval's path"
                      + (f"; eta {self.budget.eta_text()}" if self.budget else ""))
             start = self.clock()
-            found, notes = self.backend.run(self.work, model.name, w_list, k_list, self.progress, title)
+            first = FirstStep(self.clock, self.progress)
+            found, notes = self.backend.run(self.work, model.name, w_list, k_list, first.progress, title)
             seconds = self.clock() - start
             for w, k, m in found:
                 self.done[self._key(model, w, k)] = m
@@ -359,7 +363,7 @@ class Probe:
             self.cost.configs += configs
             self.cost.tokens, self.cost.windows = tokens, self.backend.windows(self.work)
             if self.budget is not None:
-                self.budget.measured(seconds, tokens, configs, len(w_list) if weights else 0, kind)
+                self.budget.measured(seconds, tokens, configs, len(w_list) if weights else 0, kind, first.since(start))
                 self.budget.planned_end = self.budget.elapsed + self.budget.ahead(tokens, self._shapes(queue))
                 self.say(f"probe: {self.cost.configs} configuration(s) measured, {self.budget.elapsed:.0f} s of the "
                          f"{self.budget_s:g} s budget used (model load {self.cost.load_seconds:.0f} s); eta {self.budget.eta_text()}")
@@ -382,6 +386,28 @@ class Probe:
         return (f"--probe-budget {self.budget_s:g} s was spent before these {'combinations ' if combinations else ''}were measured: "
                 f"{', '.join(f'{w.label} x {k.label}' for w, k in left)} — they stay unmeasured and are not recommended; "
                 f"measure them with {commands} and rerun plan with --results more.json, or raise --probe-budget")
+
+
+class FirstStep:
+    """A progress bar's stand-in that notes when the first step ended (what came before it is a run's setup),
+    passing every step on to the real bar when there is one."""
+
+    def __init__(self, clock: Callable[[], float], bar: Callable[[float, str], AbstractContextManager] | None = None) -> None:
+        self.clock, self.bar, self.at = clock, bar, None
+
+    @contextmanager
+    def progress(self, total: float, title: str):
+        with self.bar(total, title) if self.bar else nullcontext() as tick:
+            def advance(description: str, steps: float) -> None:
+                if self.at is None:
+                    self.at = self.clock()
+                if tick is not None:
+                    tick(description, steps)
+
+            yield advance
+
+    def since(self, start: float) -> float | None:
+        return None if self.at is None else self.at - start
 
 
 def _kind(kv: list[KVSpec]) -> str:

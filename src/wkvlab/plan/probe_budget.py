@@ -35,6 +35,7 @@ class BudgetClock:
     began: float | None = None
     load_s: float = 0.0
     rates: dict[str, float] = field(default_factory=dict)  # seconds of one pass over one token, by kind of run, measured
+    setups: dict[str, float] = field(default_factory=dict)  # seconds a run of that kind takes before its first step
     build_s: float | None = None  # seconds to build one quantized weight format, beyond its passes; None until timed
     planned_end: float | None = None  # elapsed seconds at which the work planned so far should end
     skipped: list[str] = field(default_factory=list)
@@ -56,7 +57,7 @@ class BudgetClock:
         rate = self.rates.get(kind)
         if rate is None:
             return None
-        return MARGIN * (tokens * (1 + configs) * rate + builds * (self.build_s or 0.0))
+        return MARGIN * (self.setups.get(kind, 0.0) + tokens * (1 + configs) * rate + builds * (self.build_s or 0.0))
 
     def affordable(self, tokens: int, configs: int, weights: bool, kind: str = "float") -> int:
         """How many of ``configs`` configurations (weight formats when ``weights``) fit the time left, at ``tokens``."""
@@ -78,13 +79,18 @@ class BudgetClock:
                     break
         return total
 
-    def measured(self, seconds: float, tokens: int, configs: int, builds: int = 0, kind: str = "float") -> None:
-        """A group of ``configs`` configurations over ``tokens`` took ``seconds``: the rates its successors are planned with."""
+    def measured(self, seconds: float, tokens: int, configs: int, builds: int = 0, kind: str = "float",
+                 setup: float | None = None) -> None:
+        """A group of ``configs`` configurations over ``tokens`` took ``seconds``, ``setup`` of them before its first step
+        (None: not seen): the rates its successors are planned with."""
         passes = tokens * (1 + configs)
         if builds and kind in self.rates:  # weight formats: what the passes do not explain is the builds'
             self.build_s = max(0.0, (seconds - passes * self.rates[kind]) / builds)
-        else:
-            self.rates[kind] = seconds / max(1, passes)
+            return
+        if setup is not None and not builds:  # a fixed cost per run (llama.cpp's baseline: ~10 s) does not scale with tokens
+            self.setups[kind] = setup
+            seconds -= setup
+        self.rates[kind] = max(seconds, 0.0) / max(1, passes)
 
     def eta_text(self) -> str:
         """The time still to go: 'estimating…' until something has been timed."""
