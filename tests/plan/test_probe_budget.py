@@ -136,3 +136,14 @@ def test_configs_the_budget_left_unmeasured_are_not_recommended(model_dir, timel
     assert all(rows[kv].quality.is_measured and rows[kv].recommendable for kv in measured)  # what was measured may be recommended
     assert any("was spent before these were measured" in n and all(kv in n for kv in left) for n in result.notes)
     assert result.probe_cost["unmeasured"] == probe.cost.unmeasured and result.probe_cost["load_seconds"] == 30.0
+
+
+def test_a_kind_of_run_that_cannot_fit_is_not_even_timed(model_dir, timeline):
+    """A 30 s budget after a 21 s load: llama.cpp's pilot (a setup of its own) would have run the probe 50% over."""
+    desc, source = resolve_source(str(model_dir))
+    machine = SlowMachine(timeline, desc, slowdown=5.0, load_s=21.0)
+    probe = Probe(None, budget_s=30.0, explicit=False, say=[].append, clock=timeline, backend=machine, interval=10.0)
+    probe.applies = lambda source: True
+    probe(desc, source, [KVSpec.parse("int8"), KVSpec.parse("llamacpp:q8_0")], [], 4096)
+    assert timeline.now <= 1.15 * 30.0
+    assert not any("llamacpp:q8_0" in kv for _, _, kv in machine.runs) and "none x llamacpp:q8_0" in probe.cost.unmeasured

@@ -329,8 +329,9 @@ class Probe:
             tokens = self.cost.ctx * self.backend.windows(self.work)
             kind = _kind(k_list)
             if self.budget is not None:
-                if kind not in self.budget.rates and self.budget.left > 0:
-                    self._pilot(model, w_list, k_list)
+                least = self.budget.estimate(tokens, 1, 0, "float")  # one configuration at the plain rate: the least it can cost
+                if kind not in self.budget.rates and self.budget.left > 0 and (least is None or least <= self.budget.left):
+                    self._pilot(model, w_list, k_list)  # else not even timed: a pilot is spent blind (llama.cpp's: ~13 s)
                 if weights and self.budget.build_s is None and len(w_list) > 1:  # time one build before planning the others
                     queue.insert(0, (w_list[1:], k_list))
                     w_list = w_list[:1]
