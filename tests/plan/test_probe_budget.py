@@ -89,7 +89,7 @@ def test_the_budget_holds_when_every_step_is_five_times_slower_than_the_prior(mo
     assert probe.cost.configs == len(done) < 8 and probe.cost.unmeasured  # it could not afford everything
     left = [tuple(s.split(" x ")) for s in probe.cost.unmeasured]
     assert not set(left) & done and len(left) + len(done) == 8  # every config either measured or named as left
-    note = next(n for n in probe.notes if "--probe-budget 120 s was spent" in n)
+    note = next(n for n in probe.notes if "--probe-budget 120 s left no time to measure these configurations" in n)
     assert all(f"{w} x {k}" in note for w, k in left) and "not recommended" in note and "wkvlab eval --model" in note
     assert said[0].endswith("eta estimating… until a window is timed")  # no ETA before anything is timed
     assert any("ms per token and pass on this machine now" in s for s in said)
@@ -134,7 +134,7 @@ def test_configs_the_budget_left_unmeasured_are_not_recommended(model_dir, timel
         assert not rows[kv].quality.is_measured and not rows[kv].recommendable, kv
         assert not any(rec.kv == kv for rec in result.recommendations)
     assert all(rows[kv].quality.is_measured and rows[kv].recommendable for kv in measured)  # what was measured may be recommended
-    assert any("was spent before these were measured" in n and all(kv in n for kv in left) for n in result.notes)
+    assert any("left no time to measure these configurations" in n and all(kv in n for kv in left) for n in result.notes)
     assert result.probe_cost["unmeasured"] == probe.cost.unmeasured and result.probe_cost["load_seconds"] == 30.0
 
 

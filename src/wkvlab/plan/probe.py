@@ -384,7 +384,8 @@ class Probe:
             by_kv.setdefault("".join(kv), []).append(f" --weights {w}")
         commands = "; ".join(f"'wkvlab eval --model {self.target} --ctx {self.cost.ctx} --tokens {self.tokens or DEFAULT_TOKENS}"
                              f"{''.join(w)}{kv} --json more.json'" for kv, w in by_kv.items())
-        return (f"--probe-budget {self.budget_s:g} s was spent before these {'combinations ' if combinations else ''}were measured: "
+        return (f"--probe-budget {self.budget_s:g} s left no time to measure these {'combinations' if combinations else 'configurations'} "
+                f"(estimated on this machine's measured speed): "
                 f"{', '.join(f'{w.label} x {k.label}' for w, k in left)} — they stay unmeasured and are not recommended; "
                 f"measure them with {commands} and rerun plan with --results more.json, or raise --probe-budget")
 
