@@ -91,7 +91,8 @@ def plan_command(
         "--probe-budget", help="Seconds the probe may take: plan measures the KV formats and weight configs it would recommend on "
                                "this model (a packaged model, .gguf, folder or cached Hub id) before ranking, through wkvlab eval's "
                                "path; the budget sets the tokens (and drops configs it cannot afford, which are then never "
-                               "recommended). Estimated before it runs; model load not included.", metavar="SECONDS")] = DEFAULT_BUDGET_S,
+                               "recommended). Counted from the probe's start, the model load (and a GGUF's conversion) included; sized on "
+                               "measured time (one window is timed first), so a busy machine measures less rather than overrunning.", metavar="SECONDS")] = DEFAULT_BUDGET_S,
     no_probe: Annotated[bool, typer.Option("--no-probe", help="Do not measure: every quantized row stays a prior, unmeasured and "
                                                               "not recommended (launch lines labelled unverified).")] = False,
     probe_data: Annotated[str, typer.Option("--probe-data", help="Text the probe measures on (as eval --data).")] = "default",

@@ -56,7 +56,11 @@ def render(result: PlanResult, console: Console, *, brief: bool = False) -> None
     if result.probe_cost:
         c = result.probe_cost
         console.print(f"probe: {c['configs']} configuration(s) measured on {c['tokens']:,} tokens ({c['windows']} windows x {c['ctx']}) "
-                      f"in {c['seconds']:.0f} s on {c['threads']} CPU thread(s)", highlight=False, markup=False)
+                      f"in {c['seconds']:.0f} s on {c['threads']} CPU thread(s), the model load ({c.get('load_seconds', 0):.0f} s) included"
+                      + (f", against a --probe-budget of {c['budget_s']:g} s" if c.get("budget_s") else ""), highlight=False, markup=False)
+        if c.get("unmeasured"):
+            console.print(f"probe: left unmeasured by the budget, never recommended: {', '.join(c['unmeasured'])} (the notes say how to "
+                          "measure them)", highlight=False, markup=False, soft_wrap=True)
         if c["ctx"] < result.ctx:
             console.print(probed_context(c["ctx"], result), highlight=False, markup=False, soft_wrap=True)
     for verified in (True, False):
