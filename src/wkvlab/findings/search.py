@@ -272,7 +272,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
     from wkvlab.search.measure import Scorer
     from wkvlab.search.pareto import Point, pareto_front
     from wkvlab.search.predict import predictor_from_profile, spearman
-    from wkvlab.stats.decision import Effect, MarginRule, decide
+    from wkvlab.stats.decision import MarginRule, decide
     from wkvlab.stats.twostage import MIN_PROFILES, two_stage
     from wkvlab.weights.apply import quantize_model_weights
     from wkvlab.weights.calibration import CalibrationSpec, calibration_corpus, calibration_set
@@ -393,8 +393,11 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
                     label = (f"uniform {uni_name}" if rival == "uniform" else "random mixes" if rival == "random"
                              else "KVTuner's rule (approx.)" if rival == "kvtuner" else f"the {rival} plans")
                     mine[rival] = len(effects)
-                    effects.append(Effect(f"{text}/{share:.0%}/{held}: aware − {label}", draws,
-                                          MarginRule.parse(margin).difference(kld[rival], f"KLD of {label}", "nats"), tokens, SEARCH_WORDS))
+                    # m is a share of the rival's KLD estimated on the same documents and profiles: its draws
+                    # go into the test with the difference's (stats.decision.sides)
+                    own = replace(two_stage(per[rival]), unit="documents")
+                    effects.append(MarginRule.parse(margin).difference_effect(f"{text}/{share:.0%}/{held}: aware − {label}", draws, own,
+                                                                              f"KLD of {label}", tokens, unit="nats", words=SEARCH_WORDS))
                 rows.append((PlanRow(text, budget, share, held, kld["aware"], kld["unaware"], uni_name, kld.get("uniform", float("nan")),
                                      tokens, R, kld["greedy"], kld["random"], step, kld["kvtuner"], spent, diffs,
                                      identical=tuple(k for k in RIVALS if same.get(k) and k in per),
