@@ -15,6 +15,17 @@ def _isolated_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _one_run_per_test():
+    """A CLI command registers a listener for the memory estimates its grids announce (cliopts.start_run): it lives
+    as long as the process, which is one command for a user but the whole session for in-process CLI tests, where
+    it would print one test's estimates into a later test's stderr (the gpu_check test saw exactly that)."""
+    yield
+    from wkvlab.eval import memory
+
+    memory._LISTENERS.clear()
+
+
 def tiny_llama(seed: int = 0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
