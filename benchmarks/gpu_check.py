@@ -54,6 +54,7 @@ Usage: python benchmarks/gpu_check.py [--device cuda] [--cpu] [--models llama,mi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -389,22 +390,30 @@ def _weight_results(model, name: str, weights: list[str], refused: dict, crashed
     return results
 
 
-def _calibrated_twice(checks: Checks, tag: str, model, name: str) -> None:
-    """Against a cache directory of this model's own: the first run calibrates and writes the
-    statistics, the second reads them back (CPU tensors from safetensors) — on a GPU the crash #23
-    found — and writes nothing (files counted in this folder only, not over every model's)."""
+@contextlib.contextmanager
+def fresh_cache(prefix: str):
+    """WKVLAB_CACHE pointed at a new empty folder while the block runs, then put back as it was: the check runs
+    in-process in the tests too, where a changed environment would follow every later test."""
     previous = os.environ.get("WKVLAB_CACHE")
-    os.environ["WKVLAB_CACHE"] = folder = tempfile.mkdtemp(prefix=f"wkvlab-gpu-check-{name}-")
+    os.environ["WKVLAB_CACHE"] = folder = tempfile.mkdtemp(prefix=prefix)
     try:
-        first = [r.kld["mean"] for r in _grid(model, name, ["none"], CALIBRATED_KV)]
-        written = sorted(str(p) for p in Path(folder).rglob("*.safetensors"))
-        again = [r.kld["mean"] for r in _grid(model, name, ["none"], CALIBRATED_KV)]
-        after = sorted(str(p) for p in Path(folder).rglob("*.safetensors"))
+        yield folder
     finally:
         if previous is None:
             os.environ.pop("WKVLAB_CACHE", None)
         else:
             os.environ["WKVLAB_CACHE"] = previous
+
+
+def _calibrated_twice(checks: Checks, tag: str, model, name: str) -> None:
+    """Against a cache directory of this model's own: the first run calibrates and writes the
+    statistics, the second reads them back (CPU tensors from safetensors) — on a GPU the crash #23
+    found — and writes nothing (files counted in this folder only, not over every model's)."""
+    with fresh_cache(f"wkvlab-gpu-check-{name}-") as folder:
+        first = [r.kld["mean"] for r in _grid(model, name, ["none"], CALIBRATED_KV)]
+        written = sorted(str(p) for p in Path(folder).rglob("*.safetensors"))
+        again = [r.kld["mean"] for r in _grid(model, name, ["none"], CALIBRATED_KV)]
+        after = sorted(str(p) for p in Path(folder).rglob("*.safetensors"))
     checks.check(f"{tag}: calibrated KV specs twice", first == again and bool(written) and after == written, specs=CALIBRATED_KV,
                  first=first, second=again, cache_files_first=len(written), cache_files_second=len(after))
 
@@ -633,10 +642,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="start no group of checks after this many seconds (what did not run is listed; exit 2)")
     args = parser.parse_args(argv)
+    with fresh_cache("wkvlab-gpu-check-"):  # a fresh cache: calibrated specs read back what they wrote
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     gpu = not args.cpu and args.device.startswith("cuda") and torch.cuda.is_available()
     device = args.device if gpu else "cpu"
-    os.environ["WKVLAB_CACHE"] = tempfile.mkdtemp(prefix="wkvlab-gpu-check-")  # a fresh cache: calibrated specs read back what they wrote
     checks = Checks(args.budget)
     report: dict = {"device": device, "cuda": gpu, "torch": torch.__version__,
                     "gpu_name": torch.cuda.get_device_name(0) if gpu else None,
