@@ -158,8 +158,9 @@ def total_steps(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], opt
 
 def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], progress: Progress | None = None,
                       calibration: CalibrationSpec | None = None, options: RunOptions | None = None,
-                      baseline: str | Baseline = "auto") -> list[EvalResult]:
-    """``baseline``: ``auto``, ``float`` or ``engine`` — what every pass runs with (see
+                      baseline: str | Baseline = "auto", calibration_replicate: int = 0) -> list[EvalResult]:
+    """``calibration_replicate`` r: calibrated configs read the r-th disjoint calibration sample (a sweep's
+    replicate, :func:`prepare_calibration`). ``baseline``: ``auto``, ``float`` or ``engine`` — what every pass runs with (see
     :mod:`wkvlab.eval.baseline`; ``auto`` measures ``llamacpp:`` presets on a GGUF as llama.cpp does) — or
     a :class:`~wkvlab.eval.baseline.Baseline` already built (``engine compare``'s simulated side runs
     through here with llama.cpp's, so its numbers are ``wkvlab eval``'s)."""
@@ -176,7 +177,7 @@ def evaluate_workload(work: Workload, weights: list[WeightSpec], kv: list[KVSpec
         data_name=work.corpus.name,
         fingerprints={"model_sha256": work.loaded.fingerprint, "data_sha256": work.corpus.sha256},
         progress=progress,
-        calibration=prepare_calibration(work, weights, calibration, kv),
+        calibration=prepare_calibration(work, weights, calibration, kv, replicate=calibration_replicate),
         options=options or RunOptions(),
         tokenizer=work.loaded.tokenizer,
         baseline=chosen,

@@ -74,3 +74,54 @@ def test_spec_file_name_and_yaml_errors(tmp_path):
         load_spec(path)
     with pytest.raises(ConfigError, match="not found"):
         load_spec(tmp_path / "missing.yaml")
+
+
+# The ids of the findings' grids on the packaged model at --tokens 8192 (CPU, float32), computed by the code
+# before replicates existed (commit 96d05a1): stores measured then must be reused as replicate 0.
+FINDINGS_IDS_BEFORE_REPLICATES = {
+    "additivity": (56, "c5716e0ab22f066a8922d826e63e79c98272ad160c772e859fc509a9e0ab9b5d"),
+    "calibration": (24, "a55c8483ff48479305428120c69035746626d54bce9f550af0f8e835eb1f89e1"),
+}
+
+
+def _finding_specs(name: str, replicate: int = 0):
+    from dataclasses import replace
+
+    from wkvlab.findings import grids
+
+    size = grids.size_for("default", tokens=8192)
+    build = grids.additivity_sweeps if name == "additivity" else grids.calibration_sweeps
+    return [replace(s, replicate=replicate) for s in build("default", size, device="cpu", dtype="float32")]
+
+
+@pytest.mark.parametrize("name", sorted(FINDINGS_IDS_BEFORE_REPLICATES))
+def test_replicate_0_keeps_the_config_ids_of_before_replicates(name):
+    import hashlib
+
+    ids = [c.config_id for s in _finding_specs(name) for c in expand(s)]
+    assert (len(ids), hashlib.sha256(",".join(ids).encode()).hexdigest()) == FINDINGS_IDS_BEFORE_REPLICATES[name]
+    assert "3e6d69aae57fe5296ef8e895bdc220422db770944e6c76e6b8f0e16973d3add5" in ids  # none × fp16, as stored then
+
+
+def test_a_replicate_is_another_config_with_its_calibration_sample_and_chunk_in_the_id():
+    first, again, third = (expand(s) for s in (_finding_specs("additivity", r)[0] for r in (0, 1, 2)))
+    assert not {c.config_id for c in first} & {c.config_id for c in again}
+    assert not {c.config_id for c in again} & {c.config_id for c in third}
+    by_label = {(c.weight_spec.label, c.kv_spec.label): c for c in again}
+    gptq = by_label[("gptq-int4-g128", "fp16")]
+    # the measurement runs ctx-512 windows in one chunk (SmolLM2's logits fit): replicate r halves it r times
+    assert gptq.identity()["replicate"] == {"index": 1, "chunk": 256, "calibration_sample": 1}
+    assert by_label[("int4-g128", "int4")].identity()["replicate"] == {"index": 1, "chunk": 256, "calibration_sample": None}
+    assert {c.chunk for c in third} == {128} and {c.chunk for c in first} == {0}
+    assert "replicate" not in first[0].identity()
+    # every config of a replicate, resumed or not, runs with one chunk: a multiple of every cache's token group (kivi4: 32)
+    deep = expand(SweepSpec.from_dict({**BASE, "ctx": 64, "kv": ["fp16", "kivi4"], "replicate": 2}))
+    assert {c.chunk for c in deep} == {32}
+    task = make_tasks(again, grid="weight")[0]
+    assert GridTask.from_dict(json.loads(json.dumps(task.to_dict()))) == task and task.first.replicate == 1
+
+
+@pytest.mark.parametrize("value", [-1, "1", True])
+def test_a_bad_replicate_in_a_spec_says_what_to_do(value):
+    with pytest.raises(ConfigError, match="replicate must be 0"):
+        SweepSpec.from_dict({**BASE, "replicate": value})

@@ -7,6 +7,7 @@ from typing import Mapping
 
 from wkvlab.errors import ConfigError
 from wkvlab.specio import reject_unknown_fields
+from wkvlab.stats.replicates import replicate_chunk  # noqa: F401 - the replicates' chunk rule, re-exported for explain.run
 
 STEPS = ("noise", "attention", "hidden", "context", "mitigations", "generation", "retrieval", "selfgen")
 CANDIDATE_STEPS = ("attention", "hidden", "generation", "retrieval")  # steps that run the weight-quantized model directly
@@ -119,12 +120,6 @@ def planned_grids(options: ExplainOptions, weights, kv) -> list[tuple[list, list
     if options.runs("selfgen"):
         grids.append(factorial)
     return grids
-
-
-def replicate_chunk(base: int, replicate: int, multiple: int = 1) -> int:
-    """Replicate r's chunk size: the base chunk halved r times, a multiple of the cache's token group, at least one
-    group — another float order for the same tokens (a coarse cache amplifies it, docs/engines.md)."""
-    return max(multiple, (base >> replicate) // multiple * multiple)
 
 
 def selfgen_tokens(options: ExplainOptions) -> int:

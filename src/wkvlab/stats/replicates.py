@@ -87,4 +87,11 @@ def describe(replicates: int, df: float | None = None) -> str:
     return f"{replicates} replicates (between-replicate variance inside the interval" + (f", df {df:.1f})" if df is not None else ")")
 
 
-__all__ = ["Components", "components", "describe"]
+def replicate_chunk(base: int, replicate: int, multiple: int = 1) -> int:
+    """Replicate r's chunk size: the base chunk halved r times, a multiple of the cache's token group, at least one
+    group — another float order for the same tokens (a coarse cache amplifies it, docs/engines.md). One rule for
+    ``wkvlab explain``'s replicates and the findings' (:mod:`wkvlab.sweep.plan`)."""
+    return max(multiple, (base >> replicate) // multiple * multiple)
+
+
+__all__ = ["Components", "components", "describe", "replicate_chunk"]

@@ -52,7 +52,8 @@ def run_task(task: GridTask, progress: Progress | None = None, *, workload=None)
     calibration = CalibrationSpec.from_dict(task.calibration) if task.calibration else None
     weights = [WeightSpec.from_dict(w) for w in task.weights]
     options = api.run_options(work, weights, chunk=first.chunk or None, reference=first.reference_file())
-    results = api.evaluate_workload(work, weights, [KVSpec.from_dict(k) for k in task.kv], progress, calibration, options)
+    results = api.evaluate_workload(work, weights, [KVSpec.from_dict(k) for k in task.kv], progress, calibration, options,
+                                    calibration_replicate=first.replicate)
     # A result stored under the wrong id would be silently wrong forever: check the pairing.
     for config, result in zip(task.configs, results, strict=True):
         if (result.weights_spec, result.kv_spec) != (config.weights, config.kv):

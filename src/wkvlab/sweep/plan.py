@@ -7,7 +7,10 @@ score, stride, the weight and KV spec dicts without their display labels, and th
 spec when (and only when) the config reads calibration text. Names do not enter: ``default`` and
 ``smollm2`` are the same model, ``int4-g128`` and a spec file holding the same fields are the same
 config. Library versions do not enter either (an upgrade would orphan every stored result); each
-stored result records them instead.
+stored result records them instead. The chunk size does not enter a measurement's id (replicate 0);
+a **replicate** r ≥ 1 (the spec's ``replicate``) is another measurement of the same config, so its id
+adds ``{index: r, chunk, calibration_sample}`` — the chunk it runs with and which disjoint calibration
+sample it reads (r, or none when the config reads none) — and replicate 0's ids stay what they were.
 
 **Tasks.** Configs that share (model, data, ctx, tokens, score, stride) share windows and the
 reference pass. ``grid: group`` runs each such group as one grid per distinct set of missing KV
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +32,8 @@ from wkvlab.errors import ConfigError, ModelError
 from wkvlab.eval.chunks import auto_chunk
 from wkvlab.eval.runner import grid_steps
 from wkvlab.kv.spec import KVSpec
+from wkvlab.kv.tokens import token_group_multiple
+from wkvlab.stats.replicates import replicate_chunk
 from wkvlab.sweep.spec import SweepSpec
 from wkvlab.weights.spec import WeightSpec
 
@@ -109,6 +115,7 @@ class SweepConfig:
     vocab: int = 0  # the model's vocabulary, for the automatic chunk (progress counts chunks)
     reference: str | None = None  # folder of stored references; None: the reference in memory
     windows: str = ""  # how the text is cut beyond its sha (wkvlab.data.window_layout); "": one stream
+    replicate: int = 0  # r ≥ 1: measured again (the r-th calibration sample, ``chunk`` halved r times); 0: the measurement
     config_id: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +133,9 @@ class SweepConfig:
             identity["kld"] = "stored-reference"
         if self.windows:  # windows spread across documents score other tokens than the stream did
             identity["windows"] = self.windows
+        if self.replicate:  # another measurement of the same config: its calibration sample and float order are its inputs
+            identity["replicate"] = {"index": self.replicate, "chunk": self.chunk,
+                                     "calibration_sample": self.replicate if self.calibration is not None else None}
         return identity
 
     def reference_file(self) -> Path | None:
@@ -144,7 +154,8 @@ class SweepConfig:
 
     @property
     def label(self) -> str:
-        return f"{self.model} {self.data} ctx {self.ctx} × {self.tokens}: {self.weight_spec.label} × {self.kv_spec.label}"
+        again = f" (replicate {self.replicate}, chunk {self.chunk})" if self.replicate else ""
+        return f"{self.model} {self.data} ctx {self.ctx} × {self.tokens}: {self.weight_spec.label} × {self.kv_spec.label}{again}"
 
     @property
     def weight_spec(self) -> WeightSpec:
@@ -163,6 +174,16 @@ class SweepConfig:
         return cls(**data)
 
 
+def replicate_chunk_for(spec: SweepSpec, vocab: int, ctx: int) -> int:
+    """The chunk replicate ``spec.replicate`` runs windows of ``ctx`` with: the measurement's own (``chunk``, or the
+    automatic chunk of the spec's caches, as the runner chooses it) halved that many times within their token groups
+    (:func:`wkvlab.stats.replicates.replicate_chunk`). Fixed by the spec, not by which configs are still missing,
+    so a resumed replicate runs with the chunk its config ids name."""
+    multiple = math.lcm(*(token_group_multiple(k) for k in spec.kv))
+    base = min(spec.chunk or auto_chunk(vocab or 32000, ctx, list(spec.kv)), ctx)
+    return replicate_chunk(base, spec.replicate, multiple)
+
+
 def expand(spec: SweepSpec) -> list[SweepConfig]:
     """Every config of the spec, in axis order (model, data, ctx, tokens, score, weights, kv), without duplicates."""
     for ctx in spec.ctx:
@@ -177,6 +198,7 @@ def expand(spec: SweepSpec) -> list[SweepConfig]:
     texts = {d: c.sha256 for d, c in corpora.items()}
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
+    chunks = {(m, ctx): replicate_chunk_for(spec, vocab[m], ctx) if spec.replicate else spec.chunk or 0 for m in spec.models for ctx in spec.ctx}
     configs: dict[str, SweepConfig] = {}
     for model in spec.models:
         for data in spec.data:
@@ -188,8 +210,8 @@ def expand(spec: SweepSpec) -> list[SweepConfig]:
                                 calib = spec.calibration.to_dict() if (w.needs_calibration or kv.needs_calibration) else None
                                 config = SweepConfig(model, models[model], data, texts[data], ctx, tokens, score, spec.stride,
                                                      w.to_dict(), kv.to_dict(), calib, dtype=dtype, device=device,
-                                                     chunk=spec.chunk or 0, vocab=vocab[model], reference=spec.reference,
-                                                     windows=window_layout(corpora[data], spec.stride))
+                                                     chunk=chunks[(model, ctx)], vocab=vocab[model], reference=spec.reference,
+                                                     windows=window_layout(corpora[data], spec.stride), replicate=spec.replicate)
                                 configs.setdefault(config.config_id, config)
     return list(configs.values())
 

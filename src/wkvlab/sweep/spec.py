@@ -9,6 +9,8 @@
     kv: [fp16, fp8_e4m3, int8, int4]     # as --kv, or a mapping of KVSpec fields
     calibration: {data: prose, samples: 16, length: 512}   # only for configs that need it
     grid: group                          # group | weight  (see wkvlab.sweep.plan.make_tasks)
+    replicate: 0                         # r ≥ 1: the same configs measured again (another calibration
+                                         # sample, chunks halved r times), each its own config id
 
 Parsing validates everything a sweep could fail on late (format names, option values) before
 any model is loaded, so a typo in the last KV entry costs nothing.
@@ -25,7 +27,7 @@ from wkvlab.weights.spec import WeightSpec
 
 GRID_MODES = ("group", "weight")
 _KEYS = ("name", "models", "data", "ctx", "tokens", "score", "stride", "weights", "kv", "calibration", "grid",
-         "device", "dtype", "chunk", "reference")
+         "device", "dtype", "chunk", "reference", "replicate")
 
 
 def _list(raw: dict, key: str, default) -> list:
@@ -79,8 +81,14 @@ class SweepSpec:
     dtype: str = "auto"
     chunk: int | None = None
     reference: str | None = None
+    # replicate r ≥ 1: every config measured again with the r-th disjoint calibration sample (configs that read
+    # one) and chunks halved r times (another float order), for run-to-run variance inside the intervals
+    # (wkvlab.stats.replicates); 0: the measurement itself, whose config ids are what they were before replicates
+    replicate: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.replicate, int) or isinstance(self.replicate, bool) or self.replicate < 0:
+            raise ConfigError(f"sweep spec: replicate must be 0 (the measurement) or a positive integer, got {self.replicate!r}")
         if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
             raise ConfigError(f"sweep spec: chunk must be a positive integer, got {self.chunk!r}")
         if self.reference is not None and not Path(self.reference).expanduser().is_dir():
@@ -120,6 +128,7 @@ class SweepSpec:
             dtype=str(raw.get("dtype", "auto")),
             chunk=raw.get("chunk"),
             reference=None if raw.get("reference") is None else str(raw["reference"]),
+            replicate=raw.get("replicate", 0),
         )
 
     def to_dict(self) -> dict:
@@ -129,6 +138,7 @@ class SweepSpec:
             "weights": [w.to_dict() for w in self.weights], "kv": [k.to_dict() for k in self.kv],
             "calibration": self.calibration.to_dict(), "grid": self.grid,
             "device": self.device, "dtype": self.dtype, "chunk": self.chunk, "reference": self.reference,
+            "replicate": self.replicate,
         }
 
 
