@@ -102,6 +102,8 @@ CASES = [
     (["findings", "additivity", "--store", OUT + "/missing/f.db"], "does not exist", {}),
     (["findings", "engine", "--tokens", "256", "--store", OUT + "/f.db"], "less than one window of --ctx 1024", {}),
     (["findings", "attention", "--ctx", "8", "--store", OUT + "/f.db"], "--ctx 8 is too short", {}),
+    (["findings", "additivity", "--replicates", "0", "--store", OUT + "/f.db"], "--replicates 0 must be at least 1", {}),
+    (["findings", "depth", "--replicates", "2", "--store", OUT + "/f.db"], "--replicates applies to the additivity, methods", {}),
     # issue #26: each of these used to run (or load) first and fail after seconds to minutes, or not at all
     (["eval", "--kv", "q4_0", "--json", "/sys/out.json"], "folder /sys does not take new files", {}),  # root ignores mode bits; /sys refuses root
     (["eval", "--kv", "q4_0", "--json", OUT + "/out.txt"], "use a file name ending in .json", {}),

@@ -56,8 +56,10 @@ def test_explain_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     # the factorial cells' per-unit values: its verdicts decided again from the JSON alone (wkvlab.findings.records)
     from wkvlab.findings.records import redecide_factorial
 
-    assert [g["key"] for g in data["units"]["grids"]] == [["ref"], ["w"], ["c"], ["wc"]]
+    # every replicate's cells (2 by default), pooled again as the run pooled them
+    assert [(g["key"], g["replicate"]) for g in data["units"]["grids"]] == [([c], r) for r in (0, 1) for c in ("ref", "w", "c", "wc")]
     again = redecide_factorial(data["units"])
+    assert again.replicates == 2 and again.kld.interaction.replicates == 2
     assert again.tokens == data["factorial"]["tokens"] and again.kld.verdict.outcome == data["factorial"]["kld"]["verdict"]["outcome"]
     assert again.kld.wc.estimate == pytest.approx(data["factorial"]["kld"]["wc"]["estimate"], rel=1e-9)
 

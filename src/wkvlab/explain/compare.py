@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -51,6 +51,20 @@ def check_same_tokens(a: EvalResult, b: EvalResult) -> None:
     if not same:
         raise DataError(f"{what} were not scored on the same tokens (their reference losses differ); "
                         "evaluate both with the same --model, --data, --ctx, --tokens and --score")
+
+
+def check_replicates(runs: "Sequence[Mapping[str, EvalResult]]") -> None:
+    """Raise DataError unless the cells of every run (a replicate: named results measured together) are on the
+    same tokens, and every run on the same windows as the first. Across runs the reference losses may differ in
+    the last bits: another chunk size is another float order, the very variation a replicate is there to measure."""
+    first = next(iter(runs[0].values()))
+    for run in runs:
+        cells = list(run.values())
+        for cell in cells[1:]:
+            check_same_tokens(cells[0], cell)
+        if not (np.array_equal(cells[0].arrays.window, first.arrays.window) and np.array_equal(cells[0].arrays.position, first.arrays.position)):
+            raise DataError("replicates must be scored on the same windows; evaluate each with the same --model, --data, --ctx and "
+                            "--tokens")
 
 
 @dataclass(frozen=True)

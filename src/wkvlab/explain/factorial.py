@@ -223,21 +223,13 @@ def factorial(cells: Mapping[str, EvalResult], *, margin: "float | str | MarginR
     ``replicates``: more sets of the four cells on the same tokens (another calibration sample, another float
     order; ``variation`` says which), pooled with ``cells`` into every interval (see the module docstring).
     The KLD and NLL (log PPL) interactions are one family, Holm-adjusted together; top-1's is described only."""
-    from wkvlab.explain.compare import check_same_tokens  # one definition of "same tokens"
+    from wkvlab.explain.compare import check_replicates  # one definition of "same tokens", within and across runs
 
     missing = [name for name in CELLS if name not in cells]
     if missing:
         raise DataError(f"factorial cells missing: {', '.join(missing)}; evaluate weights [none, W] × KV [fp16, C]")
     runs = [cells, *replicates]
-    for run in runs:
-        for name in CELLS:
-            check_same_tokens(run["ref"], run[name])
-        # across replicates the units must be the same; the reference losses may differ in the last bits (another
-        # chunk size is another float order, the very variation a replicate is there to measure)
-        if not (np.array_equal(run["ref"].arrays.window, cells["ref"].arrays.window)
-                and np.array_equal(run["ref"].arrays.position, cells["ref"].arrays.position)):
-            raise DataError("replicates of a factorial must be scored on the same windows; evaluate each with the same "
-                            "--model, --data, --ctx and --tokens")
+    check_replicates([{name: run[name] for name in CELLS} for run in runs])
     ref, wc = cells["ref"], cells["wc"]
     draws = {m: pooled_effect_draws(runs, m) for m in METRICS}
     decided = decide([interaction_effect(draws[m], m, ref.tokens, margin) for m in DECIDED],

@@ -225,7 +225,7 @@ def explain(
     from wkvlab.findings.records import factorial_record
 
     report = ExplainReport(options, work.loaded.name, work.corpus.name, cells["ref"].ppl_ref, fact, noise, attention, hidden,
-                           context, mitigations, extras, seconds=seconds, tolerance=ship, units=factorial_record(cells))
+                           context, mitigations, extras, seconds=seconds, tolerance=ship, units=factorial_record(cells, runs))
     return _with_verdict(report)
 
 

@@ -7,6 +7,13 @@ family, Holm-adjusted together, and each row shows its raw and its adjusted inte
 m (10% of the cache's own KLD by default) and its verdict — *compounds*, *sub-additive*,
 *additive within ±m* or *undecided* with the tokens that would decide it.
 
+**Replicates** (``replicates``): the grid measured again (``wkvlab findings --replicates``: another
+calibration sample for calibrated configs, another chunk size for every pass, :mod:`wkvlab.sweep.plan`),
+on the same windows. Every statistic is computed in each replicate and pooled by
+:func:`wkvlab.stats.pool`, as ``wkvlab explain`` pools its factorial: between-window plus
+between-replicate variance, Welch–Satterthwaite df (:mod:`wkvlab.stats.replicates`), so a claim about
+a method or a config includes run-to-run variance; each interval records how many replicates it holds.
+
 The practitioner's number leads: the interaction against the cache's own cost (``share_of_cache``
 = interaction / KLD(C), how much more the cache costs under these weights than alone), not only
 against the sum of both costs (``share``), which a large weight error makes small.
@@ -14,14 +21,14 @@ against the sum of both costs (``share``), which a large weight error makes smal
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, Mapping, Sequence
 
 from wkvlab.errors import DataError
 from wkvlab.eval.result import EvalResult
-from wkvlab.explain.compare import check_same_tokens
-from wkvlab.explain.factorial import effect_draws, interaction_effect
+from wkvlab.explain.compare import check_replicates
+from wkvlab.explain.factorial import interaction_effect, pooled_effect_draws
 from wkvlab.kv.spec import KVSpec
-from wkvlab.stats import Interval, resample
+from wkvlab.stats import Interval, Resampled, pool, resample
 from wkvlab.stats.decision import DEFAULT_MARGIN, MarginRule, Verdict, decide
 from wkvlab.weights.spec import WeightSpec
 
@@ -74,17 +81,40 @@ def _reference_cell(results: list[EvalResult]) -> EvalResult:
     return ref
 
 
-def _check_cells(cells: dict[str, EvalResult]) -> None:
-    for name, result in cells.items():
-        if name != "ref":
-            check_same_tokens(cells["ref"], result)
+Runs = list  # one grid's results in each replicate, the measurement itself first: [{(weights, kv): EvalResult}, ...]
 
 
-def additivity(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN) -> list[AdditivityRow]:
+def _runs(results: list[EvalResult], replicates: Iterable[Iterable[EvalResult]]) -> Runs:
+    return [{(r.weights, r.kv): r for r in run} for run in [results, *replicates]]
+
+
+def _in_runs(runs: Runs, cells: Mapping[str, EvalResult]) -> list[dict[str, EvalResult]]:
+    """``cells`` (named results of the first run) in every replicate, each run's on the same tokens, all on the same windows."""
+    found = []
+    for i, run in enumerate(runs):
+        missing = [c for c in cells.values() if (c.weights, c.kv) not in run]
+        if missing:
+            raise DataError(f"replicate {i} has no {missing[0].weights} × {missing[0].kv} cell; run the finding again with the "
+                            f"same --replicates (it resumes) or with --replicates {i}")
+        found.append({name: run[(c.weights, c.kv)] for name, c in cells.items()})
+    check_replicates(found)
+    return found
+
+
+def _pooled(statistic: Callable, runs: Sequence[Mapping[str, EvalResult]]) -> Resampled:
+    """``statistic`` of the cells' token-weighted mean KLDs, paired over windows in each replicate, pooled over them."""
+    return pool([resample(statistic, {k: r.arrays.kld for k, r in cells.items()}, next(iter(cells.values())).arrays.units)
+                 for cells in runs])
+
+
+def additivity(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN,
+               replicates: Sequence[Iterable[EvalResult]] = ()) -> list[AdditivityRow]:
     """The 2×2 factorial of every (W, C) pair of a weights × KV grid that holds none and fp16.
 
+    ``replicates``: the grid measured again on the same windows, pooled into every interval (module docstring).
     The grid's interactions are one family: their verdicts are Holm-adjusted together."""
     results = list(results)
+    runs = _runs(results, replicates)
     ref = _reference_cell(results)
     by_w = {r.weights: r for r in results if _is_fp16(r) and not _is_none(r)}
     by_c = {r.kv: r for r in results if _is_none(r) and not _is_fp16(r)}
@@ -92,9 +122,8 @@ def additivity(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN)
     for r in results:
         if _is_none(r) or _is_fp16(r) or r.weights not in by_w or r.kv not in by_c:
             continue
-        cells = {"ref": ref, "w": by_w[r.weights], "c": by_c[r.kv], "wc": r}
-        _check_cells(cells)
-        found.append((r, effect_draws(cells, "kld")))
+        cells = _in_runs(runs, {"ref": ref, "w": by_w[r.weights], "c": by_c[r.kv], "wc": r})
+        found.append((r, pooled_effect_draws(cells, "kld")))
     tests = [interaction_effect(d, "kld", r.tokens, margin, name=f"{r.weights} × {r.kv}") for r, d in found]
     verdicts = decide(tests, family=f"{ref.model} additivity grid")
     return [AdditivityRow(r.weights, r.kv, d["w"].interval(), d["c"].interval(), d["wc"].interval(), d["interaction"].interval(), r.tokens, v)
@@ -117,12 +146,14 @@ class PenaltyRow:
                 "verdict": self.verdict.word if self.verdict else None, "decision": self.verdict.to_dict() if self.verdict else None}
 
 
-def penalties(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN) -> list[PenaltyRow]:
-    """The KV penalty of every cache under every weight config of a grid, paired by window.
+def penalties(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN,
+              replicates: Sequence[Iterable[EvalResult]] = ()) -> list[PenaltyRow]:
+    """The KV penalty of every cache under every weight config of a grid, paired by window (``replicates`` pooled).
 
     "Larger under these weights" is the additivity interaction, decided by the one rule; the
     table's interactions are one Holm family."""
     results = list(results)
+    runs = _runs(results, replicates)
     ref = _reference_cell(results)
     base = {r.weights: r for r in results if _is_fp16(r)}
     plain = {r.kv: r for r in results if _is_none(r)}
@@ -130,15 +161,12 @@ def penalties(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN) 
     for r in results:
         if _is_fp16(r) or r.weights not in base:
             continue
-        check_same_tokens(base[r.weights], r)
-        arrays = {"wc": r.arrays.kld, "w": base[r.weights].arrays.kld}
-        penalty = resample(lambda m: m["wc"] - m["w"], arrays, r.arrays.units).interval()
+        penalty = _pooled(lambda m: m["wc"] - m["w"], _in_runs(runs, {"wc": r, "w": base[r.weights]})).interval()
         test = None
         if not _is_none(r) and r.kv in plain:
             # (wc − w) − (c − ref): the same interaction, on the same windows, as the additivity finding's
-            cells = {"ref": ref, "w": base[r.weights], "c": plain[r.kv], "wc": r}
-            _check_cells(cells)
-            test = interaction_effect(effect_draws(cells, "kld"), "kld", r.tokens, margin,
+            cells = _in_runs(runs, {"ref": ref, "w": base[r.weights], "c": plain[r.kv], "wc": r})
+            test = interaction_effect(pooled_effect_draws(cells, "kld"), "kld", r.tokens, margin,
                                       name=f"{r.weights} × {r.kv}")
         found.append((r, penalty, test))
     tests = [t for _, _, t in found if t is not None]
@@ -162,13 +190,15 @@ class MethodDifference:
                 "decision": self.verdict.to_dict()}
 
 
-def method_differences(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN) -> list[MethodDifference]:
+def method_differences(results: Iterable[EvalResult], *, margin: float = DEFAULT_MARGIN,
+                       replicates: Sequence[Iterable[EvalResult]] = ()) -> list[MethodDifference]:
     """Every pair of quantized weight methods, per cache: penalty(a) − penalty(b) = (KLD(a×C) − KLD(a×fp16)) − (KLD(b×C) − KLD(b×fp16)).
 
     What "the cache hurts more under GPTQ than under RTN" must rest on: a tested difference, not a
     significant row next to a non-significant one. m = ``margin`` × the cache's own KLD (its
-    penalty under unquantized weights); all pairs of the table are one Holm family."""
+    penalty under unquantized weights); all pairs of the table are one Holm family; ``replicates`` pooled."""
     results = list(results)
+    runs = _runs(results, replicates)
     ref = _reference_cell(results)
     base = {r.weights: r for r in results if _is_fp16(r)}
     cells = {(r.weights, r.kv): r for r in results if not _is_fp16(r) and r.weights in base}
@@ -177,15 +207,12 @@ def method_differences(results: Iterable[EvalResult], *, margin: float = DEFAULT
     for kv in dict.fromkeys(k for _, k in cells):
         own = cells.get((ref.weights, kv))
         # the cache's own cost on the same units as the differences: the margin's basis, with its uncertainty
-        scale = (resample(lambda m: m["c"] - m["ref"], {"c": own.arrays.kld, "ref": ref.arrays.kld}, ref.arrays.units)
-                 if own is not None else float("nan"))
+        scale = (_pooled(lambda m: m["c"] - m["ref"], _in_runs(runs, {"ref": ref, "c": own})) if own is not None else float("nan"))
         present = [w for w in methods if (w, kv) in cells]
         for i, a in enumerate(present):
             for b in present[i + 1:]:
-                arrays = {"ac": cells[(a, kv)].arrays.kld, "a": base[a].arrays.kld, "bc": cells[(b, kv)].arrays.kld, "b": base[b].arrays.kld}
-                for r in (cells[(a, kv)], base[a], cells[(b, kv)], base[b]):
-                    check_same_tokens(ref, r)
-                draws = resample(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), arrays, ref.arrays.units)
+                four = _in_runs(runs, {"ref": ref, "ac": cells[(a, kv)], "a": base[a], "bc": cells[(b, kv)], "b": base[b]})
+                draws = _pooled(lambda m: (m["ac"] - m["a"]) - (m["bc"] - m["b"]), four)
                 # one basis text for the family: the table's footnote states it once, and each row's margin column
                 # gives that row's m (naming the first row's cache there read as if it held for every row)
                 found.append((kv, a, b, MarginRule.parse(margin).difference_effect(
@@ -216,12 +243,14 @@ CALIBRATION_ORDER = ("prose", "code", "math")  # known texts first, any other ca
 OWN_DOMAIN = {"default": "prose", "prose": "prose", "code": "code"}
 
 
-def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *,
-                margin: float = DEFAULT_MARGIN) -> list[CalibrationRow]:
-    """``results_by_text[(calibration text, evaluation data)]``: one grid each, on the same windows per data.
+def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *, margin: float = DEFAULT_MARGIN,
+                replicates: Sequence[Mapping[tuple[str, str], list[EvalResult]]] = ()) -> list[CalibrationRow]:
+    """``results_by_text[(calibration text, evaluation data)]``: one grid each, on the same windows per data;
+    ``replicates``: the same grids measured again (each another calibration sample), pooled into every interval.
 
     A mismatch (KLD calibrated on another text minus calibrated on the evaluation's own domain) is
     decided with m = 10% of the own-domain KLD; the table's mismatches are one Holm family."""
+    runs = {key: _runs(results, [run[key] for run in replicates]) for key, results in results_by_text.items()}
     found = []
     datas = sorted({d for _, d in results_by_text})
     calibs = sorted({c for c, _ in results_by_text},
@@ -232,13 +261,12 @@ def calibration(results_by_text: dict[tuple[str, str], list[EvalResult]], *,
         for weights in sorted(next(iter(grids.values()))):
             cells = {c: g[weights] for c, g in grids.items() if weights in g}
             first = next(iter(cells.values()))
-            for r in cells.values():
-                check_same_tokens(first, r)
-            units = first.arrays.units
-            arrays = {c: r.arrays.kld for c, r in cells.items()}
-            kld = {c: resample(lambda m, c=c: m[c], arrays, units) for c in cells}
-            mismatch = {c: resample(lambda m, c=c: m[c] - m[own], arrays, units)
-                        for c in cells if c != own and own in cells}
+            # each calibration text's cell in every replicate (each text's grid is its own sweep)
+            each = [_in_runs(runs[(c, data)], {c: cell}) for c, cell in cells.items()]
+            per_run = [{c: r for text in run for c, r in text.items()} for run in zip(*each)]
+            check_replicates(per_run)
+            kld = {c: _pooled(lambda m, c=c: m[c], per_run) for c in cells}
+            mismatch = {c: _pooled(lambda m, c=c: m[c] - m[own], per_run) for c in cells if c != own and own in cells}
             tests = {c: MarginRule.parse(margin).difference_effect(f"{weights} on {data}: calibrated on {c} − on {own}", d, kld[own],
                                                                    f"KLD calibrated on {own}", first.tokens, unit="nats")
                      for c, d in mismatch.items()}

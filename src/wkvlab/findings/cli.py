@@ -22,6 +22,11 @@ def findings_command(
                       "of the predicted total KLD(W)+KLD(C) for an interaction or of the baseline for a difference, an absolute "
                       "number (0.002 nats), or cache:10%; default 10%, and for depth and depth-long 5% of the penalty at the "
                       "shortest prefix (the margin the design has its power at, docs/findings.md)")] = None,
+    replicates: Annotated[Optional[int], typer.Option(help="additivity, methods, calibration: how many times each grid is "
+                          "measured — replicate r ≥ 1 with the r-th disjoint calibration sample and chunks halved r times (another "
+                          "float order), each its own configs in the store — pooled into every interval with the run-to-run variance "
+                          "(docs/findings.md); default 2 (twice the cost of 1; a store holding a run without replicates measures only "
+                          "the second); 1: one measurement, run-to-run variance not included")] = None,
     threads: ThreadsOption = None,
     cache_dir: CacheDirOption = None,
     no_weight_cache: NoWeightCacheOption = False,
@@ -43,11 +48,12 @@ def findings_command(
 
     margin = None if margin is None else MarginRule.parse(margin)  # a bad --margin: one line, before any model loads
     grids.check_size(name, model, ctx=ctx, tokens=tokens)
+    replicates = grids.check_replicates(name, replicates)
     start_run("findings", threads, f"{name} on {model} (store {store})", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.findings.run import run_finding
 
     finding = run_finding(name, model=model, store=store, tokens=tokens, ctx=ctx, device=device, dtype=dtype, progress=progress_bar,
-                          margin=margin)
+                          margin=margin, replicates=replicates)
     console.print(finding.markdown, markup=False, highlight=False, soft_wrap=True)
     err_console.print(f"{name} on {model}: {finding.seconds:,.0f} s (store {store})")
     if markdown is not None:  # the finding is already in the store: a failed write loses nothing

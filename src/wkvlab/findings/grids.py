@@ -26,6 +26,26 @@ DEPTH_KV = ("q8_0", "q4_0", "int4")
 ATTENTION_WEIGHTS = ("none", "int4-g128", "gptq-int4-g128", "awq-int4-g128", "fp8", "nvfp4")
 ATTENTION_KV = ("int4", "llamacpp:q4_0", "kivi4")
 ATTENTION_WINDOWS = 8  # the statistical rule's minimum number of resampling units (wkvlab.stats.MIN_UNITS)
+# The additivity, methods and calibration grids are measured this many times by default (another calibration
+# sample, another chunk size), pooled with their run-to-run variance inside every interval (stats.replicates), as
+# explain's factorial (explain.options.DEFAULT_REPLICATES): a claim about a method or a config is about every build
+# and run of it (issue #38: two runs moved GPTQ×KIVI-4 by 4.7 SE). 2 doubles the grids' cost, the least that
+# estimates the between-replicate variance at all; a store that holds replicate 0 measures only replicate 1.
+DEFAULT_REPLICATES = 2
+REPLICATED = ("additivity", "methods", "calibration")  # the findings --replicates applies to
+
+
+def check_replicates(name: str, replicates: int | None) -> int:
+    """The number of replicates finding ``name`` measures (None: its default; 1 for a finding without replicates),
+    or a one-line error before any model loads."""
+    if replicates is None:
+        return DEFAULT_REPLICATES if name in REPLICATED else 1
+    if not isinstance(replicates, int) or isinstance(replicates, bool) or replicates < 1:
+        raise ConfigError(f"--replicates {replicates} must be at least 1 (1: one measurement, without run-to-run variance; "
+                          f"default {DEFAULT_REPLICATES})")
+    if name not in REPLICATED and replicates != 1:
+        raise ConfigError(f"--replicates applies to the additivity, methods and calibration findings; leave it out for {name}")
+    return replicates
 
 
 @dataclass(frozen=True)
@@ -89,9 +109,12 @@ def check_size(name: str, model: str, *, ctx: int | None, tokens: int | None) ->
 
 
 def _spec(name: str, model: str, *, data: str = "default", ctx: int, tokens: int, weights, kv, calibration: CalibrationSpec | None = None,
-          device: str = "auto", dtype: str = "auto") -> SweepSpec:
+          device: str = "auto", dtype: str = "auto", replicate: int = 0) -> SweepSpec:
+    # replicate r ≥ 1: the same configs measured again, each its own config id (wkvlab.sweep.plan); 0 keeps the ids of
+    # findings measured before replicates existed, so their stores are reused
     return SweepSpec(models=(model,), data=(data,), ctx=(ctx,), tokens=(tokens,), weights=tuple(parse_weight_spec(w) for w in weights),
-                     kv=tuple(KVSpec.parse(k) for k in kv), calibration=calibration or CalibrationSpec(), name=name, device=device, dtype=dtype,
+                     kv=tuple(KVSpec.parse(k) for k in kv), calibration=calibration or CalibrationSpec(),
+                     name=name if not replicate else f"{name} (replicate {replicate})", device=device, dtype=dtype, replicate=replicate,
                      # one task per weight config: its results are stored as soon as its KV grid is done (an
                      # interrupted finding resumes there), and only that config's copy is in memory — one task of
                      # 7 weight copies held SmolLM2's additivity grid at 15 GB and stored nothing for 45 minutes

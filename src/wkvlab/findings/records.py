@@ -15,12 +15,16 @@ mean and every leave-one-unit-out mean equals the run's (to float rounding), whi
 interval or verdict depends on. Per-token distributions (a p99, a position bucket) are not kept:
 the depth finding's buckets and the search finding's two-stage design are not re-decided this way.
 
+**Replicates.** A finding measured with ``--replicates R`` keeps the per-unit values of every cell in
+every replicate (format 2: each grid names its replicate), and :func:`redecide` pools them again as the
+run did. A format-1 record (before replicates) holds one measurement: it is decided as one replicate.
+
 A record written before these values existed keeps only intervals; :func:`redecide` refuses it in
 one line that says to measure it again.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -28,7 +32,8 @@ from wkvlab.errors import DataError
 from wkvlab.eval.result import EvalResult, TokenArrays
 from wkvlab.stats.bootstrap import per_unit, unit_labels
 
-FORMAT = 1  # version of the per-unit block; a reader refuses any other
+FORMAT = 2  # version of the per-unit block written: 2 names each grid's replicate
+READS = (1, 2)  # versions read (1: one measurement, before replicates); a reader refuses any other
 ARRAYS = ("kld", "nll", "nll_ref", "top1_agree", "delta_p")  # TokenArrays' per-token metrics
 REDECIDED = ("additivity", "methods", "calibration")  # findings whose every interval is a function of unit sums
 # the attention finding: its cross-term verdicts from the per-window means its rows keep (windows of equal length)
@@ -67,21 +72,34 @@ def result_from_units(cell: Mapping) -> EvalResult:
                       fingerprints=dict(cell.get("fingerprints") or {}), notes=list(cell.get("notes") or []), run=dict(cell.get("run") or {}))
 
 
-def cells_record(grids: Mapping[tuple, list[EvalResult]]) -> dict:
-    """The per-unit block of a finding's data: each grid (its key, a tuple of names) and the per-unit values of its cells."""
-    return {"format": FORMAT, "grids": [{"key": list(key), "cells": [unit_values(r) for r in results]} for key, results in grids.items()]}
+def cells_record(grids: Mapping[tuple, list[EvalResult]], replicates: Sequence[Mapping[tuple, list[EvalResult]]] = ()) -> dict:
+    """The per-unit block of a finding's data: each grid (its key, a tuple of names) in each replicate (0: ``grids``,
+    r: ``replicates[r − 1]``) and the per-unit values of its cells."""
+    return {"format": FORMAT, "grids": [{"key": list(key), "replicate": r, "cells": [unit_values(x) for x in results]}
+                                        for r, run in enumerate([grids, *replicates]) for key, results in run.items()]}
 
 
-def grids_from_record(data: Mapping, where: str = "the record") -> dict[tuple, list[EvalResult]]:
-    """The cells of every grid of a finding's data, rebuilt from its per-unit block (DataError when it has none)."""
+def runs_from_record(data: Mapping, where: str = "the record") -> list[dict[tuple, list[EvalResult]]]:
+    """The cells of every grid of a finding's data in each replicate (the first: the measurement itself), rebuilt
+    from its per-unit block (DataError when it has none)."""
     block = data.get("units")
     if not block:
         raise DataError(f"{where} keeps intervals, not per-unit values (written before they were recorded), so its verdicts "
                         "cannot be decided again; measure the finding again (scripts/findings_record.py)")
-    if block.get("format") != FORMAT:
-        raise DataError(f"{where}: per-unit values of format {block.get('format')!r}, this wkvlab reads {FORMAT}; "
+    if block.get("format") not in READS:
+        raise DataError(f"{where}: per-unit values of format {block.get('format')!r}, this wkvlab reads {' and '.join(map(str, READS))}; "
                         "measure the finding again with this checkout")
-    return {tuple(grid["key"]): [result_from_units(c) for c in grid["cells"]] for grid in block["grids"]}
+    runs: dict[int, dict] = {}
+    for grid in block["grids"]:
+        runs.setdefault(int(grid.get("replicate", 0)), {})[tuple(grid["key"])] = [result_from_units(c) for c in grid["cells"]]
+    if sorted(runs) != list(range(len(runs))) or any(run.keys() != runs[0].keys() for run in runs.values()):
+        raise DataError(f"{where}: its replicates do not each hold every grid (replicates {sorted(runs)}); measure the finding again")
+    return [runs[r] for r in range(len(runs))]
+
+
+def grids_from_record(data: Mapping, where: str = "the record") -> dict[tuple, list[EvalResult]]:
+    """The cells of every grid of the measurement itself (replicate 0), rebuilt from the per-unit block."""
+    return runs_from_record(data, where)[0]
 
 
 def can_redecide(name: str, data: Mapping) -> bool:
@@ -101,8 +119,8 @@ def redecide(name: str, data: Mapping, margin=None, where: str = "the record") -
     if name not in REDECIDED:
         raise DataError(f"the {name} finding is not re-decided from per-unit values (only {', '.join(REDECIDED + REDECIDED_VERDICTS)}); "
                         "measure it again")
-    grids = grids_from_record(data, where)
-    return analyse(name, grids, margin if margin is not None else data.get("margin", "10%"))
+    runs = runs_from_record(data, where)
+    return analyse(name, runs[0], margin if margin is not None else data.get("margin", "10%"), runs[1:])
 
 
 def redecide_attention(data: Mapping, margin=None, where: str = "the record") -> tuple[str, dict]:
@@ -135,18 +153,19 @@ def redecide_attention(data: Mapping, margin=None, where: str = "the record") ->
     return attention_markdown(rows), {"rows": [r.to_dict() for r in rows], "ctx": data.get("ctx"), "margin": str(margin)}
 
 
-def factorial_record(cells: Mapping[str, EvalResult]) -> dict:
-    """``wkvlab explain``'s four factorial cells (ref, w, c, wc) as a per-unit block, one grid per cell."""
-    return cells_record({(name,): [result] for name, result in cells.items()})
+def factorial_record(cells: Mapping[str, EvalResult], replicates: Sequence[Mapping[str, EvalResult]] = ()) -> dict:
+    """``wkvlab explain``'s four factorial cells (ref, w, c, wc) as a per-unit block, one grid per cell, in each replicate."""
+    as_grids = lambda run: {(name,): [result] for name, result in run.items()}  # noqa: E731
+    return cells_record(as_grids(cells), [as_grids(run) for run in replicates])
 
 
 def redecide_factorial(units: Mapping, margin=None, where: str = "the record"):
     """``wkvlab explain``'s factorial (its KLD and NLL interaction verdicts) decided again by today's rule from
-    the per-unit values of a record (:func:`factorial_record`); ``margin``: --margin (default 10%)."""
+    the per-unit values of a record (:func:`factorial_record`), its replicates pooled; ``margin``: --margin (default 10%)."""
     from wkvlab.explain.factorial import factorial
 
-    cells = {key[0]: results[0] for key, results in grids_from_record({"units": units}, where).items()}
-    return factorial(cells, margin=margin if margin is not None else "10%")
+    runs = [{key[0]: results[0] for key, results in run.items()} for run in runs_from_record({"units": units}, where)]
+    return factorial(runs[0], margin=margin if margin is not None else "10%", replicates=runs[1:])
 
 
 def dicts_with(data, keys: tuple[str, ...]) -> list[dict]:

@@ -42,6 +42,21 @@ def _rule_note(verdicts, unit: str = "windows", margin_of: str | None = None) ->
             f"with the tokens that would decide it. {method}")
 
 
+def replicates_note(intervals) -> str:
+    """How many replicates every interval of a table pools (issue #38: run-to-run variance inside it, or not).
+    Intervals stored before replicates existed (0) were one measurement each."""
+    counts = sorted({max(1, iv.replicates) for iv in intervals if iv is not None})
+    if not counts:
+        return ""
+    if counts == [1]:
+        return ("\n\nReplicates: 1 replicate: run-to-run variance not included in any interval of this table "
+                "(`--replicates 2` or more measures it).")
+    return (f"\n\nReplicates: {' or '.join(map(str, counts))} replicates pooled into every interval of this table (each replicate "
+            "the whole grid measured again on the same windows, with another disjoint calibration sample for calibrated configs "
+            "and chunks of half the size, another float order): between-window plus between-replicate variance, "
+            "Welch–Satterthwaite df (docs/stats.md).")
+
+
 def _decision(v) -> str:
     need = v.need()
     return v.word + (f" ({need})" if need else "")
@@ -55,7 +70,8 @@ def additivity_markdown(rows: list[AdditivityRow]) -> str:
         body.append([r.weights, r.kv, f"{r.w.estimate:.5f}", f"{r.c.estimate:.5f}", f"{r.wc.estimate:.5f}", _iv(r.interaction, "+.5f"),
                      _iv(r.verdict.adjusted, "+.5f"), f"{100 * r.share_of_cache:+.1f}%", f"{100 * r.share:+.1f}%",
                      f"±{r.verdict.margin.value:.2g}", _decision(r.verdict)])
-    return _table(header, body) + _rule_note(r.verdict for r in rows)
+    return (_table(header, body) + _rule_note(r.verdict for r in rows)
+            + replicates_note(iv for r in rows for iv in (r.w, r.c, r.wc, r.interaction)))
 
 
 def penalty_markdown(rows: list[PenaltyRow]) -> str:
@@ -73,7 +89,8 @@ def penalty_markdown(rows: list[PenaltyRow]) -> str:
     note = ("\n\nEach cell: KLD(W × C) − KLD(W × fp16) with its 95% interval (windows resampled). Against the penalty under "
             "unquantized weights (the additivity interaction): ↑ larger beyond ±m, ↓ smaller beyond ±m, ≈ the same within ±m, "
             "? undecided.")
-    return _table(["KV \\ weights", *weights], body) + note + _rule_note(r.verdict for r in rows)
+    return (_table(["KV \\ weights", *weights], body) + note + _rule_note(r.verdict for r in rows)
+            + replicates_note(iv for r in rows for iv in (r.penalty, r.vs_unquantized)))
 
 
 def method_differences_markdown(rows: list[MethodDifference]) -> str:
@@ -83,8 +100,8 @@ def method_differences_markdown(rows: list[MethodDifference]) -> str:
              r.verdict.word] for r in decided]
     head = (f"**Differences between weight methods**: the KV penalty under method a minus under method b, every pair of "
             f"quantized methods for every cache ({len(rows)} tests, {len(decided)} decided; the rest undecided).\n\n")
-    return head + _table(["KV", "a − b", "difference [raw 95%]", "Holm-adjusted", "margin m", "verdict"], body) + \
-        _rule_note(r.verdict for r in rows)
+    return (head + _table(["KV", "a − b", "difference [raw 95%]", "Holm-adjusted", "margin m", "verdict"], body)
+            + _rule_note(r.verdict for r in rows) + replicates_note(r.difference for r in rows))
 
 
 def attention_markdown(rows) -> str:
@@ -156,7 +173,8 @@ def calibration_markdown(rows: list[CalibrationRow]) -> str:
     return _table(header, body) + ("\n\nMismatch cost: KLD with that calibration text minus KLD with the evaluation's own domain "
                                    "(prose for prose, code for code), paired by window."
                                    + _rule_note((v for r in rows for v in (r.verdicts or {}).values()),
-                                                margin_of="the KLD calibrated on the evaluated text's own domain"))
+                                                margin_of="the KLD calibrated on the evaluated text's own domain")
+                                   + replicates_note(iv for r in rows for iv in (*r.kld.values(), *r.mismatch.values())))
 
 
 def identical_depth_markdown(data: dict) -> str:

@@ -10,11 +10,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Sequence
 
 from wkvlab.errors import ConfigError
 from wkvlab.findings import FINDINGS, analysis, grids, render
 from wkvlab.stats.decision import DEFAULT_MARGIN
+
 
 
 def torch_threads() -> int:
@@ -61,40 +62,46 @@ def _run_sweeps(specs, store: Path, progress: ProgressFactory) -> list[list]:
     return out
 
 
-def analyse(name: str, cells: dict[tuple, list], margin) -> tuple[str, dict]:
+def analyse(name: str, cells: dict[tuple, list], margin, replicates: Sequence[dict[tuple, list]] = ()) -> tuple[str, dict]:
     """(markdown, data) of the additivity, methods or calibration finding from its grids' results
-    (``cells``: one grid under ``("grid",)``; calibration: ``(calibration text, evaluation data)`` → grid).
+    (``cells``: one grid under ``("grid",)``; calibration: ``(calibration text, evaluation data)`` → grid);
+    ``replicates``: the same grids measured again, pooled into every interval (:mod:`wkvlab.findings.analysis`).
 
-    The data keep every cell's per-unit values (:mod:`wkvlab.findings.records`), so the verdicts can be
-    decided again from a run record by :func:`wkvlab.findings.records.redecide`, which calls this."""
+    The data keep every cell's per-unit values in every replicate (:mod:`wkvlab.findings.records`), so the
+    verdicts can be decided again from a run record by :func:`wkvlab.findings.records.redecide`, which calls this."""
     from wkvlab.findings.records import cells_record
     from wkvlab.stats.decision import MarginRule
 
     rule = MarginRule.parse(margin)
+    again = [run[("grid",)] for run in replicates] if name in ("additivity", "methods") else replicates
     if name == "additivity":
-        rows = analysis.additivity(cells[("grid",)], margin=rule)
+        rows = analysis.additivity(cells[("grid",)], margin=rule, replicates=again)
         markdown, data = render.additivity_markdown(rows), {"rows": [r.to_dict() for r in rows]}
     elif name == "methods":
         results = cells[("grid",)]
-        rows = analysis.penalties(results, margin=rule)
-        differences = analysis.method_differences(results, margin=rule)
+        rows = analysis.penalties(results, margin=rule, replicates=again)
+        differences = analysis.method_differences(results, margin=rule, replicates=again)
         markdown = render.penalty_markdown(rows) + "\n\n" + render.method_differences_markdown(differences)
         data = {"rows": [r.to_dict() for r in rows], "differences": [d.to_dict() for d in differences]}
     elif name == "calibration":
-        rows = analysis.calibration(cells, margin=rule)
+        rows = analysis.calibration(cells, margin=rule, replicates=again)
         markdown, data = render.calibration_markdown(rows), {"rows": [r.to_dict() for r in rows]}
     else:
         raise ConfigError(f"the {name} finding is not analysed from grids of results; use one of additivity, methods, calibration")
-    return markdown, {**data, "margin": str(rule), "units": cells_record(cells)}
+    return markdown, {**data, "margin": str(rule), "replicates": 1 + len(replicates), "units": cells_record(cells, replicates)}
 
 
 def run_finding(name: str, *, model: str = "default", store: str | Path = "out/findings.db", tokens: int | None = None,
                 ctx: int | None = None, device: str = "auto", dtype: str = "auto", progress: ProgressFactory = _silent,
-                margin=None) -> Finding:
+                margin=None, replicates: int | None = None) -> Finding:
     """Measure (or read back) one finding on ``model`` and analyse it (``ctx``/``tokens`` override its size);
-    ``margin``: the decision rule's ``--margin`` (None: each finding's default, 10% but for depth's pre-declared 5%)."""
+    ``margin``: the decision rule's ``--margin`` (None: each finding's default, 10% but for depth's pre-declared 5%);
+    ``replicates``: how many times the additivity, methods and calibration grids are measured (replicate r ≥ 1: the
+    r-th disjoint calibration sample, chunks halved r times; each its own configs in the store, replicate 0's those
+    of a run before replicates existed), pooled into every interval; None: :data:`~wkvlab.findings.grids.DEFAULT_REPLICATES`."""
     if name not in FINDINGS:
         raise ConfigError(f"unknown finding {name!r}; use one of {', '.join(FINDINGS)}")
+    replicates = grids.check_replicates(name, replicates)
     stated, margin = margin, DEFAULT_MARGIN if margin is None else margin
     store = Path(store)
     # the grids' windows (search and engine have their own, checked where they are built)
@@ -102,8 +109,10 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
     where = {"device": device, "dtype": dtype}
     started = time.perf_counter()
     if name in ("additivity", "methods"):
-        (results,) = _run_sweeps(grids.additivity_sweeps(model, sized(), **where), store, progress)
-        markdown, data = analyse(name, {("grid",): results}, margin)
+        # replicate 0 first (a store measured before replicates existed already holds it), then each further one
+        runs = [{("grid",): _run_sweeps(grids.additivity_sweeps(model, sized(), replicate=r, **where), store, progress)[0]}
+                for r in range(replicates)]
+        markdown, data = analyse(name, runs[0], margin, runs[1:])
     elif name == "attention":
         from wkvlab.findings.attention import measure_attention
 
@@ -113,9 +122,11 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
                                 margin=margin, **where)
         markdown, data = render.attention_markdown(rows), {"rows": [r.to_dict() for r in rows], "ctx": size.ctx}
     elif name == "calibration":
-        specs = grids.calibration_sweeps(model, sized(), **where)
-        grids_out = _run_sweeps(specs, store, progress)
-        markdown, data = analyse(name, {(s.calibration.data, s.data[0]): r for s, r in zip(specs, grids_out)}, margin)
+        runs = []
+        for r in range(replicates):
+            specs = grids.calibration_sweeps(model, sized(), replicate=r, **where)
+            runs.append({(s.calibration.data, s.data[0]): results for s, results in zip(specs, _run_sweeps(specs, store, progress))})
+        markdown, data = analyse(name, runs[0], margin, runs[1:])
     elif name in ("depth", "depth-long"):
         from wkvlab.findings.depth import (DEPTH_DATA, DEPTH_DOCUMENTS, DEPTH_MARGIN, DEPTH_TARGET, LONG_DATA, LONG_DOCUMENTS,
                                            measure_depth)
