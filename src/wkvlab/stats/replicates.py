@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy where it computes: the command line imports replicate_chunk before anything heavy
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Components:
 
 def components(influence: np.ndarray, replicate_estimates: np.ndarray | None = None) -> Components:
     """Variance components from the units' influence values ψ_u and the replicates' estimates θ_r (see the module docstring)."""
+    import numpy as np
+
     psi = np.asarray(influence, dtype=np.float64)
     n = psi.size
     unit_var = float((psi ** 2).sum()) / (n * (n - 1))
