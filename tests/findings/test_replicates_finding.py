@@ -155,3 +155,26 @@ def test_the_finding_measures_only_the_missing_replicate(tiny_folder, tmp_path, 
     (row,) = both.data["rows"]
     assert row["interaction"]["replicates"] == 2 and both.data["replicates"] == 2
     assert "Replicates: 2 replicates pooled" in both.markdown
+
+
+@pytest.mark.slow
+def test_the_cli_measures_the_whole_additivity_grid_twice_at_the_smallest_size(tiny_folder, tmp_path):
+    """`wkvlab findings additivity --replicates 2` as a user runs it, the whole grid (7 weight methods × 8 caches) at
+    8 windows of 32 tokens: about 2 minutes on the 2 shared cores (the reduced grid above is the fast tier's)."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from wkvlab.cli import app
+
+    store, markdown = tmp_path / "f.db", tmp_path / "additivity.md"
+    args = ["findings", "additivity", "--model", tiny_folder, "--ctx", "32", "--tokens", "256", "--replicates", "2",
+            "--store", str(store), "--markdown", str(markdown), "--threads", "1"]
+    run = CliRunner().invoke(app, args, env={**os.environ, "COLUMNS": "250"})
+    assert run.exit_code == 0, run.output
+    text = markdown.read_text()
+    assert text.count("| ") > 40 and "Replicates: 2 replicates pooled into every interval" in text
+    from wkvlab.store import open_store
+
+    with open_store(store) as db:
+        assert len(db) == 2 * 56
