@@ -116,11 +116,11 @@ def test_a_record_from_before_replicates_is_decided_as_one_replicate():
     ("depth", 2, "--replicates applies to the additivity, methods and calibration"),
 ])
 def test_a_bad_replicates_is_refused_before_anything_loads(name, value, message):
-    from wkvlab.findings.grids import check_replicates
+    from wkvlab.findings.grids import replicate_count
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        check_replicates(name, value)
-    assert check_replicates("calibration", None) == 2 and check_replicates("depth", None) == 1
+        replicate_count(name, value)
+    assert replicate_count("calibration", None) == 2 and replicate_count("depth", None) == 1
 
 
 def test_the_finding_measures_only_the_missing_replicate(tiny_folder, tmp_path, monkeypatch):

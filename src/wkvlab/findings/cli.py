@@ -48,7 +48,7 @@ def findings_command(
 
     margin = None if margin is None else MarginRule.parse(margin)  # a bad --margin: one line, before any model loads
     grids.check_size(name, model, ctx=ctx, tokens=tokens)
-    replicates = grids.check_replicates(name, replicates)
+    replicates = grids.replicate_count(name, replicates)
     start_run("findings", threads, f"{name} on {model} (store {store})", cache_dir=cache_dir, weight_cache=not no_weight_cache)
     from wkvlab.findings.run import run_finding
 

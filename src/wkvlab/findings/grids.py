@@ -35,7 +35,7 @@ DEFAULT_REPLICATES = 2
 REPLICATED = ("additivity", "methods", "calibration")  # the findings --replicates applies to
 
 
-def check_replicates(name: str, replicates: int | None) -> int:
+def replicate_count(name: str, replicates: int | None) -> int:
     """The number of replicates finding ``name`` measures (None: its default; 1 for a finding without replicates),
     or a one-line error before any model loads."""
     if replicates is None:

@@ -101,7 +101,7 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
     of a run before replicates existed), pooled into every interval; None: :data:`~wkvlab.findings.grids.DEFAULT_REPLICATES`."""
     if name not in FINDINGS:
         raise ConfigError(f"unknown finding {name!r}; use one of {', '.join(FINDINGS)}")
-    replicates = grids.check_replicates(name, replicates)
+    replicates = grids.replicate_count(name, replicates)
     stated, margin = margin, DEFAULT_MARGIN if margin is None else margin
     store = Path(store)
     # the grids' windows (search and engine have their own, checked where they are built)
