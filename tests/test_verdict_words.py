@@ -248,22 +248,19 @@ def test_findings_render_on_small_records():
     assert unqualified(text) == []
 
 
-STALE = "recorded before issue #38 item 7 (its position line says 'grows with context'): regenerated under item 10"
-
 
 def _records():
     from pathlib import Path
 
     runs = Path(__file__).parent.parent / "docs" / "runs"
     for path in sorted(runs.glob("findings-*.json")) + sorted(runs.glob("output-explain-*.json")):
-        marks = [pytest.mark.xfail(reason=STALE, strict=True)] if path.name == "output-explain-gemma3-270m-int4.json" else []
-        yield pytest.param(path, id=path.name, marks=marks)
+        yield pytest.param(path, id=path.name)
 
 
 @pytest.mark.parametrize("path", list(_records()))
 def test_the_committed_records_as_the_docs_show_them(path):
     """Every committed findings record's markdown and explain output record's stdout (what docs/findings.md and
-    docs/explain.md render); Gemma's explain record, which still says "grows with context", is marked for regeneration."""
+    docs/explain.md render)."""
     record = json.loads(path.read_text())
     text = record.get("markdown") or record.get("stdout") or ""
     assert text
