@@ -33,6 +33,7 @@ from wkvlab.eval.chunks import WindowPass, auto_chunk, scored_chunks
 from wkvlab.eval.metrics import ReferenceTokens, chunk_metrics
 from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.spec import KVSpec
+from wkvlab.runtime import release_freed_heap
 from wkvlab.search.memory import REFERENCE_CACHE_BYTES
 
 
@@ -111,6 +112,7 @@ class Scorer:
             chunks = zip(self._references(w, tokens, chunk), scored_chunks(candidate, tokens, chunk, lo, hi))
             kld = torch.cat([chunk_metrics(ref, logits)["kld"] for ref, (_, _, logits) in chunks])
             parts.append(kld.double().cpu().numpy())  # one read-back per window
+            release_freed_heap()  # freed chunk tensors under 32 MiB would stay resident (wkvlab.runtime)
             windows.append(np.full(parts[-1].size, w))
         kld = np.concatenate(parts)
         se = float(kld.std(ddof=1) / np.sqrt(kld.size)) if kld.size > 1 else float("nan")
