@@ -161,3 +161,23 @@ def test_freed_heap_blocks_go_back_to_the_os_once_per_window(monkeypatch, one_to
     runner.run_grid(tiny_llama(), windows, [WeightSpec.parse("none")], [KVSpec.parse("fp16")], model_name="tiny", data_name="random",
                     options=runner.RunOptions(chunk=8))
     assert len(calls) == windows.n_windows == 4
+
+
+def test_a_cached_build_is_read_back_one_tensor_at_a_time(tmp_path, monkeypatch, one_torch_thread):
+    """A weight cache entry is read tensor by tensor into the candidate (``safe_open``): ``load_file``,
+    used before, read the whole entry into host memory first (~130 GB for a 70B GPTQ build)."""
+    import safetensors.torch
+
+    from tests.weights.test_methods import _calibration
+    from wkvlab.weights import WeightSpec, quantize_model_weights
+
+    monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path))
+    model, spec = tiny_llama(), WeightSpec.parse("gptq-int4-g32")
+    first = quantize_model_weights(model, spec, _calibration(), model_key="tiny")
+
+    def whole_file(*_args, **_kwargs):
+        raise AssertionError("the whole entry read at once")
+
+    monkeypatch.setattr(safetensors.torch, "load_file", whole_file)
+    again = quantize_model_weights(model, spec, _calibration(), model_key="tiny")
+    assert again.cached and all(torch.equal(a, b) for a, b in zip(first.model.state_dict().values(), again.model.state_dict().values()))
