@@ -10,6 +10,14 @@ measured / estimated; the target is within ±15%.
 
     python benchmarks/estimate_vs_peak.py [--only NAME ...] [--timeout S] [--json out.json]
 
+``findings`` is measured on its ``depth`` finding (``--ctx 81 --tokens 16``: 32 documents, each a
+KV-only grid per prefix length, one estimate printed per distinct grid): the additivity and methods
+findings build GPTQ, AWQ and SmoothQuant weights and calibrate KVQuant before their grid, which takes
+over 20 minutes even at ``--ctx 128 --tokens 256`` on 2 shared cores (stopped after 6 minutes at
+1.74 GiB RSS against its largest printed estimate, 1.6 GiB). ``profile`` and ``search`` run one K
+and one V format (``--formats fp16,K4V4``) at ctx 128 with int4-g128 weights, each in a cache folder
+of its own (a cached profile would skip what is measured).
+
 Runs one command at a time, under ``nice``, with one thread, and records the load average before
 and after each (a shared machine slows the runs, it does not change their peaks). The converted
 copies of the packaged models must be in the cache first (a first load converts them; the
@@ -52,10 +60,16 @@ def _cases(folder: Path, work: Path) -> list[tuple[str, list[str]]]:
         ("sweep default", ["sweep", str(sweep), "--store", str(work / "s.db"), "--threads", "1"]),
         ("tasks default", ["tasks", "--tasks", "wkvlab_facts", "--include-path", str(LOCAL_TASKS), "--model", "default", "--weights",
                            "none,int8", "--kv", "fp16,q4_0", "--tokens", "512", "--ctx", "256", "--store", str(work / "t.db")]),
-        ("findings additivity default", ["findings", "additivity", "--model", "default", "--store", str(work / "f.db"),
-                                         "--ctx", "256", "--tokens", "512", "--threads", "1"]),
-        ("profile default", ["profile", "--model", "default", "--weights", "none", "--ctx", "256", "--tokens", "256", "--threads", "1"]),
-        ("search default", ["search", "--model", "default", "--budget", "10000", "--ctx", "256", "--threads", "1"]),
+        # depth: a KV-only grid per prefix length (no weight builds); additivity/methods build GPTQ, AWQ and
+        # SmoothQuant and calibrate KVQuant first, over 20 minutes even at --ctx 128 --tokens 256 on 2 shared cores
+        ("findings depth default", ["findings", "depth", "--model", "default", "--store", str(work / "f.db"),
+                                    "--ctx", "81", "--tokens", "16", "--threads", "1", "--cache-dir", str(_cache(work, "findings"))]),
+        # one K and one V format (60 per-layer passes, not 180) at ctx 128: the weight profile's swap copy is the peak either way
+        ("profile default", ["profile", "--model", "default", "--weights", "int4-g128", "--formats", "fp16,K4V4", "--ctx", "128",
+                             "--tokens", "128", "--threads", "1", "--cache-dir", str(_cache(work, "profile"))]),
+        ("search default", ["search", "--model", "default", "--weights", "int4-g128", "--formats", "fp16,K4V4", "--budget", "12000",
+                            "--ctx", "128", "--profile-tokens", "128", "--heldout-tokens", "1024", "--random", "1", "--threads", "1",
+                            "--cache-dir", str(_cache(work, "search"))]),
         ("eval default 3x4 ctx512", ["eval", "--model", "default", "--weights", "none,int8,int4-g128", "--kv", "fp16,q8_0,q4_0,int4",
                                      "--ctx", "512", "--tokens", "1024", "--threads", "1"]),
     ]
@@ -106,6 +120,18 @@ def _converted(name: str) -> Path:
     if not (cached / "wkvlab-source.json").is_file():
         load_model(name)
     return cached
+
+
+def _cache(work: Path, name: str) -> Path:
+    """A cache folder of its own for one case, sharing only the converted models: a profile, K/V
+    statistics or a calibrated build cached by an earlier case or run would skip what is measured."""
+    from wkvlab.models.cache import cache_dir
+
+    folder = work / f"cache-{name}"
+    if not folder.exists():
+        folder.mkdir()
+        (folder / "models").symlink_to(cache_dir() / "models")
+    return folder
 
 
 def _hf_folder(work: Path) -> Path:

@@ -1,13 +1,12 @@
 """GGUF → safetensors conversion: transformers' values, one tensor alive at a time."""
 from __future__ import annotations
 
-import tracemalloc
-
 import gguf
 import pytest
 import torch
 
 from tests.conftest import tiny_llama
+from tests.host_memory import assert_loads_a_few_tensors_at_a_time, wide_llama
 from wkvlab.models import gguf_convert
 from wkvlab.models.fingerprint import file_sha256
 from wkvlab.models.loading import load_model
@@ -50,25 +49,12 @@ def test_conversion_holds_one_tensor_not_the_model(tmp_path, monkeypatch, scored
     the dequantized tensors) peak at a few tensors — one dequantized, gguf-py's block arithmetic on
     it, the Q/K un-permuted copy —, not at the model: transformers' loader kept every dequantized
     tensor in a dictionary until the model was built (31 MiB here)."""
-    model = tiny_llama(vocab_size=128, hidden_size=256, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
-                       num_key_value_heads=4)
+    model = wide_llama()
     path = tmp_path / "tiny.gguf"
     write_llama_gguf(model, path, "q8_0", VOCAB)
-    total = sum(p.numel() * 4 for p in model.parameters())
-    largest = max(p.numel() * 4 for p in model.parameters())
-    assert total > 30 * largest
     monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path / "cache"))
     file_sha256(path)  # memoized: its 8 MiB reads are no part of the conversion
     warm = tmp_path / "warm.gguf"  # a first conversion imports the tokenizer converters, the loaders...: not counted
     write_llama_gguf(tiny_llama(vocab_size=128), warm, "q8_0", VOCAB)
     load_model(str(warm))
-    tracemalloc.start()
-    try:
-        loaded = load_model(str(path))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 6 * largest < total / 5, (peak, largest, total)
-    for name, value in model.state_dict().items():
-        if ".layers." not in name or value.ndim == 1:  # the q8_0 linears differ by their rounding; the rest is exact
-            assert torch.equal(loaded.model.state_dict()[name], value), name
+    assert_loads_a_few_tensors_at_a_time(model, lambda: load_model(str(path)).model)

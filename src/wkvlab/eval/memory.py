@@ -119,7 +119,9 @@ class PlanEstimate:
         return sum(p.bytes for p in self.parts if p.where == "host")
 
     def label(self) -> str:
-        return "copies" if self.plan == "copies" else f"one-model ({self.interleave} cache{'s' if self.interleave > 1 else ''} at once)"
+        if self.plan != "one-model":  # copies, or a command's own layout (wkvlab.search.memory: profile, search)
+            return self.plan
+        return f"one-model ({self.interleave} cache{'s' if self.interleave > 1 else ''} at once)"
 
     def to_dict(self) -> dict:
         return {"plan": self.plan, "interleave": self.interleave, "device_bytes": self.device_bytes,

@@ -50,7 +50,7 @@ from wkvlab.kv.presets import fidelity_note, fidelity_of
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
 from wkvlab.plan.models import ModelDescription
-from wkvlab.runtime import available_memory, input_device
+from wkvlab.runtime import available_memory, input_device, release_freed_heap
 from wkvlab.weights.apply import QuantizedWeights, check_quantizable, quantize_with_progress
 from wkvlab.weights.calibration import CalibrationSet
 from wkvlab.weights.restore import WeightSnapshot
@@ -215,6 +215,7 @@ def _run_cells(grid: _Grid, cells: list[_Cell], reference: LiveReference | Recor
             del ref
         for c, cell in enumerate(cells):
             cell.parts.append(reference.to_host(window_parts[c]))  # one read-back per window and cell
+        release_freed_heap()  # a window's freed chunk tensors under 32 MiB would stay resident (wkvlab.runtime)
 
 
 def _result(grid: _Grid, cell: _Cell, reference, run: dict) -> EvalResult:

@@ -48,16 +48,31 @@ def dequantize_rows(tensor) -> np.ndarray:
     return out.reshape(*data.shape[:-1], columns)
 
 
-def _processor(path: Path):
-    """transformers' tensor processor for this file's architecture, given the config its loader parses."""
+def _processor(path: Path, parsed: dict | None = None):
+    """transformers' tensor processor for this file's architecture, given the config its loader parses
+    (``parsed``: what ``load_gguf_checkpoint(return_tensors=False)`` gave, if the caller has it)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, load_gguf_checkpoint
 
-    parsed = load_gguf_checkpoint(str(path), return_tensors=False)
+    parsed = parsed if parsed is not None else load_gguf_checkpoint(str(path), return_tensors=False)
     from gguf import GGUFReader
 
     architecture = GGUFReader(str(path)).fields["general.architecture"]
     architecture = bytes(architecture.parts[architecture.data[0]]).decode()
     return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
+
+
+def file_tensors(path: Path, model: torch.nn.Module, dtype: torch.dtype, parsed: dict | None = None
+                 ) -> tuple[list[str], Callable[[], Iterator[tuple[str, torch.Tensor]]]]:
+    """The names of ``model``'s tensors the file fills (in file order), and a function that yields
+    them as ``(name, tensor)`` one at a time — transformers' names and values, each dequantized,
+    processed and handed over before the next is read (a GGUF used as a weight checkpoint)."""
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+    processor = _processor(path, parsed)
+    mapping = get_gguf_hf_weights_map(model, processor)
+    names = list(_targets(GGUFReader(str(path)), mapping))
+    return names, lambda: _converted(GGUFReader(str(path)), processor, mapping, dtype)
 
 
 def _targets(reader, mapping: dict[str, str]) -> dict[str, list[int]]:

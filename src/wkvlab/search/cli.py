@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from wkvlab.cliopts import CacheDirOption, MarginOption, NoWeightCacheOption, ThreadsOption, start_run
@@ -15,6 +16,7 @@ from wkvlab.errors import ConfigError
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.preflight import check_calibration, check_grid, check_model, parse_configs
 from wkvlab.weights.calibration import CalibrationSpec
+from wkvlab.weights.spec import WeightSpec
 
 if TYPE_CHECKING:  # the search API (torch) is imported by the commands, after their checks
     from wkvlab.search.api import SearchResult
@@ -74,6 +76,25 @@ def _writes(model: str, weights: str):
     return lambda: planned_writes(model, parse_configs([weights], [])[0], resolved_dtype("auto", "auto"))
 
 
+def _print_estimate(model: str, estimate) -> None:
+    """The run header's ``memory:`` line, before the model loads (wkvlab.search.memory): profile and
+    search load the model on the CPU in float32 (wkvlab.search.api.prepare_search), so the estimate
+    is the process's peak RSS, against the machine's available RAM; a warning when it is above it."""
+    from wkvlab.plan.source import resolve_source
+    from wkvlab.runtime import available_memory
+
+    try:
+        desc = resolve_source(model)[0]
+    except ConfigError as exc:  # shapes the planner cannot read: the run goes on without an estimate
+        err_console.print(f"memory: no estimate ({escape(str(exc))})")
+        return
+    found = estimate(desc, available_memory("cpu"))
+    err_console.print(escape(found.one_line()), highlight=False, soft_wrap=True)
+    if found.chosen.device_bytes > found.budget_bytes:
+        err_console.print("[yellow]warning:[/] that is more than this machine has available; lower --ctx or the tokens, "
+                          "or close other programs, before the run is killed", highlight=False)
+
+
 def profile_command(
     model: Model = "default",
     data: Data = "default",
@@ -93,6 +114,11 @@ def profile_command(
     check_output_file(json_out, "--json")
     start_run("profile", threads, f"{model} on {data} under {weights} weights, ctx {ctx}, {tokens} tokens", cache_dir=cache_dir,
               weight_cache=not no_weight_cache, writes=_writes(model, weights))
+    from wkvlab.search.memory import profile_estimate
+
+    spec, calibration = WeightSpec.parse(weights), _calib(calib)
+    _print_estimate(model, lambda desc, budget: profile_estimate(desc, spec, ctx=ctx, tokens=tokens, weight_profile=weight_profile,
+                                                                 calibration=(calibration.samples, calibration.length), budget=budget))
     from wkvlab.search import api
 
     prof = api.profile(model, data, weights=weights, formats=formats, ctx=ctx, tokens=tokens, weight_profile=weight_profile,
@@ -189,6 +215,12 @@ def search_command(
             if curve else f"GPU {gpu}")
     choice = start_run("search", threads, f"{model} on {data} under {weights} weights, {what}", cache_dir=cache_dir,
                        weight_cache=not no_weight_cache, writes=_writes(model, weights))
+    from wkvlab.search.memory import search_estimate
+
+    spec, calibration = WeightSpec.parse(weights), _calib(calib)
+    _print_estimate(model, lambda desc, budget: search_estimate(desc, spec, ctx=ctx, profile_tokens=profile_tokens,
+                                                                heldout_tokens=heldout_tokens, joint_weights=joint_weights,
+                                                                calibration=(calibration.samples, calibration.length), budget=budget))
     from wkvlab.search import api
 
     result = api.search(model, data, budget=budget, budgets=curve, gpu=gpu, batch=batch, context=context, weights=weights, formats=formats,

@@ -33,8 +33,9 @@ from wkvlab.eval.chunks import WindowPass, auto_chunk, scored_chunks
 from wkvlab.eval.metrics import ReferenceTokens, chunk_metrics
 from wkvlab.kv.hook import layer_stores
 from wkvlab.kv.spec import KVSpec
+from wkvlab.runtime import release_freed_heap
+from wkvlab.search.memory import REFERENCE_CACHE_BYTES
 
-REFERENCE_CACHE_BYTES = 1 << 30  # the reference's kept log-probs (float32) across all windows
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -111,6 +112,7 @@ class Scorer:
             chunks = zip(self._references(w, tokens, chunk), scored_chunks(candidate, tokens, chunk, lo, hi))
             kld = torch.cat([chunk_metrics(ref, logits)["kld"] for ref, (_, _, logits) in chunks])
             parts.append(kld.double().cpu().numpy())  # one read-back per window
+            release_freed_heap()  # freed chunk tensors under 32 MiB would stay resident (wkvlab.runtime)
             windows.append(np.full(parts[-1].size, w))
         kld = np.concatenate(parts)
         se = float(kld.std(ddof=1) / np.sqrt(kld.size)) if kld.size > 1 else float("nan")
@@ -127,8 +129,8 @@ class WeightSwap:
 
     def __init__(self, reference: torch.nn.Module, quantized: torch.nn.Module):
         self.model = copy.deepcopy(reference)
-        ref_state = reference.state_dict()
-        self._quantized = {k: v for k, v in quantized.state_dict().items() if k in ref_state and not torch.equal(ref_state[k], v)}
+        self._reference = reference.state_dict()  # the originals a swap is undone from: no clone per swap
+        self._quantized = {k: v for k, v in quantized.state_dict().items() if k in self._reference and not torch.equal(self._reference[k], v)}
         self._params = dict(self.model.state_dict())
 
     @property
@@ -140,13 +142,14 @@ class WeightSwap:
     def only(self, select: Callable[[str], bool]) -> Iterator[torch.nn.Module]:
         """The reference with the quantized tensors whose names ``select`` accepts; restored on exit."""
         names = [n for n in self._quantized if select(n)]
-        saved = {n: self._params[n].detach().clone() for n in names}
         with torch.no_grad():
             for n in names:
                 self._params[n].copy_(self._quantized[n])
         try:
             yield self.model
         finally:
+            # undone from the reference's own tensors (the copy was made from them): cloning the
+            # swapped ones first held every MLP weight twice while the "mlp" group was scored
             with torch.no_grad():
-                for n, value in saved.items():
-                    self._params[n].copy_(value)
+                for n in names:
+                    self._params[n].copy_(self._reference[n])

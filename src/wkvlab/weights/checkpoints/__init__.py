@@ -18,7 +18,7 @@ import torch
 from wkvlab.errors import ModelError
 from wkvlab.weights.activations import attach_activation_quantizers
 from wkvlab.weights.checkpoints.base import CheckpointContents
-from wkvlab.weights.checkpoints.compat import check_architecture, check_tensors, check_tokenizer, reference_tokenizer
+from wkvlab.weights.checkpoints.compat import check_architecture, check_shape, check_tensors, check_tokenizer, reference_tokenizer
 from wkvlab.weights.spec import WeightSpec
 
 DETECTED = ("compressed-tensors", "gptq", "awq", "gguf")
@@ -76,17 +76,22 @@ def load_checkpoint(model: torch.nn.Module, spec: WeightSpec, tokenizer=None):
     check_architecture(label, model.config.to_dict(), contents.config)
     note = check_tokenizer(label, contents, tokenizer if tokenizer is not None else reference_tokenizer(model))
     candidate = copy.deepcopy(model)
-    head_name = "lm_head.weight"
-    untie = _tied(candidate) and head_name in contents.tensors and not torch.equal(
-        contents.tensors[head_name], contents.tensors.get("model.embed_tokens.weight", contents.tensors[head_name]))
-    if untie:  # the checkpoint stores a head of its own (e.g. quantized or kept at another precision)
+    names = contents.names()
+    check_tensors(label, candidate, names, _tied(candidate))
+    head_name, embedding_name = "lm_head.weight", "model.embed_tokens.weight"
+    own_head = _tied(candidate) and head_name in names
+    if own_head:  # the checkpoint stores a head: untied until it is known to equal the embedding
         head = candidate.get_output_embeddings()
-        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
-    check_tensors(label, candidate, contents, _tied(candidate))
+        head.weight = torch.nn.Parameter(torch.empty_like(head.weight), requires_grad=False)
     state = candidate.state_dict()
-    for name, value in state.items():
-        if name in contents.tensors:
-            value.copy_(contents.tensors[name])
+    # one tensor at a time (a GGUF is dequantized as it is read): the candidate plus one tensor
+    for name, value in contents.items():
+        if name in state:
+            check_shape(label, name, value, state[name])
+            state[name].copy_(value)
+        del value
+    if own_head and embedding_name in names and torch.equal(head.weight, candidate.get_input_embeddings().weight):
+        head.weight = candidate.get_input_embeddings().weight  # the same values: tied again, as the reference is
     reference = model.state_dict()
     lossless = all(torch.equal(reference[n], v) for n, v in candidate.state_dict().items() if n in reference) and not contents.activations
     attach_activation_quantizers(candidate, contents.activations)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -25,13 +26,22 @@ class CheckpointContents:
     """A checkpoint read back: dequantized tensors, activation rules and facts about it."""
 
     format: str  # what was detected, e.g. "compressed-tensors pack-quantized (int4, group 64, symmetric)"
-    tensors: dict[str, Tensor]  # parameter name -> float32 tensor
+    tensors: dict[str, Tensor]  # parameter name -> float32 tensor (empty when ``streamed``)
     activations: dict[str, ActivationQuant] = field(default_factory=dict)  # linear name -> input quantization
     stored_bytes: int = 0  # bytes of all tensors as stored in the checkpoint
     config: dict = field(default_factory=dict)  # the architecture fields it declares (config.json)
     vocabulary: list[str] | None = None  # GGUF: the token strings it carries
     tokenizer_dir: Path | None = None  # a folder with tokenizer files, when it ships them
     notes: list[str] = field(default_factory=list)
+    # instead of ``tensors``: their names, and a function yielding ``(name, tensor)`` one at a time
+    # (a GGUF: each dequantized when it is read, so the whole checkpoint is never in memory at once)
+    streamed: tuple[list[str], Callable[[], Iterator[tuple[str, Tensor]]]] | None = None
+
+    def names(self) -> set[str]:
+        return set(self.streamed[0]) if self.streamed is not None else set(self.tensors)
+
+    def items(self) -> Iterator[tuple[str, Tensor]]:
+        return self.streamed[1]() if self.streamed is not None else iter(self.tensors.items())
 
 
 @dataclass

@@ -36,16 +36,17 @@ def check_architecture(label: str, reference: dict, candidate: dict) -> None:
                           "pass the model it was quantized from as --model")
 
 
-def check_tensors(label: str, model: torch.nn.Module, contents: CheckpointContents, tied: bool) -> None:
-    for name, param in model.state_dict().items():
-        stored = contents.tensors.get(name)
-        if stored is None:
-            if tied and name.endswith("lm_head.weight"):
-                continue
+def check_tensors(label: str, model: torch.nn.Module, names: set[str], tied: bool) -> None:
+    """Every parameter of ``model`` has a tensor in the checkpoint (a tied head may share the embedding's)."""
+    for name in model.state_dict():
+        if name not in names and not (tied and name.endswith("lm_head.weight")):
             raise ConfigError(f"{label} has no tensor for {name}; it is not a checkpoint of the reference architecture")
-        if tuple(stored.shape) != tuple(param.shape):
-            raise ConfigError(f"{label}: {name} has shape {tuple(stored.shape)} in the checkpoint and {tuple(param.shape)} "
-                              "in the reference; pass the model it was quantized from as --model")
+
+
+def check_shape(label: str, name: str, stored: torch.Tensor, param: torch.Tensor) -> None:
+    if tuple(stored.shape) != tuple(param.shape):
+        raise ConfigError(f"{label}: {name} has shape {tuple(stored.shape)} in the checkpoint and {tuple(param.shape)} "
+                          "in the reference; pass the model it was quantized from as --model")
 
 
 def reference_tokenizer(model: torch.nn.Module):

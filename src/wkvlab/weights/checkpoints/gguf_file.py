@@ -21,8 +21,14 @@ from wkvlab.weights.checkpoints.base import CheckpointContents
 
 
 def read_gguf(path: Path, model: torch.nn.Module) -> CheckpointContents:
+    """The file's header, config and vocabulary now; its tensors streamed one at a time
+    (:func:`wkvlab.models.gguf_convert.file_tensors`, as the conversion of a GGUF model reads them):
+    transformers' loader, used before, dequantized every tensor into a dictionary first — the whole
+    checkpoint in float32 beside the reference and the candidate's copy."""
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from gguf import GGUFReader
+
+    from wkvlab.models.gguf_convert import file_tensors
 
     try:
         reader = GGUFReader(str(path))
@@ -31,20 +37,31 @@ def read_gguf(path: Path, model: torch.nn.Module) -> CheckpointContents:
     types = Counter(t.tensor_type.name for t in reader.tensors if t.name.endswith(".weight") and len(t.shape) > 1)
     nbytes = sum(int(t.n_bytes) for t in reader.tensors)
     del reader
-    bar = gguf_utils.tqdm
-    gguf_utils.tqdm = lambda items, **_: items  # its converter draws a tqdm bar of its own; the CLI's status says enough
     try:
-        parsed = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
+        parsed = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)
+        streamed = file_tensors(path, model, torch.float32, parsed)
     except Exception as exc:  # unsupported architecture or tensor type: one line, not a traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{path} could not be dequantized ({first[:160]})") from None
-    finally:
-        gguf_utils.tqdm = bar
-    tensors = {name: t.float() for name, t in parsed["tensors"].items()}
     summary = ", ".join(f"{name} × {count}" for name, count in types.most_common())
     tokens = parsed.get("tokenizer", {}).get("tokens")
-    return CheckpointContents(f"GGUF ({summary} matrices; dequantized with gguf, 16-bit activations)", tensors, {}, nbytes,
-                              dict(parsed.get("config", {})), vocabulary=list(tokens) if tokens is not None else None)
+    return CheckpointContents(f"GGUF ({summary} matrices; dequantized with gguf, 16-bit activations)", {}, {}, nbytes,
+                              dict(parsed.get("config", {})), vocabulary=list(tokens) if tokens is not None else None,
+                              streamed=_one_line_errors(path, streamed))
+
+
+def _one_line_errors(path: Path, streamed):
+    """``streamed`` whose tensor errors (a tensor type gguf-py cannot dequantize) are one line."""
+    names, produce = streamed
+
+    def produce_checked():
+        try:
+            yield from produce()
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(f"{path} could not be dequantized ({first[:160]})") from None
+
+    return names, produce_checked
 
 
 def _rope_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
