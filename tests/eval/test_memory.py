@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import tiny_gemma3, tiny_llama
 from wkvlab.errors import ConfigError, OutOfMemory
-from wkvlab.eval.memory import CPU_PROCESS_BYTES, LIVE_LOGITS, RUNTIME_BYTES, TOKENIZER_BYTES_PER_ENTRY, GridShape, estimate_memory
+from wkvlab.eval.memory import CPU_PROCESS_BYTES, LIVE_LOGITS, RUNTIME_BYTES, TOKENIZER_BYTES_PER_ENTRY, GridShape, estimate_memory, measured_reserve
 from wkvlab.kv.spec import KVSpec
 from wkvlab.plan.models import ModelDescription
 from wkvlab.plan.params import parameter_count
@@ -91,6 +91,54 @@ def test_llama_3_8b_grid_fits_24_gib_in_one_model():
     assert est.plan("copies").device_bytes > 70 * GIB
     assert est.plan("one-model", 1).device_bytes < 20 * GIB
     assert est.chosen.plan == "one-model" and est.chosen.device_bytes <= 24 * GIB
+
+
+def _llama_8b_grid():
+    return GridShape(tuple(WeightSpec.parse(w) for w in ("bf16", "int8")), (KVSpec.parse("fp16"),), ctx=2048, tokens=2047,
+                     dtype="bfloat16", device="cuda")
+
+
+def test_a_measured_budget_keeps_a_reserve():
+    """15% of the measured free memory, at least 0.5 GiB (the estimates' worst error was 1.11×)."""
+    assert measured_reserve(1 * GIB) == GIB // 2
+    assert measured_reserve(20 * GIB) == 3 * GIB
+    desc = ModelDescription.from_name("llama-3-8b")
+    copies = estimate_memory(desc, _llama_8b_grid(), choose=False).plan("copies").device_bytes
+
+    def chosen(fraction, reserved):
+        free = int(copies / fraction)  # the copies plan needs `fraction` of the free memory
+        return estimate_memory(desc, _llama_8b_grid(), budget_bytes=free, reserve_bytes=measured_reserve(free) if reserved else 0)
+
+    # measured free memory: the copies plan at 96% of it is not chosen (the 1.5B dry run's 7.7 of 8.0 GiB), at 80% it is
+    tight, roomy = chosen(0.96, True), chosen(0.80, True)
+    assert tight.chosen.plan == "one-model" and tight.chosen.device_bytes <= 0.85 * tight.budget_bytes
+    assert roomy.chosen.plan == "copies"
+    free = int(copies / 0.96)
+    assert tight.one_line().startswith(f"memory: one-model (1 cache at once) plan, about {tight.chosen.device_bytes / GIB:.1f} GiB "
+                                       f"of {free / GIB:.1f} GiB available on cuda, {0.15 * free / GIB:.1f} kept in reserve (")
+    assert f"{0.15 * free / GIB:.2f} kept in reserve (a plan may use {0.85 * free / GIB:.2f})" in "\n".join(tight.lines())
+    # --max-memory is the user's own number: the whole of it, no reserve
+    given = chosen(0.96, False)
+    assert given.chosen.plan == "copies" and "reserve" not in given.one_line()
+    with pytest.raises(ConfigError, match=rf"the copies plan needs about {copies / GIB:.1f} GiB, {free / GIB:.1f} GiB available on cuda, "
+                                          rf"{0.15 * free / GIB:.1f} kept in reserve; --memory-plan one-model fits"):
+        estimate_memory(desc, _llama_8b_grid(), budget_bytes=free, reserve_bytes=measured_reserve(free), requested="copies")
+
+
+def test_the_reserve_applies_to_measured_free_memory_only(monkeypatch):
+    from wkvlab import api
+
+    desc = ModelDescription.from_name("llama-3-8b")
+    copies = estimate_memory(desc, _llama_8b_grid(), choose=False).plan("copies").device_bytes
+    free = int(copies / 0.96)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("wkvlab.runtime.available_memory", lambda device: free)
+    kwargs = dict(ctx=2048, tokens=2048, dtype="bfloat16", device="cuda")
+    weights, kv = [WeightSpec.parse(w) for w in ("bf16", "int8")], [KVSpec.parse("fp16")]
+    measured = api.memory_estimate("llama-3-8b", weights, kv, **kwargs)
+    assert measured.budget_bytes == free and measured.reserve_bytes == measured_reserve(free) and measured.chosen.plan == "one-model"
+    given = api.memory_estimate("llama-3-8b", weights, kv, max_memory=free, **kwargs)
+    assert given.reserve_bytes == 0 and given.chosen.plan == "copies"
 
 
 def test_dry_run_prints_the_estimate_without_loading(tmp_path):

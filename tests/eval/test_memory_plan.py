@@ -204,6 +204,26 @@ def test_the_plan_follows_the_memory_the_run_may_use():
         memory_plan(model, windows, weights, kv, RunOptions(chunk=16, plan="copies", max_memory=roomy.device_bytes - 1))
 
 
+def test_a_loaded_run_keeps_a_reserve_of_the_free_memory_it_measured(monkeypatch):
+    """Without --max-memory the budget is the free memory plus the loaded model, less 15% of that
+    (at least 0.5 GiB, which a tiny model's budget is below); given as --max-memory it is used whole."""
+    from wkvlab.eval.memory import MIN_RESERVE_BYTES
+
+    model, windows = tiny_llama(), _windows()
+    weights, kv = [WeightSpec.parse(w) for w in ("none", "int8")], [KVSpec.parse(k) for k in KV]
+    copies = memory_plan(model, windows, weights, kv, RunOptions(chunk=16, max_memory=1 << 34))
+    resident = sum(p.numel() * p.element_size() for p in model.parameters())
+    budget = int(copies.device_bytes / 0.96)
+    monkeypatch.setattr("wkvlab.eval.runner.available_memory", lambda where: budget - resident)
+    with pytest.raises(ConfigError, match=r"GiB available on cpu, 0.5 kept in reserve; "):
+        memory_plan(model, windows, weights, kv, RunOptions(chunk=16))
+    assert memory_plan(model, windows, weights, kv, RunOptions(chunk=16, max_memory=budget)).plan == "copies"
+    monkeypatch.setattr("wkvlab.eval.runner.available_memory", lambda where: copies.device_bytes + MIN_RESERVE_BYTES - resident)
+    assert memory_plan(model, windows, weights, kv, RunOptions(chunk=16)).plan == "copies"
+    monkeypatch.setattr("wkvlab.eval.runner.available_memory", lambda where: copies.device_bytes + MIN_RESERVE_BYTES - resident - 1)
+    assert memory_plan(model, windows, weights, kv, RunOptions(chunk=16)).plan == "one-model"
+
+
 def test_copies_plan_and_a_stored_reference_are_refused_together(tmp_path):
     with pytest.raises(ConfigError, match="drop one of them"):
         _run(tiny_llama(), ["none"], kv=["fp16"], plan="copies", reference=tmp_path / "r.safetensors")

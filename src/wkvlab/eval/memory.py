@@ -57,6 +57,19 @@ HEAD_BLOCK_BYTES = 64 << 20  # float32 head rows upcast at a time (wkvlab.eval.l
 LIVE_LOGITS = {"copies": 5, "one-model": 3}
 STORED_BYTES_PER_TOKEN = 12  # nll, argmax, log-sum-exp (float32/int32) per scored token, besides top-k and samples
 FULL_EVERY = 256  # a stored reference keeps every 256th token's full distribution (wkvlab.eval.reference)
+# Kept back when the budget is the memory the machine measured free (not a --max-memory, which is the
+# user's own number): the printed estimates came within 0.996–1.108× of the measured peak RSS
+# (docs/runs/estimate-vs-peak.json, 11 commands), and other processes' memory moves while a run
+# is in flight (a 1.5B dry run once chose a plan needing 7.7 of 8.0 GiB free). A plan is chosen at
+# most at 85% of the free memory, so an estimate 1.11× short still peaks at 94% of it, with 6%
+# left for the rest of the machine; at least 0.5 GiB on a small budget.
+RESERVE_FRACTION = 0.15
+MIN_RESERVE_BYTES = 512 << 20
+
+
+def measured_reserve(measured_bytes: int) -> int:
+    """Bytes of a measured free-memory budget a plan may not use (see ``RESERVE_FRACTION``)."""
+    return max(MIN_RESERVE_BYTES, int(measured_bytes * RESERVE_FRACTION))
 
 
 def auto_chunk(vocab_size: int, ctx: int, specs: list[KVSpec] = ()) -> int:
@@ -138,6 +151,17 @@ class MemoryEstimate:
     budget_bytes: int | None = None
     chosen: PlanEstimate | None = None
     notes: tuple[str, ...] = field(default=())
+    reserve_bytes: int = 0  # of budget_bytes, kept back: the budget was measured, not given (measured_reserve)
+
+    @property
+    def usable_bytes(self) -> int | None:
+        """What a plan may use: the budget less the reserve (None: no budget, any plan)."""
+        return None if self.budget_bytes is None else max(0, self.budget_bytes - self.reserve_bytes)
+
+    def available(self) -> str:
+        """``8.0 GiB available on cuda, 1.2 kept in reserve``: the budget as the header and refusals say it."""
+        kept = f", {self.reserve_bytes / GIB:.1f} kept in reserve" if self.reserve_bytes else ""
+        return f"{self.budget_bytes / GIB:.1f} GiB available on {self.grid.device}{kept}"
 
     def plan(self, name: str, interleave: int | None = None) -> PlanEstimate:
         found = [p for p in self.plans if p.plan == name and (interleave is None or p.interleave == interleave)]
@@ -147,7 +171,7 @@ class MemoryEstimate:
         """The run header's line: the chosen plan, its peak and the budget."""
         plan = self.chosen or self.plan("copies")
         top = sorted((p for p in plan.parts if p.where == "device"), key=lambda p: -p.bytes)[:3]
-        budget = (f" of {self.budget_bytes / GIB:.1f} GiB available on {self.grid.device}" if self.budget_bytes
+        budget = (f" of {self.available()}" if self.budget_bytes
                   else f"; {self.grid.device}'s free memory is unknown here, --max-memory GiB chooses the plan for it")
         return (f"memory: {plan.label()} plan, about {plan.device_bytes / GIB:.1f} GiB{budget} "
                 f"({', '.join(f'{p.name} {p.bytes / GIB:.1f}' for p in top)})")
@@ -168,7 +192,9 @@ class MemoryEstimate:
                 if part.name.startswith("calibration") and part.bytes:
                     out.append(f"      {part.name:<40} {part.bytes / GIB:8.3f} GiB  (while a weight config is built)")
         if self.budget_bytes:
-            out.append(f"  available: {self.budget_bytes / GIB:.2f} GiB on {g.device}")
+            kept = (f", {self.reserve_bytes / GIB:.2f} kept in reserve (a plan may use {self.usable_bytes / GIB:.2f})"
+                    if self.reserve_bytes else "")
+            out.append(f"  available: {self.budget_bytes / GIB:.2f} GiB on {g.device}{kept}")
         out += [f"  note: {n}" for n in self.notes]
         return out
 
@@ -318,11 +344,11 @@ def _fixed_parts(desc: ModelDescription, device: str) -> list[Part]:
     return [Part("runtime (context, workspaces)", RUNTIME_BYTES)]
 
 
-def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: int | None = None,
+def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: int | None = None, reserve_bytes: int = 0,
                     requested: str = "auto", stored_reference: bool = False, choose: bool = True) -> MemoryEstimate:
     """Every plan's device peak for ``grid`` on ``desc``, and the plan chosen within ``budget_bytes``
-    (see :func:`choose_plan`; without a budget: the copies plan unless one-model is asked for or a
-    stored reference is used). ``choose=False`` chooses nothing and so refuses nothing."""
+    less ``reserve_bytes`` (see :func:`choose_plan`; without a budget: the copies plan unless one-model
+    is asked for or a stored reference is used). ``choose=False`` chooses nothing and so refuses nothing."""
     if grid.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {grid.dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     d = DTYPE_BYTES[grid.dtype]
@@ -358,10 +384,10 @@ def estimate_memory(desc: ModelDescription, grid: GridShape, *, budget_bytes: in
         parts.append(Part("per-token reference", _reference_record(desc, grid), "disk" if stored_reference else "host"))
         build = (Part("weights", weights), Part("calibration capture", calibration), *fixed)
         plans.append(PlanEstimate("one-model", interleave, tuple(parts), build))
-    estimate = MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes)
+    estimate = MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes, reserve_bytes=reserve_bytes)
     if not choose:
         return estimate
-    return MemoryEstimate(desc.name, grid, chunk, tuple(plans), budget_bytes, choose_plan(desc, estimate, requested, stored_reference))
+    return replace(estimate, chosen=choose_plan(desc, estimate, requested, stored_reference))
 
 
 # Who is told each estimate a run makes for itself (a grid whose plan no preflight decided: the ones
@@ -382,7 +408,7 @@ def announce(estimate: MemoryEstimate) -> None:
 
 def grid_estimate(model: str, weights, kv, *, ctx: int, tokens: int, score: str, dtype: str, device: str, chunk: int | None,
                   stored_reference: bool, plan: str, budget: int | None, calibration: tuple[int, int], topk: int,
-                  choose: bool = True) -> MemoryEstimate:
+                  choose: bool = True, reserve: int = 0) -> MemoryEstimate:
     """:func:`estimate_memory` for a grid as the CLI states it (``tokens`` asked, whole windows of
     ``ctx`` scored as ``score`` says), with ``dtype`` and ``device`` already resolved — the one
     computation behind :func:`wkvlab.api.memory_estimate` and the torch-free preflight."""
@@ -392,35 +418,37 @@ def grid_estimate(model: str, weights, kv, *, ctx: int, tokens: int, score: str,
     scored = (tokens // ctx) * (ctx - 1 - (0 if score == "all" else ctx // 2))
     grid = GridShape(tuple(weights), tuple(kv), ctx=ctx, tokens=scored, dtype=dtype, device=device, chunk=chunk,
                      calibration=calibration, topk=topk)
-    return estimate_memory(desc, grid, budget_bytes=budget, requested=plan, stored_reference=stored_reference, choose=choose)
+    return estimate_memory(desc, grid, budget_bytes=budget, reserve_bytes=reserve, requested=plan, stored_reference=stored_reference,
+                           choose=choose)
 
 
 def choose_plan(desc: ModelDescription, estimate: MemoryEstimate, requested: str = "auto", stored_reference: bool = False) -> PlanEstimate:
     """The plan to run: ``copies`` (exact KLD) when asked or, under ``auto``, when it fits; else
-    ``one-model`` with as many caches side by side as fit. Refuses in one line, naming what fits."""
+    ``one-model`` with as many caches side by side as fit. A plan fits when its peak is within the
+    budget less its reserve (a measured budget's; none for ``--max-memory``). Refuses in one line,
+    naming what fits."""
     if requested not in PLANS:
         raise ConfigError(f"unknown --memory-plan {requested!r}; use one of {', '.join(PLANS)}")
     if stored_reference and requested == "copies":
         raise ConfigError("--memory-plan copies keeps the reference model beside every copy; a stored --reference is the one-model plan: drop one of them")
-    budget = estimate.budget_bytes
+    budget = estimate.usable_bytes
     fits = lambda plan: budget is None or plan.device_bytes <= budget  # noqa: E731
     copies = estimate.plan("copies")
     singles = [p for p in estimate.plans if p.plan == "one-model"]
     if requested == "copies" or (requested == "auto" and not stored_reference and fits(copies)):
         if fits(copies):
             return copies
-        raise ConfigError(f"the copies plan needs about {copies.device_bytes / GIB:.1f} GiB, {budget / GIB:.1f} GiB are available on "
-                          f"{estimate.grid.device}; {_advice(desc, estimate)}")
+        raise ConfigError(f"the copies plan needs about {copies.device_bytes / GIB:.1f} GiB, {estimate.available()}; {_advice(desc, estimate)}")
     fitting = [p for p in singles if fits(p)]
     if fitting:
         return fitting[-1]
-    raise ConfigError(f"even one model with one cache needs about {singles[0].device_bytes / GIB:.1f} GiB and {budget / GIB:.1f} GiB are "
-                      f"available on {estimate.grid.device}; {_advice(desc, estimate)}")
+    raise ConfigError(f"even one model with one cache needs about {singles[0].device_bytes / GIB:.1f} GiB, {estimate.available()}; "
+                      f"{_advice(desc, estimate)}")
 
 
 def _advice(desc: ModelDescription, estimate: MemoryEstimate) -> str:
     """The first change that fits, tried in order: the one-model plan, a smaller chunk, bfloat16, a shorter ctx."""
-    budget, grid = estimate.budget_bytes or 0, estimate.grid
+    budget, grid = estimate.usable_bytes or 0, estimate.grid
     one = [p for p in estimate.plans if p.plan == "one-model"][0]
     if one.device_bytes <= budget:
         return f"--memory-plan one-model fits ({one.device_bytes / GIB:.1f} GiB)"

@@ -37,7 +37,7 @@ from wkvlab.errors import ConfigError, OutOfMemory
 from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline, float_baseline
 from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows, window_tokens
 from wkvlab.eval.logits import model_logits
-from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, announce, estimate_memory
+from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, announce, estimate_memory, measured_reserve
 from wkvlab.eval.metrics import position_buckets
 from wkvlab.eval.reference import DEFAULT_TOPK, StoredComparison
 from wkvlab.eval.result import EvalResult, TokenArrays
@@ -252,7 +252,7 @@ def memory_plan(model: torch.nn.Module, windows: WindowSet, weight_specs: list[W
                 calibration: CalibrationSet | None = None) -> PlanEstimate:
     """The plan :func:`run_grid` runs: the one ``options`` names (with ``interleave``: decided
     already, by the preflight estimate), else the memory estimate's choice within what the model's
-    device has (free memory plus the loaded model itself, or ``options.max_memory``)."""
+    device has (free memory plus the loaded model itself, less a reserve, or ``options.max_memory``)."""
     if options.plan not in PLANS:
         raise ConfigError(f"unknown memory plan {options.plan!r}; use one of {', '.join(PLANS)}")
     devices = {p.device for p in model.parameters()}
@@ -262,16 +262,18 @@ def memory_plan(model: torch.nn.Module, windows: WindowSet, weight_specs: list[W
     grid = GridShape(tuple(weight_specs), tuple(kv_specs), ctx=windows.ctx, tokens=windows.n_scored, dtype=placement(model)["dtype"],
                      device=where, chunk=options.chunk_for(model, windows.ctx, kv_specs), calibration=samples, topk=options.topk)
     decided = options.plan != "auto" and options.interleave is not None
-    budget = None
+    budget, reserve = None, 0
     if not decided and where != "meta":
         resident = sum(p.numel() * p.element_size() for p in model.parameters())  # already loaded: part of what the run may use
         budget = options.max_memory if options.max_memory is not None else available_memory(where) + resident
+        reserve = 0 if options.max_memory is not None else measured_reserve(budget)  # --max-memory is the user's number
     try:
         desc = ModelDescription.from_config(model.config.to_dict(), name=type(model).__name__)
     except ConfigError:  # a config the planner cannot describe: no estimate, so the plan the options imply
         one = options.plan == "one-model" or options.reference is not None
         return PlanEstimate("one-model" if one else "copies", max(1, options.interleave or 1) if one else len(weight_specs) * len(kv_specs), ())
-    estimate = estimate_memory(desc, grid, budget_bytes=budget, requested=options.plan, stored_reference=options.reference is not None)
+    estimate = estimate_memory(desc, grid, budget_bytes=budget, reserve_bytes=reserve, requested=options.plan,
+                               stored_reference=options.reference is not None)
     if not decided:  # no preflight printed it: the command's header says it now
         announce(estimate)
     if options.interleave is not None and estimate.chosen.plan == "one-model":
