@@ -21,6 +21,7 @@ from wkvlab.models.cache import cache_dir, mark_used  # noqa: F401  (cache_dir: 
 from wkvlab.models.facts import check_model_source
 from wkvlab.models.fingerprint import file_sha256, folder_fingerprint
 from wkvlab.models.packaged import canonical_name, packaged_gguf
+from wkvlab.runtime import use_expandable_segments
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPES = ("auto", *_DTYPES)
@@ -235,6 +236,7 @@ def load_model(spec: str, *, dtype: str = "float32", use_cache: bool = True, dev
     from wkvlab.models.placement import check_device_map
 
     device = resolve_device(device)
+    use_expandable_segments(device)  # before the weights reach the GPU (wkvlab.runtime)
     dtype = resolve_dtype(dtype, device)
     device_map = check_device_map(device_map)
     check_model_source(spec)
