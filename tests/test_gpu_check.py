@@ -68,8 +68,30 @@ def test_the_gpu_only_code_runs_on_small_shapes_on_the_cpu(gc):
     assert rows["forward calls per chunk (llama-shaped)"]["ok"]
     memory = [r for name, r in rows.items() if "estimate" in name]
     assert len(memory) == 4 and all(r["ok"] is False and r.get("measured_gib", r.get("peak_gib")) is None for r in memory)  # CUDA measures peaks
+    assert all("reserved_gib" in r and r["reserved_gib"] is None for r in memory)  # the reserved peak is compared too
     assert set(out["calibrated_build"]) == {"gptq-int4-g128", "awq-int4-g128"}
     assert torch.get_default_dtype() == torch.float32  # the bf16 build restored it
+
+
+def test_the_reserved_peak_is_measured_and_must_be_within_the_estimate_too(gc, monkeypatch):
+    """On CUDA both of torch's peaks are read after a reset: an allocated peak within the band with
+    a reserved peak 20% above the estimate (a fragmented allocator) fails the check."""
+    calls = []
+    stats = {"allocated": 0, "reserved": 0}
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(gc.torch.cuda, name, lambda name=name: calls.append(name))
+    monkeypatch.setattr(gc.torch.cuda, "max_memory_allocated", lambda: stats["allocated"])
+    monkeypatch.setattr(gc.torch.cuda, "max_memory_reserved", lambda: stats["reserved"])
+    gc._reset_peak("cuda:0")
+    assert calls == ["synchronize", "empty_cache", "reset_peak_memory_stats"]
+    estimate = 10 * 2**30
+    stats.update(allocated=int(9.6 * 2**30), reserved=12 * 2**30)
+    ok, measured = gc._peaks_within(gc._peaks("cuda:0"), estimate, gc.MEMORY_MARGIN)
+    assert not ok and measured == {"measured_gib": 9.6, "reserved_gib": 12.0}
+    stats.update(reserved=int(10.8 * 2**30))
+    assert gc._peaks_within(gc._peaks("cuda:0"), estimate, gc.MEMORY_MARGIN) == (True, {"measured_gib": 9.6, "reserved_gib": 10.8})
+    assert gc._peaks_within(gc._peaks("cuda:0"), estimate, gc.MEMORY_MARGIN / 2)[0] is False  # 10.8 is 8% above: outside ±5%
+    assert gc._peaks("cpu") is None and gc._peaks_within(None, estimate, gc.BUILD_MARGIN) == (False, {"measured_gib": None, "reserved_gib": None})
 
 
 def _model_checks(gc, monkeypatch, kv=("q4_0",), weights=("int8", "gptq-int4-g32")):
