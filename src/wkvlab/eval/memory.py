@@ -199,7 +199,7 @@ class MemoryEstimate:
         return out
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "chunk": self.chunk, "budget_bytes": self.budget_bytes,
+        return {"model": self.model, "chunk": self.chunk, "budget_bytes": self.budget_bytes, "reserve_bytes": self.reserve_bytes,
                 "chosen": self.chosen.to_dict() if self.chosen else None, "plans": [p.to_dict() for p in self.plans],
                 "notes": list(self.notes)}
 
