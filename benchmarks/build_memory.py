@@ -53,8 +53,13 @@ LLAMA_70B = dict(model_type="llama", hidden_size=8192, intermediate_size=28672, 
 MIXTRAL_8X7B = dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                     head_dim=128, vocab_size=32000, max_position_embeddings=4096, rope_theta=1e6, num_local_experts=8,
                     num_experts_per_tok=2, tie_word_embeddings=False)
-SHAPES = {"llama-70b-slice": LLAMA_70B, "mixtral-8x7b-layer": {**MIXTRAL_8X7B, "num_hidden_layers": 1}}
-CASES = ("llama-70b-slice:gptq-int4-g128", "llama-70b-slice:awq-int4-g128", "mixtral-8x7b-layer:gptq-int4-g128")
+QWEN3_30B_A3B = dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+                     num_key_value_heads=4, head_dim=128, vocab_size=151936, max_position_embeddings=4096, rope_theta=1e6, num_experts=128,
+                     num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False)
+SHAPES = {"llama-70b-slice": LLAMA_70B, "mixtral-8x7b-layer": {**MIXTRAL_8X7B, "num_hidden_layers": 1},
+          "qwen3-30b-a3b-layer": {**QWEN3_30B_A3B, "num_hidden_layers": 1}}  # small experts: GPTQ batches them
+CASES = ("llama-70b-slice:gptq-int4-g128", "llama-70b-slice:awq-int4-g128", "mixtral-8x7b-layer:gptq-int4-g128",
+         "qwen3-30b-a3b-layer:gptq-int4-g128")
 MARGIN = 0.15  # the issue's bound: every estimate within ±15% of what the run takes
 # The issue's widths with a small vocabulary and 8 × 512 calibration (what a build adds is most of the
 # peak, and on meta a case takes seconds): the fast test tier and gpu_check's CPU part. AWQ runs 3
@@ -62,7 +67,7 @@ MARGIN = 0.15  # the issue's bound: every estimate within ±15% of what the run 
 # clipping search (its buffers are smaller than the scale search's; the full cases run the preset).
 QUICK_SHAPE = dict(vocab_size=1024, max_position_embeddings=1024)
 QUICK_CASES = {"llama-gptq": ("llama-70b-slice", 1, "gptq-int4-g128"), "llama-awq": ("llama-70b-slice", 3, "awq-int4-g128;grid=4;noclip"),
-               "mixtral-gptq": ("mixtral-8x7b-layer", 1, "gptq-int4-g128")}
+               "mixtral-gptq": ("mixtral-8x7b-layer", 1, "gptq-int4-g128"), "qwen3-moe-gptq": ("qwen3-30b-a3b-layer", 1, "gptq-int4-g128")}
 
 
 def estimated_build_bytes(config: dict, spec: str, samples: int, length: int) -> int:
@@ -78,12 +83,12 @@ def _columns_on_meta(w, hinv, q, i1, i2, qparams, fake, group_size, params, grou
     """GPTQ's column loop as the emulation runs it: the block's copy, its errors, its groups' grids and its
     quantized columns — what :func:`wkvlab.weights.gptq.block_columns` allocates beyond ``[rows]``-long
     vectors — without the per-column ops (thousands per matrix, each ~0.5 ms on ``meta``)."""
-    w1 = w[:, i1:i2].clone()
+    w1 = w[..., i1:i2].clone()
     err1 = torch.zeros_like(w1)
     for col in range(i1, i2):
         if group_of is None and group_size is not None and col % group_size == 0:  # fixed grids are found before the loop
-            params.append(qparams(w[:, col:col + group_size]))
-    q[:, i1:i2] = w1
+            params.append(qparams(w[..., col:col + group_size].reshape(-1, min(group_size, w.shape[-1] - col))))
+    q[..., i1:i2] = w1
     return err1
 
 
@@ -92,7 +97,7 @@ def emulate_build(config: dict, spec: str, samples: int, length: int) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(**config)
-    experts = config.get("num_local_experts")
+    experts = config.get("num_local_experts") or config.get("num_experts")
     fraction = config["num_experts_per_tok"] / experts if experts else 1.0
     tokens = torch.randint(0, config["vocab_size"], (samples, length), generator=torch.Generator().manual_seed(0))
     calibration = CalibrationSet(CalibrationSpec(samples=samples, length=length), tokens, "random")

@@ -4,7 +4,8 @@ place on a ``meta`` model inside the counting audit (tests/meta_memory.py, what 
 
 The fast tier runs the issue's widths with a small vocabulary and 8 × 512 calibration; the slow
 tier runs the issue's shapes (a 4-layer Llama-3-70B slice, one Mixtral-8x7B layer, 128 × 512
-calibration), as ``benchmarks/build_memory.py`` prints them. That the bound can fail (a planted extra
+calibration); one Qwen3-30B-A3B layer checks the estimate counts GPTQ's batched experts (31 gate/up
+matrices through one column loop), as ``benchmarks/build_memory.py`` prints them. That the bound can fail (a planted extra
 Hessian) is tested through gpu_check's meta build audit, which runs the same quick case
 (tests/test_gpu_check.py)."""
 import pytest
@@ -38,7 +39,7 @@ def test_the_audit_counts_live_storages_once_and_frees_them():
     assert audit.peak == 2 << 20
 
 
-@pytest.mark.parametrize("case", ["llama-gptq", "llama-awq", "mixtral-gptq"])  # build_memory.QUICK_CASES
+@pytest.mark.parametrize("case", ["llama-gptq", "llama-awq", "mixtral-gptq", "qwen3-moe-gptq"])  # build_memory.QUICK_CASES
 def test_build_peak_is_within_15_percent_of_the_estimate(bench, case):
     got = bench.quick_case(case)
     assert abs(got["ratio"] - 1) <= bench.MARGIN, got

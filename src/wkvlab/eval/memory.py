@@ -36,6 +36,7 @@ from wkvlab.plan.kv import kv_bytes_per_token, per_layer_tokens
 from wkvlab.plan.models import ModelDescription
 from wkvlab.plan.params import linear_inventory, parameter_count
 from wkvlab.units import GIB
+from wkvlab.weights.gptq_batch import experts_per_batch, gptq_working_bytes
 from wkvlab.weights.spec import WeightSpec
 
 # The chunk's float32 logits (and the log-probabilities derived from them) should stay around this
@@ -255,39 +256,39 @@ CAPTURE_CHUNK = 4  # calibration samples per forward (wkvlab.weights.capture.cap
 AWQ_CLIP_TOKENS = 512  # input rows AWQ keeps per linear for its clipping search (wkvlab.weights.awq.CLIP_TOKENS)
 
 
-def _gptq_groups(desc: ModelDescription) -> list[tuple[int, int, bool]]:
-    """``(in, out, stacked)`` of each matrix GPTQ quantizes at once: q/k/v (every attention linear
-    reading the hidden size) stacked, gate and up stacked, each expert's gate/up and down alone."""
+def _gptq_groups(desc: ModelDescription, dtype_bytes: int) -> list[tuple[int, int, bool, int]]:
+    """``(in, out, stacked, matrices)`` of each quantization GPTQ runs at once: q/k/v (every
+    attention linear reading the hidden size) stacked, gate and up stacked, and routed experts of
+    one shape in batches through one column loop (wkvlab.weights.gptq_batch.experts_per_batch:
+    ``matrices`` of them, stacked when more than one; gate and up of one expert are one matrix)."""
     groups = set()
     inventory = linear_inventory(desc)
     for layer in sorted({lin.layer for lin in inventory}):
         linears = [lin for lin in inventory if lin.layer == layer]
         attention_in = [lin for lin in linears if lin.name.startswith("attn.") and lin.in_features == desc.hidden_size]
         if attention_in:
-            groups.add((desc.hidden_size, sum(lin.out_features for lin in attention_in), len(attention_in) > 1))
+            groups.add((desc.hidden_size, sum(lin.out_features for lin in attention_in), len(attention_in) > 1, 1))
         for lin in linears:
             if lin in attention_in:
                 continue
-            if lin.routed_expert:  # one expert's matrix (gate and up of one expert are one matrix)
-                groups.add((lin.in_features, lin.out_features * (2 if lin.name.endswith("gate_up_proj") else 1), False))
+            if lin.routed_expert:
+                gate_up = lin.name.endswith("gate_up_proj")
+                n_out, experts = lin.out_features * (2 if gate_up else 1), lin.count // (2 if gate_up else 1)
+                batch = experts_per_batch(lin.in_features, n_out, experts, dtype_bytes)
+                groups.add((lin.in_features, n_out, batch > 1, batch))
             else:
-                groups.add((lin.in_features, lin.out_features * lin.count, lin.count > 1))
+                groups.add((lin.in_features, lin.out_features * lin.count, lin.count > 1, 1))
     return sorted(groups)
 
 
 def _gptq_build(desc: ModelDescription, tokens: int, dtype_bytes: int) -> int:
     """GPTQ (wkvlab.weights.gptq) beside the weights: the layer's input hidden states, an MoE
-    layer's recorded expert inputs (as large), and the largest group's quantization: its rows
-    stacked (16-bit), a float32 copy of them and either three in² float32 matrices while the
-    Cholesky factor is inverted (the factor, ``cholesky_inverse``'s working copy — CUDA's solves
-    against an identity, as its meta kernel does — and the result) or, in the column loop, the
-    inverse factor with the quantized copy and the lazy update's product (in² + 2 more copies)."""
+    layer's recorded expert inputs (as large), and the largest group's quantization
+    (wkvlab.weights.gptq_batch.gptq_working_bytes, times the experts batched together)."""
     hidden = tokens * desc.hidden_size * dtype_bytes
     experts = hidden if desc.moe else 0
-    worst = 0
-    for n_in, n_out, stacked in _gptq_groups(desc):
-        rows = n_in * n_out
-        worst = max(worst, (rows * dtype_bytes if stacked else 0) + max(3 * n_in * n_in * 4 + rows * 4, n_in * n_in * 4 + 3 * rows * 4))
+    worst = max((matrices * gptq_working_bytes(n_in, n_out, dtype_bytes, stacked=stacked)
+                 for n_in, n_out, stacked, matrices in _gptq_groups(desc, dtype_bytes)), default=0)
     return hidden + experts + worst
 
 

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from wkvlab.formats import affine_dequantize, affine_qparams, affine_quantize
 from wkvlab.weights.capture import advance_layer, hessian_of, input_groups
+from wkvlab.weights.gptq_batch import EXPERT_BATCH_BYTES, experts_per_batch
 from wkvlab.weights.experts import expert_hessian, expert_matrices, is_fused_experts, record_expert_inputs
 from wkvlab.weights.rtn import quantize_weight
 from wkvlab.weights.spec import WeightSpec
@@ -82,28 +83,32 @@ def affine_quantizer(spec: WeightSpec) -> tuple[QParams, FakeQuant]:
 
 
 def block_columns(w: Tensor, hinv: Tensor, q: Tensor, i1: int, i2: int, qparams: QParams, fake: FakeQuant,
-                  group_size: int | None, params: list, group_of: Tensor | None = None) -> Tensor:
-    """Columns ``i1:i2`` of one lazy-update block, one at a time: each is quantized into ``q`` and
-    its error pushed onto the block's later columns; returns the block's errors ``[rows, i2 - i1]``
-    (what updates the columns after the block). With groups, a group's grid is computed from ``w``
-    as its first column is reached and appended to ``params``. With ``group_of`` (the host-side group
-    index of each column), ``params`` holds every grid already, found before the loop (fixed grids,
+                  group_size: int | None, params: list, group_of=None) -> Tensor:
+    """Columns ``i1:i2`` of one lazy-update block of ``[experts, rows, columns]`` weights (``hinv``
+    ``[experts, columns, columns]``), one column of every expert at a time: each is quantized into
+    ``q`` and its error pushed onto the block's later columns; returns the block's errors
+    ``[experts, rows, i2 - i1]`` (what updates the columns after the block). The format callables
+    see the experts' rows as one ``[experts · rows]`` column: they work row by row, so this is one
+    call per expert's column, bit for bit. With groups, a group's grid is computed from ``w`` as its
+    first column is reached and appended to ``params``. With ``group_of`` (column -> its grid,
+    :func:`_grid_lookup`), ``params`` holds every grid already, found before the loop (fixed grids,
     and the one per-row grid without groups)."""
-    w1, hinv1 = w[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
+    experts, rows, columns = w.shape
+    w1, hinv1 = w[..., i1:i2].clone(), hinv[:, i1:i2, i1:i2]
     err1 = torch.zeros_like(w1)
     scale, zero = params[-1] if params else (None, None)
     for i in range(i2 - i1):
         col = i1 + i
         if group_of is not None:
-            scale, zero = params[int(group_of[col])]
-        elif group_size is not None and col % group_size == 0:
-            scale, zero = qparams(w[:, col:col + group_size])  # outer w, as the reference does
+            scale, zero = group_of(col)
+        elif group_size is not None and col % group_size == 0:  # outer w, as the reference does
+            scale, zero = qparams(w[..., col:col + group_size].reshape(experts * rows, -1))
             params.append((scale, zero))
-        qcol = fake(w1[:, i], scale, zero)
-        q[:, col] = qcol
-        e = (w1[:, i] - qcol) / hinv1[i, i]
-        w1[:, i:] -= e[:, None] @ hinv1[i, i:][None, :]
-        err1[:, i] = e
+        qcol = fake(w1[..., i].reshape(-1), scale, zero).reshape(experts, rows)
+        q[..., col] = qcol
+        e = (w1[..., i] - qcol) / hinv1[:, i, i, None]
+        w1[..., i:] -= e[..., None] * hinv1[:, i, None, i:]  # the outer product: one product per element, exact
+        err1[..., i] = e
     return err1
 
 
@@ -124,34 +129,49 @@ def gptq_quantize(
 ) -> Tensor:
     """GPTQ-quantized copy of ``weight`` (``[out, in]``) for inputs whose Hessian is ``hessian``.
 
+    ``weight`` may carry a leading batch dimension, ``[experts, out, in]`` with ``hessian``
+    ``[experts, in, in]``: the matrices (MoE experts of one shape and spec) then go through one
+    column loop together, each with its own Hessian, dead inputs, act-order permutation and grids —
+    the Python loop runs once for all of them instead of once per matrix (bit-identical to one call
+    per matrix on the CPU, tested).
+
     ``grid`` says where group grids come from (``"updated"``: IST-DASLab, ``"original"``:
-    llm-compressor; module docstring). With ``record`` (a dict), the grid is kept for writing a
-    checkpoint: ``record["params"]`` lists each group's ``(scale, zero)`` in group-index order,
-    ``record["g_idx"]`` the group of each input column, ``record["perm"]`` the act-order permutation.
-    ``consume=True`` works in the float32 ``hessian`` itself, as the reference does (``H = self.H;
-    del self.H``), instead of a copy: the caller passes its only reference (``held.pop()``), so
-    at most two Hessian-sized buffers are alive (one while each Cholesky step writes the next).
+    llm-compressor; module docstring). With ``record`` (a dict; unbatched only), the grid is kept
+    for writing a checkpoint: ``record["params"]`` lists each group's ``(scale, zero)`` in
+    group-index order, ``record["g_idx"]`` the group of each input column, ``record["perm"]`` the
+    act-order permutation. ``consume=True`` works in the float32 ``hessian`` itself, as the
+    reference does (``H = self.H; del self.H``), instead of a copy: the caller passes its only
+    reference (``held.pop()``), so at most two Hessian-sized buffers are alive (one while each
+    Cholesky step writes the next).
     """
     if grid not in GRIDS:
         raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
-    w = weight.detach().to(torch.float32, copy=True)
+    batched = weight.dim() == 3
+    if batched and record is not None:
+        raise ValueError("record is kept for one matrix at a time; pass an unbatched [out, in] weight")
+    w = weight.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     h = hessian.detach().float() if consume else hessian.detach().to(torch.float32, copy=True)
     del hessian
-    columns = w.shape[1]
+    if not batched:
+        w, h = w[None], h[None]
+    experts, rows, columns = w.shape
     # Grids found before the column loop see the weight as it came, dead inputs included: per row,
     # as IST-DASLab's find_params(W) before its dead-column line; per group with grid="original",
     # as llm-compressor's observer.
-    fixed = _fixed_grids(w, qparams, group_size, grid)
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1
-    w[:, dead] = 0
+    fixed = _fixed_grids(w.reshape(experts * rows, columns), qparams, group_size, grid)
+    diag = torch.diagonal(h, dim1=-2, dim2=-1)
+    dead = diag == 0
+    diag.masked_fill_(dead, 1)  # the reference's H[dead, dead] = 1
+    w.masked_fill_(dead[:, None, :], 0)
     perm = None
     if act_order:
-        perm = torch.argsort(torch.diag(h), descending=True)
-        w = w[:, perm]
-        h = h[perm]
-        h = h[:, perm]
-    h.diagonal().add_(damp * torch.mean(torch.diag(h)))  # the reference's H[diag, diag] += damp, no identity matrix
+        perm = torch.argsort(torch.diagonal(h, dim1=-2, dim2=-1).contiguous(), dim=-1, descending=True)
+        w = w.take_along_dim(perm[:, None, :], dim=2)
+        h = h.take_along_dim(perm[:, :, None], dim=1)
+        h = h.take_along_dim(perm[:, None, :], dim=2)
+    diag = torch.diagonal(h, dim1=-2, dim2=-1)  # the reference's H[diag, diag] += damp, no identity matrix
+    diag.add_(damp * torch.mean(diag.contiguous(), dim=-1, keepdim=True))
+    del diag
     h = torch.linalg.cholesky(h)
     h = torch.cholesky_inverse(h)
     hinv = torch.linalg.cholesky(h, upper=True)
@@ -160,19 +180,40 @@ def gptq_quantize(
     params = fixed if fixed is not None else []
     # group of each column in processing order: fixed grids keep the original column's group
     # (llm-compressor's g_idx[perm]); updated grids number groups as the loop meets them
-    position = torch.arange(columns) if perm is None else perm.cpu()
-    group_of = (position if fixed is not None else torch.arange(columns)) // (group_size or columns)
+    order = torch.arange(columns).expand(experts, columns)
+    position = order if perm is None else perm.cpu()
+    group_of = (position if fixed is not None else order) // (group_size or columns)
+    lookup = _grid_lookup(params, group_of, experts, w.device) if fixed is not None else None
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
-        err1 = block_columns(w, hinv, q, i1, i2, qparams, fake, group_size, params, group_of=group_of if fixed is not None else None)
-        w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+        err1 = block_columns(w, hinv, q, i1, i2, qparams, fake, group_size, params, group_of=lookup)
+        w[..., i2:] -= err1 @ hinv[:, i1:i2, i2:]
     del w, hinv
     if perm is not None:
-        q = q[:, torch.argsort(perm)]
-        group_of = group_of[torch.argsort(perm.cpu())]
+        q = q.take_along_dim(torch.argsort(perm, dim=-1)[:, None, :], dim=2)
+        group_of = group_of.gather(1, torch.argsort(perm.cpu(), dim=-1))
     if record is not None:
-        record.update(params=params, perm=perm, g_idx=group_of)
-    return q.to(weight.dtype)
+        record.update(params=params, perm=None if perm is None else perm[0], g_idx=group_of[0])
+    return (q if batched else q[0]).to(weight.dtype)
+
+
+def _grid_lookup(params: list[tuple[Tensor, Tensor]], group_of: Tensor, experts: int, device: torch.device):
+    """``column -> (scale, zero)`` of fixed grids (``params``, one per group, each ``[experts · rows, 1]``).
+
+    Where every expert's column falls in the same group (no act-order, or one group) that group's
+    grid is taken whole, found on the host; where act-order permuted the experts' columns apart,
+    each expert's rows are gathered from its own group by an index moved to the device once."""
+    if bool((group_of == group_of[0]).all()):
+        shared = group_of[0].tolist()
+        return lambda col: params[shared[col]]
+    scales = torch.stack([s for s, _ in params]).unflatten(1, (experts, -1))  # [groups, experts, rows, 1]
+    zeros = torch.stack([z for _, z in params]).unflatten(1, (experts, -1))
+    index, every = group_of.to(device), torch.arange(experts, device=device)
+
+    def pick(col: int) -> tuple[Tensor, Tensor]:
+        return scales[index[:, col], every].flatten(0, 1), zeros[index[:, col], every].flatten(0, 1)
+
+    return pick
 
 
 def _fixed_grids(w: Tensor, qparams: QParams, group_size: int | None, grid: str) -> list[tuple[Tensor, Tensor]] | None:
@@ -230,31 +271,58 @@ def _quantize_linears(targets: dict[str, torch.nn.Module], names: list[str], hel
         _split_record(record, names, rows, kept)
 
 
-def _gptq_matrix(matrix, hessian: Tensor | None, spec: WeightSpec) -> bool:
-    """GPTQ of one expert matrix on ``hessian`` (consumed); an expert no calibration token reached
-    has none (GPTQ would zero it) and is rounded to nearest: returns whether it was."""
-    if hessian is None:
-        matrix.set(quantize_weight(matrix.get(), spec))
-        return True
-    held = [hessian]
-    del hessian
+def _gptq_expert_batch(module: torch.nn.Module, inputs: list[tuple[Tensor, Tensor]], matrices: list, spec: WeightSpec) -> int:
+    """GPTQ of same-shaped expert ``matrices`` through one column loop, each on the Hessian of the
+    inputs it sees, accumulated one expert at a time into one ``[experts, in, in]`` buffer; an expert
+    no calibration token reached has none (GPTQ would zero it) and is rounded to nearest instead.
+    Returns how many were."""
+    live, held, rounded = [], None, 0
+    for matrix in matrices:
+        hessian = expert_hessian(module, inputs, matrix.expert, gated=matrix.param == "down_proj")
+        if hessian is None:
+            matrix.set(quantize_weight(matrix.get(), spec))
+            rounded += 1
+            continue
+        if held is None:
+            held = hessian.new_empty(len(matrices), *hessian.shape)
+        held[len(live)].copy_(hessian)
+        live.append(matrix)
+        del hessian
+    if not live:
+        return rounded
+    # one expert's weights are read in place; several are stacked (the estimate counts the copy)
+    weights = live[0].get()[None] if len(live) == 1 else torch.stack([m.get() for m in live])
     qparams, fake = affine_quantizer(spec)
-    matrix.set(gptq_quantize(matrix.get(), held.pop(), qparams, fake, group_size=spec.group_size, block_size=spec.block_size,
-                             damp=spec.damp, act_order=spec.act_order, grid=spec.grid_from, consume=True))
-    return False
+    hessians = held[:len(live)]
+    del held
+    quantized = gptq_quantize(weights, hessians, qparams, fake, group_size=spec.group_size, block_size=spec.block_size,
+                              damp=spec.damp, act_order=spec.act_order, grid=spec.grid_from, consume=True)
+    del weights
+    for matrix, q in zip(live, quantized):
+        matrix.set(q)
+    return rounded
 
 
 def _gptq_experts(layer: torch.nn.Module, hidden: list[Tensor], kwargs: list[dict], name: str, module: torch.nn.Module,
-                  specs: dict[str, WeightSpec]) -> int:
-    """GPTQ of each expert matrix of one experts module on the Hessian of the tokens routed to it,
-    one expert and one matrix at a time: the module's inputs are recorded once, then each Hessian
-    is accumulated from them, used and freed. down_proj goes first: its input is computed with the
-    expert's unquantized gate/up weights. Returns how many matrices were rounded instead."""
+                  specs: dict[str, WeightSpec], budget: int = EXPERT_BATCH_BYTES) -> int:
+    """GPTQ of the expert matrices of one experts module on the Hessians of the tokens routed to
+    each: the module's inputs are recorded once, then the matrices of one parameter and spec go
+    through GPTQ's column loop in batches (:func:`wkvlab.weights.gptq_batch.experts_per_batch`
+    under ``budget`` bytes), their Hessians accumulated, used and freed batch by batch. Every
+    down_proj goes first: its input is computed with the experts' unquantized gate/up weights.
+    Returns how many matrices were rounded instead."""
     inputs = record_expert_inputs(layer, hidden, kwargs, module)
-    rounded = 0
-    for key, matrix in sorted(expert_matrices(name, module), key=lambda kv: (kv[1].expert, kv[1].param != "down_proj")):
+    batches: dict[tuple, list] = {}
+    for key, matrix in expert_matrices(name, module):
         if key in specs:
-            rounded += _gptq_matrix(matrix, expert_hessian(module, inputs, matrix.expert, gated=matrix.param == "down_proj"), specs[key])
+            batches.setdefault((matrix.param != "down_proj", matrix.param, _method_key(specs[key])), []).append((key, matrix))
+    rounded = 0
+    for _, chosen in sorted(batches.items(), key=lambda kv: kv[0][:2]):
+        spec = specs[chosen[0][0]]
+        n_out, n_in = chosen[0][1].shape
+        size = experts_per_batch(n_in, n_out, len(chosen), chosen[0][1].tensor.element_size(), budget)
+        for lo in range(0, len(chosen), size):
+            rounded += _gptq_expert_batch(module, inputs, [m for _, m in chosen[lo:lo + size]], spec)
     return rounded
 
 
