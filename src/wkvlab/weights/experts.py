@@ -26,7 +26,8 @@ tokens routed to that expert (``top_k_index``) for ``gate_up_proj``, and the gat
 those tokens, computed with the expert's own (unquantized) gate/up weights, for ``down_proj`` —
 the computation of transformers' ``batched_mm_experts_forward``. The module's inputs are recorded
 once per layer (:func:`record_expert_inputs`) and each Hessian is built from them when its matrix
-is quantized, so one expert matrix's Hessian is alive at a time, not every expert's.
+is quantized: only the Hessians of the experts GPTQ quantizes together are alive at once (a batch
+bounded in bytes, wkvlab.weights.gptq_batch), not every expert's.
 """
 from __future__ import annotations
 
