@@ -133,7 +133,7 @@ def memory_estimate(model: str, weights: list[WeightSpec], kv: list[KVSpec], *, 
     prints the table first). See :mod:`wkvlab.eval.memory`."""
     import torch
 
-    from wkvlab.eval.memory import grid_estimate, measured_reserve
+    from wkvlab.eval.memory import budget_and_reserve, grid_estimate
     from wkvlab.models.loading import resolve_dtype
     from wkvlab.runtime import available_memory
 
@@ -143,11 +143,10 @@ def memory_estimate(model: str, weights: list[WeightSpec], kv: list[KVSpec], *, 
     dtype = resolve_dtype(dtype, key)
     calib = calibration or CalibrationSpec()
     visible = key == "cpu" or torch.cuda.is_available()
-    measured = available_memory(key) if max_memory is None and visible else None  # --max-memory is the user's number: no reserve
-    budget = max_memory if max_memory is not None else measured
+    budget, reserve = budget_and_reserve(max_memory, available_memory(key) if max_memory is None and visible else None)
     return grid_estimate(model, weights, kv, ctx=ctx, tokens=tokens, score=score, dtype=dtype, device=key, chunk=chunk,
                          stored_reference=reference is not None, plan=plan, budget=budget, calibration=(calib.samples, calib.length),
-                         topk=topk, choose=choose, reserve=measured_reserve(measured) if measured is not None else 0)
+                         topk=topk, choose=choose, reserve=reserve)
 
 
 def total_steps(work: Workload, weights: list[WeightSpec], kv: list[KVSpec], options: RunOptions) -> int:

@@ -73,6 +73,14 @@ def measured_reserve(measured_bytes: int) -> int:
     return max(MIN_RESERVE_BYTES, int(measured_bytes * RESERVE_FRACTION))
 
 
+def budget_and_reserve(max_memory: int | None, measured: int | None) -> tuple[int | None, int]:
+    """(budget, reserve) a plan is chosen within: the user's ``--max-memory`` whole (their number), else the
+    measured free memory less :func:`measured_reserve`, else no budget (a device whose memory is unknown)."""
+    if max_memory is not None:
+        return max_memory, 0
+    return (measured, measured_reserve(measured)) if measured is not None else (None, 0)
+
+
 def auto_chunk(vocab_size: int, ctx: int, specs: list[KVSpec] = ()) -> int:
     """The largest power of two (≥ 64) whose float32 logits fit the budget, a multiple of every
     per-channel token group, and no longer than the window."""

@@ -37,7 +37,7 @@ from wkvlab.errors import ConfigError, OutOfMemory
 from wkvlab.eval.baseline import FLOAT_BASELINE, Baseline, float_baseline
 from wkvlab.eval.chunks import WindowPass, auto_chunk, chunk_bounds, scored_rows, window_tokens
 from wkvlab.eval.logits import model_logits
-from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, announce, estimate_memory, measured_reserve
+from wkvlab.eval.memory import PLANS, GridShape, PlanEstimate, announce, budget_and_reserve, estimate_memory
 from wkvlab.eval.metrics import position_buckets
 from wkvlab.eval.reference import DEFAULT_TOPK, StoredComparison
 from wkvlab.eval.result import EvalResult, TokenArrays
@@ -265,8 +265,7 @@ def memory_plan(model: torch.nn.Module, windows: WindowSet, weight_specs: list[W
     budget, reserve = None, 0
     if not decided and where != "meta":
         resident = sum(p.numel() * p.element_size() for p in model.parameters())  # already loaded: part of what the run may use
-        budget = options.max_memory if options.max_memory is not None else available_memory(where) + resident
-        reserve = 0 if options.max_memory is not None else measured_reserve(budget)  # --max-memory is the user's number
+        budget, reserve = budget_and_reserve(options.max_memory, available_memory(where) + resident if options.max_memory is None else None)
     try:
         desc = ModelDescription.from_config(model.config.to_dict(), name=type(model).__name__)
     except ConfigError:  # a config the planner cannot describe: no estimate, so the plan the options imply
