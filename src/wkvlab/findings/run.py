@@ -17,7 +17,6 @@ from wkvlab.findings import FINDINGS, analysis, grids, render
 from wkvlab.stats.decision import DEFAULT_MARGIN
 
 
-
 def torch_threads() -> int:
     """The threads this run chose (``--threads``/``WKVLAB_THREADS``), for llama.cpp too."""
     import torch
