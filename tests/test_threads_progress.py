@@ -279,3 +279,13 @@ def test_the_demo_grids_first_eta_is_estimating_then_a_number_within_2x():
     for eta, now in list(zip(etas, times))[3:-1]:  # from the first pass (the reference's) on: a number, never 2x off
         minutes, seconds = eta.rstrip("+").split(":")
         assert 0.5 <= (60 * int(minutes) + int(seconds)) / (finish - now) <= 2.0, (eta, finish - now)
+
+
+def test_a_grid_with_nothing_left_to_run_says_so_in_one_line(capsys):
+    """A resumed finding's finished grid has 0 steps: it used to print '0 steps' and '1e-09/1e-09 (100%) ... done'."""
+    from wkvlab import display
+
+    with display.progress_bar(0, "calibration-prose-default: 0 of 4 configs to run") as tick:
+        tick("never", 1)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("calibration-prose-default: 0 of 4 configs to run: nothing left to run"), lines

@@ -371,6 +371,10 @@ def progress_bar(total: float, title: str, grid=None) -> Iterator[Advance]:
     callback the runner expects. ``grid`` (weight specs, KV specs), or a list of them for a run of
     several grids: the ETA times the weight builds and calibrations apart from the window passes
     (:class:`StepCosts`, :func:`grids_classes`)."""
+    if total <= 0:  # everything already measured (a resumed finding's finished grid): one line, not a 0/0 bar
+        _plain_write(f"{datetime.now():%H:%M:%S} {title}: nothing left to run")
+        yield lambda _description, _steps: None
+        return
     # no grid: builds still timed apart from the passes as they come (one in progress at its own rate), none foreseen
     builds, kv_calibrations = grids_classes(grid) if grid is not None else ([], 0)
     if not err_console.is_terminal:
