@@ -98,4 +98,10 @@ def replicate_chunk(base: int, replicate: int, multiple: int = 1) -> int:
     return max(multiple, (base >> replicate) // multiple * multiple)
 
 
-__all__ = ["Components", "components", "describe", "replicate_chunk"]
+def replicate_label(replicate: int, chunk: int) -> str:
+    """What tells replicate r of a config from the measurement itself wherever both are listed: ``" (replicate 1,
+    chunk 256)"``, ``""`` for replicate 0. One wording for a sweep config's label, store listings and the report."""
+    return f" (replicate {replicate}, chunk {chunk})" if replicate else ""
+
+
+__all__ = ["Components", "components", "describe", "replicate_chunk", "replicate_label"]

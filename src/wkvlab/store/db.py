@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from wkvlab.errors import DataError
+from wkvlab.stats.replicates import replicate_label
 from wkvlab.eval.result import EvalResult
 from wkvlab.store.arrays import decode_token_arrays, encode_token_arrays
 from wkvlab.store.schema import check_file, ensure_schema
@@ -52,9 +53,23 @@ class StoredRow:
     weight_bytes: int
     kv_bytes_per_token: float
     seconds: float
+    # r >= 1: the config measured again (another calibration sample, chunks halved r times; wkvlab.sweep.plan);
+    # from the stored config, not a column: stores written before replicates read as replicate 0
+    replicate: int = 0
+    chunk: int = 0  # queries per prefill chunk the config ran with (0: automatic)
+
+    @property
+    def replicate_label(self) -> str:
+        """``" (replicate 1, chunk 256)"`` or ``""``: what tells a replicate's row from the measurement's."""
+        return replicate_label(self.replicate, self.chunk)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _run_of(config: dict) -> tuple[int, int]:
+    """(replicate, chunk) of a stored config (a :class:`wkvlab.sweep.plan.SweepConfig` dict; other writers' lack both)."""
+    return int(config.get("replicate") or 0), int(config.get("chunk") or 0)
 
 
 def result_fields(result: EvalResult) -> dict:
@@ -140,7 +155,8 @@ class ResultStore:
     def rows(self) -> list[StoredRow]:
         """Summaries of every stored result, in the order they were written."""
         with self._errors():
-            return [StoredRow(*r) for r in self._conn.execute(f"SELECT {_SUMMARY} FROM results ORDER BY created_at, rowid")]
+            found = self._conn.execute(f"SELECT {_SUMMARY}, config FROM results ORDER BY created_at, rowid").fetchall()
+        return [StoredRow(*r[:-1], *_run_of(json.loads(r[-1]))) for r in found]
 
     def config(self, config_id: str) -> dict:
         with self._errors():

@@ -16,6 +16,7 @@ from wkvlab.display import console, err_console, progress_bar, status
 from wkvlab.errors import ConfigError
 from wkvlab.io import check_output_file, write_json_atomic
 from wkvlab.preflight import check_sweep, require_store
+from wkvlab.stats.replicates import replicate_label
 from wkvlab.sweep.spec import load_spec
 from wkvlab.units import mib
 
@@ -38,16 +39,19 @@ def plan_table(plan: SweepPlan) -> Table:
         table.add_column(name, no_wrap=True)
     for c in plan.configs:
         status = "[green]done[/]" if c.config_id in plan.done else "to run"
-        table.add_row(c.config_id[:12], c.model, c.data, str(c.ctx), str(c.tokens), c.weight_spec.label, c.kv_spec.label, status)
+        table.add_row(c.config_id[:12], c.model, c.data, str(c.ctx), str(c.tokens), c.weight_spec.label,
+                      c.kv_spec.label + replicate_label(c.replicate, c.chunk), status)
     return table
 
 
 def rows_table(rows: list[StoredRow], title: str) -> Table:
+    """One line per stored result; a replicate's KV cell carries " (replicate r, chunk c)" — the same config measured
+    again, whose labels are otherwise the measurement's."""
     table = Table(title=title, title_justify="left")
     for name in ("model", "data", "ctx", "tokens", "weights", "KV", "KLD mean ± se", "top-1", "PPL", "weights MiB", "KV B/token"):
         table.add_column(name, justify="left" if name in ("model", "data", "weights", "KV") else "right", no_wrap=True)
     for r in rows:
-        table.add_row(r.model, r.data, str(r.ctx), str(r.tokens), r.weights, r.kv, f"{r.kld_mean:.5f} ± {r.kld_se:.5f}",
+        table.add_row(r.model, r.data, str(r.ctx), str(r.tokens), r.weights, r.kv + r.replicate_label, f"{r.kld_mean:.5f} ± {r.kld_se:.5f}",
                       f"{100 * r.top1:.2f}%", f"{r.ppl:.3f}", mib(r.weight_bytes), f"{r.kv_bytes_per_token:,.0f}")
     return table
 

@@ -33,7 +33,7 @@ from wkvlab.eval.chunks import auto_chunk
 from wkvlab.eval.runner import grid_steps
 from wkvlab.kv.spec import KVSpec
 from wkvlab.kv.tokens import token_group_multiple
-from wkvlab.stats.replicates import replicate_chunk
+from wkvlab.stats.replicates import replicate_chunk, replicate_label
 from wkvlab.sweep.spec import SweepSpec
 from wkvlab.weights.spec import WeightSpec
 
@@ -154,8 +154,8 @@ class SweepConfig:
 
     @property
     def label(self) -> str:
-        again = f" (replicate {self.replicate}, chunk {self.chunk})" if self.replicate else ""
-        return f"{self.model} {self.data} ctx {self.ctx} × {self.tokens}: {self.weight_spec.label} × {self.kv_spec.label}{again}"
+        return (f"{self.model} {self.data} ctx {self.ctx} × {self.tokens}: {self.weight_spec.label} × {self.kv_spec.label}"
+                f"{replicate_label(self.replicate, self.chunk)}")
 
     @property
     def weight_spec(self) -> WeightSpec:
