@@ -30,6 +30,9 @@ class UnitValues(JsonMixin):
     tokens: tuple[int, ...]  # tokens scored in each unit
     kld: tuple[float, ...]  # mean KLD of each unit (nats/token)
     top1: tuple[float, ...] = ()  # top-1 agreement of each unit (empty when not recorded)
+    # the same config measured again on the same units (replicates 1, 2, … of a store; wkvlab.sweep.plan): every
+    # decision pools them with these values (:meth:`resampled`), so the run-to-run variance is inside its interval
+    replicates: tuple["UnitValues", ...] = ()
 
     @classmethod
     def from_arrays(cls, kld, top1, units) -> "UnitValues":
@@ -57,6 +60,31 @@ class UnitValues(JsonMixin):
         counts = np.asarray(self.tokens)
         return np.repeat(means, counts), Units(np.repeat(np.arange(counts.size), counts), self.unit)
 
+    @property
+    def runs(self) -> tuple["UnitValues", ...]:
+        """The measurement and each replicate, one run each."""
+        return (replace(self, replicates=()), *self.replicates)
+
+    def pairs_with(self, other: "UnitValues") -> bool:
+        """Whether a paired difference with ``other`` is defined: the same units and as many runs (replicate r with r)."""
+        return (self.unit, self.tokens, len(self.replicates)) == (other.unit, other.tokens, len(other.replicates))
+
+    def resampled(self, metric: str, minus: "UnitValues | None" = None):
+        """The token-weighted mean of ``metric`` (minus ``minus``'s, paired per unit and per replicate: :meth:`pairs_with`)
+        as a :class:`~wkvlab.stats.bootstrap.Resampled`, pooled over the replicates by the findings' rule
+        (:func:`wkvlab.stats.bootstrap.pool`): one run is the units' interval, several hold the run-to-run variance too."""
+        from wkvlab.stats.bootstrap import pool, resample
+
+        if minus is not None and not self.pairs_with(minus):
+            raise ValueError("paired differences need the same units and replicates")
+        each = []
+        for i, run in enumerate(self.runs):
+            values, units = run.per_token(metric)
+            if minus is not None:
+                values = values - minus.runs[i].per_token(metric)[0]
+            each.append(resample(lambda m: m["x"], {"x": values}, units))
+        return pool(each)
+
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([mbk])")
 _NOISE = {"instruct", "chat", "it", "base", "hf", "gguf", "meta", "fp16", "bf16", "fp32", "awq", "gptq", "int4", "int8", "fp8"}
@@ -81,11 +109,14 @@ class Measurement(JsonMixin):
     high: float | None = None
     kind: str = "results"  # results (an eval --json file) | store (a sweep store) | probe (plan --probe)
     units: UnitValues | None = None  # per-unit values (the probe keeps them): what plan --tolerance decides on
+    replicates: int = 1  # runs pooled into it (a store's replicates of one config, :func:`pool_replicates`)
+    note: str = ""  # what the label adds (a replicate used alone, and why)
 
     def describe(self) -> str:
         if self.kind == "probe":
             return f"probe, {self.tokens:,} tokens"
-        return f"{self.tokens:,} tokens, ctx {self.ctx}, {self.data}"
+        runs = f"{self.replicates} replicates × " if self.replicates > 1 else ""
+        return f"{runs}{self.tokens:,} tokens, ctx {self.ctx}, {self.data}" + (f"; {self.note}" if self.note else "")
 
 
 def family_and_size(name: str) -> tuple[str, float | None]:
@@ -147,7 +178,7 @@ def load_store(path: str | Path) -> list[Measurement]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"results store {path} does not exist; run 'wkvlab sweep spec.yaml --store {path}' first")
-    out = []
+    configs: dict[str, list[tuple[int, Measurement]]] = {}  # one config's runs: the measurement and its replicates
     with open_store(path, create=False) as db:
         for row in db.rows():
             config = db.config(row.config_id)
@@ -156,12 +187,43 @@ def load_store(path: str | Path) -> list[Measurement]:
                 units = UnitValues.from_arrays(arrays.kld, arrays.top1_agree, arrays.units)
             except DataError:  # a row without its arrays: readable, but undecided under a tolerance
                 units = None
-            out.append(Measurement(model=row.model, data=row.data, ctx=row.ctx, tokens=row.tokens, weights=row.weights, kv=row.kv,
+            measured = Measurement(model=row.model, data=row.data, ctx=row.ctx, tokens=row.tokens, weights=row.weights, kv=row.kv,
                                    kld=float(row.kld_mean), se=float(row.kld_se or 0.0), origin=f"{path}#{row.config_id[:12]}",
                                    weights_spec=dict(config["weights"]), kv_spec=dict(config["kv"]),
                                    top1=None if row.top1 is None else float(row.top1), kind="store",
-                                   units=units))
-    return out
+                                   units=units)
+            configs.setdefault(_config_key(row.config_id, config), []).append((row.replicate, measured))
+    return [pool_replicates(runs) for runs in configs.values()]
+
+
+def _config_key(config_id: str, config: dict) -> str:
+    """What a replicate shares with its measurement: the stored config's identity without its ``replicate`` entry
+    (:meth:`wkvlab.sweep.plan.SweepConfig.identity`); a config stored without one is its own."""
+    identity = config.get("identity")
+    if not isinstance(identity, dict):
+        return config_id
+    return json.dumps({k: v for k, v in identity.items() if k != "replicate"}, sort_keys=True)
+
+
+def pool_replicates(runs: list[tuple[int, Measurement]]) -> Measurement:
+    """One config's stored runs ((replicate, measurement) pairs) as one measurement: the replicates' mean KLD with the
+    run-to-run variance inside its se and 95% interval — the findings' rule (:meth:`UnitValues.resampled`). Runs without
+    per-unit values cannot be pooled: the measurement (replicate 0, else the first) stands alone and its label says so."""
+    runs = sorted(runs, key=lambda run: run[0])
+    first = runs[0][1]
+    if len(runs) == 1:
+        return first if runs[0][0] == 0 else replace(first, note=f"replicate {runs[0][0]} alone")
+    units = [m.units for _, m in runs]
+    if any(u is None or (u.unit, u.tokens) != (units[0].unit, units[0].tokens) for u in units):
+        return replace(first, note=f"replicate {runs[0][0]} alone: its {len(runs) - 1} other replicate(s) kept no per-unit "
+                                   "values on the same units to pool")
+    pooled = replace(units[0], replicates=tuple(units[1:]))
+    kld = pooled.resampled("kld")
+    interval = kld.interval(0.95)
+    top1 = 1.0 - pooled.resampled("top1_loss").estimate if all(u.top1 for u in units) else first.top1
+    return replace(first, kld=kld.estimate, se=kld.se, top1=top1, low=interval.low if interval.decided else None,
+                   high=interval.high if interval.decided else None, units=pooled, replicates=len(runs),
+                   origin=first.origin + "".join(f"+{m.origin.rsplit('#', 1)[-1]}" for _, m in runs[1:]))
 
 
 def load_measurements(results: Iterable[str | Path] = (), stores: Iterable[str | Path] = ()) -> list[Measurement]:
@@ -231,8 +293,8 @@ def index_measurements(measurements: list[Measurement], model: ModelDescription,
                                     if m_size and size else "its size is unknown")
                 continue
         best = target.get(key)
-        # the user's own runs win over the probe's; among equals, the one with more tokens
-        if best is None or (m.kind != "probe", m.tokens) > (best.kind != "probe", best.tokens):
+        # the user's own runs win over the probe's; among equals, the one with more tokens, then more replicates
+        if best is None or (m.kind != "probe", m.tokens, m.replicates) > (best.kind != "probe", best.tokens, best.replicates):
             target[key] = m
     out = {key: MeasuredQuality(m.kld, m.se, "measured", f"measured ({m.describe()})", m.origin, m.top1, m.low, m.high,
                                  m.units)

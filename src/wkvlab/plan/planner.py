@@ -476,24 +476,20 @@ def _shown_ties(first: Combination, peers: list[Combination]) -> dict[int, objec
     differences, m 10% of ``first``'s KLD estimated on the same units, Holm over the peers tested; keyed by ``id``.
 
     A tie is a peer shown *equivalent within ±m*. Token-level standard errors (tokens treated as independent)
-    are far too narrow for this, so a row with no per-unit values on ``first``'s units is not tested at all."""
+    are far too narrow for this, so a row with no per-unit values on ``first``'s units is not tested at all; nor is
+    one with another number of replicates (a store's replicates pair run by run, and pool as the findings do)."""
     base = first.quality.units
     if base is None:
         return {}
-    tested = [r for r in peers if r is not first and r.quality.units is not None
-              and (r.quality.units.unit, r.quality.units.tokens) == (base.unit, base.tokens)]
+    tested = [r for r in peers if r is not first and r.quality.units is not None and r.quality.units.pairs_with(base)]
     if not tested:
         return {}
-    from wkvlab.stats import resample
     from wkvlab.stats.decision import MarginRule, decide
 
-    a, units = base.per_token("kld")
     name = f"{first.weights} x {first.kv}"
-    effects = []
-    for r in tested:
-        arrays = {"a": a, "b": r.quality.units.per_token("kld")[0]}
-        effects.append(MarginRule().difference_effect(f"{r.weights} x {r.kv} − {name}", resample(lambda m: m["b"] - m["a"], arrays, units),
-                                                      resample(lambda m: m["a"], arrays, units), f"KLD of {name}", int(a.size), unit="nats"))
+    own = base.resampled("kld")
+    effects = [MarginRule().difference_effect(f"{r.weights} x {r.kv} − {name}", r.quality.units.resampled("kld", minus=base), own,
+                                              f"KLD of {name}", sum(base.tokens), unit="nats") for r in tested]
     return {id(r): v for r, v in zip(tested, decide(effects, family=f"KLD against {name}, the lowest: ties broken by speed"))}
 
 

@@ -70,7 +70,6 @@ def tolerance_rule(tolerance: "Tolerance") -> VerdictRule:
     (listed, with the tokens that would decide it at 80% power). The checkpoint itself is within any
     tolerance (nothing is rounded); a prior, a transfer or a measurement without per-unit values is
     ``undecided`` and never recommended; the catastrophe guard still drops what it drops."""
-    from wkvlab.stats.bootstrap import resample
     from wkvlab.stats.tolerance import ship_decision
 
     def rule(qualities: Sequence[QualityEstimate]) -> list[Verdict]:
@@ -78,8 +77,8 @@ def tolerance_rule(tolerance: "Tolerance") -> VerdictRule:
         for i, q in enumerate(qualities):
             if not q.unsafe and not q.exact and q.source == MEASURED and q.units is not None \
                     and (tolerance.metric == "kld" or q.units.top1):
-                values, units = q.units.per_token(tolerance.metric)
-                family[i] = (resample(lambda m: m["x"], {"x": values}, units), int(values.size))
+                # a store's replicates of the config pooled in: its run-to-run variance is inside the decision
+                family[i] = (q.units.resampled(tolerance.metric), sum(q.units.tokens))
         decided = dict(zip(family, ship_decision({str(i): family[i] for i in family}, tolerance,
                                                  family="measured configs of this plan") if family else []))
         out = []

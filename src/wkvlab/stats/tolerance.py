@@ -100,7 +100,8 @@ class ToleranceVerdict:
         need = ""
         if not self.decided:
             need = (f"; ~{self.tokens_needed:,} tokens ({self.units_needed:,} {self.raw.unit}) would decide it with {POWER:.0%} power "
-                    "if it is what was measured") if self.units_needed else "; no sample size decides it at this estimate"
+                    "if it is what was measured") if self.units_needed else "; no sample size decides it at this estimate" + (
+                    ": the between-replicate variance alone keeps it open (more replicates would)" if self.raw.replicates > 1 else "")
         return (f"{self.outcome} ({tol}): {bounds} adjusted ({ADJUSTMENT} over {self.family_size} config"
                 f"{'s' if self.family_size != 1 else ''}{' (' + self.family + ')' if self.family else ''}; "
                 f"{self.raw.n_units} {self.raw.unit}; {adj.precision or self.raw.precision}){need}")
@@ -138,7 +139,8 @@ def ship_decision(configs: Mapping[str, tuple[Resampled, int]], tolerance: Toler
             if d.n_units < MIN_UNITS:
                 units = MIN_UNITS
             elif d.usable:
-                units = units_to_decide(d.estimate, d.se, d.skew, d.n_units, tau, tau, test_alpha / 2)
+                # with replicates only the units' share of the variance shrinks with more units (as decision._needed)
+                units = units_to_decide(d.estimate, d.se, d.skew, d.n_units, tau, tau, test_alpha / 2, spread=d.components)
                 units = None if units is None else max(units, d.n_units + 1)
             tokens_needed = math.ceil(tokens * units / d.n_units) if units and tokens and d.n_units else None
         out.append(ToleranceVerdict(name, outcome, tolerance, raw, adj, p[i], adjusted_p[i], family, len(names), tokens, units,
