@@ -64,9 +64,10 @@ def render_report(data: ReportData, profiles: Sequence[Profile] = (), tasks: Seq
 
 def write_report(results: Sequence[EvalResult], out: str | Path, *, source: str, context: int = 8192, batch: int = 1,
                  profiles: Sequence[Profile] = (), tasks: Sequence[TaskScore] = (),
-                 findings: Sequence[StoredFinding] = ()) -> ReportFiles:
-    """Build the report of ``results`` into folder ``out`` (created; a foreign non-empty folder is refused)."""
-    data = build_report_data(results, source=source, context=context, batch=batch)
+                 findings: Sequence[StoredFinding] = (), replicates: Sequence[tuple[int, int]] = ()) -> ReportFiles:
+    """Build the report of ``results`` into folder ``out`` (created; a foreign non-empty folder is refused);
+    ``replicates``: each result's (replicate, chunk) (a replicate is drawn as a group of its own)."""
+    data = build_report_data(results, source=source, context=context, batch=batch, replicates=replicates)
     written = write_folder(Path(out), render_report(data, profiles, tasks, findings))
     return ReportFiles(Path(out), tuple(written), data)
 
@@ -75,8 +76,9 @@ def report_from_store(store: str | Path, out: str | Path, *, context: int = 8192
                       profiles: Sequence[Profile] = ()) -> ReportFiles:
     """The report of every result in a results store (opened read-only: a missing store is an error)."""
     with open_store(store, create=False) as db:
-        results = db.results()
+        rows = db.rows()
+        results = db.results([r.config_id for r in rows])
         tasks = db.task_scores()
         findings = db.findings()
     return write_report(results, out, source=str(store), context=context, batch=batch, profiles=profiles, tasks=tasks,
-                        findings=findings)
+                        findings=findings, replicates=[(r.replicate, r.chunk) for r in rows])

@@ -5,7 +5,10 @@ the PNGs and the Markdown/CSV tables are the same numbers, computed once.
 
 Results are compared only inside a *group*: the same model file, text, window length and token count
 (fingerprints included), because paired statistics need the same tokens. A store may hold several
-groups (two models, two contexts); the report draws each on its own.
+groups (two models, two contexts); the report draws each on its own. A replicate (the grid measured
+again by ``findings --replicates``: another calibration sample, another chunk size) is a group of its
+own whose heading says so: pairing replicate 1 of one config with the measurement of another would
+mix two runs in one difference, and one config must not appear twice in one table.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from wkvlab.errors import ConfigError, DataError, WkvlabError
 from wkvlab.eval.result import EvalResult
 from wkvlab.kv.spec import KVSpec
 from wkvlab.stats.bootstrap import Interval, paired_interval, resample
+from wkvlab.stats.replicates import replicate_label
 from wkvlab.stats.decision import MarginRule, Verdict, decide
 
 # Weight methods that leave the linear weights at 16 bits or more: 'none' is the checkpoint itself,
@@ -103,10 +107,12 @@ class Group:
     ctx: int
     tokens: int
     results: tuple[EvalResult, ...]
+    replicate: int = 0  # r >= 1: a replicate's results (wkvlab.sweep.plan), run with prefill chunks of ``chunk``
+    chunk: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.model} · {self.data} · ctx {self.ctx} · {self.tokens} tokens"
+        return f"{self.model} · {self.data} · ctx {self.ctx} · {self.tokens} tokens{replicate_label(self.replicate, self.chunk)}"
 
 
 def quantized_reference_note(group: Group) -> str:
@@ -131,13 +137,15 @@ def quantized_reference_note(group: Group) -> str:
             "they add on top of the file's.")
 
 
-def group_results(results: Sequence[EvalResult]) -> list[Group]:
+def group_results(results: Sequence[EvalResult], replicates: Sequence[tuple[int, int]] = ()) -> list[Group]:
+    """``replicates``: each result's (replicate, chunk), as a store's rows carry them (empty: every result is a
+    measurement, replicate 0)."""
     keys: dict[tuple, list[EvalResult]] = {}
-    for r in results:
+    for r, run in zip(results, replicates or [(0, 0)] * len(results), strict=True):
         fp = r.fingerprints or {}
-        key = (r.model, fp.get("model_sha256"), r.data, fp.get("data_sha256"), r.ctx, r.tokens)
+        key = (r.model, fp.get("model_sha256"), r.data, fp.get("data_sha256"), r.ctx, r.tokens, *(run if run[0] else (0, 0)))
         keys.setdefault(key, []).append(r)
-    return [Group(i, k[0], k[2], k[4], k[5], tuple(rs)) for i, (k, rs) in enumerate(keys.items())]
+    return [Group(i, k[0], k[2], k[4], k[5], tuple(rs), k[6], k[7]) for i, (k, rs) in enumerate(keys.items())]
 
 
 @dataclass(frozen=True)
@@ -351,7 +359,7 @@ class ReportData:
         return {
             "source": self.source, "context": self.context, "batch": self.batch,
             "groups": [{"index": g.index, "label": g.label, "model": g.model, "data": g.data, "ctx": g.ctx, "tokens": g.tokens,
-                        "note": quantized_reference_note(g)} for g in self.groups],
+                        "replicate": g.replicate, "note": quantized_reference_note(g)} for g in self.groups],
             "configs": [r.to_dict() for r in self.configs],
             "kv_penalties": [r.to_dict() for r in self.penalties],
             "cross_terms": [r.to_dict() for r in self.cross_terms],
@@ -359,11 +367,13 @@ class ReportData:
         }
 
 
-def build_report_data(results: Sequence[EvalResult], *, source: str, context: int = 8192, batch: int = 1) -> ReportData:
+def build_report_data(results: Sequence[EvalResult], *, source: str, context: int = 8192, batch: int = 1,
+                      replicates: Sequence[tuple[int, int]] = ()) -> ReportData:
+    """``replicates``: each result's (replicate, chunk), as :func:`group_results` takes them."""
     if not results:
         raise DataError(f"{source} holds no results; run 'wkvlab sweep <spec.yaml> --store <file>' or 'wkvlab demo --report <dir>' first")
     memory_bytes(0, 0.0, context, batch)  # checks --context and --batch before any work
-    groups = group_results(results)
+    groups = group_results(results, replicates)
     return ReportData(
         source, context, batch, tuple(groups),
         tuple(row for g in groups for row in config_rows(g, context, batch)),
