@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.report.helpers import demo_like_grid, make_result
+from tests.report.test_tasks_section import _score
 from wkvlab.report import report_from_store
 from wkvlab.report.data import build_report_data
 from wkvlab.store import open_store
@@ -27,6 +28,7 @@ def test_a_replicate_is_its_own_group_and_pairs_only_with_its_own_run(tmp_path):
             store.put(f"r0-{i}", {"score": "all"}, result)  # written before replicates: no replicate entry
         for i, result in enumerate(again):
             store.put(f"r1-{i}", {"score": "all", "replicate": 1, "chunk": 32}, result)
+        store.put_task_scores({"c": 1}, [_score("int4-g128", "int4", 0.5, cid="c1")])
     report = report_from_store(db, tmp_path / "rep")
     data = report.data
     assert [g.label for g in data.groups] == ["tiny · default · ctx 64 · 512 tokens",
@@ -43,3 +45,8 @@ def test_a_replicate_is_its_own_group_and_pairs_only_with_its_own_run(tmp_path):
     assert both[(1, "int4-g128", "int4")] == pytest.approx(0.006, abs=1e-12)
     assert "- group 1: tiny · default · ctx 64 · 512 tokens (replicate 1, chunk 32)" in (tmp_path / "rep" / "report.md").read_text()
     assert [g["replicate"] for g in json.loads((tmp_path / "rep" / "report.json").read_text())["groups"]] == [0, 1]
+    # a task score joins its config's KLD in each run, each under its run's heading
+    tasks = json.loads((tmp_path / "rep" / "report.json").read_text())["tasks"]
+    assert [(t["group_label"], t["kld_mean"]) for t in tasks] == [
+        ("tiny · default · ctx 64 · 512 tokens", pytest.approx(0.043)),
+        ("tiny · default · ctx 64 · 512 tokens (replicate 1, chunk 32)", pytest.approx(0.046))]

@@ -20,7 +20,7 @@ from wkvlab.report.png import render_png
 from wkvlab.report.profiles import Profile
 from wkvlab.report.tables import markdown_document, report_tables, to_csv
 from wkvlab.report.tasks import task_charts, task_rows, tasks_table
-from wkvlab.store import open_store
+from wkvlab.store import ResultStore, open_store
 from wkvlab.store.findings import StoredFinding
 from wkvlab.store.tasks import TaskScore
 
@@ -76,9 +76,14 @@ def report_from_store(store: str | Path, out: str | Path, *, context: int = 8192
                       profiles: Sequence[Profile] = ()) -> ReportFiles:
     """The report of every result in a results store (opened read-only: a missing store is an error)."""
     with open_store(store, create=False) as db:
-        rows = db.rows()
-        results = db.results([r.config_id for r in rows])
+        results, replicates = stored_results(db)
         tasks = db.task_scores()
         findings = db.findings()
     return write_report(results, out, source=str(store), context=context, batch=batch, profiles=profiles, tasks=tasks,
-                        findings=findings, replicates=[(r.replicate, r.chunk) for r in rows])
+                        findings=findings, replicates=replicates)
+
+
+def stored_results(db: ResultStore) -> tuple[list[EvalResult], list[tuple[int, int]]]:
+    """Every result of a store, and each one's (replicate, chunk): what :func:`~wkvlab.report.data.group_results` groups by."""
+    rows = db.rows()
+    return db.results([r.config_id for r in rows]), [(r.replicate, r.chunk) for r in rows]

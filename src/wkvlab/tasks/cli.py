@@ -71,11 +71,14 @@ def tasks_command(
     with open_store(store) as db:
         with progress_bar(len(weight_specs) * len(kv_specs), "tasks") as advance:
             outcome = run_tasks(model, weight_specs, kv_specs, spec, db, calibration=calibration, progress=advance, manager=manager)
-        results = db.results()  # KLDs stored earlier (e.g. by wkvlab sweep) count too
+        from wkvlab.report.build import stored_results
+
+        # KLDs stored earlier (e.g. by wkvlab sweep) count too; a replicate's under its own group, as the report has it
+        results, replicates = stored_results(db)
     from wkvlab.report.data import group_results
     from wkvlab.report.tasks import task_rows, tasks_table
 
-    table = tasks_table(task_rows(group_results(results), outcome.scores))
+    table = tasks_table(task_rows(group_results(results, replicates), outcome.scores))
     console.print(_rich_table(table))
     err_console.print(f"{outcome.ran} configs scored, {outcome.skipped} already in {store}")
     if report is not None:
