@@ -50,8 +50,9 @@ class UnitValues(JsonMixin):
         return cls(str(data["unit"]), tuple(int(t) for t in tokens), tuple(float(x) for x in kld), tuple(float(x) for x in top1))
 
     def per_token(self, metric: str):
-        """(per-token values, unit labels) whose token-weighted means are this measurement's: ``kld``, or ``top1_loss``
-        (1 − agreement), the scale a tolerance is tested on."""
+        """(per-token values, unit labels) whose token-weighted means are this run's (replicate 0's when it holds
+        replicates: decisions pool them through :meth:`resampled`): ``kld``, or ``top1_loss`` (1 − agreement), the
+        scale a tolerance is tested on."""
         import numpy as np
 
         from wkvlab.stats.bootstrap import Units
