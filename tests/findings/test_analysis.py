@@ -180,3 +180,23 @@ def test_weight_methods_are_compared_as_differences():
     assert "int4-g128 − gptq-int4-g128" in method_differences_markdown([d])
     # the footnote's basis holds for every row of the family, not only for the first row's cache
     assert "m = 10% of KLD(C), the row's cache under unquantized weights" in method_differences_markdown([d])
+
+
+def test_calibration_table_shows_each_replicates_cost_where_several_are_pooled():
+    """Two builds whose costs are +0.03 and +0.05: the pooled cost is +0.04 and the table names both, so a reader sees
+    the spread that sets the interval's width at two replicates (the SmolLM2 record: GPTQ's math costs +0.146 and +0.168)."""
+    rng = np.random.default_rng(3)
+    size = WINDOWS * (CTX - 1)
+    base = rng.normal(0, 0.01, size)
+
+    def grids(math_cost):
+        return {(calib, "default"): [_result("gptq-int4-g128", "fp16", level + base)]
+                for calib, level in (("prose", 0.10), ("math", 0.10 + math_cost))}
+
+    (one,) = calibration(grids(0.03))
+    assert one.mismatch["math"].replicate_estimates == () and "{replicates" not in calibration_markdown([one])
+    (row,) = calibration(grids(0.03), replicates=[grids(0.05)])
+    cost = row.mismatch["math"]
+    assert cost.estimate == pytest.approx(0.04) and cost.replicate_estimates == pytest.approx((0.03, 0.05))
+    assert "math: +0.0400 [" in calibration_markdown([row]) and "{replicates +0.0300, +0.0500} (" in calibration_markdown([row])
+    assert row.verdicts["math"].adjusted.replicate_estimates == pytest.approx((0.03, 0.05))

@@ -156,6 +156,14 @@ def attention_markdown(rows) -> str:
         + _rule_note(v for x in crossed for v in x.verdicts.values()))
 
 
+def _by_replicate(iv: Interval, spec: str) -> str:
+    """`` {replicates +0.0560, +0.0654}``: each replicate's own estimate, where several were pooled — with few
+    replicates their spread can set the interval's width (its df), and the reader sees which."""
+    if len(iv.replicate_estimates) < 2:
+        return ""
+    return " {replicates " + ", ".join(format(x, spec) for x in iv.replicate_estimates) + "}"
+
+
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
     calibs = list(dict.fromkeys(c for r in rows for c in r.kld))
     header = ["method", "evaluated on", *[f"calibrated on {c}" for c in calibs], "mismatch cost [raw 95%] (Holm-adjusted; m) → verdict"]
@@ -163,15 +171,18 @@ def calibration_markdown(rows: list[CalibrationRow]) -> str:
 
     def cost(c, iv, v) -> str:
         if v is None:
-            return f"{c}: {format(iv, '+.4f')} → no verdict"
-        return f"{c}: {format(iv, '+.4f')} ({_iv(v.adjusted, '+.4f')}; ±{v.margin.value:.2g}) → {_decision(v)}"
+            return f"{c}: {format(iv, '+.4f')}{_by_replicate(iv, '+.4f')} → no verdict"
+        return f"{c}: {format(iv, '+.4f')}{_by_replicate(iv, '+.4f')} ({_iv(v.adjusted, '+.4f')}; ±{v.margin.value:.2g}) → {_decision(v)}"
 
     for r in rows:
         verdicts = r.verdicts or {}
         costs = "; ".join(cost(c, iv, verdicts.get(c)) for c, iv in r.mismatch.items())
-        body.append([r.weights, r.data, *[format(r.kld[c], ".4f") if c in r.kld else "—" for c in calibs], costs or "—"])
+        body.append([r.weights, r.data, *[format(r.kld[c], ".4f") + _by_replicate(r.kld[c], ".4f") if c in r.kld else "—" for c in calibs],
+                     costs or "—"])
+    braces = any(len(iv.replicate_estimates) > 1 for r in rows for iv in (*r.kld.values(), *r.mismatch.values()))
     return _table(header, body) + ("\n\nMismatch cost: KLD with that calibration text minus KLD with the evaluation's own domain "
-                                   "(prose for prose, code for code), paired by window."
+                                   "(prose for prose, code for code), paired by window"
+                                   + ("; {replicates …}: each replicate's own KLD or cost." if braces else ".")
                                    + _rule_note((v for r in rows for v in (r.verdicts or {}).values()),
                                                 margin_of="the KLD calibrated on the evaluated text's own domain")
                                    + replicates_note(iv for r in rows for iv in (*r.kld.values(), *r.mismatch.values())))

@@ -86,6 +86,9 @@ class Interval:
     mc_error: float = 0.0  # Monte-Carlo standard error of the bounds: 0 for the analytic interval (stored bootstraps had one)
     replicates: int = 1
     df: float = 0.0  # 0: not recorded (an interval without replicates has units − 1)
+    # each replicate's own estimate (empty: one run, or a record from before they were kept): with few replicates the
+    # between-replicate spread can set the width, and a table shows the estimates that set it
+    replicate_estimates: tuple[float, ...] = ()
 
     @property
     def decided(self) -> bool:
@@ -119,6 +122,7 @@ class Interval:
         fields = {k: data.get(k, 0) for k in cls.__dataclass_fields__}
         fields["unit"] = data.get("unit") or "units"
         fields["method"] = data.get("method") or ""
+        fields["replicate_estimates"] = tuple(data.get("replicate_estimates") or ())
         return cls(**{k: float("nan") if v is None else v for k, v in fields.items()})
 
     @property
@@ -235,7 +239,10 @@ class Resampled:
         if self.se > 0.0:
             low, high = skewt.bounds(self.estimate, self.se, self.skew, self.n_units, level, self.df)
         return Interval(self.estimate, float(low), float(high), level, self.n_units, 0, 0, self.unit, METHOD,
-                        replicates=self.replicates, df=round(self.df, 2))
+                        replicates=self.replicates, df=round(self.df, 2), replicate_estimates=self._replicate_estimates())
+
+    def _replicate_estimates(self) -> tuple[float, ...]:
+        return () if self.replicate_estimates is None else tuple(float(x) for x in self.replicate_estimates)
 
     def tail_beyond(self, threshold: float, side: str) -> float:
         """The two-sided level α at which the interval's ``side`` bound reaches ``threshold``.
