@@ -179,7 +179,7 @@ def calibration_markdown(rows: list[CalibrationRow]) -> str:
         costs = "; ".join(cost(c, iv, verdicts.get(c)) for c, iv in r.mismatch.items())
         body.append([r.weights, r.data, *[format(r.kld[c], ".4f") + _by_replicate(r.kld[c], ".4f") if c in r.kld else "—" for c in calibs],
                      costs or "—"])
-    braces = any(len(iv.replicate_estimates) > 1 for r in rows for iv in (*r.kld.values(), *r.mismatch.values()))
+    braces = any(_by_replicate(iv, ".4f") for r in rows for iv in (*r.kld.values(), *r.mismatch.values()))  # its one rule
     return _table(header, body) + ("\n\nMismatch cost: KLD with that calibration text minus KLD with the evaluation's own domain "
                                    "(prose for prose, code for code), paired by window"
                                    + ("; {replicates …}: each replicate's own KLD or cost." if braces else ".")
