@@ -1,5 +1,11 @@
 """What a build or a grid must not keep alive (issue #40): a capture sample pinning a whole input,
 a KV cache or its hidden states past their use, a host copy of every tensor before saving."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 from tests.conftest import tiny_llama
@@ -69,24 +75,45 @@ def _rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
 
 
-def test_freed_large_tensors_go_back_to_the_os_after_a_grid(one_torch_thread):
+_FREED_BLOCK_AFTER_A_GRID = """
+import torch
+from tests.conftest import tiny_llama
+from wkvlab.data.windows import make_windows
+from wkvlab.eval import runner
+from wkvlab.kv import KVSpec
+from wkvlab.weights import WeightSpec
+
+def rss():
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
+
+torch.set_num_threads(1)
+windows = make_windows(torch.randint(0, 128, (80,), generator=torch.Generator().manual_seed(0)), ctx=32, n_tokens=64, bos_id=None)
+runner.run_grid(tiny_llama(), windows, [WeightSpec.parse("none")], [KVSpec.parse("fp16")], model_name="tiny", data_name="random",
+                options=runner.RunOptions(chunk=16))
+before = rss()
+block = torch.ones(64 << 20, dtype=torch.uint8)  # every page written: resident
+grown = rss() - before
+del block
+print(grown, rss() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmRSS from /proc and glibc's mmap rule")
+def test_freed_large_tensors_go_back_to_the_os_after_a_grid():
     """A run used to raise glibc's mmap and trim thresholds to 1 GiB (``runtime.keep_freed_memory``,
     called by the runner): a freed 64 MiB tensor then stayed in the heap, resident, and on a real grid
     the peak RSS ran 37% above the estimate (12.76 against 9.35 GiB). At glibc's defaults a block
-    over 32 MiB is always mapped on its own and unmapped when freed."""
-    from wkvlab.data.windows import make_windows
-    from wkvlab.eval import runner
-    from wkvlab.kv import KVSpec
-    from wkvlab.weights import WeightSpec
-
-    windows = make_windows(torch.randint(0, 128, (80,), generator=torch.Generator().manual_seed(0)), ctx=32, n_tokens=64, bos_id=None)
-    runner.run_grid(tiny_llama(), windows, [WeightSpec.parse("none")], [KVSpec.parse("fp16")], model_name="tiny", data_name="random",
-                    options=runner.RunOptions(chunk=16))
-    before = _rss()
-    block = torch.ones(64 << 20, dtype=torch.uint8)  # every page written: resident
-    assert _rss() - before > 60 << 20
-    del block
-    kept = _rss() - before
+    over 32 MiB is mapped on its own and unmapped when freed -- but only in a fresh process: after
+    other tests have freed heap blocks, glibc may serve 64 MiB from free heap space and keep it (the
+    same test failed in the full suite, order-dependent), so the grid and the block run in a child."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    done = subprocess.run([sys.executable, "-c", _FREED_BLOCK_AFTER_A_GRID], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown, kept = map(int, done.stdout.split()[-2:])
+    assert grown > 60 << 20
     assert kept < 16 << 20, f"{kept / 2**20:.0f} MiB of a freed 64 MiB tensor still resident"
 
 
