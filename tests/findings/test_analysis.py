@@ -200,3 +200,30 @@ def test_calibration_table_shows_each_replicates_cost_where_several_are_pooled()
     assert cost.estimate == pytest.approx(0.04) and cost.replicate_estimates == pytest.approx((0.03, 0.05))
     assert "math: +0.0400 [" in calibration_markdown([row]) and "{replicates +0.0300, +0.0500} (" in calibration_markdown([row])
     assert row.verdicts["math"].adjusted.replicate_estimates == pytest.approx((0.03, 0.05))
+
+
+def test_additivity_and_method_tables_show_each_replicates_estimate_where_several_are_pooled():
+    """Two replicates whose interactions are +0.05 and +0.07: the row pools +0.06 and prints both, with the line that
+    reads the braces; one replicate prints neither."""
+    (one,) = additivity(_grid(interaction=0.05))
+    assert "{replicates" not in additivity_markdown([one])
+    (row,) = additivity(_grid(interaction=0.05), replicates=[_grid(interaction=0.07)])
+    first, second = row.interaction.replicate_estimates
+    assert second - first == pytest.approx(0.02) and row.interaction.estimate == pytest.approx((first + second) / 2)
+    assert first == pytest.approx(one.interaction.estimate)
+    text = additivity_markdown([row])
+    assert f"{{replicates {first:+.5f}, {second:+.5f}}} |" in text and "{replicates …}: each replicate's own interaction." in text
+
+    def grid(gap):
+        rng = np.random.default_rng(1)
+        size = WINDOWS * (CTX - 1)
+        cells = _grid(interaction=0.0)
+        w2 = 0.20 + rng.normal(0, 0.01, size)
+        return cells + [_result("gptq-int4-g128", "fp16", w2), _result("gptq-int4-g128", "int4", w2 + cells[1].arrays.kld + gap)]
+
+    from wkvlab.findings.render import method_differences_markdown
+
+    (d,) = method_differences(grid(0.050), replicates=[grid(0.051)])  # close replicates: decided, so listed
+    first, second = d.difference.replicate_estimates
+    assert first - second == pytest.approx(0.001) and d.verdict.decided
+    assert "{replicates -0.0" in method_differences_markdown([d]) and "each replicate's own difference" in method_differences_markdown([d])

@@ -67,10 +67,11 @@ def additivity_markdown(rows: list[AdditivityRow]) -> str:
               "margin m", "verdict"]
     body = []
     for r in rows:
-        body.append([r.weights, r.kv, f"{r.w.estimate:.5f}", f"{r.c.estimate:.5f}", f"{r.wc.estimate:.5f}", _iv(r.interaction, "+.5f"),
+        body.append([r.weights, r.kv, f"{r.w.estimate:.5f}", f"{r.c.estimate:.5f}", f"{r.wc.estimate:.5f}",
+                     _iv(r.interaction, "+.5f") + _by_replicate(r.interaction, "+.5f"),
                      _iv(r.verdict.adjusted, "+.5f"), f"{100 * r.share_of_cache:+.1f}%", f"{100 * r.share:+.1f}%",
                      f"±{r.verdict.margin.value:.2g}", _decision(r.verdict)])
-    return (_table(header, body) + _rule_note(r.verdict for r in rows)
+    return (_table(header, body) + _braces_note((r.interaction for r in rows), "interaction") + _rule_note(r.verdict for r in rows)
             + replicates_note(iv for r in rows for iv in (r.w, r.c, r.wc, r.interaction)))
 
 
@@ -96,12 +97,13 @@ def penalty_markdown(rows: list[PenaltyRow]) -> str:
 def method_differences_markdown(rows: list[MethodDifference]) -> str:
     """The decided weight-method differences (every pair tested; the undecided ones counted)."""
     decided = [r for r in rows if r.verdict.decided]
-    body = [[r.kv, f"{r.a} − {r.b}", _iv(r.difference, "+.5f"), _iv(r.verdict.adjusted, "+.5f"), f"±{r.verdict.margin.value:.2g}",
-             r.verdict.word] for r in decided]
+    body = [[r.kv, f"{r.a} − {r.b}", _iv(r.difference, "+.5f") + _by_replicate(r.difference, "+.5f"), _iv(r.verdict.adjusted, "+.5f"),
+             f"±{r.verdict.margin.value:.2g}", r.verdict.word] for r in decided]
     head = (f"**Differences between weight methods**: the KV penalty under method a minus under method b, every pair of "
             f"quantized methods for every cache ({len(rows)} tests, {len(decided)} decided; the rest undecided).\n\n")
     return (head + _table(["KV", "a − b", "difference [raw 95%]", "Holm-adjusted", "margin m", "verdict"], body)
-            + _rule_note(r.verdict for r in rows) + replicates_note(r.difference for r in rows))
+            + _braces_note((r.difference for r in decided), "difference") + _rule_note(r.verdict for r in rows)
+            + replicates_note(r.difference for r in rows))
 
 
 def attention_markdown(rows) -> str:
@@ -156,12 +158,17 @@ def attention_markdown(rows) -> str:
         + _rule_note(v for x in crossed for v in x.verdicts.values()))
 
 
-def _by_replicate(iv: Interval, spec: str) -> str:
+def _by_replicate(iv: Interval | None, spec: str) -> str:
     """`` {replicates +0.0560, +0.0654}``: each replicate's own estimate, where several were pooled — with few
     replicates their spread can set the interval's width (its df), and the reader sees which."""
-    if len(iv.replicate_estimates) < 2:
+    if iv is None or len(iv.replicate_estimates) < 2:
         return ""
     return " {replicates " + ", ".join(format(x, spec) for x in iv.replicate_estimates) + "}"
+
+
+def _braces_note(intervals, what: str) -> str:
+    """The line that reads the braces, only where a row of the table prints them (:func:`_by_replicate` decides)."""
+    return f"\n\n{{replicates …}}: each replicate's own {what}." if any(_by_replicate(iv, ".1f") for iv in intervals) else ""
 
 
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
