@@ -138,3 +138,33 @@ def test_the_search_findings_crossed_design_is_the_same_rule():
     pooled = pool([_mean(row, units) for row in cells])
     assert crossed.estimate == pytest.approx(pooled.estimate) and crossed.se == pytest.approx(pooled.se)
     assert crossed.df == pytest.approx(pooled.df) and crossed.interval().replicates == 5
+
+
+def test_the_sample_size_advice_reads_the_statistics_the_verdict_reads():
+    """θ's two replicates agree; the total its margin is 10% of does not (two builds: 0.10 and 0.30). The verdict
+    reads θ ∓ 0.1·total, whose between-replicate spread no number of units shrinks, so the advice is more replicates --
+    sizing θ against a fixed m promised a few more documents (the SmolLM2 GPTQ rows: "17 documents would decide it")."""
+    rng = np.random.default_rng(8)
+    units = np.repeat(np.arange(UNITS), 4)
+    unit = np.repeat(rng.normal(0.0, 0.02, UNITS), 4)
+    theta = pool([_mean(unit, units), _mean(unit + 0.0005, units)])
+    total = pool([_mean(0.10 + unit, units), _mean(0.30 + unit, units)])
+    margin = Margin.relative_to(total.estimate, "the total", 0.1)
+    (v,) = decide([Effect("x", theta, margin, UNITS * 4, margin_draws=total)])
+    assert v.outcome == "undecided" and v.units_needed is None and "more --replicates would" in v.need()
+    (fixed,) = decide([Effect("x", theta, margin, UNITS * 4)])  # the same θ against a known m: units decide it
+    assert fixed.outcome == "undecided" and fixed.units_needed is not None and fixed.units_needed > UNITS
+
+
+def test_tests_holm_leaves_open_are_read_at_the_level_where_it_stopped():
+    """Holm rejects the first test and stops at the second: the second and third are both open at α/2 -- the
+    third used to be read at its own rank, α/1, so its "adjusted" interval was the raw 95% one."""
+    rng = np.random.default_rng(9)
+    units = np.repeat(np.arange(UNITS), 4)
+    tests = [Effect(name, _mean(np.repeat(rng.normal(mu, sd, UNITS), 4), units), Margin.absolute(0.01), UNITS * 4)
+             for name, mu, sd in (("clear", 0.5, 0.01), ("open", 0.012, 0.01), ("more open", 0.011, 0.03))]
+    clear, open_, more_open = decide(tests)
+    assert clear.outcome == "above" and clear.adjusted.level == pytest.approx(1 - 0.05 / 3)
+    assert open_.outcome == more_open.outcome == "undecided"
+    assert open_.adjusted.level == more_open.adjusted.level == pytest.approx(1 - 0.05 / 2)
+    assert more_open.adjusted.high - more_open.adjusted.low > more_open.raw.high - more_open.raw.low

@@ -35,7 +35,7 @@ interval would decide anything (the three outcomes exclude each other, and inter
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Mapping, Sequence
 
 from statistics import NormalDist
@@ -358,27 +358,49 @@ def units_to_decide(estimate: float, se: float, skew: float, n_units: int, thres
     ``spread``: the variance components of ``se`` when it holds replicates (:mod:`wkvlab.stats.replicates`):
     then only the units' component shrinks with more units, the replicates' stays, and the df follow;
     an effect that the replicates alone keep open is undecided at any number of units (``None``)."""
-    if not (math.isfinite(se) and se > 0 and math.isfinite(estimate)) or n_units < 2:
+    if not (math.isfinite(se) and se > 0 and math.isfinite(estimate)):
         return None
-    if estimate > threshold_high:
-        sides = [(estimate - threshold_high, -skew)]  # the low bound must clear the high threshold
-        z = _Z.inv_cdf(power)
-    elif estimate < threshold_low:
-        sides = [(threshold_low - estimate, skew)]
-        z = _Z.inv_cdf(power)
-    elif threshold_low < estimate < threshold_high:
-        sides = [(estimate - threshold_low, -skew), (threshold_high - estimate, skew)]
-        z = _Z.inv_cdf((1 + power) / 2)
-    else:
+    high = _Side(estimate - threshold_high, se, -skew, spread)  # θ − high: its low bound must clear 0 (above)
+    low = _Side(threshold_low - estimate, se, skew, spread)  # low − θ, mirrored: θ's high bound must clear low
+    if high.distance > 0:
+        return _units_for([high], n_units, tail, power, limit)
+    if low.distance > 0:
+        return _units_for([low], n_units, tail, power, limit)
+    if high.distance < 0 and low.distance < 0:  # between the thresholds: both sides must clear them (within)
+        return _units_for([replace(high, distance=-high.distance, skew=skew), replace(low, distance=-low.distance, skew=-skew)],
+                          n_units, tail, power, limit)
+    return None
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One bound a verdict reads: the estimate's distance beyond its threshold (positive: on the deciding side), the
+    statistic's se, the skewness that side must allow for, and the variance components (replicates) when known."""
+
+    distance: float
+    se: float
+    skew: float
+    spread: "Components | None" = None
+
+
+def _units_for(sides: Sequence[_Side], n_units: int, tail: float, power: float = POWER, limit: int = 10 ** 7) -> int | None:
+    """The fewest units at which every side clears its threshold at one-sided ``tail`` with probability ``power``
+    (several sides: each at z of (1 + power)/2, so that all clear together); None beyond ``limit``, or when the
+    replicates' variance alone keeps a side open."""
+    if n_units < 2 or not sides or not all(math.isfinite(s.se) and s.se > 0 and s.distance > 0 for s in sides):
         return None
+    z = _Z.inv_cdf(power if len(sides) == 1 else (1 + power) / 2)
 
     def decides(n: int) -> bool:
-        if spread is not None and spread.replicates > 1:
-            at = spread.at_units(n)
-            se_n, df = at.se, at.df
-        else:
-            se_n, df = se * math.sqrt(n_units / n), None
-        return all(d / se_n >= skewt.multiplier(tail, n, side_skew, df) + z for d, side_skew in sides)
+        for side in sides:
+            if side.spread is not None and side.spread.replicates > 1:
+                at = side.spread.at_units(n)
+                se_n, df = at.se, at.df
+            else:
+                se_n, df = side.se * math.sqrt(n_units / n), None
+            if side.distance / se_n < skewt.multiplier(tail, n, side.skew, df) + z:
+                return False
+        return True
 
     if decides(n_units):
         return n_units
@@ -393,18 +415,32 @@ def units_to_decide(estimate: float, se: float, skew: float, n_units: int, thres
     return hi
 
 
-def _needed(draws: Resampled, raw: Interval, margin: float, tokens: int, tail: float, low: float | None = None) -> tuple[int | None, int | None]:
+def _needed(draws: Resampled, raw: Interval, minus: Resampled, plus: Resampled, tokens: int, tail: float) -> tuple[int | None, int | None]:
     """Tokens and units that would decide an undecided test with :data:`POWER` power at this estimate.
 
-    ``low`` is the lower threshold (−m by default; the tolerance itself for a one-sided test). Fewer
-    than :data:`MIN_UNITS` units: those units, whatever the estimate."""
+    Sized on the statistics the verdict reads (:func:`sides`): θ − m and θ + m, which carry the margin's
+    own uncertainty where m is a share of an estimated quantity — sizing θ against a fixed m promised
+    "17 documents would decide it" for GPTQ rows whose margin (a share of GPTQ's KLD, which moves between
+    builds) the replicates alone keep open. Fewer than :data:`MIN_UNITS` units: those units, whatever the
+    estimate."""
     if raw.n_units < MIN_UNITS:
         units = MIN_UNITS
         return (math.ceil(tokens * units / raw.n_units) if tokens and raw.n_units else None), units
-    if not draws.usable or not math.isfinite(margin):
+    if not (draws.usable and minus.usable and plus.usable):
         return None, None
-    units = units_to_decide(draws.estimate, draws.se, getattr(draws, "skew", 0.0), draws.n_units,
-                            -margin if low is None else low, margin, tail, spread=draws.components)
+
+    def side(d: Resampled, sign: int) -> _Side:  # sign +1: the low bound must clear 0; −1: the high bound must
+        return _Side(sign * d.estimate, d.se, -sign * d.skew, d.components)
+
+    if minus.estimate > 0:  # above +m: θ − m's low bound must clear 0
+        chosen = [side(minus, +1)]
+    elif plus.estimate < 0:  # below −m
+        chosen = [side(plus, -1)]
+    elif plus.estimate > 0 and minus.estimate < 0:  # inside: θ + m's low bound above 0 and θ − m's high bound below it
+        chosen = [side(plus, +1), side(minus, -1)]
+    else:
+        return None, None
+    units = _units_for(chosen, draws.n_units, tail)
     if units is None:
         return None, None
     units = max(units, draws.n_units + 1)  # undecided now: more than it has
@@ -418,16 +454,23 @@ def decide(tests: Sequence[Effect], *, level: float = LEVEL, family: str = "") -
     adjusted_p = holm(p)
     alpha = 1.0 - level
     steps = {i: len(p) - rank for rank, i in enumerate(sorted(range(len(p)), key=lambda i: p[i]))}
+    # Holm stops at its first test not rejected: every test from there on is open at that step's level, α over
+    # the tests left (Strassburger & Bretz 2008, Stat. Med. 27:4914). Reading a later test at its own rank
+    # instead would print the family's last test at the raw 95% -- an "adjusted" interval no tighter than raw.
+    left_open = sum(q > alpha for q in adjusted_p)
     out = []
     for i, test in enumerate(tests):
         # the level at which this test's interval decides exactly when Holm's adjusted p ≤ α
-        test_alpha = min(alpha / steps[i], alpha * p[i] / adjusted_p[i]) if p[i] > 0 else alpha / steps[i]
+        if adjusted_p[i] > alpha:
+            test_alpha = alpha / left_open
+        else:
+            test_alpha = min(alpha / steps[i], alpha * p[i] / adjusted_p[i]) if p[i] > 0 else alpha / steps[i]
         raw, adj = test.draws.interval(level), test.draws.interval(1.0 - test_alpha)
         outcome = "undecided"
         if adjusted_p[i] <= alpha and adj.decided:
             outcome = "within" if test.draws.se == 0.0 and abs(adj.estimate) <= test.margin.value else _outcome_at(*both[i], 1.0 - test_alpha)
         word = dict(zip(("above", "below", "within"), test.words)).get(outcome, "undecided")
-        tokens_needed, units_needed = _needed(test.draws, raw, test.margin.value, test.tokens, test_alpha / 2) \
+        tokens_needed, units_needed = _needed(test.draws, raw, *both[i], test.tokens, test_alpha / 2) \
             if outcome == "undecided" else (None, None)
         out.append(Verdict(test.name, outcome, word.replace("±m", f"±{test.margin.value:.3g}"), raw, adj, test.margin, p[i],
                            adjusted_p[i], family, len(tests), test.tokens, tokens_needed, units_needed))
