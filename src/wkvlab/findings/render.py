@@ -87,7 +87,7 @@ def penalty_markdown(rows: list[PenaltyRow]) -> str:
             r = cell.get((w, kv))
             line.append("—" if r is None else format(r.penalty, ".4f") + ("" if r.verdict is None else marks[r.verdict.outcome]))
         body.append(line)
-    note = ("\n\nEach cell: KLD(W × C) − KLD(W × fp16) with its 95% interval (windows resampled). Against the penalty under "
+    note = ("\n\nEach cell: KLD(W × C) − KLD(W × fp16) with its 95% interval over windows. Against the penalty under "
             "unquantized weights (the additivity interaction): ↑ larger beyond ±m, ↓ smaller beyond ±m, ≈ the same within ±m, "
             "? undecided.")
     return (_table(["KV \\ weights", *weights], body) + note + _rule_note(r.verdict for r in rows)
