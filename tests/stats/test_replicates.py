@@ -146,14 +146,19 @@ def test_the_sample_size_advice_reads_the_statistics_the_verdict_reads():
     sizing θ against a fixed m promised a few more documents (the SmolLM2 GPTQ rows: "17 documents would decide it")."""
     rng = np.random.default_rng(8)
     units = np.repeat(np.arange(UNITS), 4)
-    unit = np.repeat(rng.normal(0.0, 0.02, UNITS), 4)
+    unit = np.repeat(rng.normal(0.0, 0.002, UNITS), 4)
     theta = pool([_mean(unit, units), _mean(unit + 0.0005, units)])
     total = pool([_mean(0.10 + unit, units), _mean(0.30 + unit, units)])
     margin = Margin.relative_to(total.estimate, "the total", 0.1)
     (v,) = decide([Effect("x", theta, margin, UNITS * 4, margin_draws=total)])
-    assert v.outcome == "undecided" and v.units_needed is None and "more --replicates would" in v.need()
-    (fixed,) = decide([Effect("x", theta, margin, UNITS * 4)])  # the same θ against a known m: units decide it
-    assert fixed.outcome == "undecided" and fixed.units_needed is not None and fixed.units_needed > UNITS
+    assert v.outcome == "undecided" and v.units_needed is None and v.replicates_needed > 2
+    assert f"more units alone would not decide it: the replicates disagree; ~{v.replicates_needed} replicates" in v.need()
+    (fixed,) = decide([Effect("x", theta, margin, UNITS * 4)])  # the same θ against a known m: decided
+    assert fixed.outcome == "within"
+    noisy = pool([_mean(unit * 10, units), _mean(unit * 10 + 0.0005, units)])  # units and replicates both too few
+    (both,) = decide([Effect("x", noisy, margin, UNITS * 4, margin_draws=total)])
+    assert both.replicates_needed is None and both.units_needed is None
+    assert both.need() == "neither more units nor more replicates alone decides it at this estimate (it sits near the margin, or needs both)"
 
 
 def test_tests_holm_leaves_open_are_read_at_the_level_where_it_stopped():
@@ -168,3 +173,19 @@ def test_tests_holm_leaves_open_are_read_at_the_level_where_it_stopped():
     assert open_.outcome == more_open.outcome == "undecided"
     assert open_.adjusted.level == more_open.adjusted.level == pytest.approx(1 - 0.05 / 2)
     assert more_open.adjusted.high - more_open.adjusted.low > more_open.raw.high - more_open.raw.low
+
+
+def test_where_the_replicates_keep_a_test_open_the_advice_is_how_many_would_decide_it():
+    """θ's replicates +0.000 and +0.004 on identical units, m ±0.02 known: at two replicates (1 df) the interval at
+    95% reaches past ±m; the between-replicate se √(0.002²·2/R) with R − 1 df clears both margins, with the power
+    quantile z(0.9) = 1.28 on top of Student's t, first at R = 3 (t₂ = 4.30: 0.018 / 0.00163 = 11.0 ≥ 5.6), which a
+    hand computation at R = 2 fails (t₁ = 12.7: 0.018 / 0.002 = 9.0 < 14.0)."""
+    units = np.repeat(np.arange(UNITS), 4)
+    unit = np.repeat(np.random.default_rng(10).normal(0.0, 1e-4, UNITS), 4)
+    theta = pool([_mean(unit, units), _mean(unit + 0.004, units)])
+    (v,) = decide([Effect("x", theta, Margin.absolute(0.02), UNITS * 4)])
+    assert v.outcome == "undecided" and v.units_needed is None and v.replicates_needed == 3
+    assert "~3 replicates (--replicates 3) would decide it with 80% power at this estimate" in v.need()
+    # the same replicates agreeing: nothing for more replicates to do, and the verdict is made
+    (agree,) = decide([Effect("x", pool([_mean(unit, units), _mean(unit, units)]), Margin.absolute(0.02), UNITS * 4)])
+    assert agree.outcome == "within" and agree.replicates_needed is None

@@ -78,3 +78,16 @@ def test_bad_tolerance_and_margin_are_one_line_before_any_model_loads(args, mess
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_configs_holm_leaves_open_share_the_level_where_it_stopped():
+    """One config clearly within, two open: both open ones are read at α/2 (Holm stopped at its second step); the last
+    used to be read at α/1, its "adjusted" interval the raw 95% one."""
+    rng = np.random.default_rng(4)
+    configs = {"clear": _draws(0.001 + rng.normal(0, 1e-4, 16)), "open": _draws(0.0099 + rng.normal(0, 0.002, 16)),
+               "more open": _draws(0.0101 + rng.normal(0, 0.004, 16))}
+    clear, open_, more_open = ship_decision(configs, Tolerance.parse("0.01"))
+    assert clear.outcome == "within tolerance" and clear.adjusted.level == pytest.approx(1 - 0.05 / 3)
+    assert open_.outcome == more_open.outcome == "undecided"
+    assert open_.adjusted.level == more_open.adjusted.level == pytest.approx(1 - 0.05 / 2)
+    assert more_open.adjusted.high - more_open.adjusted.low > more_open.raw.high - more_open.raw.low

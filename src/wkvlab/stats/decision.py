@@ -253,6 +253,18 @@ def p_value(draws: Resampled, margin: float, minus: Resampled | None = None, plu
     return float(min(1.0, above, below, within))
 
 
+def holm_levels(p: Sequence[float], alpha: float) -> list[float]:
+    """Each test's two-sided level in a Holm family: the level at which its interval decides exactly when Holm's
+    adjusted p ≤ ``alpha``. Holm stops at its first test not rejected, so every test from there on is open at
+    that step's level, α over the tests left (Strassburger & Bretz 2008, *Stat. Med.* 27:4914) — read at its
+    own rank instead, a family's last test printed its raw 95% interval as "Holm-adjusted"."""
+    adjusted = holm(p)
+    steps = {i: len(p) - rank for rank, i in enumerate(sorted(range(len(p)), key=lambda i: p[i]))}
+    left_open = sum(q > alpha for q in adjusted)
+    return [alpha / left_open if adjusted[i] > alpha
+            else (min(alpha / steps[i], alpha * p[i] / adjusted[i]) if p[i] > 0 else alpha / steps[i]) for i in range(len(p))]
+
+
 def holm(p: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values: ``max over earlier steps of min(1, (k − i)·p_(i))`` in ascending order."""
     order = sorted(range(len(p)), key=lambda i: p[i])
@@ -280,6 +292,8 @@ class Verdict:
     tokens: int
     tokens_needed: int | None  # undecided: tokens at which an interval this wide would decide (None: none would)
     units_needed: int | None
+    # undecided, and more units alone would not decide it: the replicates (same units) that would, where more would
+    replicates_needed: int | None = None
 
     @property
     def decided(self) -> bool:
@@ -300,9 +314,12 @@ class Verdict:
         if self.tokens_needed is None:
             if not self.adjusted.decided:
                 return "no interval"
+            if self.replicates_needed:
+                return (f"more {unit} alone would not decide it: the replicates disagree; ~{self.replicates_needed} replicates "
+                        f"(--replicates {self.replicates_needed}) would decide it with {POWER:.0%} power at this estimate")
             if self.raw.replicates > 1:
-                return ("no number of units decides it at this estimate: it sits on the margin, or the between-replicate "
-                        "variance alone keeps it open (more --replicates would)")
+                return (f"neither more {unit} nor more replicates alone decides it at this estimate (it sits near the margin, "
+                        "or needs both)")
             return "no sample size decides it at this estimate (it sits on the margin)"
         return f"~{self.tokens_needed:,} tokens ({self.units_needed:,} {unit}) would decide it with {POWER:.0%} power at this estimate"
 
@@ -327,7 +344,7 @@ class Verdict:
 
     def to_dict(self) -> dict:
         data = {k: getattr(self, k) for k in ("name", "outcome", "word", "p", "p_adjusted", "family", "family_size", "tokens",
-                                                 "tokens_needed", "units_needed")}
+                                                 "tokens_needed", "units_needed", "replicates_needed")}
         return {**data, "raw": self.raw.to_dict(), "adjusted": self.adjusted.to_dict(), "margin": self.margin.to_dict(),
                 "adjustment": self.adjustment, "resampling": self.resampling, "text": self.describe()}
 
@@ -335,6 +352,7 @@ class Verdict:
     def from_dict(cls, data: Mapping) -> "Verdict":
         plain = {k: data[k] for k in ("name", "outcome", "word", "p", "p_adjusted", "family", "family_size", "tokens",
                                         "tokens_needed", "units_needed")}
+        plain["replicates_needed"] = data.get("replicates_needed")  # absent from records written before it existed
         return cls(**plain, raw=Interval.from_dict(data["raw"]), adjusted=Interval.from_dict(data["adjusted"]),
                    margin=Margin.from_dict(data["margin"]))
 
@@ -360,8 +378,8 @@ def units_to_decide(estimate: float, se: float, skew: float, n_units: int, thres
     an effect that the replicates alone keep open is undecided at any number of units (``None``)."""
     if not (math.isfinite(se) and se > 0 and math.isfinite(estimate)):
         return None
-    high = _Side(estimate - threshold_high, se, -skew, spread)  # θ − high: its low bound must clear 0 (above)
-    low = _Side(threshold_low - estimate, se, skew, spread)  # low − θ, mirrored: θ's high bound must clear low
+    high = Side(estimate - threshold_high, se, -skew, spread)  # θ − high: its low bound must clear 0 (above)
+    low = Side(threshold_low - estimate, se, skew, spread)  # low − θ, mirrored: θ's high bound must clear low
     if high.distance > 0:
         return _units_for([high], n_units, tail, power, limit)
     if low.distance > 0:
@@ -373,7 +391,7 @@ def units_to_decide(estimate: float, se: float, skew: float, n_units: int, thres
 
 
 @dataclass(frozen=True)
-class _Side:
+class Side:
     """One bound a verdict reads: the estimate's distance beyond its threshold (positive: on the deciding side), the
     statistic's se, the skewness that side must allow for, and the variance components (replicates) when known."""
 
@@ -383,7 +401,7 @@ class _Side:
     spread: "Components | None" = None
 
 
-def _units_for(sides: Sequence[_Side], n_units: int, tail: float, power: float = POWER, limit: int = 10 ** 7) -> int | None:
+def _units_for(sides: Sequence[Side], n_units: int, tail: float, power: float = POWER, limit: int = 10 ** 7) -> int | None:
     """The fewest units at which every side clears its threshold at one-sided ``tail`` with probability ``power``
     (several sides: each at z of (1 + power)/2, so that all clear together); None beyond ``limit``, or when the
     replicates' variance alone keeps a side open."""
@@ -415,7 +433,27 @@ def _units_for(sides: Sequence[_Side], n_units: int, tail: float, power: float =
     return hi
 
 
-def _needed(draws: Resampled, raw: Interval, minus: Resampled, plus: Resampled, tokens: int, tail: float) -> tuple[int | None, int | None]:
+def replicates_to_decide(sides: Sequence[Side], n_units: int, tail: float, power: float = POWER, limit: int = 64) -> int | None:
+    """The fewest replicates, on the same ``n_units``, at which every side clears its threshold at ``tail`` with
+    ``power`` — for a test that more units alone cannot decide because the replicates disagree. The between-replicate
+    component shrinks as 1/R and its df grow as R − 1 (:meth:`Components.at_replicates`); the units' stays. None:
+    a side without replicates to project, or none up to ``limit`` decides (the estimate sits on a threshold)."""
+    if not sides or not all(s.spread is not None and s.spread.replicates > 1 and s.distance > 0 for s in sides):
+        return None
+    z = _Z.inv_cdf(power if len(sides) == 1 else (1 + power) / 2)
+
+    def decides(r: int) -> bool:
+        for side in sides:
+            at = side.spread.at_replicates(r)
+            if not at.se > 0 or side.distance / at.se < skewt.multiplier(tail, n_units, side.skew, at.df) + z:
+                return False
+        return True
+
+    return next((r for r in range(max(s.spread.replicates for s in sides) + 1, limit + 1) if decides(r)), None)
+
+
+def _needed(draws: Resampled, raw: Interval, minus: Resampled, plus: Resampled, tokens: int,
+            tail: float) -> tuple[int | None, int | None, int | None]:
     """Tokens and units that would decide an undecided test with :data:`POWER` power at this estimate.
 
     Sized on the statistics the verdict reads (:func:`sides`): θ − m and θ + m, which carry the margin's
@@ -425,12 +463,12 @@ def _needed(draws: Resampled, raw: Interval, minus: Resampled, plus: Resampled, 
     estimate."""
     if raw.n_units < MIN_UNITS:
         units = MIN_UNITS
-        return (math.ceil(tokens * units / raw.n_units) if tokens and raw.n_units else None), units
+        return (math.ceil(tokens * units / raw.n_units) if tokens and raw.n_units else None), units, None
     if not (draws.usable and minus.usable and plus.usable):
-        return None, None
+        return None, None, None
 
-    def side(d: Resampled, sign: int) -> _Side:  # sign +1: the low bound must clear 0; −1: the high bound must
-        return _Side(sign * d.estimate, d.se, -sign * d.skew, d.components)
+    def side(d: Resampled, sign: int) -> Side:  # sign +1: the low bound must clear 0; −1: the high bound must
+        return Side(sign * d.estimate, d.se, -sign * d.skew, d.components)
 
     if minus.estimate > 0:  # above +m: θ − m's low bound must clear 0
         chosen = [side(minus, +1)]
@@ -439,12 +477,12 @@ def _needed(draws: Resampled, raw: Interval, minus: Resampled, plus: Resampled, 
     elif plus.estimate > 0 and minus.estimate < 0:  # inside: θ + m's low bound above 0 and θ − m's high bound below it
         chosen = [side(plus, +1), side(minus, -1)]
     else:
-        return None, None
+        return None, None, None
     units = _units_for(chosen, draws.n_units, tail)
     if units is None:
-        return None, None
+        return None, None, replicates_to_decide(chosen, draws.n_units, tail)
     units = max(units, draws.n_units + 1)  # undecided now: more than it has
-    return (math.ceil(tokens * units / draws.n_units) if tokens else None), units
+    return (math.ceil(tokens * units / draws.n_units) if tokens else None), units, None
 
 
 def decide(tests: Sequence[Effect], *, level: float = LEVEL, family: str = "") -> list[Verdict]:
@@ -453,25 +491,15 @@ def decide(tests: Sequence[Effect], *, level: float = LEVEL, family: str = "") -
     p = [p_value(t.draws, t.margin.value, *s) for t, s in zip(tests, both)]
     adjusted_p = holm(p)
     alpha = 1.0 - level
-    steps = {i: len(p) - rank for rank, i in enumerate(sorted(range(len(p)), key=lambda i: p[i]))}
-    # Holm stops at its first test not rejected: every test from there on is open at that step's level, α over
-    # the tests left (Strassburger & Bretz 2008, Stat. Med. 27:4914). Reading a later test at its own rank
-    # instead would print the family's last test at the raw 95% -- an "adjusted" interval no tighter than raw.
-    left_open = sum(q > alpha for q in adjusted_p)
     out = []
-    for i, test in enumerate(tests):
-        # the level at which this test's interval decides exactly when Holm's adjusted p ≤ α
-        if adjusted_p[i] > alpha:
-            test_alpha = alpha / left_open
-        else:
-            test_alpha = min(alpha / steps[i], alpha * p[i] / adjusted_p[i]) if p[i] > 0 else alpha / steps[i]
+    for i, (test, test_alpha) in enumerate(zip(tests, holm_levels(p, alpha))):
         raw, adj = test.draws.interval(level), test.draws.interval(1.0 - test_alpha)
         outcome = "undecided"
         if adjusted_p[i] <= alpha and adj.decided:
             outcome = "within" if test.draws.se == 0.0 and abs(adj.estimate) <= test.margin.value else _outcome_at(*both[i], 1.0 - test_alpha)
         word = dict(zip(("above", "below", "within"), test.words)).get(outcome, "undecided")
-        tokens_needed, units_needed = _needed(test.draws, raw, *both[i], test.tokens, test_alpha / 2) \
-            if outcome == "undecided" else (None, None)
+        tokens_needed, units_needed, replicates_needed = _needed(test.draws, raw, *both[i], test.tokens, test_alpha / 2) \
+            if outcome == "undecided" else (None, None, None)
         out.append(Verdict(test.name, outcome, word.replace("±m", f"±{test.margin.value:.3g}"), raw, adj, test.margin, p[i],
-                           adjusted_p[i], family, len(tests), test.tokens, tokens_needed, units_needed))
+                           adjusted_p[i], family, len(tests), test.tokens, tokens_needed, units_needed, replicates_needed))
     return out

@@ -67,6 +67,11 @@ class Components:
         """The same design with ``n_units`` units: the units' component shrinks as 1/U, the replicates' does not."""
         return Components(self.unit_var * self.n_units / n_units, self.replicate_var, n_units, self.replicates)
 
+    def at_replicates(self, replicates: int) -> "Components":
+        """The same units with ``replicates`` replicates: the replicates' component shrinks as 1/R (its df grow as
+        R − 1); the units' one is kept as measured (it holds the replicate × unit noise once: errs wide)."""
+        return Components(self.unit_var, self.replicate_var * self.replicates / replicates, self.n_units, replicates)
+
 
 def components(influence: np.ndarray, replicate_estimates: np.ndarray | None = None) -> Components:
     """Variance components from the units' influence values ψ_u and the replicates' estimates θ_r (see the module docstring)."""

@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 
 from wkvlab.errors import ConfigError
 from wkvlab.stats.bootstrap import MIN_UNITS, Interval, Resampled, resample
-from wkvlab.stats.decision import ADJUSTMENT, LEVEL, POWER, holm, units_to_decide
+from wkvlab.stats.decision import ADJUSTMENT, LEVEL, POWER, replicates_to_decide, Side, holm, holm_levels, units_to_decide
 
 OUTCOMES = ("within tolerance", "exceeds it", "undecided")
 
@@ -83,6 +83,7 @@ class ToleranceVerdict:
     tokens: int
     units_needed: int | None = None
     tokens_needed: int | None = None
+    replicates_needed: int | None = None  # more units alone would not decide it; these replicates would
 
     @property
     def decided(self) -> bool:
@@ -100,15 +101,18 @@ class ToleranceVerdict:
         need = ""
         if not self.decided:
             need = (f"; ~{self.tokens_needed:,} tokens ({self.units_needed:,} {self.raw.unit}) would decide it with {POWER:.0%} power "
-                    "if it is what was measured") if self.units_needed else "; no sample size decides it at this estimate" + (
-                    ": the between-replicate variance alone keeps it open (more replicates would)" if self.raw.replicates > 1 else "")
+                    "if it is what was measured") if self.units_needed else (
+                    f"; more {self.raw.unit} alone would not decide it: the replicates disagree; ~{self.replicates_needed} replicates "
+                    f"would decide it with {POWER:.0%} power if it is what was measured") if self.replicates_needed else (
+                    "; no sample size decides it at this estimate" + (
+                        " (neither more units nor more replicates alone)" if self.raw.replicates > 1 else ""))
         return (f"{self.outcome} ({tol}): {bounds} adjusted ({ADJUSTMENT} over {self.family_size} config"
                 f"{'s' if self.family_size != 1 else ''}{' (' + self.family + ')' if self.family else ''}; "
                 f"{self.raw.n_units} {self.raw.unit}; {adj.precision or self.raw.precision}){need}")
 
     def to_dict(self) -> dict:
         data = {k: getattr(self, k) for k in ("name", "outcome", "p", "p_adjusted", "family", "family_size", "tokens", "units_needed",
-                                                 "tokens_needed")}
+                                                 "tokens_needed", "replicates_needed")}
         return {**data, "tolerance": asdict(self.tolerance), "raw": self.raw.to_dict(), "adjusted": self.adjusted.to_dict(),
                 "text": self.describe()}
 
@@ -125,16 +129,14 @@ def ship_decision(configs: Mapping[str, tuple[Resampled, int]], tolerance: Toler
     p = [min(d.tail_beyond(tau, "low"), d.tail_beyond(tau, "high")) if d.usable else 1.0 for d in draws]
     adjusted_p = holm(p)
     alpha = 1.0 - level
-    steps = {i: len(p) - rank for rank, i in enumerate(sorted(range(len(p)), key=lambda i: p[i]))}
     out = []
-    for i, (name, d) in enumerate(zip(names, draws)):
-        test_alpha = min(alpha / steps[i], alpha * p[i] / adjusted_p[i]) if p[i] > 0 else alpha / steps[i]
+    for i, (name, d, test_alpha) in enumerate(zip(names, draws, holm_levels(p, alpha))):
         raw, adj = d.interval(level), d.interval(1.0 - test_alpha)
         outcome = "undecided"
         if adjusted_p[i] <= alpha and adj.decided:
             outcome = "exceeds it" if adj.low > tau else "within tolerance" if adj.high < tau else "undecided"
         tokens = configs[name][1]
-        units = tokens_needed = None
+        units = tokens_needed = replicates = None
         if outcome == "undecided":
             if d.n_units < MIN_UNITS:
                 units = MIN_UNITS
@@ -142,9 +144,13 @@ def ship_decision(configs: Mapping[str, tuple[Resampled, int]], tolerance: Toler
                 # with replicates only the units' share of the variance shrinks with more units (as decision._needed)
                 units = units_to_decide(d.estimate, d.se, d.skew, d.n_units, tau, tau, test_alpha / 2, spread=d.components)
                 units = None if units is None else max(units, d.n_units + 1)
+                if units is None and d.estimate != tau:  # the side facing τ, projected over more replicates
+                    above = d.estimate > tau
+                    side = Side(abs(d.estimate - tau), d.se, -d.skew if above else d.skew, d.components)
+                    replicates = replicates_to_decide([side], d.n_units, test_alpha / 2)
             tokens_needed = math.ceil(tokens * units / d.n_units) if units and tokens and d.n_units else None
         out.append(ToleranceVerdict(name, outcome, tolerance, raw, adj, p[i], adjusted_p[i], family, len(names), tokens, units,
-                                    tokens_needed))
+                                    tokens_needed, replicates))
     return out
 
 
