@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 
 from wkvlab.errors import ConfigError
 from wkvlab.stats.bootstrap import MIN_UNITS, Interval, Resampled, resample
-from wkvlab.stats.decision import ADJUSTMENT, LEVEL, POWER, replicates_to_decide, Side, holm, holm_levels, units_to_decide
+from wkvlab.stats.decision import ADJUSTMENT, LEVEL, POWER, Side, holm, holm_levels, replicates_to_decide, units_to_decide
 
 OUTCOMES = ("within tolerance", "exceeds it", "undecided")
 
