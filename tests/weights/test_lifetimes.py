@@ -82,10 +82,7 @@ from wkvlab.data.windows import make_windows
 from wkvlab.eval import runner
 from wkvlab.kv import KVSpec
 from wkvlab.weights import WeightSpec
-
-def rss():
-    with open("/proc/self/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
+from tests.weights.test_lifetimes import _rss as rss
 
 torch.set_num_threads(1)
 windows = make_windows(torch.randint(0, 128, (80,), generator=torch.Generator().manual_seed(0)), ctx=32, n_tokens=64, bos_id=None)

@@ -166,9 +166,14 @@ def _by_replicate(iv: Interval | None, spec: str) -> str:
     return " {replicates " + ", ".join(format(x, spec) for x in iv.replicate_estimates) + "}"
 
 
+def _any_braces(intervals) -> bool:
+    """Whether any of these intervals prints its replicates' estimates (:func:`_by_replicate` decides)."""
+    return any(_by_replicate(iv, ".1f") for iv in intervals)
+
+
 def _braces_note(intervals, what: str) -> str:
-    """The line that reads the braces, only where a row of the table prints them (:func:`_by_replicate` decides)."""
-    return f"\n\n{{replicates …}}: each replicate's own {what}." if any(_by_replicate(iv, ".1f") for iv in intervals) else ""
+    """The line that reads the braces, only where a row of the table prints them."""
+    return f"\n\n{{replicates …}}: each replicate's own {what}." if _any_braces(intervals) else ""
 
 
 def calibration_markdown(rows: list[CalibrationRow]) -> str:
@@ -186,7 +191,7 @@ def calibration_markdown(rows: list[CalibrationRow]) -> str:
         costs = "; ".join(cost(c, iv, verdicts.get(c)) for c, iv in r.mismatch.items())
         body.append([r.weights, r.data, *[format(r.kld[c], ".4f") + _by_replicate(r.kld[c], ".4f") if c in r.kld else "—" for c in calibs],
                      costs or "—"])
-    braces = any(_by_replicate(iv, ".4f") for r in rows for iv in (*r.kld.values(), *r.mismatch.values()))  # its one rule
+    braces = _any_braces(iv for r in rows for iv in (*r.kld.values(), *r.mismatch.values()))
     return _table(header, body) + ("\n\nMismatch cost: KLD with that calibration text minus KLD with the evaluation's own domain "
                                    "(prose for prose, code for code), paired by window"
                                    + ("; {replicates …}: each replicate's own KLD or cost." if braces else ".")

@@ -35,7 +35,7 @@ interval would decide anything (the three outcomes exclude each other, and inter
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 from statistics import NormalDist
@@ -376,17 +376,23 @@ def units_to_decide(estimate: float, se: float, skew: float, n_units: int, thres
     ``spread``: the variance components of ``se`` when it holds replicates (:mod:`wkvlab.stats.replicates`):
     then only the units' component shrinks with more units, the replicates' stays, and the df follow;
     an effect that the replicates alone keep open is undecided at any number of units (``None``)."""
+    sides = threshold_sides(estimate, se, skew, threshold_low, threshold_high, spread)
+    return None if sides is None else _units_for(sides, n_units, tail, power, limit)
+
+
+def threshold_sides(estimate: float, se: float, skew: float, threshold_low: float, threshold_high: float,
+                    spread: "Components | None" = None) -> "list[Side] | None":
+    """The bounds that must clear their thresholds for an effect at ``estimate`` to be decided: beyond
+    ``threshold_high`` its low bound, below ``threshold_low`` its high bound, between them both (within).
+    None: on a threshold, or no usable se."""
     if not (math.isfinite(se) and se > 0 and math.isfinite(estimate)):
         return None
-    high = Side(estimate - threshold_high, se, -skew, spread)  # θ − high: its low bound must clear 0 (above)
-    low = Side(threshold_low - estimate, se, skew, spread)  # low − θ, mirrored: θ's high bound must clear low
-    if high.distance > 0:
-        return _units_for([high], n_units, tail, power, limit)
-    if low.distance > 0:
-        return _units_for([low], n_units, tail, power, limit)
-    if high.distance < 0 and low.distance < 0:  # between the thresholds: both sides must clear them (within)
-        return _units_for([replace(high, distance=-high.distance, skew=skew), replace(low, distance=-low.distance, skew=-skew)],
-                          n_units, tail, power, limit)
+    if estimate > threshold_high:
+        return [Side(estimate - threshold_high, se, -skew, spread)]  # the low bound must clear the high threshold
+    if estimate < threshold_low:
+        return [Side(threshold_low - estimate, se, skew, spread)]
+    if threshold_low < estimate < threshold_high:
+        return [Side(estimate - threshold_low, se, -skew, spread), Side(threshold_high - estimate, se, skew, spread)]
     return None
 
 

@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 
 from wkvlab.errors import ConfigError
 from wkvlab.stats.bootstrap import MIN_UNITS, Interval, Resampled, resample
-from wkvlab.stats.decision import ADJUSTMENT, LEVEL, POWER, Side, holm, holm_levels, replicates_to_decide, units_to_decide
+from wkvlab.stats.decision import ADJUSTMENT, LEVEL, POWER, holm, holm_levels, replicates_to_decide, threshold_sides, units_to_decide
 
 OUTCOMES = ("within tolerance", "exceeds it", "undecided")
 
@@ -141,13 +141,13 @@ def ship_decision(configs: Mapping[str, tuple[Resampled, int]], tolerance: Toler
             if d.n_units < MIN_UNITS:
                 units = MIN_UNITS
             elif d.usable:
-                # with replicates only the units' share of the variance shrinks with more units (as decision._needed)
+                # with replicates only the units' share of the variance shrinks with more units (as decision._needed);
+                # where that cannot decide it, the same side projected over more replicates
+                sides = threshold_sides(d.estimate, d.se, d.skew, tau, tau, d.components) or []
                 units = units_to_decide(d.estimate, d.se, d.skew, d.n_units, tau, tau, test_alpha / 2, spread=d.components)
                 units = None if units is None else max(units, d.n_units + 1)
-                if units is None and d.estimate != tau:  # the side facing τ, projected over more replicates
-                    above = d.estimate > tau
-                    side = Side(abs(d.estimate - tau), d.se, -d.skew if above else d.skew, d.components)
-                    replicates = replicates_to_decide([side], d.n_units, test_alpha / 2)
+                if units is None:
+                    replicates = replicates_to_decide(sides, d.n_units, test_alpha / 2)
             tokens_needed = math.ceil(tokens * units / d.n_units) if units and tokens and d.n_units else None
         out.append(ToleranceVerdict(name, outcome, tolerance, raw, adj, p[i], adjusted_p[i], family, len(names), tokens, units,
                                     tokens_needed, replicates))
