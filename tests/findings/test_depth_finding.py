@@ -95,11 +95,18 @@ def test_the_longest_prefix_is_the_longest_that_enough_documents_reach():
         longest_reached(sizes[:20], 2048, 32, 8191)
 
 
-def test_the_finding_runs_on_a_tiny_model_and_renders(tiny_folder):
+TINY = dict(target=32, longest=256, data="code-long", documents=8, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tiny_depth(tiny_folder):
+    return measure_depth(tiny_folder, ("int4", "q4_0"), **TINY)
+
+
+def test_the_finding_runs_on_a_tiny_model_and_renders(tiny_depth):
     from wkvlab.findings.render import identical_depth_markdown
 
-    found = measure_depth(tiny_folder, ("int4", "q4_0"), target=32, longest=256, data="code-long", documents=8, device="cpu",
-                          dtype="float32")
+    found = tiny_depth
     assert found.documents == 8 and found.lengths == (32, 64, 128, 256) and found.data == "code-long"
     assert [(r.kv, r.length) for r in found.rows][:4] == [("int4", 32), ("int4", 64), ("int4", 128), ("int4", 256)]
     assert all(r.tokens == 8 * 32 and r.penalty.n_units == 8 and r.penalty.decided for r in found.rows)
@@ -133,3 +140,58 @@ def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_pref
     passes = [n for desc, n in seen["ticks"] if desc == "reference"]  # one per document and length, shortest first
     bos = (0, 1)  # the tiny tokenizer may or may not prepend BOS to each window
     assert len(passes) == 8 * 4 and any(passes[-1] / passes[0] == pytest.approx((b + 256 + 32) / (b + 32 + 32)) for b in bos)
+
+
+def test_an_interrupted_run_resumes_at_the_prefix_length_it_was_on(tiny_folder, tiny_depth, tmp_path, monkeypatch):
+    """Each prefix length's grid goes into the store when it is done; a rerun reads those lengths back and measures
+    only the rest, and decides exactly what one uninterrupted run decides (the SmolLM2 run is hours at 8k tokens)."""
+    import json
+
+    import wkvlab.eval.runner as runner
+
+    kw, whole = TINY, tiny_depth
+    real, calls = runner.run_grid, []
+
+    def stopped_at_third(*a, **k):
+        calls.append(k["data_name"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "run_grid", stopped_at_third)
+    store = tmp_path / "findings.db"
+    with pytest.raises(KeyboardInterrupt):
+        measure_depth(tiny_folder, ("int4", "q4_0"), store=store, **kw)
+    calls.clear()
+    monkeypatch.setattr(runner, "run_grid", lambda *a, **k: calls.append(k["data_name"]) or real(*a, **k))
+    resumed = measure_depth(tiny_folder, ("int4", "q4_0"), store=store, **kw)
+    assert calls == ["code-long@prefix128", "code-long@prefix256"]  # 32 and 64 were read back
+    assert json.dumps([r.to_dict() for r in resumed.rows]) == json.dumps([r.to_dict() for r in whole.rows])
+    assert resumed.per_document == whole.per_document
+    calls.clear()
+    again = measure_depth(tiny_folder, ("q4_0", "int4"), store=store, **kw)  # every length stored: nothing measured
+    assert calls == [] and {r.kv for r in again.rows} == {"int4", "q4_0"}
+
+
+def test_the_findings_command_stores_each_length_where_it_says_it_resumes(tiny_folder, tmp_path):
+    """`wkvlab findings depth-long --store S` (run_finding) writes every cache at every prefix length into S, and a second
+    run measures nothing (its help says the store makes a finding resumable)."""
+    import json
+
+    from wkvlab.findings.grids import DEPTH_KV
+    from wkvlab.findings.run import run_finding
+    from wkvlab.store import open_store
+
+    store = tmp_path / "f.db"
+    first = run_finding("depth-long", model=tiny_folder, store=store, tokens=32, ctx=288, device="cpu", dtype="float32")
+    with open_store(store) as db:
+        rows = [(r.data, r.kv) for r in db.rows()]
+    assert sorted(rows) == sorted((f"code-long@prefix{n}", kv) for n in (32, 64, 128, 256) for kv in DEPTH_KV)
+    import wkvlab.eval.runner as runner
+
+    real, runner.run_grid = runner.run_grid, None  # a second run that measured anything would fail here
+    try:
+        again = run_finding("depth-long", model=tiny_folder, store=store, tokens=32, ctx=288, device="cpu", dtype="float32")
+    finally:
+        runner.run_grid = real
+    assert json.dumps(again.data["rows"]) == json.dumps(first.data["rows"])  # NaN-safe

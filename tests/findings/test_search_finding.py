@@ -16,9 +16,25 @@ PER = {choice_label(c): choice_bytes(c, kv_heads=1, head_dim=32) for c in parse_
 FP16 = 4 * PER["fp16"]
 
 
+TICKS = {}  # run -> (bar total, steps ticked)
+
+
+def _recorder(run: str):
+    from contextlib import contextmanager
+
+    @contextmanager
+    def progress(total, _title):
+        TICKS[run] = [total, 0.0]
+
+        def tick(_description, steps):
+            TICKS[run][1] += steps
+        yield tick
+    return progress
+
+
 @pytest.fixture(scope="module")
 def finding(tiny_folder):
-    return measure_search(tiny_folder, GRID, device="cpu", dtype="float32")
+    return measure_search(tiny_folder, GRID, device="cpu", dtype="float32", progress=_recorder("first"))
 
 
 def test_every_budget_gets_a_row_with_two_stage_intervals_over_the_replicates(finding):
@@ -119,8 +135,18 @@ def test_a_rerun_reads_profiles_and_scores_back_without_measuring(tiny_folder, f
 
     monkeypatch.setattr(api, "collect_profile", fail)
     monkeypatch.setattr(Scorer, "score", fail)
-    again = measure_search(tiny_folder, GRID, device="cpu", dtype="float32")
+    again = measure_search(tiny_folder, GRID, device="cpu", dtype="float32", progress=_recorder("again"))
     assert json.dumps([r.to_dict() for r in again.rows]) == json.dumps([r.to_dict() for r in finding.rows])  # NaN-safe
+
+
+def test_the_bar_ends_at_its_total_measured_or_read_back(tiny_folder, finding, monkeypatch):
+    """A resumed run's bar counts what the cache holds as done, so its ETA is the work left (a resumed SmolLM2
+    search read "3:30 to go" with half of its profiles cached; cached profiles did not tick). Plans that two
+    rivals share are one score and still one step each."""
+    test_a_rerun_reads_profiles_and_scores_back_without_measuring(tiny_folder, finding, monkeypatch)
+    for run in ("first", "again"):
+        total, ticked = TICKS[run]
+        assert ticked == pytest.approx(total), run
 
 
 def test_markdown_names_every_rival_its_margin_and_the_family(finding):

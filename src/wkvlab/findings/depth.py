@@ -58,6 +58,7 @@ DEPTH_TARGET = 2048
 DEPTH_SHORTEST = 512
 DEPTH_DOCUMENTS = 32  # at least this many documents reach the longest prefix (issue #38)
 LONG_DOCUMENTS = 8  # code-long has exactly eight
+STORE_VERSION = 1  # of the depth configs a run stores per prefix length (length_configs): bump when what they measure changes
 DEPTH_MARGIN = "5%"  # of the penalty at the shortest prefix: see the module docstring and depth_power
 MIN_LENGTHS = 4
 GROWTH_WORDS = ("grows", "shrinks", "flat within ±m")
@@ -235,14 +236,35 @@ def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]
     return {length: tokens_per_step[length] * scale for length in counts}
 
 
+def length_configs(fingerprints: dict, windows, kvs, *, length: int, target: int) -> dict[str, dict]:
+    """Store configs (config id → config) of every cache at one prefix length: what its numbers depend on — the model,
+    its dtype and device kind, the exact tokens of every window (documents, prefix, targets, BOS) and the cache.
+    A result stored under one of these ids is that measurement, whichever run wrote it."""
+    import hashlib
+
+    from wkvlab.sweep.plan import canonical_json
+    from wkvlab.tasks.run import config_id
+    from wkvlab.weights.spec import WeightSpec
+
+    tokens = hashlib.sha256(windows.tokens.numpy().tobytes()).hexdigest()
+    configs = [{"finding": "depth", "version": STORE_VERSION, **fingerprints, "length": length, "target": target,
+                "windows_sha256": tokens, "weights": WeightSpec().to_dict(), "kv": kv.to_dict()} for kv in kvs]
+    canonical_json(configs)  # every field JSON-able before anything is measured
+    return {config_id(c): c for c in configs}
+
+
 def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGET, longest: int | None = None, data: str = DEPTH_DATA,
                   documents: int = DEPTH_DOCUMENTS, shortest: int | None = None, progress=None, device: str = "auto", dtype: str = "auto",
-                  margin=DEPTH_MARGIN) -> DepthFinding:
+                  margin=DEPTH_MARGIN, store=None) -> DepthFinding:
     """Score the same ``target`` tokens of every document long enough after prefixes of increasing length, from
     ``shortest`` (default: 512, or the target if smaller) to the longest that at least ``documents`` documents reach
-    within the model's limit (or ``longest``)."""
+    within the model's limit (or ``longest``).
+
+    ``store`` (a results store path): each prefix length's results are written there as soon as its grid is done, and a
+    length whose every cache is already there is read back instead of measured, so an interrupted run (hours at 8k
+    tokens on a CPU) resumes at the length it was on."""
     import time
-    from contextlib import nullcontext
+    from contextlib import ExitStack, nullcontext
 
     import torch
 
@@ -250,6 +272,8 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     from wkvlab.eval.runner import run_grid
     from wkvlab.kv.spec import KVSpec
     from wkvlab.models.loading import load_model, resolve_device, resolve_dtype
+    from wkvlab.search.api import numerics
+    from wkvlab.store import open_store
     from wkvlab.weights.spec import WeightSpec
 
     if documents < MIN_UNITS:
@@ -289,12 +313,22 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(chosen)} documents") \
         if progress is not None else nullcontext(lambda _d, _n: None)
     results = {}
-    with bar as tick, torch.no_grad():
+    with ExitStack() as stack, torch.no_grad():
+        tick = stack.enter_context(bar)
+        db = stack.enter_context(open_store(store)) if store is not None else None
         for length, win in windows.items():
+            configs = length_configs({**fingerprints, **numerics(loaded)}, win, specs, length=length, target=target)
+            if db is not None and db.done(configs) == set(configs):
+                results[length] = {r.kv: r for r in db.results(configs)}
+                tick(f"prefix {length}: read back from {store}", counts[length] * weights[length])
+                continue
             weighted = lambda desc, n, w=weights[length]: tick(desc, n * w)  # noqa: E731
             grid = run_grid(loaded.model, win, [WeightSpec()], specs, model_name=loaded.name, data_name=f"{corpus.name}@prefix{length}",
                             fingerprints=fingerprints, progress=weighted)
             results[length] = {r.kv: r for r in grid}
+            if db is not None:  # grid order is the specs' order, as the configs are
+                for (cid, config), result in zip(configs.items(), grid):
+                    db.put(cid, config, result)
     rows = depth_rows(results, margin=margin)
     units = next(iter(results[lengths[0]].values())).arrays.window  # one window per document
     values = {kv: {str(length): per_document(results[length][kv].arrays.kld, units) for length in lengths} for kv in results[lengths[0]]}
@@ -304,5 +338,5 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
                         reach=reach(sizes, target), minimum=documents, names=names, per_document=values)
 
 
-__all__ = ["DepthFinding", "DepthRow", "depth_rows", "depth_table", "identical_token_windows", "longest_reached", "measure_depth",
+__all__ = ["DepthFinding", "DepthRow", "depth_rows", "depth_table", "identical_token_windows", "length_configs", "longest_reached", "measure_depth",
            "prefix_lengths", "reach", "step_weights"]

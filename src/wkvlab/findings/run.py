@@ -136,7 +136,8 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
         target = tokens or DEPTH_TARGET
         data, documents = (DEPTH_DATA, DEPTH_DOCUMENTS) if name == "depth" else (LONG_DATA, LONG_DOCUMENTS)
         found = measure_depth(model, grids.DEPTH_KV, target=target, longest=(ctx - target) if ctx else None, data=data,
-                              documents=documents, progress=progress, margin=DEPTH_MARGIN if stated is None else stated, **where)
+                              documents=documents, progress=progress, margin=DEPTH_MARGIN if stated is None else stated, store=store,
+                              **where)
         data = found.to_dict()
         markdown = render.identical_depth_markdown(data)
     elif name == "search":

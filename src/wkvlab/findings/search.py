@@ -140,15 +140,21 @@ class SearchFinding:
 
 
 def search_steps(grid: SearchGrid, n_layers: int) -> int:
-    """Progress steps: the profiles' passes (upper bound) and the held-out scores."""
-    from wkvlab.search.choices import parse_choices
-    from wkvlab.search.choices import single_formats
+    """Progress steps: the profiles' passes and the held-out scores (a cached profile or score counts as done)."""
+    from wkvlab.search.choices import FP16, parse_choices
 
     choices = parse_choices(grid.formats)
-    ks, vs = single_formats(choices)
-    per_profile = 3 + n_layers * (len(ks) + len(vs)) + len(choices)
+    uniforms = sum(1 for c in choices if c != FP16)
     plans = len(grid.budgets) * grid.replicates * (4 * len(grid.profile_texts) + 1)
-    return 2 * grid.replicates * len(grid.profile_texts) * per_profile + (len(choices) + plans) * len(grid.heldout_texts)
+    profiles = 2 * grid.replicates * len(grid.profile_texts)
+    return profiles * _profile_steps(choices, n_layers) + (uniforms + plans) * len(grid.heldout_texts)
+
+
+def _profile_steps(choices, n_layers: int) -> int:
+    from wkvlab.search.profile import profile_steps
+    from wkvlab.weights.spec import WeightSpec
+
+    return profile_steps(n_layers, choices, WeightSpec(), weight_profile=False)
 
 
 def _cached_score(path_key: dict, score_fn):
@@ -324,8 +330,10 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
         common = dict(model_name=loaded.name, data_name=corpora[text].name, fingerprints=fingerprints, bars=bars)
         for r, windows in enumerate(profile_windows[text]):
             for aware, spec in (("aware", weights), ("unaware", WeightSpec())):
-                prof, _ = cached_profile(reference, windows, spec, choices, weight_profile=False,
-                                         calibration=calibration if aware == "aware" else None, **common)
+                prof, cached = cached_profile(reference, windows, spec, choices, weight_profile=False,
+                                              calibration=calibration if aware == "aware" else None, **common)
+                if cached:  # a resumed run's bar (and its ETA) starts where the cache leaves off
+                    tick(f"profile {text} replicate {r} {aware} (cached)", _profile_steps(choices, n))
                 seconds[f"{text}/{r}/{aware}"] = prof.seconds
                 predictors[(text, r, aware)] = predictor_from_profile(prof)
             for share in grid.budgets:
@@ -354,6 +362,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
         for name, plan in configs.items():
             if plan in seen:  # the same per-layer plan twice (a DP and a greedy plan that agree): one score
                 scores[(text, name)] = scores[(text, seen[plan])]
+                tick(f"held-out {text}: {name} (the plan of {seen[plan]})", 1)
                 continue
             spec = plan_kvspec(plan)
             key = {"model": loaded.fingerprint, **numerics(loaded), "weights": {**weights.to_dict(), "label": None},
