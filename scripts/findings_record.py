@@ -37,6 +37,16 @@ from output_record import load_words, sampled_run  # noqa: E402  (one sampler fo
 from wkvlab.models.cache import cache_dir  # noqa: E402  (the cache root wkvlab itself uses; no torch)
 
 
+STORE_GRIDS = ("additivity", "methods", "calibration")
+
+
+def resumed_configs(name: str, store: Path) -> int:
+    """What the caption calls "configs already in the store": the grid findings read their configs back from the
+    store; depth says which prefix lengths it read back (in its data) and search resumes from the on-disk cache, so
+    a count of the whole shared store would credit them with every other finding's configs."""
+    return _stored_configs(store) if name in STORE_GRIDS else 0
+
+
 def _stored_configs(store: Path) -> int:
     """Configs already measured in the store (0 for a new one): a resumed run's wall time covers only the rest."""
     import sqlite3
@@ -70,7 +80,8 @@ def search_cache_state(root: Path | None = None) -> str:
 
 def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1) -> dict:
     command = ["findings", name, "--model", model, "--store", str(store), "--threads", str(threads), *extra]
-    commit, cache, resumed, date = _commit(), _cache_state(), _stored_configs(store), f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    resumed = resumed_configs(name, store)
+    commit, cache, date = _commit(), _cache_state(), f"{datetime.now(timezone.utc):%Y-%m-%d}"
     searched = {"search_cache": search_cache_state()} if name == "search" else {}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)

@@ -118,6 +118,11 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
     assert "2 torch threads," in text and "16 configs already in the store" in text
     assert "--out RUNS/findings-additivity-gemma3-270m.json --threads 2 -- --tokens 4096`" in text
+    # a depth run that read prefix lengths back from the store says which: its wall time is the rest's
+    path.write_text(json.dumps({**record, "resumed": 0, "data": {"read_back": [512, 1024]}}))
+    text = tables.finding_block(path)(None)
+    assert ("prefix length(s) 512, 1,024 read back from the store (measured by an earlier run; its wall time covers the rest)"
+            in text) and "configs already in the store" not in text
     # a re-analysis of a filled store names the run that measured it, with that run's wall time and load
     record.update(resumed=56, filled_by={"command": "wkvlab findings methods --model default --store out/findings.db --threads 1",
                                          "commit": "cc1540d", "date": "2026-12-03", "wall_s": 4052.0, "load_min": 0.32,

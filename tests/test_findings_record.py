@@ -46,3 +46,17 @@ def test_the_search_record_says_what_the_on_disk_cache_held_at_the_start(tmp_pat
         (tmp_path / "search-profiles" / f"p{i}.json").write_text("{}")
     (tmp_path / "findings-search" / "s.npz").write_bytes(b"")
     assert record.search_cache_state(tmp_path).startswith("3 profile(s) and 1 held-out score(s) cached")
+
+
+def test_only_the_grid_findings_count_the_store_as_resumed(tmp_path):
+    """A search or depth run in a store that holds the methods grid measured all of its own work; the caption said
+    "56 configs already in the store" for it (depth says which prefix lengths it read back itself)."""
+    import sqlite3
+
+    record = _load()
+    store = tmp_path / "findings.db"
+    with sqlite3.connect(store) as conn:
+        conn.execute("CREATE TABLE results (config_id TEXT)")
+        conn.executemany("INSERT INTO results VALUES (?)", [(str(i),) for i in range(56)])
+    assert [record.resumed_configs(n, store) for n in ("methods", "calibration", "search", "depth", "depth-long")] == [56, 56, 0, 0, 0]
+    assert record.resumed_configs("methods", tmp_path / "new.db") == 0

@@ -216,12 +216,14 @@ class DepthFinding:
     minimum: int = 0  # the documents the design asks to reach the longest prefix
     names: list = field(default_factory=list)  # the documents used
     per_document: dict = field(default_factory=dict)  # kv -> length -> mean KLD per document; "reference NLL" likewise
+    read_back: list = field(default_factory=list)  # prefix lengths read from the store, measured by an earlier run
 
     def to_dict(self) -> dict:
         return {"design": "identical target tokens", "model": self.model, "data": self.data, "documents": self.documents,
                 "target": self.target, "lengths": list(self.lengths), "rows": [r.to_dict() for r in self.rows],
                 "seconds": self.seconds, "notes": self.notes, "reach": {str(k): v for k, v in self.reach.items()},
-                "minimum_documents": self.minimum, "document_names": self.names, "per_document": self.per_document}
+                "minimum_documents": self.minimum, "document_names": self.names, "per_document": self.per_document,
+                "read_back": self.read_back}
 
 
 def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]) -> dict[int, float]:
@@ -312,7 +314,7 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     weights = step_weights(counts, {length: w.ctx / len(chunk_bounds(w.ctx, chunks[length])) for length, w in windows.items()})
     bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(chosen)} documents") \
         if progress is not None else nullcontext(lambda _d, _n: None)
-    results = {}
+    results, read_back = {}, []
     with ExitStack() as stack, torch.no_grad():
         tick = stack.enter_context(bar)
         db = stack.enter_context(open_store(store)) if store is not None else None
@@ -320,6 +322,7 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
             configs = length_configs({**fingerprints, **numerics(loaded)}, win, specs, length=length, target=target)
             if db is not None and db.done(configs) == set(configs):
                 results[length] = {r.kv: r for r in db.results(configs)}
+                read_back.append(length)
                 tick(f"prefix {length}: read back from {store}", counts[length] * weights[length])
                 continue
             weighted = lambda desc, n, w=weights[length]: tick(desc, n * w)  # noqa: E731
@@ -335,7 +338,7 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     values["reference NLL"] = {str(length): per_document(next(iter(results[length].values())).arrays.nll_ref, units) for length in lengths}
     names = [corpus.documents[i].split("\n", 1)[0].removeprefix("# file: ") for i in chosen]
     return DepthFinding(loaded.name, corpus.name, len(chosen), target, lengths, rows, time.perf_counter() - started,
-                        reach=reach(sizes, target), minimum=documents, names=names, per_document=values)
+                        reach=reach(sizes, target), minimum=documents, names=names, per_document=values, read_back=read_back)
 
 
 __all__ = ["DepthFinding", "DepthRow", "depth_rows", "depth_table", "identical_token_windows", "length_configs", "longest_reached", "measure_depth",
