@@ -244,14 +244,12 @@ def length_configs(fingerprints: dict, windows, kvs, *, length: int, target: int
     A result stored under one of these ids is that measurement, whichever run wrote it."""
     import hashlib
 
-    from wkvlab.sweep.plan import canonical_json
     from wkvlab.tasks.run import config_id
     from wkvlab.weights.spec import WeightSpec
 
     tokens = hashlib.sha256(windows.tokens.numpy().tobytes()).hexdigest()
     configs = [{"finding": "depth", "version": STORE_VERSION, **fingerprints, "length": length, "target": target,
                 "windows_sha256": tokens, "weights": WeightSpec().to_dict(), "kv": kv.to_dict()} for kv in kvs]
-    canonical_json(configs)  # every field JSON-able before anything is measured
     return {config_id(c): c for c in configs}
 
 
