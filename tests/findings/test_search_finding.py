@@ -169,3 +169,20 @@ def test_a_finding_stored_before_equal_memory_renders_labelled():
                      "uniform_name": "K4V4", "uniform": 0.62, "tokens": 496, "aware_minus_unaware": None, "aware_minus_uniform": None}],
            "rank_correlation": {}, "layer_agreement": {}, "plans": {}}
     assert "not a comparison at equal memory" in search_markdown(old)
+
+
+def test_held_out_scores_keep_per_window_sums_that_give_the_token_and_document_means():
+    """The cache keeps each window's KLD sum and token count (a few hundred bytes, carried between machines):
+    the token mean and the per-document means come out as from the per-token values (hand values)."""
+    import numpy as np
+
+    from wkvlab.findings.search import HeldOutScore, document_means
+    from wkvlab.search.measure import Score
+
+    per_token = np.array([1.0, 3.0, 2.0, 4.0, 6.0, 10.0])
+    windows = np.array([0, 0, 1, 1, 1, 3])  # window 2 scored nothing (an all-padding tail)
+    held = HeldOutScore.from_score(Score(float(per_token.mean()), 0.0, 6, per_token, windows), n_windows=4)
+    assert held.sums.tolist() == [4.0, 12.0, 0.0, 10.0] and held.counts.tolist() == [2, 3, 0, 1]
+    assert held.kld == pytest.approx(26 / 6) and held.tokens == 6
+    # windows 0 and 1 are document 7's, 2 and 3 document 5's: sorted documents 5, 7
+    assert document_means(held, (7, 7, 5, 5)).tolist() == [10.0, 16 / 5]

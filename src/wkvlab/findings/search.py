@@ -157,22 +157,48 @@ def _profile_steps(choices, n_layers: int) -> int:
     return profile_steps(n_layers, choices, WeightSpec(), weight_profile=False)
 
 
-def _cached_score(path_key: dict, score_fn):
-    """Per-token KLD and window ids from the on-disk cache, or computed now and saved."""
-    from wkvlab.models.loading import cache_dir
-    from wkvlab.search.measure import Score
+@dataclass(frozen=True)
+class HeldOutScore:
+    """A plan's KLD on the held-out windows, kept per window: the sum and count of its per-token KLD in each.
 
-    key = hashlib.sha256(json.dumps({"version": 1, **path_key}, sort_keys=True).encode()).hexdigest()[:24]  # scores did not change
+    That is all the finding reads (the token mean, the per-document means its intervals resample), and it is a few
+    hundred bytes where the per-token arrays were 64 KB a score: the ~900 scores of a SmolLM2 run fit in a folder a
+    run measured over several sessions carries from one machine to the next (scripts/carry.py)."""
+
+    sums: np.ndarray  # float64, one per window
+    counts: np.ndarray  # int64, scored tokens per window
+
+    @property
+    def kld(self) -> float:
+        return float(self.sums.sum() / self.counts.sum())
+
+    @property
+    def tokens(self) -> int:
+        return int(self.counts.sum())
+
+    @classmethod
+    def from_score(cls, score, n_windows: int) -> "HeldOutScore":
+        windows = np.asarray(score.windows, dtype=np.int64)
+        return cls(np.bincount(windows, weights=score.per_token, minlength=n_windows),
+                   np.bincount(windows, minlength=n_windows).astype(np.int64))
+
+
+SCORE_VERSION = 2  # 1 kept per-token arrays; 2 per-window sums (HeldOutScore)
+
+
+def _cached_score(path_key: dict, score_fn, n_windows: int) -> HeldOutScore:
+    """A plan's held-out score from the on-disk cache, or computed now and saved."""
+    from wkvlab.models.loading import cache_dir
+
+    key = hashlib.sha256(json.dumps({"version": SCORE_VERSION, **path_key}, sort_keys=True).encode()).hexdigest()[:24]
     path = cache_dir() / "findings-search" / f"{key}.npz"
     if path.is_file():
         data = np.load(path)
-        kld, windows = data["kld"], data["windows"]
-        se = float(kld.std(ddof=1) / np.sqrt(kld.size)) if kld.size > 1 else float("nan")
-        return Score(float(kld.mean()), se, int(kld.size), kld, windows)
-    score = score_fn()
+        return HeldOutScore(data["sums"], data["counts"])
+    score = HeldOutScore.from_score(score_fn(), n_windows)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, kld=score.per_token, windows=score.windows)
+    np.savez(tmp, sums=score.sums, counts=score.counts)
     tmp.replace(path)  # a killed run never leaves half a file under the real name
     return score
 
@@ -253,12 +279,12 @@ def _windows(grid: SearchGrid, texts, tok, bos):
     return corpora, profile_windows, heldout_windows, used
 
 
-def document_means(score, documents) -> np.ndarray:
-    """Mean KLD of each held-out document (sorted document order): the unit intervals resample (issue #38: windows of one
-    document share its difficulty, and resampling them as independent under-covers)."""
-    owner = np.asarray(documents)[np.asarray(score.windows, dtype=np.int64)]
-    _, inverse = np.unique(owner, return_inverse=True)
-    return np.bincount(inverse, weights=score.per_token) / np.bincount(inverse)
+def document_means(score: HeldOutScore, documents) -> np.ndarray:
+    """Mean KLD of each held-out document (sorted document order; ``documents[w]`` owns window ``w``): the unit
+    intervals resample (issue #38: windows of one document share its difficulty, and resampling them as independent
+    under-covers)."""
+    _, inverse = np.unique(np.asarray(documents), return_inverse=True)
+    return np.bincount(inverse, weights=score.sums) / np.bincount(inverse, weights=score.counts)
 
 
 def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, device: str, dtype: str,
@@ -368,7 +394,7 @@ def _measure(model: str, grid: SearchGrid, open_bar: Callable[[int], Tick], *, d
             key = {"model": loaded.fingerprint, **numerics(loaded), "weights": {**weights.to_dict(), "label": None},
                    "calibration": calibration.key if calibration is not None else None, "kv": spec.to_dict(), "windows": digest}
             with torch.no_grad():
-                scores[(text, name)] = _cached_score(key, lambda: scorer.score(qw.model, spec))
+                scores[(text, name)] = _cached_score(key, lambda: scorer.score(qw.model, spec), windows.n_windows)
             seen[plan] = name
             tick(f"held-out {text}: {name}", 1)
 
