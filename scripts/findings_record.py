@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from doc_tables import _commit  # noqa: E402  (the same commit words as the demo's record)
+from findings_carry import carried_words, carry_in, carry_out, earlier_runs  # noqa: E402
 from output_record import load_words, sampled_run  # noqa: E402  (one sampler for both records)
 from wkvlab.models.cache import cache_dir  # noqa: E402  (the cache root wkvlab itself uses; no torch)
 
@@ -78,15 +80,25 @@ def search_cache_state(root: Path | None = None) -> str:
     return f"{profiles} profile(s) and {scores} held-out score(s) cached (measured before this run; its wall time covers the rest)"
 
 
-def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1) -> dict:
+def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, carry: Path | None = None) -> dict:
     command = ["findings", name, "--model", model, "--store", str(store), "--threads", str(threads), *extra]
     resumed = resumed_configs(name, store)
+    carried = carry_in(carry, cache_dir()) if carry is not None else 0
+    since = time.time()  # what the run itself writes to the cache is newer than what was carried in
     commit, cache, date = _commit(), _cache_state(), f"{datetime.now(timezone.utc):%Y-%m-%d}"
     searched = {"search_cache": search_cache_state()} if name == "search" else {}
+    if carry is not None:
+        print(f"--carry {carry}: {carried} file(s) copied into the cache {cache_dir()}")
+        searched["carried"] = earlier_runs(carry)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
+    if carry is not None:  # finished or not: what it measured goes on to the next machine
+        added = carry_out(carry, cache_dir(), {"commit": commit, "date": date, "wall_s": round(wall, 1), **load_words(loads),
+                                               "threads": threads, "exit": code}, since)
+        print(f"--carry {carry}: {added} file(s) this run measured kept there (commit them to go on elsewhere)")
     if code != 0:
-        raise SystemExit(f"wkvlab findings {name} failed (exit {code}); nothing recorded")
+        raise SystemExit(f"wkvlab findings {name} failed (exit {code}); nothing recorded"
+                         + (f"; its measurements so far are in {carry}" if carry is not None else ""))
     from wkvlab.store import open_store
 
     with open_store(store) as db:
@@ -126,13 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the run (1 leaves the other core to the machine)")
     parser.add_argument("--filled-by", type=Path, help="the record of the run that measured the store's configs (when this one "
                         "only re-analyses them): its command, commit, wall time and load are kept in this record")
+    parser.add_argument("--carry", type=Path, help="search only: a folder in the repository for the profiles and held-out "
+                        "scores measured so far, read into the cache before the run and written back after it, finished "
+                        "or not, so a run longer than one machine's life goes on on the next (scripts/findings_carry.py)")
     args = parser.parse_args(argv)
+    if args.carry is not None and args.name != "search":
+        raise SystemExit(f"--carry is for the search finding (its cache files); {args.name} resumes from --store")
     if not args.out.parent.is_dir():
         raise SystemExit(f"folder {args.out.parent} does not exist; create it or choose another --out")
     if "--threads" in extra:
         raise SystemExit("give --threads before --, to findings_record.py itself (the record names it)")
     filled_by = filled_by_words(args.filled_by) if args.filled_by else None
-    record = run(args.name, args.model, args.store, extra, args.threads)
+    record = run(args.name, args.model, args.store, extra, args.threads, args.carry)
     if filled_by:
         record["filled_by"] = filled_by
     args.out.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n", encoding="utf-8")

@@ -123,6 +123,13 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     text = tables.finding_block(path)(None)
     assert ("prefix length(s) 512, 1,024 read back from the store (measured by an earlier run; its wall time covers the rest)"
             in text) and "configs already in the store" not in text
+    # a search carried over two machines names the earlier run, and is stamped with the oldest commit that measured it
+    carried = [{"commit": "def5678", "date": "2026-12-06", "wall_s": 7200.0, "load_min": 2.1, "load_max": 3.9, "files_added": 14}]
+    path.write_text(json.dumps({**record, "resumed": 0, "carried": carried}))
+    text = tables.finding_block(path)(None)
+    assert ("; the run continues 1 earlier run(s) on other machines whose profiles and scores were carried in the repository "
+            "(def5678 on 2026-12-06, wall 120 min, load 2.1–3.9, 14 file(s); 2.0 h in all)") in text
+    assert "<!-- measured: commit=def5678 " in text
     # a re-analysis of a filled store names the run that measured it, with that run's wall time and load
     record.update(resumed=56, filled_by={"command": "wkvlab findings methods --model default --store out/findings.db --threads 1",
                                          "commit": "cc1540d", "date": "2026-12-03", "wall_s": 4052.0, "load_min": 0.32,

@@ -60,3 +60,59 @@ def test_only_the_grid_findings_count_the_store_as_resumed(tmp_path):
         conn.executemany("INSERT INTO results VALUES (?)", [(str(i),) for i in range(56)])
     assert [record.resumed_configs(n, store) for n in ("methods", "calibration", "search", "depth", "depth-long")] == [56, 56, 0, 0, 0]
     assert record.resumed_configs("methods", tmp_path / "new.db") == 0
+
+
+def test_carry_takes_an_interrupted_runs_measurements_to_the_next_machine(tmp_path, monkeypatch):
+    """The search finding outlives one machine (~6 h of two cores; machines here live 3 h): --carry copies what a run
+    measured into a folder in the repository, finished or not, and the next machine's run starts from it."""
+    import os
+    import time
+
+    record = _load()
+    carry, first, second = tmp_path / "carry", tmp_path / "machine1", tmp_path / "machine2"
+    (first / "search-profiles").mkdir(parents=True)
+    old = first / "search-profiles" / "someone-elses.json"  # a profile the user's cache held before: not carried
+    old.write_text("{}")
+    os.utime(old, (time.time() - 3600,) * 2)
+
+    def interrupted(_command, _env, capture):  # measures one profile, one score and half a score, then is killed
+        (first / "search-profiles" / "p1.json").write_text('{"a": 1}')
+        (first / "findings-search").mkdir()
+        (first / "findings-search" / "s1.npz").write_bytes(b"npz")
+        (first / "findings-search" / "s2.tmp.npz").write_bytes(b"half")
+        return -9, "", 125.0, [1.5, 2.5]
+
+    monkeypatch.setenv("WKVLAB_CACHE", str(first))
+    monkeypatch.setattr(record, "sampled_run", interrupted)
+    monkeypatch.setattr(record, "_commit", lambda: "abc1234")
+    with pytest.raises(SystemExit, match=f"failed \\(exit -9\\); nothing recorded; its measurements so far are in {carry}"):
+        record.run("search", "default", tmp_path / "f.db", [], 2, carry)
+    assert sorted(p.name for p in carry.rglob("*") if p.is_file()) == ["p1.json", "runs.json", "s1.npz"]
+    runs = json.loads((carry / "runs.json").read_text())
+    assert [(r["commit"], r["wall_s"], r["load_min"], r["load_max"], r["exit"], r["files_added"]) for r in runs] == \
+        [("abc1234", 125.0, 1.5, 2.5, -9, 2)]
+
+    seen = {}
+
+    def resumed(_command, _env, capture):  # the next machine: the carried files are in its cache before it starts
+        seen["files"] = sorted(p.name for p in second.rglob("*") if p.is_file())
+        return 1, "", 60.0, [1.0]
+
+    monkeypatch.setenv("WKVLAB_CACHE", str(second))
+    monkeypatch.setattr(record, "sampled_run", resumed)
+    with pytest.raises(SystemExit):
+        record.run("search", "default", tmp_path / "f.db", [], 2, carry)
+    assert seen["files"] == ["p1.json", "s1.npz"]
+    assert [r["files_added"] for r in json.loads((carry / "runs.json").read_text())] == [2, 0]
+    assert record.carried_words(json.loads((carry / "runs.json").read_text())[:1]) == (
+        "continues 1 earlier run(s) on other machines whose profiles and scores were carried in the repository "
+        "(abc1234 on " + runs[0]["date"] + ", wall 2 min, load 1.5–2.5, 2 file(s); 0.0 h in all)")
+
+
+def test_carry_is_refused_for_findings_that_resume_from_the_store_and_a_broken_manifest_before_anything_runs(tmp_path):
+    record = _load()
+    with pytest.raises(SystemExit, match="--carry is for the search finding"):
+        record.main(["depth", "--store", str(tmp_path / "f.db"), "--out", str(tmp_path / "r.json"), "--carry", str(tmp_path)])
+    (tmp_path / "runs.json").write_text("{oops")
+    with pytest.raises(SystemExit, match="runs.json is not JSON"):
+        record.main(["search", "--store", str(tmp_path / "f.db"), "--out", str(tmp_path / "r.json"), "--carry", str(tmp_path)])
