@@ -1,10 +1,12 @@
 """A finding's measurements so far, kept in the repository so a run longer than one machine's life goes on on the next.
 
-The search finding on SmolLM2 is about six hours of two CPU cores (20 profiles, then ~900 held-out scores); the machines
-these records are measured on live three. Its profiles and held-out scores are content-addressed cache files
-(``search-profiles/*.json``, ``findings-search/*.npz``, a few kB each), so a run resumes from whatever the cache holds.
-``scripts/findings_record.py ... --carry DIR`` copies DIR's files into the cache before the run and the cache's back into
-DIR after it, finished or not (an interrupted run keeps what it measured), and appends the run to ``DIR/runs.json``:
+The search finding on SmolLM2 is about six hours of two CPU cores (20 profiles, then ~900 held-out scores), the depth
+finding about three; the machines these records are measured on live three. Both keep what they measured as
+content-addressed cache files of a few kB (``search-profiles/*.json``, ``findings-search/*.npz``: a profile, a plan's
+held-out score; ``findings-depth/*.npz``: one prefix length's per-document scores), so a run resumes from whatever the
+cache holds. ``scripts/findings_record.py ... --carry DIR`` copies DIR's files into the cache before the run and the
+ones the run wrote back into DIR after it, finished or not (an interrupted run keeps what it measured), and appends the
+run to ``DIR/runs.json``:
 its commit, date, wall time, load and how many files it added. The record names those earlier runs, so a table measured
 over several machines says so. Once the record is written the folder has served its purpose and is removed with it.
 """
@@ -14,7 +16,8 @@ import json
 import shutil
 from pathlib import Path
 
-CARRIED = {"search-profiles": "*.json", "findings-search": "*.npz"}  # cache subfolder -> its finished files
+CARRIED = {"search-profiles": "*.json", "findings-search": "*.npz", "findings-depth": "*.npz"}  # cache subfolder -> its files
+FINDINGS = ("search", "depth", "depth-long")  # the findings that resume from the cache (the grids resume from --store)
 MANIFEST = "runs.json"
 
 
@@ -82,5 +85,5 @@ def carried_words(runs: list[dict]) -> str:
     wall = sum(r.get("wall_s", 0.0) for r in runs)
     each = "; ".join(f"{r['commit']} on {r['date']}, wall {r['wall_s'] / 60:.0f} min, load {r['load_min']}–{r['load_max']}, "
                      f"{r['files_added']} file(s)" for r in runs)
-    return (f"continues {len(runs)} earlier run(s) on other machines whose profiles and scores were carried in the repository "
+    return (f"continues {len(runs)} earlier run(s) on other machines whose measurements were carried in the repository "
             f"({each}; {wall / 3600:.1f} h in all)")

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from doc_tables import _commit  # noqa: E402  (the same commit words as the demo's record)
-from findings_carry import carried_words, carry_in, carry_out, earlier_runs  # noqa: E402
+from findings_carry import FINDINGS, carried_words, carry_in, carry_out, earlier_runs  # noqa: E402
 from output_record import load_words, sampled_run  # noqa: E402  (one sampler for both records)
 from wkvlab.models.cache import cache_dir  # noqa: E402  (the cache root wkvlab itself uses; no torch)
 
@@ -44,7 +44,7 @@ STORE_GRIDS = ("additivity", "methods", "calibration")
 
 def resumed_configs(name: str, store: Path) -> int:
     """What the caption calls "configs already in the store": the grid findings read their configs back from the
-    store; depth says which prefix lengths it read back (in its data) and search resumes from the on-disk cache, so
+    store; depth says which prefix lengths it read back from the cache (in its data) and search resumes from the cache, so
     a count of the whole shared store would credit them with every other finding's configs."""
     return _stored_configs(store) if name in STORE_GRIDS else 0
 
@@ -138,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the run (1 leaves the other core to the machine)")
     parser.add_argument("--filled-by", type=Path, help="the record of the run that measured the store's configs (when this one "
                         "only re-analyses them): its command, commit, wall time and load are kept in this record")
-    parser.add_argument("--carry", type=Path, help="search only: a folder in the repository for the profiles and held-out "
-                        "scores measured so far, read into the cache before the run and written back after it, finished "
-                        "or not, so a run longer than one machine's life goes on on the next (scripts/findings_carry.py)")
+    parser.add_argument("--carry", type=Path, help="search and depth: a folder in the repository for what the finding "
+                        "measured so far, read into the cache before the run and written back after it, finished or not, so "
+                        "a run longer than one machine's life goes on on the next (scripts/findings_carry.py)")
     args = parser.parse_args(argv)
-    if args.carry is not None and args.name != "search":
-        raise SystemExit(f"--carry is for the search finding (its cache files); {args.name} resumes from --store")
+    if args.carry is not None and args.name not in FINDINGS:
+        raise SystemExit(f"--carry is for {', '.join(FINDINGS)} (they resume from the cache); {args.name} resumes from --store")
     if not args.out.parent.is_dir():
         raise SystemExit(f"folder {args.out.parent} does not exist; create it or choose another --out")
     if "--threads" in extra:

@@ -118,16 +118,16 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
     assert "2 torch threads," in text and "16 configs already in the store" in text
     assert "--out RUNS/findings-additivity-gemma3-270m.json --threads 2 -- --tokens 4096`" in text
-    # a depth run that read prefix lengths back from the store says which: its wall time is the rest's
+    # a depth run that read prefix lengths back from the cache says which: its wall time is the rest's
     path.write_text(json.dumps({**record, "resumed": 0, "data": {"read_back": [512, 1024]}}))
     text = tables.finding_block(path)(None)
-    assert ("prefix length(s) 512, 1,024 read back from the store (measured by an earlier run; its wall time covers the rest)"
+    assert ("prefix length(s) 512, 1,024 read back from the cache (measured by an earlier run; its wall time covers the rest)"
             in text) and "configs already in the store" not in text
     # a search carried over two machines names the earlier run, and is stamped with the oldest commit that measured it
     carried = [{"commit": "def5678", "date": "2026-12-06", "wall_s": 7200.0, "load_min": 2.1, "load_max": 3.9, "files_added": 14}]
     path.write_text(json.dumps({**record, "resumed": 0, "carried": carried}))
     text = tables.finding_block(path)(None)
-    assert ("; the run continues 1 earlier run(s) on other machines whose profiles and scores were carried in the repository "
+    assert ("; the run continues 1 earlier run(s) on other machines whose measurements were carried in the repository "
             "(def5678 on 2026-12-06, wall 120 min, load 2.1–3.9, 14 file(s); 2.0 h in all)") in text
     assert "<!-- measured: commit=def5678 " in text
     # a re-analysis of a filled store names the run that measured it, with that run's wall time and load

@@ -105,14 +105,14 @@ def test_carry_takes_an_interrupted_runs_measurements_to_the_next_machine(tmp_pa
     assert seen["files"] == ["p1.json", "s1.npz"]
     assert [r["files_added"] for r in json.loads((carry / "runs.json").read_text())] == [2, 0]
     assert record.carried_words(json.loads((carry / "runs.json").read_text())[:1]) == (
-        "continues 1 earlier run(s) on other machines whose profiles and scores were carried in the repository "
+        "continues 1 earlier run(s) on other machines whose measurements were carried in the repository "
         "(abc1234 on " + runs[0]["date"] + ", wall 2 min, load 1.5–2.5, 2 file(s); 0.0 h in all)")
 
 
 def test_carry_is_refused_for_findings_that_resume_from_the_store_and_a_broken_manifest_before_anything_runs(tmp_path):
     record = _load()
-    with pytest.raises(SystemExit, match="--carry is for the search finding"):
-        record.main(["depth", "--store", str(tmp_path / "f.db"), "--out", str(tmp_path / "r.json"), "--carry", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--carry is for search, depth, depth-long"):
+        record.main(["methods", "--store", str(tmp_path / "f.db"), "--out", str(tmp_path / "r.json"), "--carry", str(tmp_path)])
     (tmp_path / "runs.json").write_text("{oops")
     with pytest.raises(SystemExit, match="runs.json is not JSON"):
         record.main(["search", "--store", str(tmp_path / "f.db"), "--out", str(tmp_path / "r.json"), "--carry", str(tmp_path)])

@@ -119,7 +119,7 @@ def test_the_finding_runs_on_a_tiny_model_and_renders(tiny_depth):
     assert "reference NLL change [95%]" in text and "at least 8 documents reach" in text and "adjusted: " in text
 
 
-def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_prefixes(tiny_folder):
+def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_prefixes(tiny_folder, tmp_path, monkeypatch):
     """The longest window's pass (256 + 32 tokens) weighs 4.5x the shortest's (32 + 32; one chunk each),
     and the weighted steps still add up to the total the progress line was opened with."""
     from contextlib import contextmanager
@@ -127,6 +127,7 @@ def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_pref
     from wkvlab.findings.depth import step_weights
 
     assert step_weights({64: 4, 512: 4}, {64: 128.0, 512: 576.0}) == pytest.approx({64: 8 * 128 / 2816, 512: 8 * 576 / 2816})
+    monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path))  # measured, not read back from another test's cache
     seen = {"total": None, "ticks": []}
 
     @contextmanager
@@ -143,13 +144,15 @@ def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_pref
 
 
 def test_an_interrupted_run_resumes_at_the_prefix_length_it_was_on(tiny_folder, tiny_depth, tmp_path, monkeypatch):
-    """Each prefix length's grid goes into the store when it is done; a rerun reads those lengths back and measures
-    only the rest, and decides exactly what one uninterrupted run decides (the SmolLM2 run is hours at 8k tokens)."""
+    """Each prefix length's per-document scores go into the cache when it is done; a rerun reads those lengths back and
+    measures only the rest, and decides exactly what one uninterrupted run decides (the SmolLM2 run is hours at 8k tokens,
+    longer than a machine here lives: the files are carried to the next one)."""
     import json
 
     import wkvlab.eval.runner as runner
 
     kw, whole = TINY, tiny_depth
+    monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path / "cache"))
     real, calls = runner.run_grid, []
 
     def stopped_at_third(*a, **k):
@@ -159,34 +162,50 @@ def test_an_interrupted_run_resumes_at_the_prefix_length_it_was_on(tiny_folder, 
         return real(*a, **k)
 
     monkeypatch.setattr(runner, "run_grid", stopped_at_third)
-    store = tmp_path / "findings.db"
     with pytest.raises(KeyboardInterrupt):
-        measure_depth(tiny_folder, ("int4", "q4_0"), store=store, **kw)
+        measure_depth(tiny_folder, ("int4", "q4_0"), **kw)
+    assert len(list((tmp_path / "cache" / "findings-depth").glob("*.npz"))) == 2  # no half-written third
     calls.clear()
     monkeypatch.setattr(runner, "run_grid", lambda *a, **k: calls.append(k["data_name"]) or real(*a, **k))
-    resumed = measure_depth(tiny_folder, ("int4", "q4_0"), store=store, **kw)
-    assert calls == ["code-long@prefix128", "code-long@prefix256"]  # 32 and 64 were read back
+    resumed = measure_depth(tiny_folder, ("int4", "q4_0"), **kw)
+    assert calls == ["code-long@prefix128", "code-long@prefix256"] and resumed.read_back == [32, 64]
     assert json.dumps([r.to_dict() for r in resumed.rows]) == json.dumps([r.to_dict() for r in whole.rows])
     assert resumed.per_document == whole.per_document
     calls.clear()
-    again = measure_depth(tiny_folder, ("q4_0", "int4"), store=store, **kw)  # every length stored: nothing measured
-    assert calls == [] and {r.kv for r in again.rows} == {"int4", "q4_0"}
+    again = measure_depth(tiny_folder, ("int4", "q4_0"), **kw)  # every length cached: nothing measured
+    assert calls == [] and again.read_back == [32, 64, 128, 256] and {r.kv for r in again.rows} == {"int4", "q4_0"}
+    calls.clear()
+    other = measure_depth(tiny_folder, ("q4_0", "int4"), **kw)  # other caches (here: their order) are another measurement
+    assert len(calls) == 4 and other.read_back == []
 
 
-def test_the_findings_command_stores_each_length_where_it_says_it_resumes(tiny_folder, tmp_path):
-    """`wkvlab findings depth-long --store S` (run_finding) writes every cache at every prefix length into S, and a second
-    run measures nothing (its help says the store makes a finding resumable)."""
+def test_the_per_document_sums_a_length_keeps_give_what_the_per_token_arrays_give():
+    """A length is kept as per-document token counts and sums (bytes, not megabytes): the same intervals and verdicts
+    as from the per-token results (the rule reads only per-unit sums)."""
+    from wkvlab.findings.depth import LengthScores, depth_table
+    from wkvlab.stats import resample
+
+    by_length = _by_length(0.5)
+    scores = {n: LengthScores.from_results(r) for n, r in by_length.items()}
+    assert scores[16].counts.tolist() == [32.0] * 8 and len(scores[16].kld["q4_0"]) == 8
+    rows = depth_table(scores)
+    direct = resample(lambda m: m["b"] - m["a"], {"a": by_length[16]["q4_0"].arrays.kld, "b": by_length[128]["q4_0"].arrays.kld},
+                      by_length[16]["q4_0"].arrays.window).interval()
+    got = rows[-1].growth
+    assert (got.estimate, got.low, got.high) == pytest.approx((direct.estimate, direct.low, direct.high), rel=1e-12)
+    assert [r.to_dict() for r in rows] == [r.to_dict() for r in depth_rows(by_length)]
+
+
+def test_the_findings_command_caches_each_length_where_it_says_it_resumes(tiny_folder, tmp_path, monkeypatch):
+    """`wkvlab findings depth-long` (run_finding) caches every prefix length, and a second run measures nothing."""
     import json
 
-    from wkvlab.findings.grids import DEPTH_KV
     from wkvlab.findings.run import run_finding
-    from wkvlab.store import open_store
 
+    monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path / "cache"))
     store = tmp_path / "f.db"
     first = run_finding("depth-long", model=tiny_folder, store=store, tokens=32, ctx=288, device="cpu", dtype="float32")
-    with open_store(store) as db:
-        rows = [(r.data, r.kv) for r in db.rows()]
-    assert sorted(rows) == sorted((f"code-long@prefix{n}", kv) for n in (32, 64, 128, 256) for kv in DEPTH_KV)
+    assert len(list((tmp_path / "cache" / "findings-depth").glob("*.npz"))) == 4
     import wkvlab.eval.runner as runner
 
     real, runner.run_grid = runner.run_grid, None  # a second run that measured anything would fail here
@@ -195,3 +214,4 @@ def test_the_findings_command_stores_each_length_where_it_says_it_resumes(tiny_f
     finally:
         runner.run_grid = real
     assert json.dumps(again.data["rows"]) == json.dumps(first.data["rows"])  # NaN-safe
+    assert again.data["read_back"] == [32, 64, 128, 256]

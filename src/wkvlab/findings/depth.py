@@ -48,8 +48,8 @@ from typing import Mapping
 import numpy as np
 
 from wkvlab.errors import DataError
-from wkvlab.stats import Interval, resample
-from wkvlab.stats.bootstrap import MIN_UNITS, Units
+from wkvlab.stats import Interval
+from wkvlab.stats.bootstrap import MIN_UNITS, per_unit, resample_sums
 from wkvlab.stats.decision import MarginRule, Verdict, decide
 
 DEPTH_DATA = "code"
@@ -58,7 +58,7 @@ DEPTH_TARGET = 2048
 DEPTH_SHORTEST = 512
 DEPTH_DOCUMENTS = 32  # at least this many documents reach the longest prefix (issue #38)
 LONG_DOCUMENTS = 8  # code-long has exactly eight
-STORE_VERSION = 1  # of the depth configs a run stores per prefix length (length_configs): bump when what they measure changes
+CACHE_VERSION = 1  # of a prefix length's cached scores (length_key): bump when what they measure changes
 DEPTH_MARGIN = "5%"  # of the penalty at the shortest prefix: see the module docstring and depth_power
 MIN_LENGTHS = 4
 GROWTH_WORDS = ("grows", "shrinks", "flat within ±m")
@@ -139,31 +139,61 @@ class DepthRow:
                 "reference": _optional(self.reference), "sharpening": _optional(self.sharpening)}
 
 
-def depth_table(kld: Mapping[str, Mapping[int, np.ndarray]], nll_ref: Mapping[int, np.ndarray], units: Units, *,
-                margin="5%", tokens: int | None = None) -> list[DepthRow]:
-    """The rows from per-token arrays on the same tokens: ``kld[kv][length]`` and the reference's ``nll_ref[length]``,
-    aligned with ``units`` (the documents). Decides the longest prefix against the shortest, raw and adjusted, one family."""
+@dataclass(frozen=True)
+class LengthScores:
+    """One prefix length measured, per document (sorted labels): the scored target tokens, the reference's NLL summed
+    over them and each cache's KLD summed over them — all the finding reads (:func:`wkvlab.stats.resample_sums`), a
+    few hundred bytes per length where the per-token results are megabytes (a run is carried between machines)."""
+
+    counts: np.ndarray  # tokens per document
+    nll_ref: np.ndarray  # sum per document
+    kld: Mapping[str, np.ndarray]  # cache label -> sum per document
+
+    @classmethod
+    def from_results(cls, results: Mapping[str, "EvalResult"]) -> "LengthScores":
+        """From each cache's result on one length's windows (one window per document: its units)."""
+        first = next(iter(results.values()))
+        units = first.arrays.window
+        counts, sums = per_unit({"nll": first.arrays.nll_ref, **{f"kld {kv}": r.arrays.kld for kv, r in results.items()}}, units)
+        return cls(counts, sums["nll"], {kv: sums[f"kld {kv}"] for kv in results})
+
+    def means(self, name: str | None = None) -> list[float]:
+        """Per-document mean KLD of cache ``name`` (None: the reference's NLL)."""
+        return (np.asarray(self.nll_ref if name is None else self.kld[name]) / self.counts).tolist()
+
+
+def depth_table(scores: Mapping[int, LengthScores], *, margin="5%", tokens: int | None = None) -> list[DepthRow]:
+    """The rows from the same documents' target tokens after each prefix length (``scores[length]``): decides the
+    longest prefix against the shortest, raw and adjusted for the reference's sharpening, one family. ``tokens``: the
+    scored tokens the rows name, where ``counts`` are not tokens (a simulation of per-document means)."""
     rule = MarginRule.parse(margin)
-    lengths = sorted(nll_ref)
+    lengths = sorted(scores)
     first, last = lengths[0], lengths[-1]
-    n_tokens = int(np.size(units.labels)) if tokens is None else tokens
-    ref = {f"N{length}": np.asarray(nll_ref[length], dtype=np.float64) for length in lengths}
-    reference = {length: resample(lambda m, n=f"N{length}": m[n], ref, units).interval() for length in lengths}
-    sharpening = {length: resample(lambda m, n=f"N{length}": m[n] / m[f"N{first}"] - 1.0, ref, units).interval()
-                  for length in lengths[1:]}
+    counts = scores[first].counts
+    for length in lengths:
+        if not np.array_equal(scores[length].counts, counts) or set(scores[length].kld) != set(scores[first].kld):
+            raise DataError(f"prefix {length} was not scored on the same documents, targets and caches as prefix {first}")
+    n_tokens = int(counts.sum()) if tokens is None else tokens
+    ref = {f"N{length}": scores[length].nll_ref for length in lengths}
+
+    def sampled(statistic, sums):
+        return resample_sums(statistic, counts, sums, "documents")
+
+    reference = {length: sampled(lambda m, n=f"N{length}": m[n], ref).interval() for length in lengths}
+    sharpening = {length: sampled(lambda m, n=f"N{length}": m[n] / m[f"N{first}"] - 1.0, ref).interval() for length in lengths[1:]}
     rows, effects = [], []
-    for kv, cells in kld.items():
-        arrays = {**ref, **{f"K{length}": np.asarray(cells[length], dtype=np.float64) for length in lengths}}
+    for kv in scores[first].kld:
+        sums = {**ref, **{f"K{length}": scores[length].kld[kv] for length in lengths}}
         base, nbase = f"K{first}", f"N{first}"
-        baseline = resample(lambda m: m[base], arrays, units)
+        baseline = sampled(lambda m: m[base], sums)
         for length in lengths:
             k, n = f"K{length}", f"N{length}"
-            row = DepthRow(kv, length, n_tokens, baseline.interval() if length == first else resample(lambda m: m[k], arrays, units).interval(),
+            row = DepthRow(kv, length, n_tokens, baseline.interval() if length == first else sampled(lambda m: m[k], sums).interval(),
                            None, None, reference=reference[length], sharpening=sharpening.get(length))
             if length != first:
-                growth = resample(lambda m: m[k] - m[base], arrays, units)
-                adjusted = resample(lambda m: m[k] * m[nbase] / m[n] - m[base], arrays, units)
-                relative = resample(lambda m: m[k] / m[base] - 1.0, arrays, units).interval()
+                growth = sampled(lambda m: m[k] - m[base], sums)
+                adjusted = sampled(lambda m: m[k] * m[nbase] / m[n] - m[base], sums)
+                relative = sampled(lambda m: m[k] / m[base] - 1.0, sums).interval()
                 row = replace(row, growth=growth.interval(), relative=relative, adjusted=adjusted.interval())
                 if length == last:
                     of = f"the penalty at prefix {first}"
@@ -185,21 +215,12 @@ def depth_rows(results: Mapping[int, Mapping[str, "EvalResult"]], *, margin=DEPT
     if len(lengths) < MIN_LENGTHS:
         raise DataError(f"depth needs at least {MIN_LENGTHS} prefix lengths, got {len(lengths)}")
     first = lengths[0]
-    some = next(iter(results[first].values()))
-    units = some.arrays.window  # one window per document: the same targets after each prefix
+    units = next(iter(results[first].values())).arrays.window  # one window per document: the same targets after each prefix
     for length in lengths:
         for kv, r in results[length].items():
             if r.arrays.kld.shape != units.shape or not np.array_equal(r.arrays.window, units):
                 raise DataError(f"{kv} at prefix {length} was not scored on the same documents and targets as at prefix {first}")
-    kld = {kv: {length: results[length][kv].arrays.kld for length in lengths} for kv in results[first]}
-    nll = {length: next(iter(results[length].values())).arrays.nll_ref for length in lengths}
-    return depth_table(kld, nll, Units(units, "documents"), margin=margin)
-
-
-def per_document(values: np.ndarray, units: np.ndarray) -> list[float]:
-    """Mean of ``values`` per document (sorted labels): what a later analysis can re-decide from."""
-    labels, inverse = np.unique(units, return_inverse=True)
-    return (np.bincount(inverse, weights=values) / np.bincount(inverse)).tolist()
+    return depth_table({length: LengthScores.from_results(results[length]) for length in lengths}, margin=margin)
 
 
 @dataclass
@@ -216,7 +237,7 @@ class DepthFinding:
     minimum: int = 0  # the documents the design asks to reach the longest prefix
     names: list = field(default_factory=list)  # the documents used
     per_document: dict = field(default_factory=dict)  # kv -> length -> mean KLD per document; "reference NLL" likewise
-    read_back: list = field(default_factory=list)  # prefix lengths read from the store, measured by an earlier run
+    read_back: list = field(default_factory=list)  # prefix lengths read from the cache, measured by an earlier run
 
     def to_dict(self) -> dict:
         return {"design": "identical target tokens", "model": self.model, "data": self.data, "documents": self.documents,
@@ -238,31 +259,54 @@ def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]
     return {length: tokens_per_step[length] * scale for length in counts}
 
 
-def length_configs(fingerprints: dict, windows, kvs, *, length: int, target: int) -> dict[str, dict]:
-    """Store configs (config id → config) of every cache at one prefix length: what its numbers depend on — the model,
-    its dtype and device kind, the exact tokens of every window (documents, prefix, targets, BOS) and the cache.
-    A result stored under one of these ids is that measurement, whichever run wrote it."""
+def length_key(fingerprints: dict, windows, kvs, *, length: int, target: int) -> str:
+    """Content address of one prefix length's measurement: what its numbers depend on — the model, its dtype and device
+    kind, the exact tokens of every window (documents, prefix, targets, BOS) and the caches, in order. Scores cached
+    under it are that measurement, whichever run (or machine) wrote them."""
     import hashlib
+    import json
 
-    from wkvlab.tasks.run import config_id
     from wkvlab.weights.spec import WeightSpec
 
-    tokens = hashlib.sha256(windows.tokens.numpy().tobytes()).hexdigest()
-    configs = [{"finding": "depth", "version": STORE_VERSION, **fingerprints, "length": length, "target": target,
-                "windows_sha256": tokens, "weights": WeightSpec().to_dict(), "kv": kv.to_dict()} for kv in kvs]
-    return {config_id(c): c for c in configs}
+    payload = {"finding": "depth", "version": CACHE_VERSION, **fingerprints, "length": length, "target": target,
+               "windows_sha256": hashlib.sha256(windows.tokens.numpy().tobytes()).hexdigest(),
+               "weights": WeightSpec().to_dict(), "kv": [kv.to_dict() for kv in kvs]}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _cache_path(key: str):
+    from wkvlab.models.loading import cache_dir
+
+    return cache_dir() / "findings-depth" / f"{key}.npz"
+
+
+def cached_length(key: str, labels: list[str]) -> LengthScores | None:
+    path = _cache_path(key)
+    if not path.is_file():
+        return None
+    data = np.load(path)
+    return LengthScores(data["counts"], data["nll_ref"], {kv: data[f"kld{i}"] for i, kv in enumerate(labels)})
+
+
+def save_length(key: str, scores: LengthScores) -> None:
+    path = _cache_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, counts=scores.counts, nll_ref=scores.nll_ref, **{f"kld{i}": v for i, v in enumerate(scores.kld.values())})
+    tmp.replace(path)  # a killed run never leaves half a file under the real name
 
 
 def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGET, longest: int | None = None, data: str = DEPTH_DATA,
                   documents: int = DEPTH_DOCUMENTS, shortest: int | None = None, progress=None, device: str = "auto", dtype: str = "auto",
-                  margin=DEPTH_MARGIN, store=None) -> DepthFinding:
+                  margin=DEPTH_MARGIN) -> DepthFinding:
     """Score the same ``target`` tokens of every document long enough after prefixes of increasing length, from
     ``shortest`` (default: 512, or the target if smaller) to the longest that at least ``documents`` documents reach
     within the model's limit (or ``longest``).
 
-    ``store`` (a results store path): each prefix length's results are written there as soon as its grid is done, and a
-    length whose every cache is already there is read back instead of measured, so an interrupted run (hours at 8k
-    tokens on a CPU) resumes at the length it was on."""
+    Each prefix length's per-document scores go into the on-disk cache (``findings-depth/``, content-addressed by
+    :func:`length_key`) as soon as that length is done, and a length already there is read back instead of measured, so
+    an interrupted run (hours at 8k tokens on a CPU) resumes at the length it was on — on another machine too, when the
+    files are carried there (scripts/findings_carry.py)."""
     import time
     from contextlib import ExitStack, nullcontext
 
@@ -273,7 +317,6 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     from wkvlab.kv.spec import KVSpec
     from wkvlab.models.loading import load_model, resolve_device, resolve_dtype
     from wkvlab.search.api import numerics
-    from wkvlab.store import open_store
     from wkvlab.weights.spec import WeightSpec
 
     if documents < MIN_UNITS:
@@ -312,32 +355,33 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     weights = step_weights(counts, {length: w.ctx / len(chunk_bounds(w.ctx, chunks[length])) for length, w in windows.items()})
     bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(chosen)} documents") \
         if progress is not None else nullcontext(lambda _d, _n: None)
-    results, read_back = {}, []
+    scores, read_back = {}, []
+    labels = [kv.label for kv in specs]
     with ExitStack() as stack, torch.no_grad():
         tick = stack.enter_context(bar)
-        db = stack.enter_context(open_store(store)) if store is not None else None
         for length, win in windows.items():
-            configs = length_configs({**fingerprints, **numerics(loaded)}, win, specs, length=length, target=target)
-            if db is not None and db.done(configs) == set(configs):
-                results[length] = {r.kv: r for r in db.results(configs)}
+            key = length_key({**fingerprints, **numerics(loaded)}, win, specs, length=length, target=target)
+            cached = cached_length(key, labels)
+            if cached is not None:
+                scores[length] = cached
                 read_back.append(length)
-                tick(f"prefix {length}: read back from {store}", counts[length] * weights[length])
+                tick(f"prefix {length}: read back from the cache", counts[length] * weights[length])
                 continue
             weighted = lambda desc, n, w=weights[length]: tick(desc, n * w)  # noqa: E731
             grid = run_grid(loaded.model, win, [WeightSpec()], specs, model_name=loaded.name, data_name=f"{corpus.name}@prefix{length}",
                             fingerprints=fingerprints, progress=weighted)
-            results[length] = {r.kv: r for r in grid}
-            if db is not None:  # grid order is the specs' order, as the configs are
-                for (cid, config), result in zip(configs.items(), grid):
-                    db.put(cid, config, result)
-    rows = depth_rows(results, margin=margin)
-    units = next(iter(results[lengths[0]].values())).arrays.window  # one window per document
-    values = {kv: {str(length): per_document(results[length][kv].arrays.kld, units) for length in lengths} for kv in results[lengths[0]]}
-    values["reference NLL"] = {str(length): per_document(next(iter(results[length].values())).arrays.nll_ref, units) for length in lengths}
+            units = grid[0].arrays.window  # one window per document
+            if any(not np.array_equal(r.arrays.window, units) for r in grid):
+                raise DataError(f"prefix {length}: the caches were not scored on the same documents")
+            scores[length] = LengthScores.from_results({label: r for label, r in zip(labels, grid)})  # grid order: the specs'
+            save_length(key, scores[length])
+    rows = depth_table(scores, margin=margin)
+    values = {kv: {str(length): scores[length].means(kv) for length in lengths} for kv in labels}
+    values["reference NLL"] = {str(length): scores[length].means() for length in lengths}
     names = [corpus.documents[i].split("\n", 1)[0].removeprefix("# file: ") for i in chosen]
     return DepthFinding(loaded.name, corpus.name, len(chosen), target, lengths, rows, time.perf_counter() - started,
                         reach=reach(sizes, target), minimum=documents, names=names, per_document=values, read_back=read_back)
 
 
-__all__ = ["DepthFinding", "DepthRow", "depth_rows", "depth_table", "identical_token_windows", "length_configs", "longest_reached", "measure_depth",
-           "prefix_lengths", "reach", "step_weights"]
+__all__ = ["DepthFinding", "DepthRow", "LengthScores", "depth_rows", "depth_table", "identical_token_windows", "length_key", "longest_reached",
+           "measure_depth", "prefix_lengths", "reach", "step_weights"]

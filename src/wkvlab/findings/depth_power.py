@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 
-from wkvlab.stats.bootstrap import Units
 from wkvlab.stats.simulate import noise
 from wkvlab.stats.skewt import t_quantile
 
@@ -85,7 +84,7 @@ def noise_sd(cal: dict, target: int) -> float:
 
 
 def _one_run(rng, cal: dict, documents: int, target: int, growth: float, margin, sharpening: float, reference_sd: float, shape: str):
-    from wkvlab.findings.depth import depth_table
+    from wkvlab.findings.depth import LengthScores, depth_table
 
     u = rng.lognormal(0.0, DIFFICULTY_CV, documents) / math.exp(DIFFICULTY_CV ** 2 / 2)
     w = rng.lognormal(0.0, 0.3, documents)
@@ -94,7 +93,9 @@ def _one_run(rng, cal: dict, documents: int, target: int, growth: float, margin,
     for kv, c in cal.items():
         short = c["penalty"] * u
         kld[kv] = {0: short, 1: short * (1 + growth) + c["penalty"] * noise_sd(c, target) * noise(rng, shape, documents)}
-    rows = depth_table(kld, nll, Units(np.arange(documents), "documents"), margin=margin, tokens=documents * target)
+    ones = np.ones(documents)  # each document's mean as one unit of weight 1
+    scores = {n: LengthScores(ones, nll[n], {kv: kld[kv][n] for kv in kld}) for n in (0, 1)}
+    rows = depth_table(scores, margin=margin, tokens=documents * target)
     return {(r.kv, kind): getattr(r, kind).outcome for r in rows if r.length == 1 for kind in ("verdict", "adjusted_verdict")}
 
 

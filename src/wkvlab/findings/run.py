@@ -132,12 +132,12 @@ def run_finding(name: str, *, model: str = "default", store: str | Path = "out/f
 
         # identical target tokens after prefixes of increasing length (findings/depth.py); --tokens: the target
         # tokens per document, --ctx: the longest window (default: the model's limit); depth: the longest prefix at
-        # least 32 standard-library modules reach, depth-long: the eight longest modules to the model's limit
+        # least 32 standard-library modules reach, depth-long: the eight longest modules to the model's limit. It
+        # resumes per prefix length from the on-disk cache, as search does from its profiles and scores
         target = tokens or DEPTH_TARGET
         data, documents = (DEPTH_DATA, DEPTH_DOCUMENTS) if name == "depth" else (LONG_DATA, LONG_DOCUMENTS)
         found = measure_depth(model, grids.DEPTH_KV, target=target, longest=(ctx - target) if ctx else None, data=data,
-                              documents=documents, progress=progress, margin=DEPTH_MARGIN if stated is None else stated, store=store,
-                              **where)
+                              documents=documents, progress=progress, margin=DEPTH_MARGIN if stated is None else stated, **where)
         data = found.to_dict()
         markdown = render.identical_depth_markdown(data)
     elif name == "search":

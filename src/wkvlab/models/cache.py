@@ -10,7 +10,7 @@ The root is ``--cache-dir`` (every computing command), else ``$WKVLAB_CACHE``, e
 * ``models/`` — safetensors copies of dequantized GGUF files (their size in float32);
 * ``restore/`` — the original weights of a CPU model while the one-model plan builds configs in
   place; removed when the run ends;
-* ``fingerprints/``, ``selfgen/``, ``search-profiles/``, ``findings-search/`` — small files.
+* ``fingerprints/``, ``selfgen/``, ``search-profiles/``, ``findings-search/``, ``findings-depth/`` — small files.
 
 The run header states the root and the size of each part present (:func:`describe_cache`), what the
 run may add (:mod:`wkvlab.models.cache_writes`), and a warning past ``$WKVLAB_CACHE_WARN_GIB``.
@@ -28,7 +28,7 @@ DEFAULT_WARN_GIB = 20.0
 LOCK_NAME = ".lock"  # runs hold it shared, 'wkvlab cache prune' exclusively (wkvlab.models.cache_entries)
 PARTS = {"quantized": "calibrated weight builds", "kv-stats": "K/V statistics", "models": "model copies", "restore": "original weights",
          "fingerprints": "fingerprints", "selfgen": "generated text", "search-profiles": "search profiles",
-         "findings-search": "findings searches"}
+         "findings-search": "findings searches", "findings-depth": "findings depth lengths"}
 _HEADER_PARTS = ("quantized", "kv-stats", "models", "restore")  # the big ones, named in the run header
 _held: list = []  # the open lock file of this process (kept open: the lock lives as long as the run)
 

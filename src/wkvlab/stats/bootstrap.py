@@ -279,8 +279,21 @@ def resample(
     (:mod:`wkvlab.stats.skewt`): nothing is drawn, so there is no resample count and no seed; the
     same data always give the same interval.
     """
-    kind = unit_labels(units)[1]
     counts, sums = per_unit(arrays, units)
+    return resample_sums(statistic, counts, sums, unit_labels(units)[1])
+
+
+def resample_sums(
+    statistic: Callable[[Mapping[str, np.ndarray | float]], np.ndarray | float],
+    counts: np.ndarray,
+    sums: Mapping[str, np.ndarray],
+    kind: str = "units",
+) -> Resampled:
+    """:func:`resample` from what it reads of the tokens: each unit's token count and each array's sum over the unit
+    (:func:`per_unit`). A measurement kept as per-unit sums (a few numbers per document, where the per-token arrays are
+    megabytes) gives the same interval."""
+    counts = np.asarray(counts, dtype=np.float64)
+    sums = {k: np.asarray(v, dtype=np.float64) for k, v in sums.items()}
     n_units = counts.size
     with np.errstate(invalid="ignore", divide="ignore"):
         point = float(_statistic_on(statistic, {k: s.sum() / counts.sum() for k, s in sums.items()}, ()))
