@@ -17,7 +17,9 @@ The store makes a finding resumable: a record written after an interrupted run m
 rest, which the record says (``resumed``: configs already in the store at the start). A finding that
 reads another finding's store (``methods`` reads ``additivity``'s grid) or a re-analysis after a fix to
 the analysis measures nothing: ``--filled-by RECORD`` keeps the run that filled the store (its command,
-commit, wall time and load) in the new record, and the caption names both.
+commit, wall time and load) in the new record, and the caption names both. Search and depth resume from the on-disk
+cache instead, and a run of theirs longer than one machine's life goes on on the next with ``--carry DIR`` (a folder in
+the repository: scripts/findings_carry.py, carry/README.md).
 """
 from __future__ import annotations
 
@@ -86,10 +88,10 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
     carried = carry_in(carry, cache_dir()) if carry is not None else 0
     since = time.time()  # what the run itself writes to the cache is newer than what was carried in
     commit, cache, date = _commit(), _cache_state(), f"{datetime.now(timezone.utc):%Y-%m-%d}"
-    searched = {"search_cache": search_cache_state()} if name == "search" else {}
+    from_cache = {"search_cache": search_cache_state()} if name == "search" else {}  # what the run resumes from
     if carry is not None:
         print(f"--carry {carry}: {carried} file(s) copied into the cache {cache_dir()}")
-        searched["carried"] = earlier_runs(carry)
+        from_cache["carried"] = earlier_runs(carry)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
     if carry is not None:  # finished or not: what it measured goes on to the next machine
@@ -106,7 +108,7 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
     shown = ["wkvlab", *command[:-len(extra) or None], *extra]
     shown[shown.index("--store") + 1] = "out/findings.db"
     return {"command": " ".join(shown), "commit": commit, "date": date, "wall_s": round(wall, 1),
-            **load_words(loads), "threads": threads, "weight_cache": cache, "resumed": resumed, **searched,
+            **load_words(loads), "threads": threads, "weight_cache": cache, "resumed": resumed, **from_cache,
             "name": name, "model": model, "data": stored.data, "markdown": stored.markdown}
 
 
