@@ -16,6 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
+SYNC_SECONDS = 300  # how often a running run's new files go to the carry folder (a machine may end mid-run)
 CARRIED = {"search-profiles": "*.json", "findings-search": "*.npz", "findings-depth": "*.npz"}  # cache subfolder -> its files
 FINDINGS = ("search", "depth", "depth-long")  # the findings that resume from the cache (the grids resume from --store)
 MANIFEST = "runs.json"
@@ -67,11 +68,14 @@ def carry_in(carry: Path, cache: Path) -> int:
 
 
 def carry_out(carry: Path, cache: Path, run: dict, since: float) -> int:
-    """After a run (finished or interrupted): the finished files it wrote to the cache (at or after ``since``, a time
-    stamp) into the carry folder, and the run appended to its manifest; how many files were added."""
+    """During and after a run: the finished files it wrote to the cache (at or after ``since``, a time stamp) into the
+    carry folder, and the run in its manifest (one entry per ``run["started"]``, replaced at each call: while it runs
+    its ``exit`` is None, so a machine that ends mid-run leaves an entry saying so); how many files this call added."""
     carry.mkdir(parents=True, exist_ok=True)
     added = _copy_missing(cache, carry, since)
-    runs = earlier_runs(carry) + [{**run, "files_added": added, "files": counts(carry)}]
+    runs = earlier_runs(carry)
+    before = sum(r["files_added"] for r in runs if r.get("started") == run["started"])
+    runs = [r for r in runs if r.get("started") != run["started"]] + [{**run, "files_added": before + added, "files": counts(carry)}]
     tmp = carry / (MANIFEST + ".part")
     tmp.write_text(json.dumps(runs, indent=1) + "\n", encoding="utf-8")
     tmp.replace(carry / MANIFEST)
@@ -84,6 +88,6 @@ def carried_words(runs: list[dict]) -> str:
         return ""
     wall = sum(r.get("wall_s", 0.0) for r in runs)
     each = "; ".join(f"{r['commit']} on {r['date']}, wall {r['wall_s'] / 60:.0f} min, load {r['load_min']}–{r['load_max']}, "
-                     f"{r['files_added']} file(s)" for r in runs)
+                     f"{r['files_added']} file(s){'' if r.get('exit') is not None else ', ended with its machine'}" for r in runs)
     return (f"continues {len(runs)} earlier run(s) on other machines whose measurements were carried in the repository "
             f"({each}; {wall / 3600:.1f} h in all)")

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from doc_tables import _commit  # noqa: E402  (the same commit words as the demo's record)
+import findings_carry  # noqa: E402  (SYNC_SECONDS, read at each sync: a test shortens it)
 from findings_carry import FINDINGS, carried_words, carry_in, carry_out, earlier_runs  # noqa: E402
 from output_record import load_words, sampled_run  # noqa: E402  (one sampler for both records)
 from wkvlab.models.cache import cache_dir  # noqa: E402  (the cache root wkvlab itself uses; no torch)
@@ -82,6 +83,29 @@ def search_cache_state(root: Path | None = None) -> str:
     return f"{profiles} profile(s) and {scores} held-out score(s) cached (measured before this run; its wall time covers the rest)"
 
 
+def _keep_carrying(carry: Path, this_run: dict, since: float):
+    """Every SYNC_SECONDS while the run goes: its new files into the carry folder and its entry (``exit`` None) into the
+    manifest, so a machine that ends mid-run (its processes killed with it) leaves them in the checkout. Returns the
+    function that stops it."""
+    import threading
+
+    stop, start, loads = threading.Event(), time.monotonic(), [os.getloadavg()[0]]
+
+    def sync() -> None:
+        while not stop.wait(findings_carry.SYNC_SECONDS):
+            loads.append(os.getloadavg()[0])
+            carry_out(carry, cache_dir(), {**this_run, "wall_s": round(time.monotonic() - start, 1), **load_words(loads), "exit": None},
+                      since)
+
+    thread = threading.Thread(target=sync, daemon=True)
+    thread.start()
+
+    def stopped() -> None:
+        stop.set()
+        thread.join()
+    return stopped
+
+
 def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, carry: Path | None = None) -> dict:
     command = ["findings", name, "--model", model, "--store", str(store), "--threads", str(threads), *extra]
     resumed = resumed_configs(name, store)
@@ -93,11 +117,14 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
         print(f"--carry {carry}: {carried} file(s) copied into the cache {cache_dir()}")
         from_cache["carried"] = earlier_runs(carry)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    this_run = {"commit": commit, "date": date, "started": datetime.now(timezone.utc).isoformat(), "threads": threads}
+    syncing = _keep_carrying(carry, this_run, since) if carry is not None else None
     code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
     if carry is not None:  # finished or not: what it measured goes on to the next machine
-        added = carry_out(carry, cache_dir(), {"commit": commit, "date": date, "wall_s": round(wall, 1), **load_words(loads),
-                                               "threads": threads, "exit": code}, since)
-        print(f"--carry {carry}: {added} file(s) this run measured kept there (commit them to go on elsewhere)")
+        syncing()
+        carry_out(carry, cache_dir(), {**this_run, "wall_s": round(wall, 1), **load_words(loads), "exit": code}, since)
+        mine = next(r for r in earlier_runs(carry) if r.get("started") == this_run["started"])
+        print(f"--carry {carry}: {mine['files_added']} file(s) this run measured kept there (commit them to go on elsewhere)")
     if code != 0:
         raise SystemExit(f"wkvlab findings {name} failed (exit {code}); nothing recorded"
                          + (f"; its measurements so far are in {carry}" if carry is not None else ""))

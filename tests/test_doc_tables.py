@@ -124,7 +124,7 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     assert ("prefix length(s) 512, 1,024 read back from the cache (measured by an earlier run; its wall time covers the rest)"
             in text) and "configs already in the store" not in text
     # a search carried over two machines names the earlier run, and is stamped with the oldest commit that measured it
-    carried = [{"commit": "def5678", "date": "2026-12-06", "wall_s": 7200.0, "load_min": 2.1, "load_max": 3.9, "files_added": 14}]
+    carried = [{"commit": "def5678", "date": "2026-12-06", "wall_s": 7200.0, "load_min": 2.1, "load_max": 3.9, "files_added": 14, "exit": -15}]
     path.write_text(json.dumps({**record, "resumed": 0, "carried": carried}))
     text = tables.finding_block(path)(None)
     assert ("; the run continues 1 earlier run(s) on other machines whose measurements were carried in the repository "

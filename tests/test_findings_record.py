@@ -77,12 +77,16 @@ def test_carry_takes_an_interrupted_runs_measurements_to_the_next_machine(tmp_pa
 
     def interrupted(_command, _env, capture):  # measures one profile, one score and half a score, then is killed
         (first / "search-profiles" / "p1.json").write_text('{"a": 1}')
+        time.sleep(0.5)  # the periodic sync has copied the profile while the run goes on (a machine may end now)
+        during = json.loads((carry / "runs.json").read_text())
+        assert (carry / "search-profiles" / "p1.json").is_file() and [(r["exit"], r["files_added"]) for r in during] == [(None, 1)]
         (first / "findings-search").mkdir()
         (first / "findings-search" / "s1.npz").write_bytes(b"npz")
         (first / "findings-search" / "s2.tmp.npz").write_bytes(b"half")
         return -9, "", 125.0, [1.5, 2.5]
 
     monkeypatch.setenv("WKVLAB_CACHE", str(first))
+    monkeypatch.setattr(record.findings_carry, "SYNC_SECONDS", 0.1)
     monkeypatch.setattr(record, "sampled_run", interrupted)
     monkeypatch.setattr(record, "_commit", lambda: "abc1234")
     with pytest.raises(SystemExit, match=f"failed \\(exit -9\\); nothing recorded; its measurements so far are in {carry}"):
@@ -103,10 +107,11 @@ def test_carry_takes_an_interrupted_runs_measurements_to_the_next_machine(tmp_pa
     with pytest.raises(SystemExit):
         record.run("search", "default", tmp_path / "f.db", [], 2, carry)
     assert seen["files"] == ["p1.json", "s1.npz"]
-    assert [r["files_added"] for r in json.loads((carry / "runs.json").read_text())] == [2, 0]
-    assert record.carried_words(json.loads((carry / "runs.json").read_text())[:1]) == (
-        "continues 1 earlier run(s) on other machines whose measurements were carried in the repository "
-        "(abc1234 on " + runs[0]["date"] + ", wall 2 min, load 1.5–2.5, 2 file(s); 0.0 h in all)")
+    assert [(r["files_added"], r["exit"]) for r in json.loads((carry / "runs.json").read_text())] == [(2, -9), (0, 1)]
+    assert record.carried_words([*json.loads((carry / "runs.json").read_text())[:1], {**runs[0], "exit": None}]) == (
+        "continues 2 earlier run(s) on other machines whose measurements were carried in the repository "
+        "(abc1234 on " + runs[0]["date"] + ", wall 2 min, load 1.5–2.5, 2 file(s); abc1234 on " + runs[0]["date"]
+        + ", wall 2 min, load 1.5–2.5, 2 file(s), ended with its machine; 0.1 h in all)")
 
 
 def test_carry_is_refused_for_findings_that_resume_from_the_store_and_a_broken_manifest_before_anything_runs(tmp_path):
