@@ -119,7 +119,16 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     this_run = {"commit": commit, "date": date, "started": datetime.now(timezone.utc).isoformat(), "threads": threads}
     syncing = _keep_carrying(carry, this_run, since) if carry is not None else None
-    code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
+    started = time.monotonic()
+    try:
+        code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
+    except BaseException:  # Ctrl-C, or SIGTERM (main): subprocess.run has killed the finding; keep what it measured
+        if carry is not None:
+            syncing()
+            carry_out(carry, cache_dir(), {**this_run, "wall_s": round(time.monotonic() - started, 1),
+                                           **load_words([os.getloadavg()[0]]), "exit": "interrupted"}, since)
+            print(f"--carry {carry}: interrupted; what it measured is kept there (commit it to go on elsewhere)")
+        raise
     if carry is not None:  # finished or not: what it measured goes on to the next machine
         syncing()
         carry_out(carry, cache_dir(), {**this_run, "wall_s": round(wall, 1), **load_words(loads), "exit": code}, since)
@@ -178,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--threads" in extra:
         raise SystemExit("give --threads before --, to findings_record.py itself (the record names it)")
     filled_by = filled_by_words(args.filled_by) if args.filled_by else None
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed like Ctrl-C: the finding stopped, --carry kept
     record = run(args.name, args.model, args.store, extra, args.threads, args.carry)
     if filled_by:
         record["filled_by"] = filled_by

@@ -121,3 +121,21 @@ def test_carry_is_refused_for_findings_that_resume_from_the_store_and_a_broken_m
     (tmp_path / "runs.json").write_text("{oops")
     with pytest.raises(SystemExit, match="runs.json is not JSON"):
         record.main(["search", "--store", str(tmp_path / "f.db"), "--out", str(tmp_path / "r.json"), "--carry", str(tmp_path)])
+
+
+def test_a_carried_run_stopped_from_outside_keeps_what_it_measured(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM to the script (a session's end, `timeout`) used to leave the finding running and copy nothing."""
+    record = _load()
+    carry, cache = tmp_path / "carry", tmp_path / "cache"
+
+    def stopped(_command, _env, capture):
+        (cache / "findings-depth").mkdir(parents=True)
+        (cache / "findings-depth" / "d1.npz").write_bytes(b"npz")
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("WKVLAB_CACHE", str(cache))
+    monkeypatch.setattr(record, "sampled_run", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        record.run("depth", "default", tmp_path / "f.db", [], 2, carry)
+    assert (carry / "findings-depth" / "d1.npz").is_file()
+    assert [(r["exit"], r["files_added"]) for r in json.loads((carry / "runs.json").read_text())] == [("interrupted", 1)]
