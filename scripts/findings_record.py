@@ -119,21 +119,22 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     this_run = {"commit": commit, "date": date, "started": datetime.now(timezone.utc).isoformat(), "threads": threads}
     syncing = _keep_carrying(carry, this_run, since) if carry is not None else None
+
+    def keep(code, wall: float, loads: list[float], words: str) -> None:  # finished, failed or stopped: carried on
+        syncing()
+        carry_out(carry, cache_dir(), {**this_run, "wall_s": round(wall, 1), **load_words(loads), "exit": code}, since)
+        mine = next(r for r in earlier_runs(carry) if r.get("started") == this_run["started"])
+        print(f"--carry {carry}: {words}; {mine['files_added']} file(s) this run measured kept there (commit them to go on elsewhere)")
+
     started = time.monotonic()
     try:
         code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
     except BaseException:  # Ctrl-C, or SIGTERM (main): subprocess.run has killed the finding; keep what it measured
         if carry is not None:
-            syncing()
-            carry_out(carry, cache_dir(), {**this_run, "wall_s": round(time.monotonic() - started, 1),
-                                           **load_words([os.getloadavg()[0]]), "exit": "interrupted"}, since)
-            print(f"--carry {carry}: interrupted; what it measured is kept there (commit it to go on elsewhere)")
+            keep("interrupted", time.monotonic() - started, [os.getloadavg()[0]], "interrupted")
         raise
-    if carry is not None:  # finished or not: what it measured goes on to the next machine
-        syncing()
-        carry_out(carry, cache_dir(), {**this_run, "wall_s": round(wall, 1), **load_words(loads), "exit": code}, since)
-        mine = next(r for r in earlier_runs(carry) if r.get("started") == this_run["started"])
-        print(f"--carry {carry}: {mine['files_added']} file(s) this run measured kept there (commit them to go on elsewhere)")
+    if carry is not None:
+        keep(code, wall, loads, f"exit {code}")
     if code != 0:
         raise SystemExit(f"wkvlab findings {name} failed (exit {code}); nothing recorded"
                          + (f"; its measurements so far are in {carry}" if carry is not None else ""))
