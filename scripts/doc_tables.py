@@ -330,9 +330,10 @@ def finding_block(path: Path) -> Callable[[dict | None], str]:
                  f"--out {where}" + (f" --threads {threads.group(1)}" if threads and threads.group(1) != "1" else "")
                  + (f" -- {extra}" if extra else ""))
         resumed = f", {rec['resumed']} configs already in the store" if rec.get("resumed") else ""
-        if rec["data"].get("read_back"):  # depth resumes per prefix length from the cache
-            lengths = ", ".join(f"{n:,}" for n in rec["data"]["read_back"])
-            resumed += f", prefix length(s) {lengths} read back from the cache (measured by an earlier run; its wall time covers the rest)"
+        if rec["data"].get("read_back"):  # depth resumes per part (a prefix length × a few documents) from the cache
+            data = rec["data"]
+            resumed += (f", {len(data['read_back'])} of its {data['parts']} parts (a prefix length × {data['documents_per_part']} "
+                        "documents) read back from the cache (measured by an earlier run; its wall time covers the rest)")
         if rec.get("search_cache"):  # the search finding resumes from the on-disk cache, not the store
             resumed += f", search cache at the start: {rec['search_cache']}"
         if rec.get("carried"):  # measured over several machines (scripts/findings_carry.py)

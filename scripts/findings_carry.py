@@ -3,7 +3,7 @@
 The search finding on SmolLM2 is about six hours of two CPU cores (20 profiles, then ~900 held-out scores), the depth
 finding about three; the machines these records are measured on live three. Both keep what they measured as
 content-addressed cache files of a few kB (``search-profiles/*.json``, ``findings-search/*.npz``: a profile, a plan's
-held-out score; ``findings-depth/*.npz``: one prefix length's per-document scores), so a run resumes from whatever the
+held-out score; ``findings-depth/*.npz``: one part of a prefix length: four documents' scores), so a run resumes from whatever the
 cache holds. ``scripts/findings_record.py ... --carry DIR`` copies DIR's files into the cache before the run and the
 ones the run wrote back into DIR after it, finished or not (an interrupted run keeps what it measured), and appends the
 run to ``DIR/runs.json``:

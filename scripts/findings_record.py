@@ -47,7 +47,7 @@ STORE_GRIDS = ("additivity", "methods", "calibration")
 
 def resumed_configs(name: str, store: Path) -> int:
     """What the caption calls "configs already in the store": the grid findings read their configs back from the
-    store; depth says which prefix lengths it read back from the cache (in its data) and search resumes from the cache, so
+    store; depth says which parts (prefix length × documents) it read back from the cache (in its data) and search resumes from the cache, so
     a count of the whole shared store would credit them with every other finding's configs."""
     return _stored_configs(store) if name in STORE_GRIDS else 0
 

@@ -118,11 +118,11 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
     assert "2 torch threads," in text and "16 configs already in the store" in text
     assert "--out RUNS/findings-additivity-gemma3-270m.json --threads 2 -- --tokens 4096`" in text
-    # a depth run that read prefix lengths back from the cache says which: its wall time is the rest's
-    path.write_text(json.dumps({**record, "resumed": 0, "data": {"read_back": [512, 1024]}}))
+    # a depth run that read parts back from the cache says how many: its wall time is the rest's
+    path.write_text(json.dumps({**record, "resumed": 0, "data": {"read_back": [[512, 0], [512, 4]], "parts": 40, "documents_per_part": 4}}))
     text = tables.finding_block(path)(None)
-    assert ("prefix length(s) 512, 1,024 read back from the cache (measured by an earlier run; its wall time covers the rest)"
-            in text) and "configs already in the store" not in text
+    assert (", 2 of its 40 parts (a prefix length × 4 documents) read back from the cache (measured by an earlier run; its wall "
+            "time covers the rest)" in text) and "configs already in the store" not in text
     # a search carried over two machines names the earlier run, and is stamped with the oldest commit that measured it
     carried = [{"commit": "def5678", "date": "2026-12-06", "wall_s": 7200.0, "load_min": 2.1, "load_max": 3.9, "files_added": 14, "exit": -15}]
     path.write_text(json.dumps({**record, "resumed": 0, "carried": carried}))

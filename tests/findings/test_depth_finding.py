@@ -143,10 +143,11 @@ def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_pref
     assert len(passes) == 8 * 4 and any(passes[-1] / passes[0] == pytest.approx((b + 256 + 32) / (b + 32 + 32)) for b in bos)
 
 
-def test_an_interrupted_run_resumes_at_the_prefix_length_it_was_on(tiny_folder, tiny_depth, tmp_path, monkeypatch):
-    """Each prefix length's per-document scores go into the cache when it is done; a rerun reads those lengths back and
-    measures only the rest, and decides exactly what one uninterrupted run decides (the SmolLM2 run is hours at 8k tokens,
-    longer than a machine here lives: the files are carried to the next one)."""
+def test_an_interrupted_run_resumes_at_the_part_it_was_on(tiny_folder, tiny_depth, tmp_path, monkeypatch):
+    """Each part of a prefix length (4 documents) goes into the cache when it is done; a rerun reads those parts back and
+    measures only the rest — here the second half of the second length — and decides exactly what one uninterrupted run
+    decides (the SmolLM2 run is hours at 8k tokens, longer than a machine here lives: the files are carried to the next
+    one, and a part is minutes where a length is an hour)."""
     import json
 
     import wkvlab.eval.runner as runner
@@ -155,28 +156,47 @@ def test_an_interrupted_run_resumes_at_the_prefix_length_it_was_on(tiny_folder, 
     monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path / "cache"))
     real, calls = runner.run_grid, []
 
-    def stopped_at_third(*a, **k):
+    def stopped_at_fourth(*a, **k):
         calls.append(k["data_name"])
-        if len(calls) == 3:
+        if len(calls) == 4:
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(runner, "run_grid", stopped_at_third)
+    monkeypatch.setattr(runner, "run_grid", stopped_at_fourth)
     with pytest.raises(KeyboardInterrupt):
         measure_depth(tiny_folder, ("int4", "q4_0"), **kw)
-    assert len(list((tmp_path / "cache" / "findings-depth").glob("*.npz"))) == 2  # no half-written third
+    assert calls == ["code-long@prefix32[0:4]", "code-long@prefix32[4:8]", "code-long@prefix64[0:4]", "code-long@prefix64[4:8]"]
+    assert len(list((tmp_path / "cache" / "findings-depth").glob("*.npz"))) == 3  # no half-written fourth
     calls.clear()
     monkeypatch.setattr(runner, "run_grid", lambda *a, **k: calls.append(k["data_name"]) or real(*a, **k))
     resumed = measure_depth(tiny_folder, ("int4", "q4_0"), **kw)
-    assert calls == ["code-long@prefix128", "code-long@prefix256"] and resumed.read_back == [32, 64]
+    assert calls == ["code-long@prefix64[4:8]", "code-long@prefix128[0:4]", "code-long@prefix128[4:8]", "code-long@prefix256[0:4]",
+                     "code-long@prefix256[4:8]"]
+    assert resumed.read_back == [(32, 0), (32, 4), (64, 0)]
     assert json.dumps([r.to_dict() for r in resumed.rows]) == json.dumps([r.to_dict() for r in whole.rows])
     assert resumed.per_document == whole.per_document
     calls.clear()
-    again = measure_depth(tiny_folder, ("int4", "q4_0"), **kw)  # every length cached: nothing measured
-    assert calls == [] and again.read_back == [32, 64, 128, 256] and {r.kv for r in again.rows} == {"int4", "q4_0"}
+    again = measure_depth(tiny_folder, ("int4", "q4_0"), **kw)  # every part cached: nothing measured
+    assert calls == [] and len(again.read_back) == 8 and {r.kv for r in again.rows} == {"int4", "q4_0"}
+    assert again.to_dict()["parts"] == 8 and again.to_dict()["read_back"][-1] == [256, 4]
     calls.clear()
     other = measure_depth(tiny_folder, ("q4_0", "int4"), **kw)  # other caches (here: their order) are another measurement
-    assert len(calls) == 4 and other.read_back == []
+    assert len(calls) == 8 and other.read_back == []
+
+
+def test_a_length_measured_in_parts_scores_its_documents_as_one_whole_pass_does(tiny_folder, tiny_depth, tmp_path, monkeypatch):
+    """Windows are scored one by one, so cutting a length into parts changes no number: with one part of all 8 documents
+    (the code before parts) every row and per-document mean is the same to the last bit."""
+    import json
+
+    import wkvlab.findings.depth as depth
+
+    monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(depth, "DOCUMENTS_PER_PART", 8)
+    one_part = measure_depth(tiny_folder, ("int4", "q4_0"), **TINY)
+    assert one_part.to_dict()["parts"] == 4
+    assert json.dumps([r.to_dict() for r in one_part.rows]) == json.dumps([r.to_dict() for r in tiny_depth.rows])
+    assert one_part.per_document == tiny_depth.per_document
 
 
 def test_the_per_document_sums_a_length_keeps_give_what_the_per_token_arrays_give():
@@ -205,7 +225,7 @@ def test_the_findings_command_caches_each_length_where_it_says_it_resumes(tiny_f
     monkeypatch.setenv("WKVLAB_CACHE", str(tmp_path / "cache"))
     store = tmp_path / "f.db"
     first = run_finding("depth-long", model=tiny_folder, store=store, tokens=32, ctx=288, device="cpu", dtype="float32")
-    assert len(list((tmp_path / "cache" / "findings-depth").glob("*.npz"))) == 4
+    assert len(list((tmp_path / "cache" / "findings-depth").glob("*.npz"))) == 8  # 4 lengths × 2 parts of 4 documents
     import wkvlab.eval.runner as runner
 
     real, runner.run_grid = runner.run_grid, None  # a second run that measured anything would fail here
@@ -214,4 +234,4 @@ def test_the_findings_command_caches_each_length_where_it_says_it_resumes(tiny_f
     finally:
         runner.run_grid = real
     assert json.dumps(again.data["rows"]) == json.dumps(first.data["rows"])  # NaN-safe
-    assert again.data["read_back"] == [32, 64, 128, 256]
+    assert again.data["read_back"] == [[n, first] for n in (32, 64, 128, 256) for first in (0, 4)]

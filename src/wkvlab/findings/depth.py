@@ -58,7 +58,12 @@ DEPTH_TARGET = 2048
 DEPTH_SHORTEST = 512
 DEPTH_DOCUMENTS = 32  # at least this many documents reach the longest prefix (issue #38)
 LONG_DOCUMENTS = 8  # code-long has exactly eight
-CACHE_VERSION = 1  # of a prefix length's cached scores (length_key): bump when what they measure changes
+CACHE_VERSION = 2  # of a part's cached scores (length_key): bump when what they measure changes (2: parts of documents)
+# A prefix length is measured and cached in parts of this many documents: at SmolLM2's longest prefix one length is
+# 32 windows of 8,191 tokens × 4 passes, over an hour on two CPU cores, and a run stopped inside it (its machine's life
+# ended) lost the whole length; a part is ~9 minutes there. Windows are scored one by one, so a part's numbers are the
+# ones the whole length's run gives its documents.
+DOCUMENTS_PER_PART = 4
 DEPTH_MARGIN = "5%"  # of the penalty at the shortest prefix: see the module docstring and depth_power
 MIN_LENGTHS = 4
 GROWTH_WORDS = ("grows", "shrinks", "flat within ±m")
@@ -157,6 +162,13 @@ class LengthScores:
         counts, sums = per_unit({"nll": first.arrays.nll_ref, **{f"kld {kv}": r.arrays.kld for kv, r in results.items()}}, units)
         return cls(counts, sums["nll"], {kv: sums[f"kld {kv}"] for kv in results})
 
+    @classmethod
+    def joined(cls, parts: list["LengthScores"]) -> "LengthScores":
+        """One length's scores from its parts' (documents in the parts' order)."""
+        kvs = list(parts[0].kld)
+        return cls(np.concatenate([p.counts for p in parts]), np.concatenate([p.nll_ref for p in parts]),
+                   {kv: np.concatenate([p.kld[kv] for p in parts]) for kv in kvs})
+
     def means(self, name: str | None = None) -> list[float]:
         """Per-document mean KLD of cache ``name`` (None: the reference's NLL)."""
         return (np.asarray(self.nll_ref if name is None else self.kld[name]) / self.counts).tolist()
@@ -237,14 +249,15 @@ class DepthFinding:
     minimum: int = 0  # the documents the design asks to reach the longest prefix
     names: list = field(default_factory=list)  # the documents used
     per_document: dict = field(default_factory=dict)  # kv -> length -> mean KLD per document; "reference NLL" likewise
-    read_back: list = field(default_factory=list)  # prefix lengths read from the cache, measured by an earlier run
+    read_back: list = field(default_factory=list)  # (prefix length, first document) of the parts an earlier run measured
 
     def to_dict(self) -> dict:
         return {"design": "identical target tokens", "model": self.model, "data": self.data, "documents": self.documents,
                 "target": self.target, "lengths": list(self.lengths), "rows": [r.to_dict() for r in self.rows],
                 "seconds": self.seconds, "notes": self.notes, "reach": {str(k): v for k, v in self.reach.items()},
                 "minimum_documents": self.minimum, "document_names": self.names, "per_document": self.per_document,
-                "read_back": self.read_back}
+                "read_back": [list(part) for part in self.read_back], "documents_per_part": DOCUMENTS_PER_PART,
+                "parts": sum(-(-self.documents // DOCUMENTS_PER_PART) for _ in self.lengths)}
 
 
 def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]) -> dict[int, float]:
@@ -260,9 +273,9 @@ def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]
 
 
 def length_key(fingerprints: dict, windows, kvs, *, length: int, target: int) -> str:
-    """Content address of one prefix length's measurement: what its numbers depend on — the model, its dtype and device
-    kind, the exact tokens of every window (documents, prefix, targets, BOS) and the caches, in order. Scores cached
-    under it are that measurement, whichever run (or machine) wrote them."""
+    """Content address of one part of a prefix length's measurement: what its numbers depend on — the model, its dtype
+    and device kind, the exact tokens of the part's windows (documents, prefix, targets, BOS) and the caches, in order.
+    Scores cached under it are that measurement, whichever run (or machine) wrote them."""
     import hashlib
     import json
 
@@ -303,9 +316,10 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     ``shortest`` (default: 512, or the target if smaller) to the longest that at least ``documents`` documents reach
     within the model's limit (or ``longest``).
 
-    Each prefix length's per-document scores go into the on-disk cache (``findings-depth/``, content-addressed by
-    :func:`length_key`) as soon as that length is done, and a length already there is read back instead of measured, so
-    an interrupted run (hours at 8k tokens on a CPU) resumes at the length it was on — on another machine too, when the
+    Each prefix length is measured in parts of :data:`DOCUMENTS_PER_PART` documents; a part's per-document scores go
+    into the on-disk cache (``findings-depth/``, content-addressed by :func:`length_key`) as soon as it is done, and a
+    part already there is read back instead of measured, so an interrupted run (hours at 8k tokens on a CPU) resumes at
+    the part it was on — on another machine too, when the
     files are carried there (scripts/findings_carry.py)."""
     import time
     from contextlib import ExitStack, nullcontext
@@ -351,7 +365,9 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
 
     vocab = loaded.model.config.get_text_config().vocab_size
     chunks = {length: auto_chunk(vocab, w.ctx) for length, w in windows.items()}
-    counts = {length: grid_steps(w, 1, len(specs), chunk=chunks[length]) for length, w in windows.items()}
+    part_steps = lambda part, length: grid_steps(part, 1, len(specs), chunk=chunks[length])  # noqa: E731
+    counts = {length: sum(part_steps(replace(w, tokens=w.tokens[i : i + DOCUMENTS_PER_PART]), length)
+                          for i in range(0, w.n_windows, DOCUMENTS_PER_PART)) for length, w in windows.items()}
     weights = step_weights(counts, {length: w.ctx / len(chunk_bounds(w.ctx, chunks[length])) for length, w in windows.items()})
     bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(chosen)} documents") \
         if progress is not None else nullcontext(lambda _d, _n: None)
@@ -360,21 +376,27 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     with ExitStack() as stack, torch.no_grad():
         tick = stack.enter_context(bar)
         for length, win in windows.items():
-            key = length_key({**fingerprints, **numerics(loaded)}, win, specs, length=length, target=target)
-            cached = cached_length(key, labels)
-            if cached is not None:
-                scores[length] = cached
-                read_back.append(length)
-                tick(f"prefix {length}: read back from the cache", counts[length] * weights[length])
-                continue
-            weighted = lambda desc, n, w=weights[length]: tick(desc, n * w)  # noqa: E731
-            grid = run_grid(loaded.model, win, [WeightSpec()], specs, model_name=loaded.name, data_name=f"{corpus.name}@prefix{length}",
-                            fingerprints=fingerprints, progress=weighted)
-            units = grid[0].arrays.window  # one window per document
-            if any(not np.array_equal(r.arrays.window, units) for r in grid):
-                raise DataError(f"prefix {length}: the caches were not scored on the same documents")
-            scores[length] = LengthScores.from_results({label: r for label, r in zip(labels, grid)})  # grid order: the specs'
-            save_length(key, scores[length])
+            parts = []
+            for first in range(0, win.n_windows, DOCUMENTS_PER_PART):
+                part = replace(win, tokens=win.tokens[first : first + DOCUMENTS_PER_PART])
+                name = f"prefix {length}, documents {first + 1}–{first + part.n_windows}"
+                key = length_key({**fingerprints, **numerics(loaded)}, part, specs, length=length, target=target)
+                cached = cached_length(key, labels)
+                if cached is not None:
+                    parts.append(cached)
+                    read_back.append((length, first))
+                    tick(f"{name}: read back from the cache", part_steps(part, length) * weights[length])
+                    continue
+                weighted = lambda desc, n, w=weights[length]: tick(desc, n * w)  # noqa: E731
+                grid = run_grid(loaded.model, part, [WeightSpec()], specs, model_name=loaded.name,
+                                data_name=f"{corpus.name}@prefix{length}[{first}:{first + part.n_windows}]",
+                                fingerprints=fingerprints, progress=weighted)
+                units = grid[0].arrays.window  # one window per document
+                if any(not np.array_equal(r.arrays.window, units) for r in grid):
+                    raise DataError(f"{name}: the caches were not scored on the same documents")
+                parts.append(LengthScores.from_results({label: r for label, r in zip(labels, grid)}))  # grid order: the specs'
+                save_length(key, parts[-1])
+            scores[length] = LengthScores.joined(parts)
     rows = depth_table(scores, margin=margin)
     values = {kv: {str(length): scores[length].means(kv) for length in lengths} for kv in labels}
     values["reference NLL"] = {str(length): scores[length].means() for length in lengths}
