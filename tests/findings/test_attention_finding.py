@@ -28,6 +28,10 @@ def test_every_weight_config_gets_its_fp16_cache_row(tiny_folder):
 
     text = attention_markdown(rows)
     assert "| int4-g32 | fp16 |" in text and "its cache part ε_q·ε_k,cᵀ [95%]" in text
+    # the finding measures each pair once, and its tables say so as the replicated findings' say how many they pool
+    assert text.endswith("Replicates: 1 replicate: run-to-run variance not included in any interval of this finding (the attention "
+                         "finding measures each pair once; the additivity finding's output interactions, with replicates, are the "
+                         "ones to plan on).")
 
 
 @pytest.fixture(scope="module")

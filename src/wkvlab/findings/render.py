@@ -106,6 +106,14 @@ def method_differences_markdown(rows: list[MethodDifference]) -> str:
             + replicates_note(r.difference for r in rows))
 
 
+# The attention finding measures each pair once (findings.grids.REPLICATED leaves it out: its passes are whole windows, so
+# no chunk size varies the float order, and only GPTQ's and AWQ's builds have a calibration sample to vary); its tables
+# say so where the other findings' say how many replicates they pool (issue #38 item 3).
+ATTENTION_REPLICATES = ("\n\nReplicates: 1 replicate: run-to-run variance not included in any interval of this finding (the "
+                        "attention finding measures each pair once; the additivity finding's output interactions, with "
+                        "replicates, are the ones to plan on).")
+
+
 def attention_markdown(rows) -> str:
     """Where the cross term sits (term shares, its weight and cache parts, the attention-level 2×2, layers), then what the
     interventions on the (W, C) run decide: ε_q·ε_k,cᵀ removed from the scores, the sinks kept at 16 bits."""
@@ -130,7 +138,7 @@ def attention_markdown(rows) -> str:
         f"95% intervals over {windows} windows resampled. Layers: share of the network's cross-term energy.")
     crossed = [r.cross for r in rows if getattr(r, "cross", None) is not None]
     if not crossed:
-        return text
+        return text + ATTENTION_REPLICATES
     header = ["weights", "KV", "KLD(W)", "KLD(C)", "KLD(W+C)", "output interaction → verdict", "ε_q·ε_k,cᵀ removed: KLD(W+C)′",
               "change → verdict", "share of the interaction it carries [95%]", "what remains → verdict",
               "attention-KL interaction → verdict", "sinks at 16 bits: KLD", "change → verdict"]
@@ -155,7 +163,7 @@ def attention_markdown(rows) -> str:
         + (f"{first.margin.format()} for the output KLD and the same rule on the attention KLs. Intervals: 95% {first.raw.method} "
            if first.raw.method else "10% of the C cell's attention KL. Intervals: 95% studentized paired bootstrap ")
         + f"over windows; verdicts by the one rule at the Holm-adjusted level, {first.adjustment}."
-        + _rule_note(v for x in crossed for v in x.verdicts.values()))
+        + _rule_note(v for x in crossed for v in x.verdicts.values()) + ATTENTION_REPLICATES)
 
 
 def _by_replicate(iv: Interval | None, spec: str) -> str:
