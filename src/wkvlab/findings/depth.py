@@ -257,7 +257,7 @@ class DepthFinding:
                 "seconds": self.seconds, "notes": self.notes, "reach": {str(k): v for k, v in self.reach.items()},
                 "minimum_documents": self.minimum, "document_names": self.names, "per_document": self.per_document,
                 "read_back": [list(part) for part in self.read_back], "documents_per_part": DOCUMENTS_PER_PART,
-                "parts": sum(-(-self.documents // DOCUMENTS_PER_PART) for _ in self.lengths)}
+                "parts": len(self.lengths) * -(-self.documents // DOCUMENTS_PER_PART)}
 
 
 def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]) -> dict[int, float]:
@@ -270,6 +270,12 @@ def step_weights(counts: Mapping[int, int], tokens_per_step: Mapping[int, float]
     total = sum(counts[length] * tokens_per_step[length] for length in counts)
     scale = sum(counts.values()) / total if total else 1.0
     return {length: tokens_per_step[length] * scale for length in counts}
+
+
+def parts_of(windows) -> list[tuple[int, "WindowSet"]]:
+    """One length's windows cut into parts of :data:`DOCUMENTS_PER_PART` documents: (first document, its windows)."""
+    return [(first, replace(windows, tokens=windows.tokens[first : first + DOCUMENTS_PER_PART]))
+            for first in range(0, windows.n_windows, DOCUMENTS_PER_PART)]
 
 
 def length_key(fingerprints: dict, windows, kvs, *, length: int, target: int) -> str:
@@ -366,8 +372,7 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     vocab = loaded.model.config.get_text_config().vocab_size
     chunks = {length: auto_chunk(vocab, w.ctx) for length, w in windows.items()}
     part_steps = lambda part, length: grid_steps(part, 1, len(specs), chunk=chunks[length])  # noqa: E731
-    counts = {length: sum(part_steps(replace(w, tokens=w.tokens[i : i + DOCUMENTS_PER_PART]), length)
-                          for i in range(0, w.n_windows, DOCUMENTS_PER_PART)) for length, w in windows.items()}
+    counts = {length: sum(part_steps(part, length) for _, part in parts_of(w)) for length, w in windows.items()}
     weights = step_weights(counts, {length: w.ctx / len(chunk_bounds(w.ctx, chunks[length])) for length, w in windows.items()})
     bar = progress(sum(counts.values()), f"depth: {len(specs)} caches × {len(lengths)} prefix lengths × {len(chosen)} documents") \
         if progress is not None else nullcontext(lambda _d, _n: None)
@@ -377,8 +382,7 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
         tick = stack.enter_context(bar)
         for length, win in windows.items():
             parts = []
-            for first in range(0, win.n_windows, DOCUMENTS_PER_PART):
-                part = replace(win, tokens=win.tokens[first : first + DOCUMENTS_PER_PART])
+            for first, part in parts_of(win):
                 name = f"prefix {length}, documents {first + 1}–{first + part.n_windows}"
                 key = length_key({**fingerprints, **numerics(loaded)}, part, specs, length=length, target=target)
                 cached = cached_length(key, labels)
