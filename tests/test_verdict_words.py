@@ -37,6 +37,7 @@ NOT_A_VERDICT = re.compile("|".join((
     r"lower bounds?|upper bounds?|the lower bound|lower is better",
     r"higher is worse|larger is worse",
     r"both less memory and a lower mean KLD",  # the report's Pareto definition
+    r"more bytes, lower KLD",  # the search finding's ranking by bytes alone: its direction, not a finding
     r"within one layer-format step|within the stated tolerance of the budget",  # memory accounting of the search finding
     r"not a measure of compounding|even when nothing compounds",  # the attention finding defining its energy share
 )), re.IGNORECASE)

@@ -24,8 +24,8 @@ the quantized weights. Every comparison is made **at equal memory** (issue #24 i
   issue #38 simulated 16 windows from 4 documents and the 95% interval missed 17.8–23.2%);
 * the profile is replicated: ``replicates`` (≥ 5) profiles per profile text, each on its own
   disjoint windows cut from the documents no held-out window touches, each giving its own plans.
-  Differences are decided from the two-stage (profile × document) bootstrap
-  (:func:`wkvlab.stats.twostage.two_stage`), so the profile's own variation is in every interval;
+  Differences are decided from the two-stage (profile × document) interval
+  (:func:`wkvlab.stats.twostage.two_stage`, analytic), so the profile's own variation is in every interval;
   random mix *r* is paired with replicate *r*;
 * a rival whose plans are the aware plans in every replicate (the greedy mix often is; every plan at
   the smallest budget is) is **not tested**: its difference is exactly 0, which says the two
