@@ -372,10 +372,12 @@ def finding_markdown(rec: dict, where) -> tuple[str, str]:
         markdown, _ = redecide(rec["name"], rec["data"], where=str(where))
         margin = rec["data"].get("margin", "10%")
         if rec["name"] in REDECIDED_VERDICTS:
+            shares = (f"**the energy shares' intervals are the bootstrap rule's before issue #38, at commit {commit}**"
+                      if _decided_before_issue_38(rec["data"]) else
+                      f"the energy shares' intervals are as the run printed them at commit {commit}, under issue #38's rule")
             return markdown, (f"The cross-term table's intervals and verdicts decided by the rule of src/wkvlab/stats at this doc's "
-                              f"commit (docs/stats.md) from the per-window means the record keeps, margin {margin}; **the energy "
-                              f"shares' intervals are the bootstrap rule's before issue #38, at commit {commit}** (the record keeps "
-                              f"no per-window energies).")
+                              f"commit (docs/stats.md) from the per-window means the record keeps, margin {margin}; {shares} "
+                              f"(the record keeps no per-window energies: not decided again by a later rule).")
         return markdown, (f"Intervals and verdicts decided by the rule of src/wkvlab/stats at this doc's commit (docs/stats.md) "
                           f"from the per-unit values the record keeps for every cell, margin {margin}.")
     if _decided_before_issue_38(rec.get("data")):

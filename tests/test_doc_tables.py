@@ -207,6 +207,30 @@ def test_a_finding_with_per_unit_values_is_decided_again_and_an_older_one_is_lab
     assert text.endswith("stale tables") and "**Older rule: decided by the bootstrap rule before issue #38 at commit abc1234" in text
 
 
+def test_the_attention_caption_names_the_rule_its_energy_shares_were_printed_under(tmp_path):
+    """The attention record keeps no per-window energies, so its shares stay as printed: the caption calls them the
+    older bootstrap rule's only when no interval of the record names a method (a run before issue #38)."""
+    import json
+
+    tables = _load()
+    record = json.loads((tables.FINDING_RECORDS / "findings-attention-default.json").read_text())
+    path = tmp_path / "findings-attention-default.json"
+    path.write_text(json.dumps(record))
+    text = tables.finding_block(path)(None)
+    commit = record["commit"]
+    assert f"the energy shares' intervals are as the run printed them at commit {commit}, under issue #38's rule" in text
+    assert "bootstrap rule's before issue #38" not in text
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k != "method"}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    path.write_text(json.dumps({**record, "data": strip(record["data"])}))
+    text = tables.finding_block(path)(None)
+    assert f"**the energy shares' intervals are the bootstrap rule's before issue #38, at commit {commit}**" in text
+
+
 def test_an_explain_output_says_whether_todays_rule_still_gives_its_verdicts(tmp_path):
     """A recorded explain output keeps its factorial's per-unit values: the caption decides them again and says
     whether they are what the run printed; one recorded before issue #38 without them is labelled the older rule."""
