@@ -87,7 +87,9 @@ def carried_words(runs: list[dict]) -> str:
     if not runs:
         return ""
     wall = sum(r.get("wall_s", 0.0) for r in runs)
-    each = "; ".join(f"{r['commit']} on {r['date']}, wall {r['wall_s'] / 60:.0f} min, load {r['load_min']}–{r['load_max']}, "
+    each = "; ".join(f"{r['commit']} on {r['date']}, wall {r['wall_s'] / 60:.0f} min"
+                     + (f" ({r['paused_s'] / 60:.0f} of them paused)" if r.get("paused_s") else "")
+                     + f", load {r['load_min']}–{r['load_max']}, "
                      f"{r['files_added']} file(s){'' if r.get('exit') is not None else ', ended with its machine'}" for r in runs)
     return (f"continues {len(runs)} earlier run(s) on other machines whose measurements were carried in the repository "
             f"({each}; {wall / 3600:.1f} h in all)")

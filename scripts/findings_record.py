@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from doc_tables import _commit  # noqa: E402  (the same commit words as the demo's record)
 import findings_carry  # noqa: E402  (SYNC_SECONDS, read at each sync: a test shortens it)
 from findings_carry import FINDINGS, carried_words, carry_in, carry_out, earlier_runs  # noqa: E402
-from output_record import load_words, sampled_run  # noqa: E402  (one sampler for both records)
+from output_record import load_words, paused_since, sampled_run  # noqa: E402  (one sampler for both records)
 from wkvlab.models.cache import cache_dir  # noqa: E402  (the cache root wkvlab itself uses; no torch)
 
 
@@ -89,20 +89,26 @@ def _keep_carrying(carry: Path, this_run: dict, since: float):
     function that stops it."""
     import threading
 
-    stop, start, loads = threading.Event(), time.monotonic(), [os.getloadavg()[0]]
+    stop, start, loads, paused = threading.Event(), time.monotonic(), [os.getloadavg()[0]], 0.0
 
     def sync() -> None:
+        nonlocal paused
+        last = start
         while not stop.wait(findings_carry.SYNC_SECONDS):
+            now = time.monotonic()
+            paused += paused_since(last, now, findings_carry.SYNC_SECONDS)
+            last = now
             loads.append(os.getloadavg()[0])
-            carry_out(carry, cache_dir(), {**this_run, "wall_s": round(time.monotonic() - start, 1), **load_words(loads), "exit": None},
-                      since)
+            carry_out(carry, cache_dir(), {**this_run, "wall_s": round(now - start, 1), "paused_s": round(paused, 1),
+                                           **load_words(loads), "exit": None}, since)
 
     thread = threading.Thread(target=sync, daemon=True)
     thread.start()
 
-    def stopped() -> None:
+    def stopped() -> float:  # the pauses it saw, for a run whose own sampler never returned (stopped from outside)
         stop.set()
         thread.join()
+        return round(paused, 1)
     return stopped
 
 
@@ -120,21 +126,23 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
     this_run = {"commit": commit, "date": date, "started": datetime.now(timezone.utc).isoformat(), "threads": threads}
     syncing = _keep_carrying(carry, this_run, since) if carry is not None else None
 
-    def keep(code, wall: float, loads: list[float], words: str) -> None:  # finished, failed or stopped: carried on
-        syncing()
-        carry_out(carry, cache_dir(), {**this_run, "wall_s": round(wall, 1), **load_words(loads), "exit": code}, since)
+    def keep(code, wall: float, loads: list[float], paused: float | None, words: str) -> None:  # finished, failed or stopped
+        seen = syncing()
+        paused = seen if paused is None else paused
+        carry_out(carry, cache_dir(), {**this_run, "wall_s": round(wall, 1), "paused_s": paused, **load_words(loads), "exit": code},
+                  since)
         mine = next(r for r in earlier_runs(carry) if r.get("started") == this_run["started"])
         print(f"--carry {carry}: {words}; {mine['files_added']} file(s) this run measured kept there (commit them to go on elsewhere)")
 
     started = time.monotonic()
     try:
-        code, _, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
+        code, _, wall, loads, paused = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
     except BaseException:  # Ctrl-C, or SIGTERM (main): subprocess.run has killed the finding; keep what it measured
         if carry is not None:
-            keep("interrupted", time.monotonic() - started, [os.getloadavg()[0]], "interrupted")
+            keep("interrupted", time.monotonic() - started, [os.getloadavg()[0]], None, "interrupted")
         raise
     if carry is not None:
-        keep(code, wall, loads, f"exit {code}")
+        keep(code, wall, loads, paused, f"exit {code}")
     if code != 0:
         raise SystemExit(f"wkvlab findings {name} failed (exit {code}); nothing recorded"
                          + (f"; its measurements so far are in {carry}" if carry is not None else ""))
@@ -144,7 +152,7 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
         stored = next(f for f in db.findings() if f.name == name and f.model == model)
     shown = ["wkvlab", *command[:-len(extra) or None], *extra]
     shown[shown.index("--store") + 1] = "out/findings.db"
-    return {"command": " ".join(shown), "commit": commit, "date": date, "wall_s": round(wall, 1),
+    return {"command": " ".join(shown), "commit": commit, "date": date, "wall_s": round(wall, 1), "paused_s": paused,
             **load_words(loads), "threads": threads, "weight_cache": cache, "resumed": resumed, **from_cache,
             "name": name, "model": model, "data": stored.data, "markdown": stored.markdown}
 

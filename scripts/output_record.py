@@ -32,12 +32,30 @@ from doc_tables import _commit  # noqa: E402
 WIDTH = "140"
 
 
-def sampled_run(command: list[str], env: dict, capture: bool) -> tuple[int, str, float, list[float]]:
-    """Run ``command`` with the load average sampled every 30 s: (exit code, stdout if captured, wall seconds, loads)."""
-    loads, done = [os.getloadavg()[0]], threading.Event()
+SAMPLE_SECONDS = 30
+# A sampler that wakes this much later than asked was stopped with the run (SIGSTOP to free the cores for another
+# measurement or a test run): the monotonic clock went on, the run did not. Scheduling on a loaded machine delays a
+# wake-up by well under a second.
+PAUSE_SLACK_SECONDS = 10
+
+
+def paused_since(last: float, now: float, period: float) -> float:
+    """The seconds a sampler that last woke at ``last`` and was to wake ``period`` later stood still (0 if on time)."""
+    late = now - last - period
+    return late if late > PAUSE_SLACK_SECONDS else 0.0
+
+
+def sampled_run(command: list[str], env: dict, capture: bool) -> tuple[int, str, float, list[float], float]:
+    """Run ``command`` with the load average sampled every 30 s: (exit code, stdout if captured, wall seconds, loads,
+    seconds the run stood paused inside that wall time, measured as the sampler's late wake-ups)."""
+    loads, done, paused = [os.getloadavg()[0]], threading.Event(), [0.0]
 
     def sample() -> None:
-        while not done.wait(30):
+        last = time.monotonic()
+        while not done.wait(SAMPLE_SECONDS):
+            now = time.monotonic()
+            paused[0] += paused_since(last, now, SAMPLE_SECONDS)
+            last = now
             loads.append(os.getloadavg()[0])
 
     start = time.monotonic()
@@ -46,7 +64,7 @@ def sampled_run(command: list[str], env: dict, capture: bool) -> tuple[int, str,
     done.set()
     wall = time.monotonic() - start
     loads.append(os.getloadavg()[0])
-    return proc.returncode, proc.stdout or "", wall, loads
+    return proc.returncode, proc.stdout or "", wall, loads, round(paused[0], 1)
 
 
 def load_words(loads: list[float]) -> dict:
@@ -62,11 +80,12 @@ def run(args: list[str]) -> dict:
         # explain also writes its JSON, whose factorial cells' per-unit values the record keeps (its verdicts decided again later)
         json_out = Path(folder) / "explain.json"
         extra = ["--json", str(json_out)] if args[:1] == ["explain"] and "--json" not in args else []
-        code, stdout, wall, loads = sampled_run([sys.executable, "-m", "wkvlab.cli", *args, *extra], env, capture=True)
+        code, stdout, wall, loads, paused = sampled_run([sys.executable, "-m", "wkvlab.cli", *args, *extra], env, capture=True)
         if code != 0:
             raise SystemExit(f"wkvlab {' '.join(args)} failed (exit {code}); nothing recorded")
         written = json.loads(json_out.read_text(encoding="utf-8")) if extra else {}
-    record = {"command": "wkvlab " + " ".join(args), "commit": commit, "date": date, "wall_s": round(wall, 1), **load_words(loads),
+    record = {"command": "wkvlab " + " ".join(args), "commit": commit, "date": date, "wall_s": round(wall, 1), "paused_s": paused,
+              **load_words(loads),
               "columns": int(WIDTH), "stdout": stdout}
     if written.get("units"):
         record.update(margin=written["options"].get("margin", "10%"), units=written["units"],

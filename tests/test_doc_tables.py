@@ -112,6 +112,9 @@ def test_the_findings_tables_are_their_committed_run_records(tmp_path):
     text = tables.finding_block(path)(None).replace(str(tmp_path), "RUNS")
     assert "wall 2:03:04, load 1.0–4.0" in text and "commit=abc1234" in text and text.endswith("| 1 | 2 |")
     assert "-- --tokens 4096`" in text and "1 torch thread," in text
+    # a run paused (SIGSTOP) while another measurement ran says how much of its wall time stood still
+    path.write_text(json.dumps({**record, "paused_s": 1080.0}))
+    assert "wall 2:03:04 (18:00 of it paused), load 1.0–4.0" in tables.finding_block(path)(None)
     # a resumed two-thread run says so, and its "measured again" command keeps the thread count
     record.update(command=record["command"].replace("--threads 1", "--threads 2"), threads=2, resumed=16)
     path.write_text(json.dumps(record))

@@ -83,7 +83,7 @@ def test_carry_takes_an_interrupted_runs_measurements_to_the_next_machine(tmp_pa
         (first / "findings-search").mkdir()
         (first / "findings-search" / "s1.npz").write_bytes(b"npz")
         (first / "findings-search" / "s2.tmp.npz").write_bytes(b"half")
-        return -9, "", 125.0, [1.5, 2.5]
+        return -9, "", 125.0, [1.5, 2.5], 42.0
 
     monkeypatch.setenv("WKVLAB_CACHE", str(first))
     monkeypatch.setattr(record.findings_carry, "SYNC_SECONDS", 0.1)
@@ -93,14 +93,14 @@ def test_carry_takes_an_interrupted_runs_measurements_to_the_next_machine(tmp_pa
         record.run("search", "default", tmp_path / "f.db", [], 2, carry)
     assert sorted(p.name for p in carry.rglob("*") if p.is_file()) == ["p1.json", "runs.json", "s1.npz"]
     runs = json.loads((carry / "runs.json").read_text())
-    assert [(r["commit"], r["wall_s"], r["load_min"], r["load_max"], r["exit"], r["files_added"]) for r in runs] == \
-        [("abc1234", 125.0, 1.5, 2.5, -9, 2)]
+    assert [(r["commit"], r["wall_s"], r["paused_s"], r["load_min"], r["load_max"], r["exit"], r["files_added"]) for r in runs] == \
+        [("abc1234", 125.0, 42.0, 1.5, 2.5, -9, 2)]
 
     seen = {}
 
     def resumed(_command, _env, capture):  # the next machine: the carried files are in its cache before it starts
         seen["files"] = sorted(p.name for p in second.rglob("*") if p.is_file())
-        return 1, "", 60.0, [1.0]
+        return 1, "", 60.0, [1.0], 0.0
 
     monkeypatch.setenv("WKVLAB_CACHE", str(second))
     monkeypatch.setattr(record, "sampled_run", resumed)
@@ -110,8 +110,8 @@ def test_carry_takes_an_interrupted_runs_measurements_to_the_next_machine(tmp_pa
     assert [(r["files_added"], r["exit"]) for r in json.loads((carry / "runs.json").read_text())] == [(2, -9), (0, 1)]
     assert record.carried_words([*json.loads((carry / "runs.json").read_text())[:1], {**runs[0], "exit": None}]) == (
         "continues 2 earlier run(s) on other machines whose measurements were carried in the repository "
-        "(abc1234 on " + runs[0]["date"] + ", wall 2 min, load 1.5–2.5, 2 file(s); abc1234 on " + runs[0]["date"]
-        + ", wall 2 min, load 1.5–2.5, 2 file(s), ended with its machine; 0.1 h in all)")
+        "(abc1234 on " + runs[0]["date"] + ", wall 2 min (1 of them paused), load 1.5–2.5, 2 file(s); abc1234 on " + runs[0]["date"]
+        + ", wall 2 min (1 of them paused), load 1.5–2.5, 2 file(s), ended with its machine; 0.1 h in all)")
 
 
 def test_carry_is_refused_for_findings_that_resume_from_the_store_and_a_broken_manifest_before_anything_runs(tmp_path):
@@ -139,3 +139,31 @@ def test_a_carried_run_stopped_from_outside_keeps_what_it_measured(tmp_path, mon
         record.run("depth", "default", tmp_path / "f.db", [], 2, carry)
     assert (carry / "findings-depth" / "d1.npz").is_file()
     assert [(r["exit"], r["files_added"]) for r in json.loads((carry / "runs.json").read_text())] == [("interrupted", 1)]
+
+
+def test_a_run_stopped_from_outside_is_measured_as_paused(tmp_path):
+    """SIGSTOP frees the cores for another measurement; the record's wall time then holds the pause, and says how much.
+    The sampler wakes late by the time it stood still (real signals on a child Python running the sampler)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import time
+
+    _load()
+    import output_record
+
+    assert output_record.paused_since(100.0, 130.4, 30) == 0.0  # scheduling, not a pause
+    assert output_record.paused_since(100.0, 175.0, 30) == 45.0
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent / 'scripts')!r}); import output_record as o; "
+              "o.SAMPLE_SECONDS = 0.2; o.PAUSE_SLACK_SECONDS = 0.5; "
+              "code, _, wall, _, paused = o.sampled_run([sys.executable, '-c', 'import time; time.sleep(4)'], {}, capture=False); "
+              "print(round(wall, 1), paused)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(2.0)
+    os.kill(proc.pid, signal.SIGCONT)
+    wall, paused = map(float, proc.communicate(timeout=60)[0].split())
+    assert 3.9 <= wall and 1.5 <= paused <= 2.5
