@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from doc_tables import _commit  # noqa: E402  (the same commit words as the demo's record)
 import findings_carry  # noqa: E402  (SYNC_SECONDS, read at each sync: a test shortens it)
 from findings_carry import FINDINGS, carried_words, carry_in, carry_out, earlier_runs  # noqa: E402
-from output_record import load_words, paused_since, sampled_run  # noqa: E402  (one sampler for both records)
+from output_record import PauseClock, load_words, sampled_run  # noqa: E402  (one sampler for both records)
 from wkvlab.models.cache import cache_dir  # noqa: E402  (the cache root wkvlab itself uses; no torch)
 
 
@@ -89,17 +89,14 @@ def _keep_carrying(carry: Path, this_run: dict, since: float):
     function that stops it."""
     import threading
 
-    stop, start, loads, paused = threading.Event(), time.monotonic(), [os.getloadavg()[0]], 0.0
+    stop, loads, clock = threading.Event(), [os.getloadavg()[0]], PauseClock(findings_carry.SYNC_SECONDS)
+    start = clock.last
 
     def sync() -> None:
-        nonlocal paused
-        last = start
         while not stop.wait(findings_carry.SYNC_SECONDS):
-            now = time.monotonic()
-            paused += paused_since(last, now, findings_carry.SYNC_SECONDS)
-            last = now
+            now = clock.tick()
             loads.append(os.getloadavg()[0])
-            carry_out(carry, cache_dir(), {**this_run, "wall_s": round(now - start, 1), "paused_s": round(paused, 1),
+            carry_out(carry, cache_dir(), {**this_run, "wall_s": round(now - start, 1), "paused_s": round(clock.paused, 1),
                                            **load_words(loads), "exit": None}, since)
 
     thread = threading.Thread(target=sync, daemon=True)
@@ -108,7 +105,7 @@ def _keep_carrying(carry: Path, this_run: dict, since: float):
     def stopped() -> float:  # the pauses it saw, for a run whose own sampler never returned (stopped from outside)
         stop.set()
         thread.join()
-        return round(paused, 1)
+        return round(clock.paused, 1)
     return stopped
 
 

@@ -45,17 +45,28 @@ def paused_since(last: float, now: float, period: float) -> float:
     return late if late > PAUSE_SLACK_SECONDS else 0.0
 
 
+class PauseClock:
+    """A periodic sampler's wake-ups: each late one adds to the time the run stood paused (both samplers use it)."""
+
+    def __init__(self, period: float):
+        self.period, self.last, self.paused = period, time.monotonic(), 0.0
+
+    def tick(self) -> float:
+        """Called at each wake-up: the monotonic time now."""
+        now = time.monotonic()
+        self.paused += paused_since(self.last, now, self.period)
+        self.last = now
+        return now
+
+
 def sampled_run(command: list[str], env: dict, capture: bool) -> tuple[int, str, float, list[float], float]:
     """Run ``command`` with the load average sampled every 30 s: (exit code, stdout if captured, wall seconds, loads,
     seconds the run stood paused inside that wall time, measured as the sampler's late wake-ups)."""
-    loads, done, paused = [os.getloadavg()[0]], threading.Event(), [0.0]
+    loads, done, clock = [os.getloadavg()[0]], threading.Event(), PauseClock(SAMPLE_SECONDS)
 
     def sample() -> None:
-        last = time.monotonic()
         while not done.wait(SAMPLE_SECONDS):
-            now = time.monotonic()
-            paused[0] += paused_since(last, now, SAMPLE_SECONDS)
-            last = now
+            clock.tick()
             loads.append(os.getloadavg()[0])
 
     start = time.monotonic()
@@ -64,7 +75,7 @@ def sampled_run(command: list[str], env: dict, capture: bool) -> tuple[int, str,
     done.set()
     wall = time.monotonic() - start
     loads.append(os.getloadavg()[0])
-    return proc.returncode, proc.stdout or "", wall, loads, round(paused[0], 1)
+    return proc.returncode, proc.stdout or "", wall, loads, round(clock.paused, 1)
 
 
 def load_words(loads: list[float]) -> dict:

@@ -148,7 +148,6 @@ def test_a_run_stopped_from_outside_is_measured_as_paused(tmp_path):
     import signal
     import subprocess
     import sys
-
     import time
 
     _load()
