@@ -102,10 +102,10 @@ def _keep_carrying(carry: Path, this_run: dict, since: float):
     thread = threading.Thread(target=sync, daemon=True)
     thread.start()
 
-    def stopped() -> float:  # the pauses it saw, for a run whose own sampler never returned (stopped from outside)
+    def stopped() -> tuple[float, list[float]]:  # the pauses and loads it saw, for a run whose own sampler never returned
         stop.set()
         thread.join()
-        return round(clock.paused, 1)
+        return round(clock.paused, 1), [*loads, os.getloadavg()[0]]
     return stopped
 
 
@@ -123,9 +123,10 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
     this_run = {"commit": commit, "date": date, "started": datetime.now(timezone.utc).isoformat(), "threads": threads}
     syncing = _keep_carrying(carry, this_run, since) if carry is not None else None
 
-    def keep(code, wall: float, loads: list[float], paused: float | None, words: str) -> None:  # finished, failed or stopped
-        seen = syncing()
-        paused = seen if paused is None else paused
+    def keep(code, wall: float, loads: list[float] | None, paused: float | None, words: str) -> None:  # finished, failed or stopped
+        seen_paused, seen_loads = syncing()
+        # A run stopped from outside has no sampler result: the sync thread's samples are its whole record
+        paused, loads = (seen_paused if paused is None else paused), (seen_loads if loads is None else loads)
         carry_out(carry, cache_dir(), {**this_run, "wall_s": round(wall, 1), "paused_s": paused, **load_words(loads), "exit": code},
                   since)
         mine = next(r for r in earlier_runs(carry) if r.get("started") == this_run["started"])
@@ -136,7 +137,7 @@ def run(name: str, model: str, store: Path, extra: list[str], threads: int = 1, 
         code, _, wall, loads, paused = sampled_run([sys.executable, "-m", "wkvlab.cli", *command], env, capture=False)
     except BaseException:  # Ctrl-C, or SIGTERM (main): subprocess.run has killed the finding; keep what it measured
         if carry is not None:
-            keep("interrupted", time.monotonic() - started, [os.getloadavg()[0]], None, "interrupted")
+            keep("interrupted", time.monotonic() - started, None, None, "interrupted")
         raise
     if carry is not None:
         keep(code, wall, loads, paused, f"exit {code}")

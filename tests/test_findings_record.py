@@ -128,17 +128,28 @@ def test_a_carried_run_stopped_from_outside_keeps_what_it_measured(tmp_path, mon
     record = _load()
     carry, cache = tmp_path / "carry", tmp_path / "cache"
 
+    import itertools
+    import os
+    import time
+
     def stopped(_command, _env, capture):
         (cache / "findings-depth").mkdir(parents=True)
         (cache / "findings-depth" / "d1.npz").write_bytes(b"npz")
+        time.sleep(0.5)  # the sync samples the load a few times while the run goes on
         raise KeyboardInterrupt
 
+    samples = itertools.count(1.0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (next(samples), 0.0, 0.0))
+    monkeypatch.setattr(record.findings_carry, "SYNC_SECONDS", 0.1)
     monkeypatch.setenv("WKVLAB_CACHE", str(cache))
     monkeypatch.setattr(record, "sampled_run", stopped)
     with pytest.raises(KeyboardInterrupt):
         record.run("depth", "default", tmp_path / "f.db", [], 2, carry)
     assert (carry / "findings-depth" / "d1.npz").is_file()
-    assert [(r["exit"], r["files_added"]) for r in json.loads((carry / "runs.json").read_text())] == [("interrupted", 1)]
+    [entry] = json.loads((carry / "runs.json").read_text())
+    assert (entry["exit"], entry["files_added"]) == ("interrupted", 1)
+    # The loads the sync sampled during the run, not one sample at its end (it used to say "load 2.0–2.0")
+    assert entry["load_before"] == entry["load_min"] == 1.0 and entry["load_max"] == entry["load_after"] >= 4.0
 
 
 def test_a_run_stopped_from_outside_is_measured_as_paused(tmp_path):
@@ -155,12 +166,17 @@ def test_a_run_stopped_from_outside_is_measured_as_paused(tmp_path):
 
     assert output_record.paused_since(100.0, 130.4, 30) == 0.0  # scheduling, not a pause
     assert output_record.paused_since(100.0, 175.0, 30) == 45.0
+    ready = tmp_path / "running"  # the measured command has started, so the sampler is running (imports take seconds on a loaded machine)
+    measured = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(4)"
     script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent / 'scripts')!r}); import output_record as o; "
               "o.SAMPLE_SECONDS = 0.2; o.PAUSE_SLACK_SECONDS = 0.5; "
-              "code, _, wall, _, paused = o.sampled_run([sys.executable, '-c', 'import time; time.sleep(4)'], {}, capture=False); "
+              f"code, _, wall, _, paused = o.sampled_run([sys.executable, '-c', {measured!r}], {{}}, capture=False); "
               "print(round(wall, 1), paused)")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
     os.kill(proc.pid, signal.SIGSTOP)
     time.sleep(2.0)
     os.kill(proc.pid, signal.SIGCONT)
