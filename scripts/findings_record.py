@@ -39,6 +39,7 @@ from doc_tables import _commit  # noqa: E402  (the same commit words as the demo
 import findings_carry  # noqa: E402  (SYNC_SECONDS, read at each sync: a test shortens it)
 from findings_carry import FINDINGS, carried_words, carry_in, carry_out, earlier_runs  # noqa: E402
 from output_record import PauseClock, load_words, sampled_run  # noqa: E402  (one sampler for both records)
+import output_record  # noqa: E402  (SAMPLE_SECONDS, read when a carried run starts: a test shortens it)
 from wkvlab.models.cache import cache_dir  # noqa: E402  (the cache root wkvlab itself uses; no torch)
 
 
@@ -89,15 +90,21 @@ def _keep_carrying(carry: Path, this_run: dict, since: float):
     function that stops it."""
     import threading
 
-    stop, loads, clock = threading.Event(), [os.getloadavg()[0]], PauseClock(findings_carry.SYNC_SECONDS)
+    # The clock and the load are sampled as often as the run's own sampler: a pause is seen from the first late wake-up
+    # on, so a sampler that woke only at each sync (5 min) missed up to that much of every pause
+    period = min(output_record.SAMPLE_SECONDS, findings_carry.SYNC_SECONDS)
+    stop, loads, clock = threading.Event(), [os.getloadavg()[0]], PauseClock(period)
     start = clock.last
 
     def sync() -> None:
-        while not stop.wait(findings_carry.SYNC_SECONDS):
+        copied = start
+        while not stop.wait(period):
             now = clock.tick()
             loads.append(os.getloadavg()[0])
-            carry_out(carry, cache_dir(), {**this_run, "wall_s": round(now - start, 1), "paused_s": round(clock.paused, 1),
-                                           **load_words(loads), "exit": None}, since)
+            if now - copied >= findings_carry.SYNC_SECONDS - 1e-3:
+                copied = now
+                carry_out(carry, cache_dir(), {**this_run, "wall_s": round(now - start, 1), "paused_s": round(clock.paused, 1),
+                                               **load_words(loads), "exit": None}, since)
 
     thread = threading.Thread(target=sync, daemon=True)
     thread.start()

@@ -140,7 +140,10 @@ def test_a_carried_run_stopped_from_outside_keeps_what_it_measured(tmp_path, mon
 
     samples = itertools.count(1.0)
     monkeypatch.setattr(os, "getloadavg", lambda: (next(samples), 0.0, 0.0))
-    monkeypatch.setattr(record.findings_carry, "SYNC_SECONDS", 0.1)
+    # the load (and the pause clock) sampled as often as the run's own sampler, not only at each 5-minute sync:
+    # no copy is due during this run, and the samples are there all the same
+    monkeypatch.setattr(record.findings_carry, "SYNC_SECONDS", 60)
+    monkeypatch.setattr(record.output_record, "SAMPLE_SECONDS", 0.1)
     monkeypatch.setenv("WKVLAB_CACHE", str(cache))
     monkeypatch.setattr(record, "sampled_run", stopped)
     with pytest.raises(KeyboardInterrupt):
