@@ -390,8 +390,10 @@ def finding_markdown(rec: dict, where) -> tuple[str, str]:
         return rec["markdown"], (f"**Older rule: decided by the bootstrap rule before issue #38 at commit {commit}, not by today's "
                                  f"(docs/stats.md); the record keeps intervals, not per-unit values, so these verdicts stand until "
                                  f"the finding is measured again.**")
-    return rec["markdown"], (f"Verdicts as the run printed them at commit {commit} (the record keeps intervals, not per-unit "
-                             f"values: not decided again by a later rule).")
+    kept = ("the record keeps its per-document values, but this page has no re-decision for this finding"
+            if (rec.get("data") or {}).get("per_document") else "the record keeps intervals, not per-unit values")
+    return rec["markdown"], (f"Verdicts as the run printed them at commit {commit} ({kept}: "
+                             f"a later rule does not decide them again).")
 
 
 def finding_tables() -> list["Table"]:

@@ -234,6 +234,21 @@ def test_the_attention_caption_names_the_rule_its_energy_shares_were_printed_und
     assert f"**the energy shares' intervals are the bootstrap rule's before issue #38, at commit {commit}**" in text
 
 
+def test_a_finding_printed_under_todays_rule_says_whether_its_record_keeps_per_unit_values(tmp_path):
+    """The depth record keeps each document's values (no re-decision of depth exists yet), the search record intervals
+    only: the caption used to say "intervals, not per-unit values" of both."""
+    import json
+
+    tables = _load()
+    for name, kept in [("findings-depth-default.json", "the record keeps its per-document values, but this page has no "
+                        "re-decision for this finding"), ("findings-search-default.json", "the record keeps intervals, not per-unit values")]:
+        record = json.loads((tables.FINDING_RECORDS / name).read_text())
+        path = tmp_path / name
+        path.write_text(json.dumps(record))
+        text = tables.finding_block(path)(None)
+        assert f"Verdicts as the run printed them at commit {record['commit']} ({kept}: a later rule does not decide them again)." in text
+
+
 def test_an_explain_output_says_whether_todays_rule_still_gives_its_verdicts(tmp_path):
     """A recorded explain output keeps its factorial's per-unit values: the caption decides them again and says
     whether they are what the run printed; one recorded before issue #38 without them is labelled the older rule."""

@@ -40,12 +40,14 @@ NOT_A_VERDICT = re.compile("|".join((
     r"more bytes, lower KLD",  # the search finding's ranking by bytes alone: its direction, not a finding
     r"within one layer-format step|within the stated tolerance of the budget",  # memory accounting of the search finding
     r"not a measure of compounding|even when nothing compounds",  # the attention finding defining its energy share
+    r"within the model's limit",  # the depth finding's longest prefix: a length, not a statistical claim
 )), re.IGNORECASE)
 # claims no margin or family can qualify: a change between position buckets that hold different text is not a
 # statement about context (explain's position table, the planner's note on caches below 8 bits)
 NEVER = re.compile(r"\b(?:grows|shrinks) with context\b", re.IGNORECASE)
 HEADING = re.compile(r"^\s*#")  # a section title: its table and footnote follow
 TABLE_ROW = re.compile(r"^\s*[│|┃]")
+HEADER_RULE = re.compile(r"^\s*\|(?:\s*:?-+:?\s*\|)+\s*$")  # the line under a markdown table's header
 
 
 def _items(block: str) -> list[str]:
@@ -66,7 +68,10 @@ def unqualified(text: str) -> list[str]:
     bad = []
     for i, block in enumerate(blocks):
         around = "\n".join(blocks[max(0, i - 1): i + 2])  # a table's caption before it, its footnote after it
-        for line in _items(block):
+        items = _items(block)
+        for k, line in enumerate(items):
+            if k + 1 < len(items) and HEADER_RULE.match(items[k + 1]):
+                continue  # a markdown table's header: column names ("relative growth"), not verdicts
             words = NOT_A_VERDICT.sub(" ", line)
             if NEVER.search(words):
                 bad.append(line.strip())
@@ -90,6 +95,7 @@ def test_the_check_itself():
     assert unqualified("| a | b | compounds |\n\nVerdicts: margin m = 10% of the predicted total; Holm over 42 tests") == []
     assert unqualified("| a | b | compounds |\n\nVerdicts: margin m = 10%") == ["| a | b | compounds |"]
     assert unqualified("| a | b | compounds |\n\nsome other table\n\nVerdicts: margin ±m; Holm over 2 tests") == ["| a | b | compounds |"]
+    assert unqualified("| KV | relative growth |\n|---|---|\n| int4 | grows |\n\nsome words") == ["| int4 | grows |"]
     assert unqualified("the texts hold 10 tokens; lower --max-ctx or --context-docs") == []
     assert unqualified("a position table, not a context verdict: the buckets hold different text") == []
     assert unqualified("change grows with context: +0.01 [0.005, 0.02] adjusted (margin ±0.003; Holm over 1 test)")
