@@ -15,8 +15,9 @@ KLD(L) − KLD(S) as a share of ``P_c`` at ``T`` target tokens per document):
 
 **Calibration** (:func:`calibration`): ``σ_c(T)² = a_c + b_c / T`` — a per-document part that more
 targets do not shrink and a per-token part that they do — fitted to the two committed SmolLM2 runs
-on the same 8 documents with 64 and 512 target tokens (docs/runs/findings-depth-default.json and
-findings-depth-default-t512.json: the SD from each cache's growth interval at the longest prefix,
+on the same 8 documents with 64 and 512 target tokens (the design before issue #38, at commit cc1540d;
+their records are kept in docs/runs/depth-noise/ for this fit, out of docs/findings.md, whose depth tables
+are the runs of today's design: the SD from each cache's growth interval at the longest prefix,
 half-width / t₀.₉₇₅ × √8, over the penalty at the shortest prefix). ``h`` and ``σ_N``, the mean and the
 per-document SD of the reference NLL's relative change between prefixes, are :data:`SHARPENING`
 and :data:`REFERENCE_SD`, measured by benchmarks/depth_reference_calibration.py (512 vs 4,096
@@ -39,7 +40,7 @@ from wkvlab.stats.simulate import noise
 from wkvlab.stats.skewt import t_quantile
 
 ROOT = Path(__file__).resolve().parents[3]
-RECORDS = (ROOT / "docs" / "runs" / "findings-depth-default.json", ROOT / "docs" / "runs" / "findings-depth-default-t512.json")
+RECORDS = tuple(ROOT / "docs" / "runs" / "depth-noise" / f"smollm2-{t}-targets-cc1540d.json" for t in (64, 512))
 GROWTH = 0.15
 POWER_GOAL = 0.80
 DIFFICULTY_CV = 0.15  # as wkvlab.stats.simulate: the records' range of per-document difficulty 0.06–0.22
