@@ -371,12 +371,18 @@ def _decided_before_issue_38(data) -> bool:
 def finding_markdown(rec: dict, where) -> tuple[str, str]:
     """(the finding's tables, a sentence on whose rule decided them): decided again by today's rule from the
     record's per-unit values (src/wkvlab/findings/records.py) where it keeps them, else as the run printed them."""
-    from wkvlab.findings.records import REDECIDED_VERDICTS, can_redecide, redecide
+    from wkvlab.findings.records import REDECIDED_DEPTH, REDECIDED_VERDICTS, can_redecide, redecide
 
     commit = rec["commit"].split("+")[0]
     if can_redecide(rec["name"], rec.get("data") or {}):
-        markdown, _ = redecide(rec["name"], rec["data"], where=str(where))
+        markdown, again = redecide(rec["name"], rec["data"], where=str(where))
         margin = rec["data"].get("margin", "10%")
+        if rec["name"] in REDECIDED_DEPTH:
+            stated = again["margin"]
+            stated = f"{stated} of the penalty at the shortest prefix" if stated.endswith("%") else f"±{stated} nats"
+            return markdown, (f"Intervals and verdicts decided by the rule of src/wkvlab/stats at this doc's commit (docs/stats.md) "
+                              f"from the per-document values the record keeps (each document's mean KLD of every cache and the "
+                              f"reference's mean NLL, at every prefix length), margin {stated}.")
         if rec["name"] in REDECIDED_VERDICTS:
             shares = (f"**the energy shares' intervals are the bootstrap rule's before issue #38, at commit {commit}**"
                       if _decided_before_issue_38(rec["data"]) else
@@ -390,9 +396,7 @@ def finding_markdown(rec: dict, where) -> tuple[str, str]:
         return rec["markdown"], (f"**Older rule: decided by the bootstrap rule before issue #38 at commit {commit}, not by today's "
                                  f"(docs/stats.md); the record keeps intervals, not per-unit values, so these verdicts stand until "
                                  f"the finding is measured again.**")
-    kept = ("the record keeps its per-document values, but this page has no re-decision for this finding"
-            if (rec.get("data") or {}).get("per_document") else "the record keeps intervals, not per-unit values")
-    return rec["markdown"], (f"Verdicts as the run printed them at commit {commit} ({kept}: "
+    return rec["markdown"], (f"Verdicts as the run printed them at commit {commit} (the record keeps intervals, not per-unit values: "
                              f"a later rule does not decide them again).")
 
 

@@ -235,18 +235,22 @@ def test_the_attention_caption_names_the_rule_its_energy_shares_were_printed_und
 
 
 def test_a_finding_printed_under_todays_rule_says_whether_its_record_keeps_per_unit_values(tmp_path):
-    """The depth record keeps each document's values (no re-decision of depth exists yet), the search record intervals
-    only: the caption used to say "intervals, not per-unit values" of both."""
+    """The depth record keeps each document's values, so the page decides it again and says from what; the search
+    record keeps intervals only, so the page prints the run's verdicts and says a later rule does not decide them."""
     import json
 
     tables = _load()
-    for name, kept in [("findings-depth-default.json", "the record keeps its per-document values, but this page has no "
-                        "re-decision for this finding"), ("findings-search-default.json", "the record keeps intervals, not per-unit values")]:
+    for name, words in [("findings-depth-default.json", "Intervals and verdicts decided by the rule of src/wkvlab/stats at this doc's "
+                         "commit (docs/stats.md) from the per-document values the record keeps (each document's mean KLD of every "
+                         "cache and the reference's mean NLL, at every prefix length), margin 5% of the penalty at the shortest "
+                         "prefix."),
+                        ("findings-search-default.json", "Verdicts as the run printed them at commit {commit} (the record keeps "
+                         "intervals, not per-unit values: a later rule does not decide them again).")]:
         record = json.loads((tables.FINDING_RECORDS / name).read_text())
         path = tmp_path / name
         path.write_text(json.dumps(record))
         text = tables.finding_block(path)(None)
-        assert f"Verdicts as the run printed them at commit {record['commit']} ({kept}: a later rule does not decide them again)." in text
+        assert words.format(commit=record["commit"]) in text
 
 
 def test_an_explain_output_says_whether_todays_rule_still_gives_its_verdicts(tmp_path):

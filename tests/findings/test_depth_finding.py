@@ -119,6 +119,21 @@ def test_the_finding_runs_on_a_tiny_model_and_renders(tiny_depth):
     assert "reference NLL change [95%]" in text and "at least 8 documents reach" in text and "adjusted: " in text
 
 
+def test_the_stored_record_decides_the_same_table_as_the_run(tiny_depth):
+    """Stored vs in-memory: the finding's dict through JSON (keys sorted, as a run record writes it) decided again from
+    its per-document means gives the table the run rendered, reach in length order included."""
+    import json
+
+    from wkvlab.findings.records import redecide
+    from wkvlab.findings.render import identical_depth_markdown
+
+    data = tiny_depth.to_dict()
+    markdown, again = redecide("depth-long", json.loads(json.dumps(data, sort_keys=True)))
+    assert markdown == identical_depth_markdown(data)
+    bounds = lambda rows: [r["adjusted"][k] for r in rows if r["adjusted"] for k in ("low", "high")]  # noqa: E731
+    assert len(bounds(data["rows"])) == 12 and bounds(again["rows"]) == pytest.approx(bounds(data["rows"]), rel=1e-9, abs=1e-12)
+
+
 def test_progress_steps_weigh_their_windows_tokens_so_the_eta_sees_the_long_prefixes(tiny_folder, tmp_path, monkeypatch):
     """The longest window's pass (256 + 32 tokens) weighs 4.5x the shortest's (32 + 32; one chunk each),
     and the weighted steps still add up to the total the progress line was opened with."""

@@ -145,3 +145,51 @@ def test_the_committed_attention_record_is_decided_again_from_its_per_window_mea
     next(r for r in broken["rows"] if r["cross"])["cross"]["per_window"] = None
     with pytest.raises(DataError, match="keeps no per-window means"):
         redecide("attention", broken)
+
+
+def test_the_committed_depth_record_is_decided_again_from_its_per_document_values():
+    """docs/runs/findings-depth-default.json keeps each document's mean KLD and reference NLL at every prefix (2,048
+    targets each): today's rule gives the run's own table from them (the run's rule is today's), a stated margin
+    changes the verdicts, and values that do not give the run's sums are refused in one line."""
+    from pathlib import Path
+
+    from wkvlab.findings.records import can_redecide
+
+    record = json.loads((Path(__file__).parents[2] / "docs" / "runs" / "findings-depth-default.json").read_text())
+    data = record["data"]
+    assert can_redecide("depth", data) and not can_redecide("depth", {**data, "per_document": {}})
+    markdown, again = redecide("depth", data)
+    assert markdown == record["markdown"] and again["margin"] == "5%"
+    for old, new in zip(data["rows"], again["rows"], strict=True):
+        assert new["verdict"] == old["verdict"]
+        for key in ("penalty", "growth", "adjusted", "reference"):
+            if old[key]:
+                assert (new[key]["low"], new[key]["high"]) == pytest.approx((old[key]["low"], old[key]["high"]), rel=1e-9, abs=1e-12)
+    # every growth is undecided at 5%; at 20% of the penalty at 512 tokens every Holm interval lies inside the margin
+    decided = lambda d: [(r["kv"], r["decision"]["outcome"], r["adjusted_decision"]["outcome"]) for r in d["rows"] if r["decision"]]  # noqa: E731
+    assert {o for _, *outcomes in decided(again) for o in outcomes} == {"undecided"}
+    wide = decided(redecide("depth", data, margin="20%")[1])
+    assert [kv for kv, *_ in wide] == ["q8_0", "q4_0", "int4"] and {o for _, *outcomes in wide for o in outcomes} == {"within"}
+    short = json.loads(json.dumps(data))
+    short["per_document"]["q4_0"]["6144"].pop()
+    with pytest.raises(DataError, match=r"keeps 31 per-document values of q4_0 at prefix 6144, not 32; measure the depth") as info:
+        redecide("depth", short, where="docs/runs/findings-depth-default.json")
+    assert "\n" not in str(info.value)
+    with pytest.raises(DataError, match="did not score 1024 target tokens in each of its 32 documents"):
+        redecide("depth", {**data, "target": 1024})
+
+
+def test_depth_says_when_its_advice_asks_for_more_documents_than_the_text_has():
+    """depth-long on SmolLM2: code-long's 8 modules all hold the 6,144-token prefix and its targets, and every undecided
+    verdict asks for 48 or more documents; a record that counted the documents at its longest prefix says so."""
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parents[2] / "docs" / "runs" / "findings-depth-long-default.json").read_text())["data"]
+    assert "no run decides" not in redecide("depth-long", data)[0]  # the record did not count them at 6,144
+    counted = {**data, "reach": {**data["reach"], "6144": 8}}
+    markdown, again = redecide("depth-long", counted)
+    needs = [r[k]["units_needed"] for r in again["rows"] for k in ("decision", "adjusted_decision") if r.get(k)]
+    assert len(needs) == 6 and min(needs) == 48
+    assert ("The text (code-long) has 8 documents that hold the longest prefix (6,144 tokens) and the 2,048 targets, and every "
+            "undecided verdict asks for more: on this text no run decides them.") in markdown
+    assert "no run decides" not in redecide("depth-long", {**data, "reach": {**data["reach"], "6144": 10000}})[0]

@@ -81,8 +81,12 @@ def prefix_lengths(shortest: int, longest: int) -> tuple[int, ...]:
     return (*lengths, longest)
 
 
-def reach(document_tokens: list[int], target: int, lengths=(1024, 2048, 4096, 8192, 16384, 32768)) -> dict[int, int]:
-    """How many documents hold each prefix length plus ``target`` tokens (what the finding records)."""
+REACH_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def reach(document_tokens: list[int], target: int, lengths=REACH_LENGTHS) -> dict[int, int]:
+    """How many documents hold each prefix length plus ``target`` tokens (what the finding records, with the longest
+    prefix it measured: the documents a larger run of it could use)."""
     return {length: sum(n >= length + target for n in document_tokens) for length in lengths}
 
 
@@ -406,7 +410,7 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     values["reference NLL"] = {str(length): scores[length].means() for length in lengths}
     names = [corpus.documents[i].split("\n", 1)[0].removeprefix("# file: ") for i in chosen]
     return DepthFinding(loaded.name, corpus.name, len(chosen), target, lengths, rows, time.perf_counter() - started,
-                        reach=reach(sizes, target), minimum=documents, names=names, per_document=values, read_back=read_back)
+                        reach=reach(sizes, target, lengths=tuple(sorted({*REACH_LENGTHS, lengths[-1]}))), minimum=documents, names=names, per_document=values, read_back=read_back)
 
 
 __all__ = ["DepthFinding", "DepthRow", "LengthScores", "depth_rows", "depth_table", "identical_token_windows", "length_key", "longest_reached",

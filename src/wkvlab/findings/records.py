@@ -13,7 +13,9 @@ re-decides a committed finding without measuring it again.
 The rebuilt per-token arrays put each unit's mean on every token of that unit: every token-weighted
 mean and every leave-one-unit-out mean equals the run's (to float rounding), which is all an
 interval or verdict depends on. Per-token distributions (a p99, a position bucket) are not kept:
-the depth finding's buckets and the search finding's two-stage design are not re-decided this way.
+the search finding's two-stage design is not re-decided this way. The depth finding keeps each
+document's mean KLD and reference NLL at every prefix over the same number of target tokens per
+document, which gives the same sums (:func:`redecide_depth`).
 
 **Replicates.** A finding measured with ``--replicates R`` keeps the per-unit values of every cell in
 every replicate (format 2: each grid names its replicate), and :func:`redecide` pools them again as the
@@ -38,6 +40,8 @@ ARRAYS = ("kld", "nll", "nll_ref", "top1_agree", "delta_p")  # TokenArrays' per-
 REDECIDED = ("additivity", "methods", "calibration")  # findings whose every interval is a function of unit sums
 # the attention finding: its cross-term verdicts from the per-window means its rows keep (windows of equal length)
 REDECIDED_VERDICTS = ("attention",)
+# the depth findings: every interval from each document's means over its (equal) target tokens at every prefix length
+REDECIDED_DEPTH = ("depth", "depth-long")
 # what an EvalResult keeps besides its arrays, carried through the record unchanged
 IDENTITY = ("model", "data", "ctx", "weights", "kv", "weights_spec", "kv_spec", "weight_bytes", "kv_bytes_per_token", "seconds",
             "fingerprints", "notes", "run", "threads", "quantized_fraction")
@@ -106,6 +110,8 @@ def can_redecide(name: str, data: Mapping) -> bool:
     """Whether :func:`redecide` can decide this finding's data again (it keeps the values that needs)."""
     if name in REDECIDED_VERDICTS:
         return any((row.get("cross") or {}).get("per_window") for row in data.get("rows", []))
+    if name in REDECIDED_DEPTH:
+        return bool(data.get("per_document"))
     return name in REDECIDED and bool(data.get("units"))
 
 
@@ -116,8 +122,11 @@ def redecide(name: str, data: Mapping, margin=None, where: str = "the record") -
 
     if name in REDECIDED_VERDICTS:
         return redecide_attention(data, margin, where)
+    if name in REDECIDED_DEPTH:
+        return redecide_depth(data, margin, where)
     if name not in REDECIDED:
-        raise DataError(f"the {name} finding is not re-decided from per-unit values (only {', '.join(REDECIDED + REDECIDED_VERDICTS)}); "
+        raise DataError(f"the {name} finding is not re-decided from per-unit values (only "
+                        f"{', '.join(REDECIDED + REDECIDED_VERDICTS + REDECIDED_DEPTH)}); "
                         "measure it again")
     runs = runs_from_record(data, where)
     return analyse(name, runs[0], margin if margin is not None else data.get("margin", "10%"), runs[1:])
@@ -151,6 +160,51 @@ def redecide_attention(data: Mapping, margin=None, where: str = "the record") ->
                                                          margin=margin)}
     rows = [replace(AttentionRow.from_dict(r), cross=crossed.get((r["weights"], r["kv"]))) for r in data["rows"]]
     return attention_markdown(rows), {"rows": [r.to_dict() for r in rows], "ctx": data.get("ctx"), "margin": str(margin)}
+
+
+def depth_margin(data: Mapping) -> str:
+    """The margin a depth run decided with, as ``--margin`` states it: its decided rows keep it (a share of the penalty
+    at the shortest prefix, or an absolute one), else depth's pre-declared default."""
+    from wkvlab.findings.depth import DEPTH_MARGIN
+
+    for row in data.get("rows", []):
+        stated = (row.get("decision") or {}).get("margin")
+        if stated:
+            relative = stated.get("relative")
+            return f"{100 * relative:g}%" if isinstance(relative, (int, float)) and relative == relative else f"{stated['value']:g}"
+    return DEPTH_MARGIN
+
+
+def redecide_depth(data: Mapping, margin=None, where: str = "the record") -> tuple[str, dict]:
+    """The depth finding (``depth``, ``depth-long``) decided again by today's rule from the per-document means its record
+    keeps (``per_document``: each cache's mean KLD and the reference's mean NLL over each document's target tokens, at
+    every prefix length). Every document is scored on the same ``target`` tokens, so a mean times ``target`` is the sum
+    the run resampled; ``margin``: the rule's --margin (default: the one the run decided with)."""
+    from wkvlab.findings.depth import LengthScores, depth_table
+    from wkvlab.findings.render import identical_depth_markdown
+
+    per, lengths, kvs = data.get("per_document") or {}, data.get("lengths") or [], list(dict.fromkeys(r["kv"] for r in data.get("rows", [])))
+    documents, target = data.get("documents"), data.get("target")
+    if not per or not lengths or not kvs or not documents or not target:
+        raise DataError(f"{where} keeps no per-document values of the depth finding, so its verdicts cannot be decided again; "
+                        "measure it again")
+    if any(r.get("tokens") != documents * target for r in data["rows"]):
+        raise DataError(f"{where}: its rows did not score {target} target tokens in each of its {documents} documents, so the "
+                        f"per-document means do not give the sums the rule resamples; measure the depth finding again")
+    counts = np.full(documents, float(target))
+
+    def sums(name: str, length: int) -> np.ndarray:
+        values = np.asarray((per.get(name) or {}).get(str(length), []), dtype=np.float64)
+        if values.shape != (documents,):
+            raise DataError(f"{where} keeps {values.size} per-document values of {name} at prefix {length}, not {documents}; "
+                            "measure the depth finding again")
+        return values * counts
+
+    scores = {length: LengthScores(counts, sums("reference NLL", length), {kv: sums(kv, length) for kv in kvs}) for length in lengths}
+    rule = margin if margin is not None else depth_margin(data)
+    rows = depth_table(scores, margin=rule)
+    again = {**data, "rows": [r.to_dict() for r in rows], "margin": str(rule)}
+    return identical_depth_markdown(again), again
 
 
 def factorial_record(cells: Mapping[str, EvalResult], replicates: Sequence[Mapping[str, EvalResult]] = ()) -> dict:

@@ -231,7 +231,8 @@ def identical_depth_markdown(data: dict) -> str:
                     "relative growth [95%]", "adjusted for the reference's sharpening [95%]", "reference NLL [95%]",
                     "reference NLL change [95%]", "verdict (longest prefix)"], body)
     reach = data.get("reach") or {}
-    reached = ", ".join(f"{int(k):,}: {v}" for k, v in reach.items())
+    # by length: a record written with sorted keys holds them as text ("16384" before "2048")
+    reached = ", ".join(f"{int(k):,}: {v}" for k, v in sorted(reach.items(), key=lambda kv: int(kv[0])))
     minimum = data.get("minimum_documents")
     design = (f" The longest prefix is the longest that at least {minimum} documents reach with their targets within the model's "
               f"limit, and the first {minimum} of those that reach it are used (documents holding each prefix plus the targets: {reached})."
@@ -245,7 +246,21 @@ def identical_depth_markdown(data: dict) -> str:
                "the reference, which can lower the KLD without any change in the cache's damage. The margin is a share of the "
                "penalty at the shortest prefix, estimated on the same documents (its uncertainty is inside the test)."
                if verdicts and any(r.get("adjusted_decision") for r in data["rows"]) else "")
-            + _rule_note(verdicts, "documents"))
+            + _beyond_the_text(data, verdicts) + _rule_note(verdicts, "documents"))
+
+
+def _beyond_the_text(data: dict, verdicts) -> str:
+    """The sample-size advice checked against the text: how many of its documents hold the longest prefix and the
+    targets (a record that counted them), and whether an undecided verdict asks for more than that."""
+    longest = data["lengths"][-1]
+    held = (data.get("reach") or {}).get(str(longest), (data.get("reach") or {}).get(longest))
+    undecided = [v for v in verdicts if not v.decided]
+    beyond = [v for v in undecided if v.units_needed and v.units_needed > (held or 0)]
+    if held is None or not beyond:
+        return ""
+    which = "every undecided verdict asks" if len(beyond) == len(undecided) else f"{len(beyond)} of the {len(undecided)} undecided verdicts ask"
+    return (f"\n\nThe text ({data['data']}) has {held} documents that hold the longest prefix ({longest:,} tokens) and the "
+            f"{data['target']:,} targets, and {which} for more: on this text no run decides {'it' if len(beyond) == 1 else 'them'}.")
 
 
 def search_markdown(data: dict) -> str:
