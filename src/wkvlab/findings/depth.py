@@ -410,7 +410,8 @@ def measure_depth(model: str, kvs: tuple[str, ...], *, target: int = DEPTH_TARGE
     values["reference NLL"] = {str(length): scores[length].means() for length in lengths}
     names = [corpus.documents[i].split("\n", 1)[0].removeprefix("# file: ") for i in chosen]
     return DepthFinding(loaded.name, corpus.name, len(chosen), target, lengths, rows, time.perf_counter() - started,
-                        reach=reach(sizes, target, lengths=tuple(sorted({*REACH_LENGTHS, lengths[-1]}))), minimum=documents, names=names, per_document=values, read_back=read_back)
+                        reach=reach(sizes, target, lengths=tuple(sorted({*REACH_LENGTHS, lengths[-1]}))), minimum=documents,
+                        names=names, per_document=values, read_back=read_back)
 
 
 __all__ = ["DepthFinding", "DepthRow", "LengthScores", "depth_rows", "depth_table", "identical_token_windows", "length_key", "longest_reached",

@@ -166,12 +166,12 @@ def depth_margin(data: Mapping) -> str:
     """The margin a depth run decided with, as ``--margin`` states it: its decided rows keep it (a share of the penalty
     at the shortest prefix, or an absolute one), else depth's pre-declared default."""
     from wkvlab.findings.depth import DEPTH_MARGIN
+    from wkvlab.stats.decision import Margin
 
     for row in data.get("rows", []):
-        stated = (row.get("decision") or {}).get("margin")
-        if stated:
-            relative = stated.get("relative")
-            return f"{100 * relative:g}%" if isinstance(relative, (int, float)) and relative == relative else f"{stated['value']:g}"
+        if (row.get("decision") or {}).get("margin"):
+            margin = Margin.from_dict(row["decision"]["margin"])
+            return f"{margin.value:g}" if margin.stated else f"{100 * margin.relative:g}%"
     return DEPTH_MARGIN
 
 

@@ -253,7 +253,8 @@ def _beyond_the_text(data: dict, verdicts) -> str:
     """The sample-size advice checked against the text: how many of its documents hold the longest prefix and the
     targets (a record that counted them), and whether an undecided verdict asks for more than that."""
     longest = data["lengths"][-1]
-    held = (data.get("reach") or {}).get(str(longest), (data.get("reach") or {}).get(longest))
+    reach = data.get("reach") or {}
+    held = reach.get(str(longest), reach.get(longest))  # text keys from a record, numbers from a run
     undecided = [v for v in verdicts if not v.decided]
     beyond = [v for v in undecided if v.units_needed and v.units_needed > (held or 0)]
     if held is None or not beyond:
