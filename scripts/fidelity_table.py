@@ -83,7 +83,10 @@ def record_checks(report, rows: list[dict], verdicts: list, presets: list[str], 
         sys.exit(f"fidelity_table --record: only the packaged models' checks are recorded (--model {'|'.join(MODEL_NAMES)})")
     model = MODEL_NAMES[args.model]
     data = json.loads(CHECKS_FILE.read_text(encoding="utf-8"))
-    command = (f"{' '.join(['python', 'scripts/fidelity_table.py', *sys.argv[1:]])} (at {_commit()}; {wall:.0f} s wall, "
+    argv = sys.argv[1:]
+    if "--json" in argv:  # where this machine kept its JSON copy: not part of what measured the numbers
+        del argv[argv.index("--json"):argv.index("--json") + 2]
+    command = (f"{' '.join(['python', 'scripts/fidelity_table.py', *argv])} (at {_commit()}; {wall:.0f} s wall, "
                f"{engine_seconds:.0f} s of it engine compare; load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
     source = LLAMACPP_SOURCE.split(", ", 1)[1].split(" (")[0]  # ggml-org/llama.cpp@<commit>
     windows = (f"{len(report.rows[0].window_tokens)} x {args.ctx} tokens of the default text spread across its documents "

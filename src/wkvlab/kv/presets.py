@@ -55,28 +55,33 @@ def measured_checks(name: str, spec: KVSpec) -> list[dict]:
 
 
 def supports_label(check: dict) -> bool:
-    """Whether a check backs ``engine-checked``: its recorded 95% interval of the ratio (windows
-    resampled jointly for both sides) lies inside 1 ± band. A point ratio alone does not: the
-    ratio moves with the text (q4_0 on SmolLM2: 1.05, interval [0.87, 1.161])."""
-    band = recorded_checks()[0]
-    interval = check.get("interval")
-    return bool(interval) and 1 - band <= interval[0] and interval[1] <= 1 + band
+    """Whether a check backs ``engine-checked``: the one rule's verdict on its ratio − 1 against the band
+    (``wkvlab engine compare``'s verdict column: Holm over the cache types of its run, the analytic interval
+    over windows) is *equivalent within ±band*, so its whole adjusted interval lies inside 1 ± band. A point
+    ratio does not back it (the ratio moves with the text), and neither does a 95% interval recorded
+    without the rule's verdict."""
+    return check.get("outcome") == "within"
 
 
 def engine_checks(name: str, spec: KVSpec) -> list[dict]:
     """The recorded checks that make ``name`` engine-checked: same preset name, the spec that was
-    measured, and a paired interval inside 1 ± band (:func:`supports_label`)."""
+    measured, and the rule's verdict equivalent within ±band (:func:`supports_label`)."""
     return [c for c in measured_checks(name, spec) if supports_label(c)]
 
 
 def _check_text(c: dict) -> str:
-    interval = c.get("interval")
-    return f"{c['ratio']:.2f}" + (f" [{interval[0]}, {interval[1]}]" if interval else " (a point ratio, no interval recorded)") + \
-        f" on {c['model'].split(' (')[0]}"
+    interval, adjusted = c.get("interval"), c.get("adjusted")
+    if not interval:
+        shown = " (a point ratio, no interval recorded)"
+    elif c.get("outcome") is None:
+        shown = f" [{interval[0]}, {interval[1]}] (95%, no verdict of the rule recorded)"
+    else:
+        shown = f" [{interval[0]}, {interval[1]}] (95%), Holm-adjusted " + (f"[{adjusted[0]}, {adjusted[1]}]" if adjusted else "none") + f" → {c['verdict']}"
+    return f"{c['ratio']:.2f}{shown} on {c['model'].split(' (')[0]}"
 
 
 # llama.cpp cache types with a recorded check on the default model (tests/engines/test_fidelity_ratios.py re-measures
-# those recorded with an interval)
+# those the rule decided, scripts/fidelity_table.py --record)
 ENGINE_CHECKED_LLAMACPP = tuple(dict.fromkeys(
     c["preset"].split(":", 1)[1] for c in recorded_checks()[1] if c["preset"].startswith("llamacpp:") and c["model"].startswith("SmolLM2")))
 VLLM_PTH_SOURCE = ("vllm-project/vllm vllm/v1/attention/ops/triton_reshape_and_cache_flash.py _reshape_cache_per_token_head, "
@@ -212,10 +217,10 @@ def _labelled(preset: Preset) -> Preset:
     backing = [c for c in measured if supports_label(c)]
     others = [c for c in measured if not supports_label(c)]
     band = f"±{recorded_checks()[0]:.0%}"
-    outside = (f"measured against the engine, KLD ratio (95% interval) {', '.join(map(_check_text, others))}: "
-               f"no interval inside {band}, so not engine-checked there") if others else ""
+    outside = (f"measured against the engine, KLD ratio {', '.join(map(_check_text, others))}: "
+               f"not shown equivalent within {band}, so not engine-checked there") if others else ""
     if backing:
-        text = (f"KLD ratio to the engine's own (95% interval) {', '.join(map(_check_text, backing))}, inside {band}"
+        text = (f"KLD ratio to the engine's own {', '.join(map(_check_text, backing))}"
                 + (f"; {outside}" if outside else "") + " (src/wkvlab/kv/fidelity_checks.json)")
         return replace(preset, fidelity="engine-checked", differs=text)
     if outside:
