@@ -105,7 +105,8 @@ def record_checks(report, rows: list[dict], verdicts: list, presets: list[str], 
     replaced = {(c["preset"], c["model"]) for c in new}
     data["checks"] = [c for c in data["checks"] if (c["preset"], c["model"]) not in replaced] + new
     CHECKS_FILE.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"recorded {len(new)} check(s) of {model} in {CHECKS_FILE}")
+    print(f"recorded {len(new)} check(s) of {model} in {CHECKS_FILE}; `python scripts/doc_tables.py --write engine-confirmation` "
+          "renders them into docs/findings.md")
 
 
 def main() -> None:

@@ -279,3 +279,28 @@ def test_an_explain_output_says_whether_todays_rule_still_gives_its_verdicts(tmp
     old = {k: v for k, v in record.items() if k not in ("units", "factorial", "margin")}
     path.write_text(json.dumps({**old, "commit": "fdfde32"}))
     assert "**Older rule: printed by the rule before issue #38 (commit fdfde32)" in tables.output_block(path)(None)
+
+
+def test_the_engine_confirmation_table_is_the_fidelity_checks_that_back_the_label(tmp_path):
+    """docs/findings.md's engine table is fidelity_checks.json's decided checks, exactly: a check without the rule's
+    verdict (it backs no label) has no row, and a changed record shows as a difference."""
+    import json
+
+    tables = _load()
+    table = tables.TABLES["engine-confirmation"]
+    assert tables.main(["--check", "engine-confirmation"]) == 0
+    checks = json.loads(tables.FIDELITY_CHECKS.read_text(encoding="utf-8"))
+    decided = [c for c in checks["checks"] if c.get("outcome")]
+    assert tables.documented(table).count("\n| ") == len(decided) + 1  # the header and one row per decided check
+    command = ("python scripts/fidelity_table.py --model default --ctx 512 --tokens 16384 --no-float --record "
+               "(at abc1234; 10 s wall, 5 s of it engine compare; load average 1.0 at the start, 2.0 at the end)")
+    row = {"preset": "llamacpp:q4_0", "model": "SmolLM2-135M (packaged default)", "ratio": 1.12, "interval": [1.004, 1.243],
+           "adjusted": [0.98, 1.267], "verdict": "undecided", "outcome": "undecided", "command": command,
+           "windows": "16 x 512 tokens of the default text", "family": "Holm over 5 tests; margin ±0.15"}
+    point = {"preset": "llamacpp-x86:q8_0", "model": "SmolLM2-135M (packaged default)", "ratio": 0.99, "command": "old (404 s)"}
+    path = tmp_path / "fidelity_checks.json"
+    path.write_text(json.dumps({"checks": [point, row]}), encoding="utf-8")
+    text = tables.fidelity_block(path)(None)
+    assert text.endswith("| SmolLM2-135M | q4_0 | 1.12 [1.004, 1.243] | [0.980, 1.267] → undecided | 16 | abc1234 |")
+    assert "q8_0" not in text and "<!-- measured: commit=abc1234 " in text and "Holm over 5 tests; margin ±0.15" in text
+    assert tables.compare(table, tables.documented(table), text)
