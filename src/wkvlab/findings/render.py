@@ -246,7 +246,8 @@ def identical_depth_markdown(data: dict) -> str:
                "the reference, which can lower the KLD without any change in the cache's damage. The margin is a share of the "
                "penalty at the shortest prefix, estimated on the same documents (its uncertainty is inside the test)."
                if verdicts and any(r.get("adjusted_decision") for r in data["rows"]) else "")
-            + _beyond_the_text(data, verdicts) + _rule_note(verdicts, "documents"))
+            # the rule's note right after "Decided:" (its margin and family qualify that paragraph), the text's limit after both
+            + _rule_note(verdicts, "documents") + _beyond_the_text(data, verdicts))
 
 
 def _beyond_the_text(data: dict, verdicts) -> str:
