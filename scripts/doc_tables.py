@@ -515,9 +515,9 @@ TABLES = {t.name: t for t in [
           plan_block(PLAN_DEMO, _paragraph("note: measured but no engine"), "the note", "plan-demo-note"), measured=False),
     Table("plan-demo-recommendation", "docs/planner.md", "the plan's vLLM recommendation from the demo run",
           plan_block(PLAN_DEMO, _paragraph("vllm: "), "the vLLM recommendation", "plan-demo-recommendation"), measured=False),
+    Table("engine-confirmation", "docs/findings.md", "the engine checks behind engine-checked", fidelity_block(), measured=True,
+          needs_run=False),
 ]}
-TABLES["engine-confirmation"] = Table("engine-confirmation", "docs/findings.md", "the engine checks behind engine-checked",
-                                      fidelity_block(), measured=True, needs_run=False)
 TABLES.update({t.name: t for t in [*finding_tables(), *output_tables()]})
 
 

@@ -267,12 +267,11 @@ def _records():
 def _shown(path) -> str:
     """A record's block as its doc shows it (tests/test_doc_tables.py holds the block to the record's rendering: for a
     finding whose record keeps per-unit values, decided again by today's rule, not the markdown the run printed)."""
-    record = json.loads(path.read_text())
-    doc = path.parents[2] / record.get("doc", "docs/findings.md")
-    text = doc.read_text(encoding="utf-8")
-    start = f"<!-- doc-table: {path.stem} -->"
-    assert start in text, f"{path.name} is not shown in {doc.name}"
-    return text[text.index(start) + len(start):text.index("<!-- /doc-table -->", text.index(start))].strip()
+    from tests.test_doc_tables import _load
+
+    tables = _load()
+    assert path.stem in tables.TABLES, f"{path.name} is not shown in any doc"
+    return tables.documented(tables.TABLES[path.stem])
 
 
 @pytest.mark.parametrize("path", list(_records()))
